@@ -1,0 +1,1 @@
+//! What KubeRay does.

@@ -1,0 +1,15 @@
+//! raygate: a capacity gate for KubeRay RayService upgrades.
+//!
+//! Read it as a book, in this order:
+//! - [`quantity`]: Kubernetes quantities, exact integer arithmetic.
+//! - [`kuberay`]: what KubeRay does, as data and pure functions.
+//! - [`capacity`]: what fits where, with kube-scheduler's rules.
+//! - [`cli`]: the offline commands built on them.
+
+pub mod capacity;
+pub mod cli;
+pub mod error;
+pub mod kuberay;
+pub mod quantity;
+
+pub use error::{Error, Result};
