@@ -11,5 +11,7 @@ pub mod cli;
 pub mod error;
 pub mod kuberay;
 pub mod quantity;
+pub mod schedule;
+pub mod upgradeplan;
 
 pub use error::{Error, Result};

@@ -1,0 +1,401 @@
+//! The `UpgradePlan` custom resource: how a platform team tells raygate to
+//! gate one RayService, and where raygate reports what it decided.
+//!
+//! The spec is the user's intent (policy, priority, headroom, stall rules);
+//! the status is raygate's own record. Everything the controller needs to
+//! resume after a restart (admitted fingerprint, reservation, transition
+//! start) lives in the status, never in memory.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Group and version of raygate's own API.
+pub const GROUP: &str = "raygate.io";
+pub const VERSION: &str = "v1alpha1";
+
+/// A Kubernetes quantity: plain or suffixed number, as `kubectl` accepts.
+const QUANTITY_PATTERN: &str =
+    r"^[+-]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?\d+))?$";
+/// A Go-style duration of hours, minutes, seconds (`90s`, `1h30m`, `1.5h`).
+const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$";
+
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "raygate.io",
+    version = "v1alpha1",
+    kind = "UpgradePlan",
+    plural = "upgradeplans",
+    singular = "upgradeplan",
+    shortname = "uplan",
+    category = "raygate",
+    namespaced,
+    status = "UpgradePlanStatus",
+    doc = "Gates NewCluster upgrades of one KubeRay RayService on free cluster capacity.",
+    printcolumn(
+        name = "RayService",
+        type_ = "string",
+        json_path = ".spec.rayServiceRef.name"
+    ),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "GPUs Needed",
+        type_ = "string",
+        json_path = ".status.capacity.gpusNeeded",
+        description = "GPUs the old and new cluster hold together during the transition"
+    ),
+    printcolumn(
+        name = "GPUs Free",
+        type_ = "string",
+        json_path = ".status.capacity.gpusFree",
+        description = "GPUs free on schedulable nodes"
+    ),
+    printcolumn(
+        name = "Waiting For",
+        type_ = "string",
+        json_path = ".status.waitingFor",
+        description = "Short reason the upgrade is not moving"
+    ),
+    printcolumn(
+        name = "CPU Needed",
+        type_ = "string",
+        json_path = ".status.capacity.cpuNeeded",
+        priority = 1
+    ),
+    printcolumn(
+        name = "CPU Free",
+        type_ = "string",
+        json_path = ".status.capacity.cpuFree",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Memory Needed",
+        type_ = "string",
+        json_path = ".status.capacity.memoryNeeded",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Memory Free",
+        type_ = "string",
+        json_path = ".status.capacity.memoryFree",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradePlanSpec {
+    /// The RayService (same namespace) whose upgrades this plan gates.
+    pub ray_service_ref: RayServiceRef,
+
+    /// `Auto` admits a fitting upgrade; `Manual` admits only the change whose
+    /// fingerprint is in `approve`; `Paused` admits nothing.
+    #[serde(default)]
+    pub policy: Policy,
+
+    /// Fingerprint of the pending change to admit under `policy: Manual`
+    /// (shown in `status.pendingChange.fingerprint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approve: Option<String>,
+
+    /// Higher priority plans are admitted first when capacity is contended.
+    #[serde(default)]
+    #[schemars(range(min = -1000, max = 1000))]
+    pub priority: i32,
+
+    /// Resources to always leave free cluster-wide, per resource name
+    /// (`nvidia.com/gpu: "2"`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "quantity_map_schema")]
+    pub headroom: BTreeMap<String, String>,
+
+    /// How long a transition may take before it is reported Stalled.
+    #[serde(default = "default_stall_after")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub stall_after: String,
+
+    /// What to do with a stalled transition.
+    #[serde(default)]
+    pub on_stall: OnStall,
+
+    /// When set, upgrades are admitted only inside one of these windows (UTC).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub maintenance_windows: Vec<MaintenanceWindow>,
+}
+
+fn default_stall_after() -> String {
+    "30m".to_string()
+}
+
+fn quantity_map_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "additionalProperties": { "type": "string", "pattern": QUANTITY_PATTERN }
+    })
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RayServiceRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum Policy {
+    #[default]
+    Auto,
+    Manual,
+    Paused,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum OnStall {
+    /// Keep waiting and keep reporting.
+    #[default]
+    Hold,
+    /// Stop the transition and restore the previous state as far as KubeRay allows.
+    Abort,
+}
+
+/// A recurring window: starts whenever `schedule` (5-field cron, UTC) matches
+/// and lasts `duration`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintenanceWindow {
+    /// `minute hour day-of-month month day-of-week`, e.g. `0 2 * * 1-5`.
+    #[schemars(length(min = 9, max = 100))]
+    pub schedule: String,
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub duration: String,
+}
+
+/// Where an upgrade stands, as one word for `kubectl get`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum Phase {
+    /// Nothing to upgrade.
+    #[default]
+    Idle,
+    /// A change was detected and is being evaluated.
+    Pending,
+    WaitingForCapacity,
+    WaitingForApproval,
+    /// Admitted; KubeRay has not named the new cluster yet.
+    Admitted,
+    /// The second cluster exists and the transition is under way.
+    Upgrading,
+    Stalled,
+    Completed,
+    Error,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 9] = [
+        Phase::Idle,
+        Phase::Pending,
+        Phase::WaitingForCapacity,
+        Phase::WaitingForApproval,
+        Phase::Admitted,
+        Phase::Upgrading,
+        Phase::Stalled,
+        Phase::Completed,
+        Phase::Error,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Idle => "Idle",
+            Phase::Pending => "Pending",
+            Phase::WaitingForCapacity => "WaitingForCapacity",
+            Phase::WaitingForApproval => "WaitingForApproval",
+            Phase::Admitted => "Admitted",
+            Phase::Upgrading => "Upgrading",
+            Phase::Stalled => "Stalled",
+            Phase::Completed => "Completed",
+            Phase::Error => "Error",
+        }
+    }
+
+    /// Phases in which an admitted upgrade holds a reservation or a running transition.
+    pub fn is_in_flight(self) -> bool {
+        matches!(self, Phase::Admitted | Phase::Upgrading | Phase::Stalled)
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradePlanStatus {
+    #[serde(default)]
+    pub phase: Phase,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Ready, CapacityAvailable, UpgradeAdmitted, Stalled, GateOverridden.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// One short phrase for the printer column (`capacity: nvidia.com/gpu 8`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
+    /// The longer explanation of the current phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_change: Option<PendingChange>,
+    /// The change raygate let through; present from admission until the
+    /// transition ends. Its reservation is part of the cluster-wide ledger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admitted: Option<Admission>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<CapacityStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_cluster: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_cluster: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition: Option<TransitionRecord>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingChange {
+    /// Stable hash of the new cluster config (muted fields excluded).
+    pub fingerprint: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub triggering_paths: Vec<String>,
+    /// RFC 3339 time the change was first seen; waiting time counts from here.
+    pub detected_time: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Admission {
+    pub fingerprint: String,
+    pub admitted_time: String,
+    /// Requests of the new cluster's pods, held in the ledger until they are bound.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reservation: BTreeMap<String, String>,
+    /// The active cluster when the upgrade was admitted: the one to retire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_cluster: Option<String>,
+    /// The pending cluster KubeRay created for this admission, once named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_cluster: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityStatus {
+    /// Old plus new cluster requests, per resource.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub required: BTreeMap<String, String>,
+    /// Free on schedulable nodes, before this upgrade, per resource.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub free: BTreeMap<String, String>,
+    /// Reserved by other admitted upgrades whose pods are not bound yet.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reserved: BTreeMap<String, String>,
+    /// How much more is needed for the new cluster to fit, per resource.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub shortfall: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus_needed: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus_free: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_needed: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_free: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_needed: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_free: Option<String>,
+    /// Pods that could not be placed, with the scheduler-style reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unplaced: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TransitionRecord {
+    pub fingerprint: String,
+    pub start: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<String>,
+    /// Completed, Aborted or Superseded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_seconds: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn spec_defaults_fill_in() {
+        let spec: UpgradePlanSpec =
+            serde_json::from_value(serde_json::json!({"rayServiceRef": {"name": "llm"}})).unwrap();
+        assert_eq!(spec.policy, Policy::Auto);
+        assert_eq!(spec.on_stall, OnStall::Hold);
+        assert_eq!(spec.stall_after, "30m");
+        assert_eq!(spec.priority, 0);
+    }
+
+    #[test]
+    fn crd_has_printer_columns_and_status() {
+        let crd = UpgradePlan::crd();
+        let v = &crd.spec.versions[0];
+        let cols: Vec<_> = v
+            .additional_printer_columns
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(
+            cols,
+            [
+                "RayService",
+                "Phase",
+                "GPUs Needed",
+                "GPUs Free",
+                "Waiting For",
+                "CPU Needed",
+                "CPU Free",
+                "Memory Needed",
+                "Memory Free",
+                "Age"
+            ]
+        );
+        assert!(v.subresources.as_ref().unwrap().status.is_some());
+        assert_eq!(
+            crd.spec.names.short_names.as_deref(),
+            Some(&["uplan".to_string()][..])
+        );
+    }
+
+    #[test]
+    fn schema_patterns_accept_what_users_write() {
+        let quantity = regex::Regex::new(QUANTITY_PATTERN).unwrap();
+        for good in ["1", "500m", "1Gi", "1.5", "2e3", "8", ".5", "+1"] {
+            assert!(quantity.is_match(good), "{good}");
+        }
+        for bad in ["", "1 Gi", "Gi", "1KiB", "1.5.5", "0x10"] {
+            assert!(!quantity.is_match(bad), "{bad}");
+        }
+        let duration = regex::Regex::new(DURATION_PATTERN).unwrap();
+        for good in ["30m", "1h30m", "90s", "2h"] {
+            assert!(duration.is_match(good), "{good}");
+        }
+        for bad in ["", "30", "1d", "m", "1h 30m"] {
+            assert!(!duration.is_match(bad), "{bad}");
+        }
+    }
+}
