@@ -9,11 +9,11 @@
 //! 1. `shouldUpdateCluster(active)` — skipped while the RayService has condition
 //!    `UpgradeInProgress`:
 //!    a. (v1.2.0+) the cluster's `ray.io/kuberay-version` annotation differs from the
-//!       operator's → the cluster is rewritten in place from the RayService (its hash
-//!       annotation too, so `shouldPrepareNewCluster` then sees equal hashes) →
-//!       `InPlaceClusterUpdate`;
+//!    operator's → the cluster is rewritten in place from the RayService (its hash
+//!    annotation too, so `shouldPrepareNewCluster` then sees equal hashes) →
+//!    `InPlaceClusterUpdate`;
 //!    b. (v1.5.2, v1.6.1, v1.6.2) `rayClusterConfig.suspend` differs from the cluster's →
-//!       rewritten in place → `InPlaceClusterUpdate`.
+//!    rewritten in place → `InPlaceClusterUpdate`.
 //! 2. `isClusterSpecHashEqual(full)`: muted forms equal → no cluster change.
 //! 3. `isClusterSpecHashEqual(partial)`: only worker groups appended at the end (the first
 //!    `ray.io/num-worker-groups` groups hash equal) → `InPlaceClusterUpdate`. A missing or
@@ -124,7 +124,11 @@ pub struct Classification {
 }
 
 /// Classify with default [`ClassifyOptions`].
-pub fn classify(old: &OldSide<'_>, new: &RayService, version: KubeRayVersion) -> crate::Result<Classification> {
+pub fn classify(
+    old: &OldSide<'_>,
+    new: &RayService,
+    version: KubeRayVersion,
+) -> crate::Result<Classification> {
     classify_with(old, new, version, &ClassifyOptions::default())
 }
 
@@ -204,7 +208,9 @@ fn truncate_groups(v: &Value, n: usize) -> Value {
 }
 
 fn group_count(v: &Value) -> usize {
-    v.get("workerGroupSpecs").and_then(Value::as_array).map_or(0, Vec::len)
+    v.get("workerGroupSpecs")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len)
 }
 
 /// Serve config changes as readable paths.
@@ -256,7 +262,11 @@ fn validate_upgrade(new: &RayService, rules: &Rules, gate: bool) -> Option<Strin
     let strategy = new.spec.upgrade_strategy.as_ref()?;
     let ty = strategy.type_.as_ref()?;
     if !rules.upgrade_types.contains(ty) {
-        let valid: Vec<&str> = rules.upgrade_types.iter().map(UpgradeType::as_str).collect();
+        let valid: Vec<&str> = rules
+            .upgrade_types
+            .iter()
+            .map(UpgradeType::as_str)
+            .collect();
         return Some(format!(
             "spec.upgradeStrategy.type {ty:?} is invalid for KubeRay {} (valid: {}); the RayService fails validation",
             rules.version,
@@ -272,10 +282,19 @@ fn validate_upgrade(new: &RayService, rules: &Rules, gate: bool) -> Option<Strin
             .and_then(|c| c.enable_in_tree_autoscaling)
             .unwrap_or(false);
         if !autoscaling {
-            return Some("NewClusterWithIncrementalUpgrade requires enableInTreeAutoscaling: true".into());
+            return Some(
+                "NewClusterWithIncrementalUpgrade requires enableInTreeAutoscaling: true".into(),
+            );
         }
-        let Some(opts) = strategy.extra.get("clusterUpgradeOptions").filter(|o| o.is_object()) else {
-            return Some("NewClusterWithIncrementalUpgrade requires upgradeStrategy.clusterUpgradeOptions".into());
+        let Some(opts) = strategy
+            .extra
+            .get("clusterUpgradeOptions")
+            .filter(|o| o.is_object())
+        else {
+            return Some(
+                "NewClusterWithIncrementalUpgrade requires upgradeStrategy.clusterUpgradeOptions"
+                    .into(),
+            );
         };
         let int = |k: &str| opts.get(k).and_then(Value::as_i64);
         let max_surge = int("maxSurgePercent").unwrap_or(100);
@@ -291,10 +310,14 @@ fn validate_upgrade(new: &RayService, rules: &Rules, gate: bool) -> Option<Strin
                 );
             }
         }
-        if !int("intervalSeconds").is_some_and(|i| i > 0) {
+        if int("intervalSeconds").is_none_or(|i| i <= 0) {
             return Some("clusterUpgradeOptions.intervalSeconds must be greater than 0".into());
         }
-        if opts.get("gatewayClassName").and_then(Value::as_str).is_none_or(str::is_empty) {
+        if opts
+            .get("gatewayClassName")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
             return Some("clusterUpgradeOptions.gatewayClassName is required".into());
         }
     }
@@ -302,7 +325,12 @@ fn validate_upgrade(new: &RayService, rules: &Rules, gate: bool) -> Option<Strin
 }
 
 /// `isZeroDowntimeUpgradeEnabled` (v1.3.0+; before, only `ENABLE_ZERO_DOWNTIME`).
-fn zero_downtime(ty: Option<&UpgradeType>, rules: &Rules, gate: bool, opts: &ClassifyOptions) -> (bool, String) {
+fn zero_downtime(
+    ty: Option<&UpgradeType>,
+    rules: &Rules,
+    gate: bool,
+    opts: &ClassifyOptions,
+) -> (bool, String) {
     match ty {
         Some(t) if rules.upgrade_strategy_field => {
             let ok = *t == UpgradeType::NewCluster || (gate && *t == UpgradeType::NewClusterWithIncrementalUpgrade);
@@ -337,7 +365,10 @@ struct OldInfo {
 fn old_info<'a>(old: &OldSide<'a>) -> crate::Result<(OldInfo, Option<&'a RayService>)> {
     match old {
         OldSide::RayService(svc) => {
-            let what = format!("RayService {} spec.rayClusterConfig", object_name(&svc.metadata));
+            let what = format!(
+                "RayService {} spec.rayClusterConfig",
+                object_name(&svc.metadata)
+            );
             let cfg = svc.cluster_config()?;
             check_groups(cfg, &what)?;
             Ok((
@@ -365,7 +396,10 @@ fn old_info<'a>(old: &OldSide<'a>) -> crate::Result<(OldInfo, Option<&'a RayServ
                     what,
                     suspend: rc.spec.suspend.unwrap_or(false),
                     group_count: Some(count),
-                    version_annotation: Some(rc.annotation(ANNOTATION_KUBERAY_VERSION).map(str::to_string)),
+                    version_annotation: Some(
+                        rc.annotation(ANNOTATION_KUBERAY_VERSION)
+                            .map(str::to_string),
+                    ),
                     hash_missing: rc.annotation(ANNOTATION_HASH).is_none(),
                 },
                 None,
@@ -382,12 +416,16 @@ pub fn classify_with(
     opts: &ClassifyOptions,
 ) -> crate::Result<Classification> {
     let rules = version.rules();
-    let new_what = format!("RayService {} spec.rayClusterConfig", object_name(&new.metadata));
+    let new_what = format!(
+        "RayService {} spec.rayClusterConfig",
+        object_name(&new.metadata)
+    );
     let new_cfg = new.cluster_config()?;
     check_groups(new_cfg, &new_what)?;
     let (old, old_svc) = old_info(old)?;
 
-    let new_n: Normalized = normalize_cluster_spec(&serde_json::to_value(new_cfg)?, &rules, &new_what)?;
+    let new_n: Normalized =
+        normalize_cluster_spec(&serde_json::to_value(new_cfg)?, &rules, &new_what)?;
     let old_n: Normalized = normalize_cluster_spec(&old.spec, &rules, &old.what)?;
 
     let all: Vec<Change> = diff::diff(&old_n.full, &new_n.full);
@@ -395,25 +433,48 @@ pub fn classify_with(
     let trig_paths = diff::paths(&trig);
     let trig_set: BTreeSet<&String> = trig_paths.iter().collect();
     let all_paths = diff::paths(&all);
-    let exempt_paths: Vec<String> = all_paths.iter().filter(|p| !trig_set.contains(p)).cloned().collect();
+    let exempt_paths: Vec<String> = all_paths
+        .iter()
+        .filter(|p| !trig_set.contains(p))
+        .cloned()
+        .collect();
 
-    let mut ignored: Vec<String> = old_n.pruned.iter().chain(new_n.pruned.iter()).cloned().collect();
+    let mut ignored: Vec<String> = old_n
+        .pruned
+        .iter()
+        .chain(new_n.pruned.iter())
+        .cloned()
+        .collect();
     ignored.sort();
     ignored.dedup();
 
     let (serve_paths, other_paths) = match old_svc {
         Some(o) => (
-            serve_config_changes(o.spec.serve_config_v2.as_deref(), new.spec.serve_config_v2.as_deref()),
+            serve_config_changes(
+                o.spec.serve_config_v2.as_deref(),
+                new.spec.serve_config_v2.as_deref(),
+            ),
             other_spec_changes(o, new)?,
         ),
         None => (Vec::new(), Vec::new()),
     };
 
-    let gate = opts.incremental_upgrade_gate.unwrap_or(rules.incremental_upgrade_gate_default);
-    let upgrade_type = new.spec.upgrade_strategy.as_ref().and_then(|s| s.type_.clone());
-    let effective_type = if rules.upgrade_strategy_field { upgrade_type.as_ref() } else { None };
+    let gate = opts
+        .incremental_upgrade_gate
+        .unwrap_or(rules.incremental_upgrade_gate_default);
+    let upgrade_type = new
+        .spec
+        .upgrade_strategy
+        .as_ref()
+        .and_then(|s| s.type_.clone());
+    let effective_type = if rules.upgrade_strategy_field {
+        upgrade_type.as_ref()
+    } else {
+        None
+    };
     let (zd, zd_off_reason) = zero_downtime(effective_type, &rules, gate, opts);
-    let incremental = gate && effective_type == Some(&UpgradeType::NewClusterWithIncrementalUpgrade);
+    let incremental =
+        gate && effective_type == Some(&UpgradeType::NewClusterWithIncrementalUpgrade);
 
     let mut c = Classification {
         verdict: Verdict::NoChange,
@@ -441,7 +502,9 @@ pub fn classify_with(
     let held = |c: &mut Classification, reason: String, paths: Vec<String>| {
         c.verdict = Verdict::Held;
         c.triggering_paths = paths;
-        c.reason = format!("A new RayCluster would be needed, but KubeRay will not create one.{serve_note}");
+        c.reason = format!(
+            "A new RayCluster would be needed, but KubeRay will not create one.{serve_note}"
+        );
         c.held_reason = Some(reason);
     };
 
@@ -453,7 +516,9 @@ pub fn classify_with(
             c.reason = "KubeRay rejects the RayService and applies nothing.".into();
             c.held_reason = Some(invalid);
         } else {
-            c.reason = "Nothing KubeRay acts on changed (but the RayService fails KubeRay validation).".into();
+            c.reason =
+                "Nothing KubeRay acts on changed (but the RayService fails KubeRay validation)."
+                    .into();
         }
         return Ok(c);
     }
@@ -510,7 +575,9 @@ pub fn classify_with(
     if hash_equal {
         if serve_changed {
             c.verdict = Verdict::ServeConfigUpdate;
-            c.reason = "Only the Serve config changed: KubeRay resubmits it to the running cluster.".into();
+            c.reason =
+                "Only the Serve config changed: KubeRay resubmits it to the running cluster."
+                    .into();
         } else if !c.exempt_paths.is_empty() {
             c.reason = format!(
                 "Only fields KubeRay {} mutes changed; the cluster is left as is.",
@@ -596,7 +663,8 @@ pub fn classify_with(
                 .into()
         };
         if serve_changed {
-            c.reason.push_str(" The new Serve config is deployed on the new cluster.");
+            c.reason
+                .push_str(" The new Serve config is deployed on the new cluster.");
         }
     } else {
         held(&mut c, zd_off_reason, triggering);
@@ -640,14 +708,19 @@ mod tests {
     const IMAGE: &str = "workerGroupSpecs[gpu-workers].template.spec.containers[ray-worker].image";
 
     fn bump_image(v: &mut Value) {
-        worker(v)["template"]["spec"]["containers"][0]["image"] = json!("rayproject/ray-ml:2.42.0-py311-gpu");
+        worker(v)["template"]["spec"]["containers"][0]["image"] =
+            json!("rayproject/ray-ml:2.42.0-py311-gpu");
     }
 
     #[test]
     fn no_change() {
         let c = run(&svc(), &svc(), "1.7");
         assert_eq!(c.verdict, Verdict::NoChange);
-        assert!(c.triggering_paths.is_empty() && c.exempt_paths.is_empty() && c.serve_config_paths.is_empty());
+        assert!(
+            c.triggering_paths.is_empty()
+                && c.exempt_paths.is_empty()
+                && c.serve_config_paths.is_empty()
+        );
         assert_eq!(c.fingerprint.len(), 12);
         assert_eq!(c.kuberay_version, ver("1.7.0"));
         assert_eq!(c.upgrade_strategy, Some(UpgradeType::NewCluster));
@@ -658,7 +731,10 @@ mod tests {
         let new = edit(&svc(), |v| worker(v)["replicas"] = json!(4));
         let c = run(&svc(), &new, "1.7");
         assert_eq!(c.verdict, Verdict::NoChange);
-        assert_eq!(c.exempt_paths, vec!["workerGroupSpecs[gpu-workers].replicas"]);
+        assert_eq!(
+            c.exempt_paths,
+            vec!["workerGroupSpecs[gpu-workers].replicas"]
+        );
         assert_eq!(c.fingerprint, run(&svc(), &svc(), "1.7").fingerprint);
     }
 
@@ -671,7 +747,10 @@ mod tests {
         let c = run(&svc(), &new, "1.7");
         assert_eq!(c.verdict, Verdict::NewCluster);
         assert_eq!(c.triggering_paths, vec![IMAGE]);
-        assert_eq!(c.exempt_paths, vec!["workerGroupSpecs[gpu-workers].replicas"]);
+        assert_eq!(
+            c.exempt_paths,
+            vec!["workerGroupSpecs[gpu-workers].replicas"]
+        );
         assert!(!c.incremental);
         assert_ne!(c.fingerprint, run(&svc(), &svc(), "1.7").fingerprint);
         let json = serde_json::to_value(&c).unwrap();
@@ -685,7 +764,10 @@ mod tests {
     #[test]
     fn serve_config_update() {
         let new = edit(&svc(), |v| {
-            let s = v["spec"]["serveConfigV2"].as_str().unwrap().replace("num_replicas: 2", "num_replicas: 3");
+            let s = v["spec"]["serveConfigV2"]
+                .as_str()
+                .unwrap()
+                .replace("num_replicas: 2", "num_replicas: 3");
             v["spec"]["serveConfigV2"] = json!(s);
         });
         let c = run(&svc(), &new, "1.7");
@@ -701,8 +783,13 @@ mod tests {
                 + "  - name: rerank\n    import_path: rerank:app\n";
             v["spec"]["serveConfigV2"] = json!(s);
         });
-        assert_eq!(run(&svc(), &added, "1.7").serve_config_paths, vec!["serveConfigV2.applications[rerank]"]);
-        let broken = edit(&svc(), |v| v["spec"]["serveConfigV2"] = json!("applications: [: bad"));
+        assert_eq!(
+            run(&svc(), &added, "1.7").serve_config_paths,
+            vec!["serveConfigV2.applications[rerank]"]
+        );
+        let broken = edit(&svc(), |v| {
+            v["spec"]["serveConfigV2"] = json!("applications: [: bad")
+        });
         let c = run(&svc(), &broken, "1.7");
         assert_eq!(c.verdict, Verdict::ServeConfigUpdate);
         assert_eq!(c.serve_config_paths, vec!["serveConfigV2"]);
@@ -727,7 +814,10 @@ mod tests {
         let front = edit(&svc(), |v| {
             let mut g = worker(v).clone();
             g["groupName"] = json!("spare");
-            cfg(v)["workerGroupSpecs"].as_array_mut().unwrap().insert(0, g);
+            cfg(v)["workerGroupSpecs"]
+                .as_array_mut()
+                .unwrap()
+                .insert(0, g);
         });
         assert_eq!(run(&svc(), &front, "1.7").verdict, Verdict::NewCluster);
         // Removing a group → new cluster.
@@ -746,7 +836,11 @@ mod tests {
         let c = run(&svc(), &none, "1.7");
         assert_eq!(c.verdict, Verdict::Held);
         assert_eq!(c.triggering_paths, vec![IMAGE]);
-        assert!(c.held_reason.as_deref().unwrap().contains("None"), "{:?}", c.held_reason);
+        assert!(
+            c.held_reason.as_deref().unwrap().contains("None"),
+            "{:?}",
+            c.held_reason
+        );
         assert!(!c.zero_downtime);
         assert_eq!(c.other_paths, vec!["upgradeStrategy.type"]);
 
@@ -760,7 +854,12 @@ mod tests {
         };
         let c = classify_with(&OldSide::RayService(&svc()), &unset, ver("1.7"), &off).unwrap();
         assert_eq!(c.verdict, Verdict::Held);
-        assert!(c.held_reason.as_deref().unwrap().contains("ENABLE_ZERO_DOWNTIME"));
+        assert!(
+            c.held_reason
+                .as_deref()
+                .unwrap()
+                .contains("ENABLE_ZERO_DOWNTIME")
+        );
         // upgradeStrategy.type takes precedence over the env var.
         let typed = edit(&svc(), bump_image);
         let c = classify_with(&OldSide::RayService(&svc()), &typed, ver("1.7"), &off).unwrap();
@@ -770,12 +869,18 @@ mod tests {
         assert_eq!(c.verdict, Verdict::NewCluster);
         // Held still reports the serve change (applied to the active cluster).
         let both = edit(&none, |v| {
-            let s = v["spec"]["serveConfigV2"].as_str().unwrap().replace("num_replicas: 1", "num_replicas: 2");
+            let s = v["spec"]["serveConfigV2"]
+                .as_str()
+                .unwrap()
+                .replace("num_replicas: 1", "num_replicas: 2");
             v["spec"]["serveConfigV2"] = json!(s);
         });
         let c = run(&svc(), &both, "1.7");
         assert_eq!(c.verdict, Verdict::Held);
-        assert_eq!(c.serve_config_paths, vec!["serveConfigV2.applications[embed].deployments[Embedder].num_replicas"]);
+        assert_eq!(
+            c.serve_config_paths,
+            vec!["serveConfigV2.applications[embed].deployments[Embedder].num_replicas"]
+        );
         assert!(c.reason.contains("still submitted"));
     }
 
@@ -794,7 +899,11 @@ mod tests {
         // v1.5–v1.6: feature gate off by default → zero-downtime disabled → held.
         let c = run(&svc(), &new, "1.6");
         assert_eq!(c.verdict, Verdict::Held);
-        assert!(c.held_reason.unwrap().contains("RayServiceIncrementalUpgrade"));
+        assert!(
+            c.held_reason
+                .unwrap()
+                .contains("RayServiceIncrementalUpgrade")
+        );
         let gate_on = ClassifyOptions {
             incremental_upgrade_gate: Some(true),
             ..Default::default()
@@ -808,54 +917,96 @@ mod tests {
         assert!(c.held_reason.unwrap().contains("invalid"));
         // Incomplete options / no autoscaling fail validation in v1.7.
         let no_opts = edit(&new, |v| {
-            v["spec"]["upgradeStrategy"].as_object_mut().unwrap().remove("clusterUpgradeOptions");
+            v["spec"]["upgradeStrategy"]
+                .as_object_mut()
+                .unwrap()
+                .remove("clusterUpgradeOptions");
         });
-        assert!(run(&svc(), &no_opts, "1.7").held_reason.unwrap().contains("clusterUpgradeOptions"));
+        assert!(
+            run(&svc(), &no_opts, "1.7")
+                .held_reason
+                .unwrap()
+                .contains("clusterUpgradeOptions")
+        );
         let no_autoscaling = edit(&new, |v| cfg(v)["enableInTreeAutoscaling"] = json!(false));
-        assert!(run(&svc(), &no_autoscaling, "1.7").held_reason.unwrap().contains("enableInTreeAutoscaling"));
+        assert!(
+            run(&svc(), &no_autoscaling, "1.7")
+                .held_reason
+                .unwrap()
+                .contains("enableInTreeAutoscaling")
+        );
         let bogus = edit(&svc(), |v| {
             v["spec"]["upgradeStrategy"]["type"] = json!("BlueGreen");
             bump_image(v);
         });
         let c = run(&svc(), &bogus, "1.7");
         assert_eq!(c.verdict, Verdict::Held);
-        assert_eq!(c.upgrade_strategy, Some(UpgradeType::Other("BlueGreen".into())));
+        assert_eq!(
+            c.upgrade_strategy,
+            Some(UpgradeType::Other("BlueGreen".into()))
+        );
     }
 
     /// (field, mutation) pairs for the muted-field table.
-    fn field_edits() -> Vec<(&'static str, Box<dyn Fn(&mut Value)>)> {
+    type Edit = Box<dyn Fn(&mut Value)>;
+
+    fn field_edits() -> Vec<(&'static str, Edit)> {
         vec![
-            ("replicas", Box::new(|v: &mut Value| worker(v)["replicas"] = json!(3))),
-            ("minReplicas", Box::new(|v: &mut Value| worker(v)["minReplicas"] = json!(2))),
-            ("maxReplicas", Box::new(|v: &mut Value| worker(v)["maxReplicas"] = json!(8))),
+            (
+                "replicas",
+                Box::new(|v: &mut Value| worker(v)["replicas"] = json!(3)),
+            ),
+            (
+                "minReplicas",
+                Box::new(|v: &mut Value| worker(v)["minReplicas"] = json!(2)),
+            ),
+            (
+                "maxReplicas",
+                Box::new(|v: &mut Value| worker(v)["maxReplicas"] = json!(8)),
+            ),
             (
                 "workersToDelete",
-                Box::new(|v: &mut Value| worker(v)["scaleStrategy"] = json!({"workersToDelete": ["llm-gpu-workers-worker-abc"]})),
+                Box::new(|v: &mut Value| {
+                    worker(v)["scaleStrategy"] =
+                        json!({"workersToDelete": ["llm-gpu-workers-worker-abc"]})
+                }),
             ),
             (
                 "workerTolerations",
                 Box::new(|v: &mut Value| {
-                    worker(v)["template"]["spec"]["tolerations"] = json!([{"key": "kueue", "operator": "Exists"}])
+                    worker(v)["template"]["spec"]["tolerations"] =
+                        json!([{"key": "kueue", "operator": "Exists"}])
                 }),
             ),
             (
                 "workerSchedulingGates",
-                Box::new(|v: &mut Value| worker(v)["template"]["spec"]["schedulingGates"] = json!([{"name": "kueue.x-k8s.io/admission"}])),
+                Box::new(|v: &mut Value| {
+                    worker(v)["template"]["spec"]["schedulingGates"] =
+                        json!([{"name": "kueue.x-k8s.io/admission"}])
+                }),
             ),
             (
                 "headTolerations",
                 Box::new(|v: &mut Value| {
-                    cfg(v)["headGroupSpec"]["template"]["spec"]["tolerations"] = json!([{"key": "kueue", "operator": "Exists"}])
+                    cfg(v)["headGroupSpec"]["template"]["spec"]["tolerations"] =
+                        json!([{"key": "kueue", "operator": "Exists"}])
                 }),
             ),
             (
                 "headSchedulingGates",
                 Box::new(|v: &mut Value| {
-                    cfg(v)["headGroupSpec"]["template"]["spec"]["schedulingGates"] = json!([{"name": "kueue.x-k8s.io/admission"}])
+                    cfg(v)["headGroupSpec"]["template"]["spec"]["schedulingGates"] =
+                        json!([{"name": "kueue.x-k8s.io/admission"}])
                 }),
             ),
-            ("clusterUpgradeStrategy", Box::new(|v: &mut Value| cfg(v)["upgradeStrategy"] = json!({"type": "Recreate"}))),
-            ("suspend", Box::new(|v: &mut Value| cfg(v)["suspend"] = json!(true))),
+            (
+                "clusterUpgradeStrategy",
+                Box::new(|v: &mut Value| cfg(v)["upgradeStrategy"] = json!({"type": "Recreate"})),
+            ),
+            (
+                "suspend",
+                Box::new(|v: &mut Value| cfg(v)["suspend"] = json!(true)),
+            ),
         ]
     }
 
@@ -865,9 +1016,10 @@ mod tests {
         let muted = match field {
             "replicas" | "workersToDelete" => true,
             "minReplicas" | "maxReplicas" => at_least("1.2.0"),
-            "workerTolerations" | "workerSchedulingGates" | "headTolerations" | "headSchedulingGates" => {
-                v == ver("1.5.2") || at_least("1.6.0")
-            }
+            "workerTolerations"
+            | "workerSchedulingGates"
+            | "headTolerations"
+            | "headSchedulingGates" => v == ver("1.5.2") || at_least("1.6.0"),
             // Unknown before v1.6.0: pruned, so it cannot trigger either.
             "clusterUpgradeStrategy" => true,
             "suspend" => at_least("1.7.0"),
@@ -891,8 +1043,15 @@ mod tests {
                 assert_eq!(c.verdict, expected(field, *v), "{field} @ {v}: {c:?}");
                 if c.verdict == Verdict::NoChange {
                     let listed = !c.exempt_paths.is_empty() || !c.ignored_paths.is_empty();
-                    assert!(listed, "{field} @ {v}: change must be reported as exempt or ignored");
-                    assert_eq!(c.fingerprint, run(&svc(), &svc(), &v.to_string()).fingerprint, "{field} @ {v}");
+                    assert!(
+                        listed,
+                        "{field} @ {v}: change must be reported as exempt or ignored"
+                    );
+                    assert_eq!(
+                        c.fingerprint,
+                        run(&svc(), &svc(), &v.to_string()).fingerprint,
+                        "{field} @ {v}"
+                    );
                 }
             }
         }
@@ -901,27 +1060,35 @@ mod tests {
     #[test]
     fn quantity_equivalence_like_go() {
         let milli = edit(&svc(), |v| {
-            worker(v)["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] = json!("8000m")
+            worker(v)["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] =
+                json!("8000m")
         });
         assert_eq!(run(&svc(), &milli, "1.7").verdict, Verdict::NoChange);
         let base = edit(&svc(), |v| {
-            worker(v)["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] = json!("1Gi")
+            worker(v)["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] =
+                json!("1Gi")
         });
         let bytes = edit(&svc(), |v| {
-            worker(v)["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] = json!("1073741824")
+            worker(v)["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] =
+                json!("1073741824")
         });
         let c = run(&base, &bytes, "1.7");
         assert_eq!(c.verdict, Verdict::NewCluster);
         assert_eq!(
             c.triggering_paths,
-            vec!["workerGroupSpecs[gpu-workers].template.spec.containers[ray-worker].resources.limits[memory]"]
+            vec![
+                "workerGroupSpecs[gpu-workers].template.spec.containers[ray-worker].resources.limits[memory]"
+            ]
         );
         let gpu = edit(&svc(), |v| {
-            worker(v)["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = json!(2)
+            worker(v)["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] =
+                json!(2)
         });
         assert_eq!(
             run(&svc(), &gpu, "1.7").triggering_paths,
-            vec!["workerGroupSpecs[gpu-workers].template.spec.containers[ray-worker].resources.limits[nvidia.com/gpu]"]
+            vec![
+                "workerGroupSpecs[gpu-workers].template.spec.containers[ray-worker].resources.limits[nvidia.com/gpu]"
+            ]
         );
     }
 
@@ -932,7 +1099,10 @@ mod tests {
         let hosts2 = edit(&svc(), |v| worker(v)["numOfHosts"] = json!(2));
         let c = run(&svc(), &hosts2, "1.7");
         assert_eq!(c.verdict, Verdict::NewCluster);
-        assert_eq!(c.triggering_paths, vec!["workerGroupSpecs[gpu-workers].numOfHosts"]);
+        assert_eq!(
+            c.triggering_paths,
+            vec!["workerGroupSpecs[gpu-workers].numOfHosts"]
+        );
         let empties = edit(&svc(), |v| {
             worker(v)["template"]["spec"]["containers"][0]["args"] = json!([]);
             worker(v)["template"]["metadata"] = json!({"annotations": {}});
@@ -940,7 +1110,10 @@ mod tests {
         });
         assert_eq!(run(&svc(), &empties, "1.7").verdict, Verdict::NoChange);
         let autoscale_off = edit(&svc(), |v| {
-            cfg(v).as_object_mut().unwrap().remove("enableInTreeAutoscaling");
+            cfg(v)
+                .as_object_mut()
+                .unwrap()
+                .remove("enableInTreeAutoscaling");
         });
         let explicit_false = edit(&svc(), |v| cfg(v)["enableInTreeAutoscaling"] = json!(false));
         let c = run(&autoscale_off, &explicit_false, "1.7");
@@ -967,7 +1140,10 @@ mod tests {
         let rc = active();
         let c = classify(&OldSide::RayCluster(&rc), &svc(), ver("1.7")).unwrap();
         assert_eq!(c.verdict, Verdict::NoChange, "{c:?}");
-        assert_eq!(c.exempt_paths, vec!["workerGroupSpecs[gpu-workers].replicas"]);
+        assert_eq!(
+            c.exempt_paths,
+            vec!["workerGroupSpecs[gpu-workers].replicas"]
+        );
         assert!(c.serve_config_paths.is_empty());
         let new = edit(&svc(), bump_image);
         let c = classify(&OldSide::RayCluster(&rc), &new, ver("1.7")).unwrap();
@@ -1004,11 +1180,18 @@ mod tests {
         // Missing annotation counts as different.
         let rc_none = annotate(&active(), ANNOTATION_KUBERAY_VERSION, None);
         assert_eq!(
-            classify(&OldSide::RayCluster(&rc_none), &new, ver("1.7")).unwrap().verdict,
+            classify(&OldSide::RayCluster(&rc_none), &new, ver("1.7"))
+                .unwrap()
+                .verdict,
             Verdict::InPlaceClusterUpdate
         );
         // v1.1 has no such rule.
-        assert_eq!(classify(&OldSide::RayCluster(&rc), &new, ver("1.1")).unwrap().verdict, Verdict::NewCluster);
+        assert_eq!(
+            classify(&OldSide::RayCluster(&rc), &new, ver("1.1"))
+                .unwrap()
+                .verdict,
+            Verdict::NewCluster
+        );
         // Skipped while UpgradeInProgress.
         let upgrading = {
             let mut s = new.clone();
@@ -1023,13 +1206,22 @@ mod tests {
             s
         };
         assert_eq!(
-            classify(&OldSide::RayCluster(&rc), &upgrading, ver("1.7")).unwrap().verdict,
+            classify(&OldSide::RayCluster(&rc), &upgrading, ver("1.7"))
+                .unwrap()
+                .verdict,
             Verdict::NewCluster
         );
         // No spec change: nothing to do but refresh annotations.
         let c = classify(&OldSide::RayCluster(&rc), &svc(), ver("1.7")).unwrap();
-        assert_eq!(c.verdict, Verdict::InPlaceClusterUpdate, "replicas 3 → 2 are rewritten too");
-        assert_eq!(c.triggering_paths, vec!["workerGroupSpecs[gpu-workers].replicas"]);
+        assert_eq!(
+            c.verdict,
+            Verdict::InPlaceClusterUpdate,
+            "replicas 3 → 2 are rewritten too"
+        );
+        assert_eq!(
+            c.triggering_paths,
+            vec!["workerGroupSpecs[gpu-workers].replicas"]
+        );
     }
 
     #[test]
@@ -1037,39 +1229,69 @@ mod tests {
         let new = edit(&svc(), bump_image);
         let no_count = annotate(&active(), ANNOTATION_NUM_WORKER_GROUPS, None);
         assert_eq!(
-            classify(&OldSide::RayCluster(&no_count), &new, ver("1.7")).unwrap().verdict,
+            classify(&OldSide::RayCluster(&no_count), &new, ver("1.7"))
+                .unwrap()
+                .verdict,
             Verdict::InPlaceClusterUpdate
         );
         let old = annotate(&no_count, ANNOTATION_KUBERAY_VERSION, Some("v1.2.0"));
         let c = classify(&OldSide::RayCluster(&old), &new, ver("1.2.0")).unwrap();
         assert_eq!(c.verdict, Verdict::Held);
-        assert!(c.held_reason.unwrap().contains(ANNOTATION_NUM_WORKER_GROUPS));
+        assert!(
+            c.held_reason
+                .unwrap()
+                .contains(ANNOTATION_NUM_WORKER_GROUPS)
+        );
         let no_hash = annotate(&active(), ANNOTATION_HASH, None);
         let c = classify(&OldSide::RayCluster(&no_hash), &svc(), ver("1.7")).unwrap();
         assert_eq!(c.verdict, Verdict::NewCluster);
-        assert_eq!(c.triggering_paths, vec![format!("metadata.annotations[{ANNOTATION_HASH}]")]);
+        assert_eq!(
+            c.triggering_paths,
+            vec![format!("metadata.annotations[{ANNOTATION_HASH}]")]
+        );
     }
 
     #[test]
     fn malformed_input_is_an_error() {
         let no_cfg = edit(&svc(), |v| {
-            v["spec"].as_object_mut().unwrap().remove("rayClusterConfig");
+            v["spec"]
+                .as_object_mut()
+                .unwrap()
+                .remove("rayClusterConfig");
         });
-        let err = classify(&OldSide::RayService(&svc()), &no_cfg, ver("1.7")).unwrap_err().to_string();
-        assert!(err.contains("ml/llm") && err.contains("rayClusterConfig"), "{err}");
-        let err = classify(&OldSide::RayService(&no_cfg), &svc(), ver("1.7")).unwrap_err().to_string();
+        let err = classify(&OldSide::RayService(&svc()), &no_cfg, ver("1.7"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ml/llm") && err.contains("rayClusterConfig"),
+            "{err}"
+        );
+        let err = classify(&OldSide::RayService(&no_cfg), &svc(), ver("1.7"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("rayClusterConfig"), "{err}");
         let nameless = edit(&svc(), |v| {
             worker(v).as_object_mut().unwrap().remove("groupName");
         });
-        let err = classify(&OldSide::RayService(&svc()), &nameless, ver("1.7")).unwrap_err().to_string();
-        assert!(err.contains("workerGroupSpecs[0]") && err.contains("groupName"), "{err}");
+        let err = classify(&OldSide::RayService(&svc()), &nameless, ver("1.7"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("workerGroupSpecs[0]") && err.contains("groupName"),
+            "{err}"
+        );
         let bad_q = edit(&svc(), |v| {
-            worker(v)["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] = json!("30 GiB")
+            worker(v)["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] =
+                json!("30 GiB")
         });
         match classify(&OldSide::RayService(&svc()), &bad_q, ver("1.7")).unwrap_err() {
             crate::Error::Quantity { field, .. } => {
-                assert!(field.ends_with("workerGroupSpecs[0].template.spec.containers[0].resources.limits.memory"), "{field}")
+                assert!(
+                    field.ends_with(
+                        "workerGroupSpecs[0].template.spec.containers[0].resources.limits.memory"
+                    ),
+                    "{field}"
+                )
             }
             other => panic!("unexpected {other}"),
         }
@@ -1080,13 +1302,18 @@ mod tests {
         let new = edit(&svc(), |v| worker(v)["priority"] = json!(5));
         let c = run(&svc(), &new, "1.6");
         assert_eq!(c.verdict, Verdict::NoChange);
-        assert_eq!(c.ignored_paths, vec!["workerGroupSpecs[gpu-workers].priority"]);
+        assert_eq!(
+            c.ignored_paths,
+            vec!["workerGroupSpecs[gpu-workers].priority"]
+        );
         assert_eq!(run(&svc(), &new, "1.7").verdict, Verdict::NewCluster);
     }
 
     #[test]
     fn other_spec_fields() {
-        let new = edit(&svc(), |v| v["spec"]["rayClusterDeletionDelaySeconds"] = json!(300));
+        let new = edit(&svc(), |v| {
+            v["spec"]["rayClusterDeletionDelaySeconds"] = json!(300)
+        });
         let c = run(&svc(), &new, "1.7");
         assert_eq!(c.verdict, Verdict::NoChange);
         assert_eq!(c.other_paths, vec!["rayClusterDeletionDelaySeconds"]);

@@ -153,16 +153,18 @@ fn diff_at(old: Option<&Value>, new: Option<&Value>, path: &Path, out: &mut Vec<
 
 /// The natural key field shared by every element of both lists, if any.
 fn list_key(a: &[Value], b: &[Value]) -> Option<&'static str> {
-    ["groupName", "name", "mountPath"].into_iter().find(|field| {
-        [a, b].iter().all(|list| {
-            let mut seen = std::collections::BTreeSet::new();
-            list.iter().all(|e| {
-                e.get(*field)
-                    .and_then(Value::as_str)
-                    .is_some_and(|k| seen.insert(k.to_string()))
-            })
-        }) && !(a.is_empty() && b.is_empty())
-    })
+    ["groupName", "name", "mountPath"]
+        .into_iter()
+        .find(|field| {
+            [a, b].iter().all(|list| {
+                let mut seen = std::collections::BTreeSet::new();
+                list.iter().all(|e| {
+                    e.get(*field)
+                        .and_then(Value::as_str)
+                        .is_some_and(|k| seen.insert(k.to_string()))
+                })
+            }) && !(a.is_empty() && b.is_empty())
+        })
 }
 
 fn diff_lists(a: &[Value], b: &[Value], path: &Path, out: &mut Vec<Change>) {
@@ -172,7 +174,12 @@ fn diff_lists(a: &[Value], b: &[Value], path: &Path, out: &mut Vec<Change>) {
         }
         return;
     };
-    let key = |e: &Value| e.get(field).and_then(Value::as_str).unwrap_or_default().to_string();
+    let key = |e: &Value| {
+        e.get(field)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
     let old: BTreeMap<String, &Value> = a.iter().map(|e| (key(e), e)).collect();
     let new: BTreeMap<String, &Value> = b.iter().map(|e| (key(e), e)).collect();
     let common_old: Vec<String> = a.iter().map(key).filter(|k| new.contains_key(k)).collect();
@@ -214,11 +221,15 @@ mod tests {
             ]
         });
         let mut new = old.clone();
-        new["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = json!("1");
+        new["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] =
+            json!("1");
         new["headGroupSpec"]["template"]["spec"]["containers"][0]["env"][0]["value"] = json!("2");
-        new["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = json!(6380);
-        new["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"] = json!("ray:2.41");
-        new["workerGroupSpecs"][0]["template"]["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] = json!("1Gi");
+        new["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] =
+            json!(6380);
+        new["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"] =
+            json!("ray:2.41");
+        new["workerGroupSpecs"][0]["template"]["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] =
+            json!("1Gi");
         new["workerGroupSpecs"][0]["template"]["spec"]["tolerations"][1]["key"] = json!("c");
         new["workerGroupSpecs"]
             .as_array_mut()
@@ -259,7 +270,10 @@ mod tests {
         let old = json!({"workerGroupSpecs": [{"groupName": "a"}, {"groupName": "b"}], "args": ["x", "y"]});
         let new = json!({"workerGroupSpecs": [{"groupName": "b"}, {"groupName": "a"}], "args": ["x", "z", "w"]});
         let changes = diff(&old, &new);
-        assert_eq!(paths(&changes), vec!["args[1]", "args[2]", "workerGroupSpecs (order)"]);
+        assert_eq!(
+            paths(&changes),
+            vec!["args[1]", "args[2]", "workerGroupSpecs (order)"]
+        );
         assert_eq!(changes[1].kind, ChangeKind::Added);
         assert_eq!(changes[2].kind, ChangeKind::Reordered);
         // duplicate names: index form

@@ -65,10 +65,17 @@ pub struct Normalized {
 /// Normalise a RayClusterSpec JSON value for the given release.
 ///
 /// `what` names the object in errors (e.g. `RayService ml/llm spec.rayClusterConfig`).
-pub fn normalize_cluster_spec(spec: &Value, rules: &Rules, what: &str) -> crate::Result<Normalized> {
+pub fn normalize_cluster_spec(
+    spec: &Value,
+    rules: &Rules,
+    what: &str,
+) -> crate::Result<Normalized> {
     let mut v = spec.clone();
     if !v.is_object() {
-        return Err(crate::Error::invalid(what, "RayClusterSpec must be an object"));
+        return Err(crate::Error::invalid(
+            what,
+            "RayClusterSpec must be an object",
+        ));
     }
     let pruned = prune_unknown(&mut v, rules);
     apply_defaults(&mut v, rules);
@@ -110,7 +117,11 @@ fn prune_unknown(v: &mut Value, rules: &Rules) -> Vec<String> {
 }
 
 fn retain_known(m: &mut Map<String, Value>, known: &[&str], prefix: &str, out: &mut Vec<String>) {
-    let unknown: Vec<String> = m.keys().filter(|k| !known.contains(&k.as_str())).cloned().collect();
+    let unknown: Vec<String> = m
+        .keys()
+        .filter(|k| !known.contains(&k.as_str()))
+        .cloned()
+        .collect();
     for k in unknown {
         m.remove(&k);
         out.push(format!("{prefix}{k}"));
@@ -396,14 +407,22 @@ fn go_round_trip(v: &mut Value, path: &mut Vec<Seg>, what: &str) -> crate::Resul
                         }
                         drop = match child {
                             Value::Null => true,
-                            Value::String(s) => s.is_empty() && !is_pointer_string(parent.as_deref(), &k),
+                            Value::String(s) => {
+                                s.is_empty() && !is_pointer_string(parent.as_deref(), &k)
+                            }
                             Value::Bool(b) => !*b && is_plain_bool(parent.as_deref(), &k),
                             Value::Number(n) => is_plain_int(&k) && n.as_f64() == Some(0.0),
                             Value::Array(a) => a.is_empty() && !keeps_empty_list(&k),
                             Value::Object(o) => {
                                 o.is_empty()
                                     && (is_value_struct(path, &k)
-                                        || matches!(obj_kind(path), ObjKind::Map { omitempty: true, .. }))
+                                        || matches!(
+                                            obj_kind(path),
+                                            ObjKind::Map {
+                                                omitempty: true,
+                                                ..
+                                            }
+                                        ))
                             }
                         };
                     }
@@ -430,7 +449,9 @@ fn go_round_trip(v: &mut Value, path: &mut Vec<Seg>, what: &str) -> crate::Resul
 }
 
 fn remove_at(v: &mut Value, keys: &[&str]) {
-    let Some((last, parents)) = keys.split_last() else { return };
+    let Some((last, parents)) = keys.split_last() else {
+        return;
+    };
     let mut cur = v;
     for k in parents {
         match cur.get_mut(*k) {
@@ -448,7 +469,9 @@ fn mute(v: &mut Value, rules: &Rules) {
         match f {
             MutedField::ClusterSuspend => remove_at(v, &["suspend"]),
             MutedField::ClusterUpgradeStrategy => remove_at(v, &["upgradeStrategy"]),
-            MutedField::HeadTolerations => remove_at(v, &["headGroupSpec", "template", "spec", "tolerations"]),
+            MutedField::HeadTolerations => {
+                remove_at(v, &["headGroupSpec", "template", "spec", "tolerations"])
+            }
             MutedField::HeadSchedulingGates => {
                 remove_at(v, &["headGroupSpec", "template", "spec", "schedulingGates"])
             }
@@ -464,11 +487,16 @@ fn mute(v: &mut Value, rules: &Rules) {
                     MutedField::WorkerMaxReplicas => remove_at(g, &["maxReplicas"]),
                     MutedField::WorkerWorkersToDelete => {
                         remove_at(g, &["scaleStrategy", "workersToDelete"]);
-                        if g.get("scaleStrategy").and_then(Value::as_object).is_some_and(Map::is_empty) {
+                        if g.get("scaleStrategy")
+                            .and_then(Value::as_object)
+                            .is_some_and(Map::is_empty)
+                        {
                             remove_at(g, &["scaleStrategy"]);
                         }
                     }
-                    MutedField::WorkerTolerations => remove_at(g, &["template", "spec", "tolerations"]),
+                    MutedField::WorkerTolerations => {
+                        remove_at(g, &["template", "spec", "tolerations"])
+                    }
                     MutedField::WorkerSchedulingGates => {
                         remove_at(g, &["template", "spec", "schedulingGates"])
                     }
@@ -496,14 +524,21 @@ mod tests {
 
     #[test]
     fn quantities_canonical() {
-        let a = norm(spec_with_limits(json!({"cpu": "1000m", "memory": "1024Mi", "nvidia.com/gpu": 1})));
-        let b = norm(spec_with_limits(json!({"cpu": 1, "memory": "1Gi", "nvidia.com/gpu": "1"})));
+        let a = norm(spec_with_limits(
+            json!({"cpu": "1000m", "memory": "1024Mi", "nvidia.com/gpu": 1}),
+        ));
+        let b = norm(spec_with_limits(
+            json!({"cpu": 1, "memory": "1Gi", "nvidia.com/gpu": "1"}),
+        ));
         assert_eq!(a, b);
-        let lim = &a.full["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["limits"];
+        let lim =
+            &a.full["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["limits"];
         assert_eq!(lim["cpu"], "1");
         assert_eq!(lim["memory"], "1Gi");
         // Go keeps the format: 1Gi and 1073741824 are different strings.
-        let c = norm(spec_with_limits(json!({"cpu": "1", "memory": "1073741824", "nvidia.com/gpu": 1})));
+        let c = norm(spec_with_limits(
+            json!({"cpu": "1", "memory": "1073741824", "nvidia.com/gpu": 1}),
+        ));
         assert_ne!(a.full, c.full);
     }
 
@@ -517,7 +552,10 @@ mod tests {
         let spec = &n.full["headGroupSpec"]["template"]["spec"];
         assert_eq!(spec["volumes"][0]["emptyDir"]["sizeLimit"], "2Gi");
         assert_eq!(spec["overhead"]["cpu"], "250m");
-        assert_eq!(spec["containers"][0]["env"][0]["valueFrom"]["resourceFieldRef"]["divisor"], "1Mi");
+        assert_eq!(
+            spec["containers"][0]["env"][0]["valueFrom"]["resourceFieldRef"]["divisor"],
+            "1Mi"
+        );
     }
 
     #[test]
@@ -566,28 +604,55 @@ mod tests {
         let base = json!({"headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [{"name": "h"}]}}}});
         let mut with_false = base.clone();
         with_false["enableInTreeAutoscaling"] = json!(false);
-        assert_ne!(norm(base.clone()).full, norm(with_false).full, "*bool false is emitted by Go");
+        assert_ne!(
+            norm(base.clone()).full,
+            norm(with_false).full,
+            "*bool false is emitted by Go"
+        );
         let mut empty_ptr = base.clone();
-        empty_ptr["headGroupSpec"]["template"]["spec"]["containers"][0]["securityContext"] = json!({});
-        assert_ne!(norm(base.clone()).full, norm(empty_ptr).full, "pointer struct {{}} is emitted");
+        empty_ptr["headGroupSpec"]["template"]["spec"]["containers"][0]["securityContext"] =
+            json!({});
+        assert_ne!(
+            norm(base.clone()).full,
+            norm(empty_ptr).full,
+            "pointer struct {{}} is emitted"
+        );
         let mut no_params = base.clone();
-        no_params["headGroupSpec"].as_object_mut().unwrap().remove("rayStartParams");
-        assert_ne!(norm(base.clone()).full, norm(no_params).full, "rayStartParams is not omitempty");
+        no_params["headGroupSpec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("rayStartParams");
+        assert_ne!(
+            norm(base.clone()).full,
+            norm(no_params).full,
+            "rayStartParams is not omitempty"
+        );
         let mut label = base.clone();
         label["headGroupSpec"]["template"]["metadata"] = json!({"labels": {"team": ""}});
-        assert_eq!(norm(label).full["headGroupSpec"]["template"]["metadata"]["labels"]["team"], "");
+        assert_eq!(
+            norm(label).full["headGroupSpec"]["template"]["metadata"]["labels"]["team"],
+            ""
+        );
         let mut emptydir = base.clone();
-        emptydir["headGroupSpec"]["template"]["spec"]["volumes"] = json!([{"name": "tmp", "emptyDir": {}}]);
-        assert_eq!(norm(emptydir).full["headGroupSpec"]["template"]["spec"]["volumes"][0]["emptyDir"], json!({}));
+        emptydir["headGroupSpec"]["template"]["spec"]["volumes"] =
+            json!([{"name": "tmp", "emptyDir": {}}]);
+        assert_eq!(
+            norm(emptydir).full["headGroupSpec"]["template"]["spec"]["volumes"][0]["emptyDir"],
+            json!({})
+        );
     }
 
     #[test]
     fn crd_defaults() {
-        let absent = norm(json!({"workerGroupSpecs": [{"groupName": "g", "template": {"spec": {"containers": [
-            {"name": "w", "ports": [{"name": "metrics", "containerPort": 8080}]}]}}}]}));
-        let explicit = norm(json!({"workerGroupSpecs": [{"groupName": "g", "numOfHosts": 1, "replicas": 0,
+        let absent = norm(
+            json!({"workerGroupSpecs": [{"groupName": "g", "template": {"spec": {"containers": [
+            {"name": "w", "ports": [{"name": "metrics", "containerPort": 8080}]}]}}}]}),
+        );
+        let explicit = norm(
+            json!({"workerGroupSpecs": [{"groupName": "g", "numOfHosts": 1, "replicas": 0,
             "minReplicas": 0, "maxReplicas": 2147483647, "priority": 0,
-            "template": {"spec": {"containers": [{"name": "w", "ports": [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]}]}}}]}));
+            "template": {"spec": {"containers": [{"name": "w", "ports": [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]}]}}}]}),
+        );
         assert_eq!(absent, explicit);
         assert_eq!(absent.full["workerGroupSpecs"][0]["numOfHosts"], 1);
         let two = norm(json!({"workerGroupSpecs": [{"groupName": "g", "numOfHosts": 2}]}));
@@ -600,8 +665,17 @@ mod tests {
     #[test]
     fn prunes_unknown_fields_per_version() {
         let spec = json!({"futureField": 1, "workerGroupSpecs": [{"groupName": "g", "priority": 3, "labels": {"a": "b"}}]});
-        let old = normalize_cluster_spec(&spec, &KubeRayVersion::parse("1.4").unwrap().rules(), "t").unwrap();
-        assert_eq!(old.pruned, vec!["futureField", "workerGroupSpecs[g].labels", "workerGroupSpecs[g].priority"]);
+        let old =
+            normalize_cluster_spec(&spec, &KubeRayVersion::parse("1.4").unwrap().rules(), "t")
+                .unwrap();
+        assert_eq!(
+            old.pruned,
+            vec![
+                "futureField",
+                "workerGroupSpecs[g].labels",
+                "workerGroupSpecs[g].priority"
+            ]
+        );
         let new = norm(spec);
         assert_eq!(new.pruned, vec!["futureField"]);
         assert_eq!(new.full["workerGroupSpecs"][0]["priority"], 3);
@@ -609,7 +683,12 @@ mod tests {
 
     #[test]
     fn group_level_resources_is_a_map() {
-        let n = norm(json!({"workerGroupSpecs": [{"groupName": "g", "resources": {"TPU": "4", "x": ""}}]}));
-        assert_eq!(n.full["workerGroupSpecs"][0]["resources"], json!({"TPU": "4", "x": ""}));
+        let n = norm(
+            json!({"workerGroupSpecs": [{"groupName": "g", "resources": {"TPU": "4", "x": ""}}]}),
+        );
+        assert_eq!(
+            n.full["workerGroupSpecs"][0]["resources"],
+            json!({"TPU": "4", "x": ""})
+        );
     }
 }

@@ -345,8 +345,9 @@ impl RayService {
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c.type_.as_deref() == Some(type_) && c.status.as_deref() == Some("True"))
+                cs.iter().any(|c| {
+                    c.type_.as_deref() == Some(type_) && c.status.as_deref() == Some("True")
+                })
             })
     }
 }
@@ -409,8 +410,8 @@ mod tests {
         let back = serde_json::to_value(&svc).unwrap();
         // numeric quantity becomes a string in k8s-openapi: compare everything else.
         let mut expected = v.clone();
-        expected["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
-            ["resources"]["limits"]["nvidia.com/gpu"] = Value::from("1");
+        expected["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"]
+            [0]["resources"]["limits"]["nvidia.com/gpu"] = Value::from("1");
         assert_eq!(back, expected);
         assert!(svc.condition_true("Ready"));
         assert!(!svc.condition_true(CONDITION_UPGRADE_IN_PROGRESS));

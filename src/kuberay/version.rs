@@ -70,7 +70,10 @@ impl KubeRayVersion {
         let bad = |reason: &str| {
             crate::Error::invalid(format!("KubeRay version {s:?}"), reason.to_string())
         };
-        let num = |p: &str| p.parse::<u16>().map_err(|_| bad("expected MAJOR.MINOR[.PATCH]"));
+        let num = |p: &str| {
+            p.parse::<u16>()
+                .map_err(|_| bad("expected MAJOR.MINOR[.PATCH]"))
+        };
         let (major, minor, patch) = match parts.as_slice() {
             [ma, mi] => (num(ma)?, num(mi)?, None),
             [ma, mi, pa] => (num(ma)?, num(mi)?, Some(num(pa)?)),
@@ -158,13 +161,17 @@ impl MutedField {
     pub fn path(&self) -> &'static str {
         match self {
             MutedField::WorkerReplicas => "workerGroupSpecs[*].replicas",
-            MutedField::WorkerWorkersToDelete => "workerGroupSpecs[*].scaleStrategy.workersToDelete",
+            MutedField::WorkerWorkersToDelete => {
+                "workerGroupSpecs[*].scaleStrategy.workersToDelete"
+            }
             MutedField::WorkerMinReplicas => "workerGroupSpecs[*].minReplicas",
             MutedField::WorkerMaxReplicas => "workerGroupSpecs[*].maxReplicas",
             MutedField::HeadTolerations => "headGroupSpec.template.spec.tolerations",
             MutedField::HeadSchedulingGates => "headGroupSpec.template.spec.schedulingGates",
             MutedField::WorkerTolerations => "workerGroupSpecs[*].template.spec.tolerations",
-            MutedField::WorkerSchedulingGates => "workerGroupSpecs[*].template.spec.schedulingGates",
+            MutedField::WorkerSchedulingGates => {
+                "workerGroupSpecs[*].template.spec.schedulingGates"
+            }
             MutedField::ClusterUpgradeStrategy => "upgradeStrategy",
             MutedField::ClusterSuspend => "suspend",
         }
@@ -380,7 +387,10 @@ const WORKER_1_7: &[&str] = &[
 impl Rules {
     pub fn for_version(version: KubeRayVersion) -> Rules {
         let at_least = |minor: u16, patch: u16| version >= v(minor, patch);
-        let mut muted = vec![MutedField::WorkerReplicas, MutedField::WorkerWorkersToDelete];
+        let mut muted = vec![
+            MutedField::WorkerReplicas,
+            MutedField::WorkerWorkersToDelete,
+        ];
         if at_least(2, 0) {
             muted.extend([MutedField::WorkerMinReplicas, MutedField::WorkerMaxReplicas]);
         }
@@ -493,8 +503,14 @@ mod tests {
         let r = |s: &str| KubeRayVersion::parse(s).unwrap().rules();
         assert!(!r("1.1").version_annotation_updates_in_place);
         assert!(r("1.2").version_annotation_updates_in_place);
-        assert_eq!(r("1.2").bad_group_count_annotation, BadGroupCountAnnotation::DoNothing);
-        assert_eq!(r("1.3").bad_group_count_annotation, BadGroupCountAnnotation::UpdateInPlace);
+        assert_eq!(
+            r("1.2").bad_group_count_annotation,
+            BadGroupCountAnnotation::DoNothing
+        );
+        assert_eq!(
+            r("1.3").bad_group_count_annotation,
+            BadGroupCountAnnotation::UpdateInPlace
+        );
         assert!(r("1.2").upgrade_types.is_empty());
         assert_eq!(r("1.4").upgrade_types.len(), 2);
         assert_eq!(r("1.5").upgrade_types.len(), 3);
