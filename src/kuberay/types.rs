@@ -435,4 +435,49 @@ mod tests {
         let back = serde_json::to_value(&rc).unwrap();
         assert_eq!(back["status"]["readyWorkerReplicas"], 2);
     }
+
+    /// Numbers under resource lists become strings in k8s-openapi's Quantity.
+    fn stringify_quantities(v: &mut Value, key: Option<&str>) {
+        match v {
+            Value::Object(m) => {
+                for (k, child) in m.iter_mut() {
+                    if matches!(key, Some("limits" | "requests" | "overhead")) && child.is_number()
+                    {
+                        *child = Value::from(child.to_string());
+                    } else {
+                        stringify_quantities(child, Some(k));
+                    }
+                }
+            }
+            Value::Array(a) => a.iter_mut().for_each(|e| stringify_quantities(e, key)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn fixtures_round_trip() {
+        for (name, text) in [
+            (
+                "rayservice-llm",
+                include_str!("../../tests/fixtures/rayservice-llm.yaml"),
+            ),
+            (
+                "raycluster-llm-active",
+                include_str!("../../tests/fixtures/raycluster-llm-active.yaml"),
+            ),
+            (
+                "raycluster-multihost",
+                include_str!("../../tests/fixtures/raycluster-multihost.yaml"),
+            ),
+        ] {
+            let mut raw: Value = serde_saphyr::from_str(text).unwrap();
+            stringify_quantities(&mut raw, None);
+            let back = if raw["kind"] == "RayService" {
+                serde_json::to_value(serde_saphyr::from_str::<RayService>(text).unwrap()).unwrap()
+            } else {
+                serde_json::to_value(serde_saphyr::from_str::<RayCluster>(text).unwrap()).unwrap()
+            };
+            assert_eq!(back, raw, "{name}");
+        }
+    }
 }
