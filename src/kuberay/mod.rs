@@ -1,1 +1,21 @@
-//! What KubeRay does.
+//! What KubeRay does, as data and pure functions.
+//!
+//! - [`types`]: partial typed `ray.io/v1` RayService / RayCluster (unknown fields kept).
+//! - [`version`]: supported KubeRay releases and the per-release rules, each citing its source.
+//! - [`normalize`]: a RayClusterSpec as KubeRay hashes it (Go JSON round trip, CRD defaults,
+//!   muted fields).
+//! - [`diff`]: structural diff with readable, name-keyed paths.
+//! - [`classify`]: what KubeRay will do with a RayService change.
+//! - [`pods`]: the pods KubeRay will create for a cluster spec.
+
+pub mod classify;
+pub mod diff;
+pub mod normalize;
+pub mod pods;
+pub mod types;
+pub mod version;
+
+pub use classify::{Classification, ClassifyOptions, OldSide, Verdict, classify, classify_with};
+pub use pods::{PlanOptions, desired_worker_pods, planned_pods, planned_pods_with};
+pub use types::{RayCluster, RayClusterSpec, RayService, RayServiceSpec, UpgradeType};
+pub use version::{KubeRayVersion, Rules};

@@ -1,0 +1,1321 @@
+//! What KubeRay will do with a RayService change.
+//!
+//! The decision order follows KubeRay's RayService controller (per release, see
+//! [`Rules`]):
+//!
+//! 0. `validateRayService` (first thing in `Reconcile`): an invalid
+//!    `upgradeStrategy.type` (or incomplete `NewClusterWithIncrementalUpgrade` options)
+//!    fails the RayService and nothing is applied → `Held`.
+//! 1. `shouldUpdateCluster(active)` — skipped while the RayService has condition
+//!    `UpgradeInProgress`:
+//!    a. (v1.2.0+) the cluster's `ray.io/kuberay-version` annotation differs from the
+//!    operator's → the cluster is rewritten in place from the RayService (its hash
+//!    annotation too, so `shouldPrepareNewCluster` then sees equal hashes) →
+//!    `InPlaceClusterUpdate`;
+//!    b. (v1.5.2, v1.6.1, v1.6.2) `rayClusterConfig.suspend` differs from the cluster's →
+//!    rewritten in place → `InPlaceClusterUpdate`.
+//! 2. `isClusterSpecHashEqual(full)`: muted forms equal → no cluster change.
+//! 3. `isClusterSpecHashEqual(partial)`: only worker groups appended at the end (the first
+//!    `ray.io/num-worker-groups` groups hash equal) → `InPlaceClusterUpdate`. A missing or
+//!    non-numeric annotation means "update in place" (v1.3.0+) or "do nothing" (v1.1–v1.2).
+//! 4. Otherwise `shouldPrepareNewCluster` → `isZeroDowntimeUpgradeEnabled`: `NewCluster`
+//!    when zero-downtime upgrades are enabled, else `Held` (KubeRay silently applies
+//!    nothing to the cluster). While `RollbackInProgress` (v1.6.0+) no new cluster is
+//!    prepared either → `Held`.
+//!
+//! Serve config: KubeRay resubmits `serveConfigV2` when the string differs from what it
+//! last submitted (`checkIfNeedSubmitServeApplications`), to the active cluster unless a
+//! new cluster is being prepared (then to the new one).
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::diff::{self, Change, Path};
+use super::normalize::{Normalized, normalize_cluster_spec};
+use super::types::{
+    ANNOTATION_HASH, ANNOTATION_KUBERAY_VERSION, ANNOTATION_NUM_WORKER_GROUPS,
+    CONDITION_ROLLBACK_IN_PROGRESS, CONDITION_UPGRADE_IN_PROGRESS, RayCluster, RayClusterSpec,
+    RayService, UpgradeType, object_name,
+};
+use super::version::{BadGroupCountAnnotation, KubeRayVersion, Rules};
+
+/// What the change is compared against.
+#[derive(Clone, Copy, Debug)]
+pub enum OldSide<'a> {
+    /// The previous version of the RayService (e.g. the stored object vs a new manifest).
+    RayService(&'a RayService),
+    /// The live active RayCluster: how KubeRay itself detects a pending change (it
+    /// compares `spec.rayClusterConfig` against the cluster's hash annotation; we compare
+    /// against its `spec`). The previous serve config is unknown on this side.
+    RayCluster(&'a RayCluster),
+}
+
+/// Outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Verdict {
+    /// Nothing KubeRay acts on changed.
+    NoChange,
+    /// Only `serveConfigV2` changed: resubmitted to the running cluster.
+    ServeConfigUpdate,
+    /// The active RayCluster is updated in place (no second cluster).
+    InPlaceClusterUpdate,
+    /// A new (pending) RayCluster will be created next to the active one.
+    NewCluster,
+    /// A new cluster would be needed but KubeRay will not create one (and applies nothing
+    /// to the cluster): see `heldReason`.
+    Held,
+}
+
+/// Options for KubeRay operator settings that are not in the objects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassifyOptions {
+    /// The operator's `ENABLE_ZERO_DOWNTIME` env var (anything but `false` → true). Only
+    /// consulted when `upgradeStrategy.type` is unset (it takes precedence).
+    pub zero_downtime_enabled: bool,
+    /// The operator's `RayServiceIncrementalUpgrade` feature gate; `None` → the release's
+    /// default (off in v1.5–v1.6, on in v1.7).
+    pub incremental_upgrade_gate: Option<bool>,
+}
+
+impl Default for ClassifyOptions {
+    fn default() -> Self {
+        ClassifyOptions {
+            zero_downtime_enabled: true,
+            incremental_upgrade_gate: None,
+        }
+    }
+}
+
+/// The result of [`classify`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Classification {
+    pub verdict: Verdict,
+    /// Why a needed new cluster is not created (only for `Held`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_reason: Option<String>,
+    /// Changed `rayClusterConfig` fields that drive the verdict (relative to
+    /// `rayClusterConfig`).
+    pub triggering_paths: Vec<String>,
+    /// Changed fields that KubeRay mutes (e.g. `workerGroupSpecs[gpu].replicas`).
+    pub exempt_paths: Vec<String>,
+    /// Changed Serve config (`serveConfigV2.applications[llm]...`, or `serveConfigV2`).
+    pub serve_config_paths: Vec<String>,
+    /// Other changed RayService `spec` fields that trigger nothing by themselves.
+    pub other_paths: Vec<String>,
+    /// Fields on either side this KubeRay release does not know (pruned, ignored).
+    pub ignored_paths: Vec<String>,
+    /// The release whose rules were applied.
+    pub kuberay_version: KubeRayVersion,
+    /// `spec.upgradeStrategy.type` of the new RayService as given (`None` when unset).
+    pub upgrade_strategy: Option<UpgradeType>,
+    /// Whether zero-downtime upgrades (a second cluster) are enabled for this RayService.
+    pub zero_downtime: bool,
+    /// A new cluster is created with `NewClusterWithIncrementalUpgrade`: its worker groups
+    /// start without `replicas` (at `minReplicas`) and grow as traffic moves.
+    pub incremental: bool,
+    /// sha256 of the normalised, muted new `rayClusterConfig` (hex, 12 chars).
+    pub fingerprint: String,
+    /// Short human explanation.
+    pub reason: String,
+}
+
+/// Classify with default [`ClassifyOptions`].
+pub fn classify(
+    old: &OldSide<'_>,
+    new: &RayService,
+    version: KubeRayVersion,
+) -> crate::Result<Classification> {
+    classify_with(old, new, version, &ClassifyOptions::default())
+}
+
+fn check_groups(spec: &RayClusterSpec, what: &str) -> crate::Result<()> {
+    let mut seen = BTreeSet::new();
+    for (i, g) in spec.worker_group_specs.iter().flatten().enumerate() {
+        match g.group_name.as_deref() {
+            None | Some("") => {
+                return Err(crate::Error::invalid(
+                    format!("{what}.workerGroupSpecs[{i}]"),
+                    "worker group without groupName",
+                ));
+            }
+            Some(n) if !seen.insert(n) => {
+                return Err(crate::Error::invalid(
+                    format!("{what}.workerGroupSpecs[{i}]"),
+                    format!("duplicate groupName {n:?}"),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// sha256 over the canonical JSON (sorted keys) of a value, hex, first 12 chars.
+pub fn fingerprint(v: &Value) -> String {
+    fn write(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String((*k).clone()).to_string());
+                    out.push(':');
+                    if let Some(child) = m.get(*k) {
+                        write(child, out);
+                    }
+                }
+                out.push('}');
+            }
+            Value::Array(a) => {
+                out.push('[');
+                for (i, e) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(e, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut s = String::new();
+    write(v, &mut s);
+    let digest = Sha256::digest(s.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    hex[..12].to_string()
+}
+
+fn truncate_groups(v: &Value, n: usize) -> Value {
+    let mut v = v.clone();
+    if let Some(Value::Array(groups)) = v.get_mut("workerGroupSpecs") {
+        groups.truncate(n);
+        if groups.is_empty()
+            && let Value::Object(m) = &mut v
+        {
+            m.remove("workerGroupSpecs");
+        }
+    }
+    v
+}
+
+fn group_count(v: &Value) -> usize {
+    v.get("workerGroupSpecs")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len)
+}
+
+/// Serve config changes as readable paths.
+pub fn serve_config_changes(old: Option<&str>, new: Option<&str>) -> Vec<String> {
+    if old == new {
+        return Vec::new();
+    }
+    let root = Path::root("serveConfigV2");
+    let parse = |s: Option<&str>| -> Option<Option<Value>> {
+        match s {
+            None => Some(None),
+            Some(s) => serde_saphyr::from_str::<Value>(s)
+                .ok()
+                .filter(|v| v.is_object() || v.is_null())
+                .map(|v| if v.is_null() { None } else { Some(v) }),
+        }
+    };
+    match (parse(old), parse(new)) {
+        (Some(a), Some(b)) => {
+            let changes = diff::diff_under(&root, a.as_ref(), b.as_ref());
+            if changes.is_empty() {
+                // Same content, different text: KubeRay still resubmits.
+                vec![root.to_string()]
+            } else {
+                diff::paths(&changes)
+            }
+        }
+        _ => vec![root.to_string()],
+    }
+}
+
+fn other_spec_changes(old: &RayService, new: &RayService) -> crate::Result<Vec<String>> {
+    let strip = |s: &RayService| -> crate::Result<Value> {
+        let mut v = serde_json::to_value(&s.spec)?;
+        if let Value::Object(m) = &mut v {
+            m.remove("rayClusterConfig");
+            m.remove("serveConfigV2");
+        }
+        Ok(v)
+    };
+    Ok(diff::paths(&diff::diff(&strip(old)?, &strip(new)?)))
+}
+
+/// KubeRay `validateRayService` checks on the upgrade strategy (v1.3.0+).
+fn validate_upgrade(new: &RayService, rules: &Rules, gate: bool) -> Option<String> {
+    if !rules.upgrade_strategy_field {
+        return None;
+    }
+    let strategy = new.spec.upgrade_strategy.as_ref()?;
+    let ty = strategy.type_.as_ref()?;
+    if !rules.upgrade_types.contains(ty) {
+        let valid: Vec<&str> = rules
+            .upgrade_types
+            .iter()
+            .map(UpgradeType::as_str)
+            .collect();
+        return Some(format!(
+            "spec.upgradeStrategy.type {ty:?} is invalid for KubeRay {} (valid: {}); the RayService fails validation",
+            rules.version,
+            valid.join(", ")
+        ));
+    }
+    if *ty == UpgradeType::NewClusterWithIncrementalUpgrade && gate {
+        // utils/validation.go ValidateClusterUpgradeOptions.
+        let autoscaling = new
+            .spec
+            .ray_cluster_config
+            .as_ref()
+            .and_then(|c| c.enable_in_tree_autoscaling)
+            .unwrap_or(false);
+        if !autoscaling {
+            return Some(
+                "NewClusterWithIncrementalUpgrade requires enableInTreeAutoscaling: true".into(),
+            );
+        }
+        let Some(opts) = strategy
+            .extra
+            .get("clusterUpgradeOptions")
+            .filter(|o| o.is_object())
+        else {
+            return Some(
+                "NewClusterWithIncrementalUpgrade requires upgradeStrategy.clusterUpgradeOptions"
+                    .into(),
+            );
+        };
+        let int = |k: &str| opts.get(k).and_then(Value::as_i64);
+        let max_surge = int("maxSurgePercent").unwrap_or(100);
+        if !(0..=100).contains(&max_surge) {
+            return Some("clusterUpgradeOptions.maxSurgePercent must be between 0 and 100".into());
+        }
+        match int("stepSizePercent") {
+            Some(s) if (0..=100).contains(&s) && s <= max_surge => {}
+            _ => {
+                return Some(
+                    "clusterUpgradeOptions.stepSizePercent must be set, between 0 and 100 and <= maxSurgePercent"
+                        .into(),
+                );
+            }
+        }
+        if int("intervalSeconds").is_none_or(|i| i <= 0) {
+            return Some("clusterUpgradeOptions.intervalSeconds must be greater than 0".into());
+        }
+        if opts
+            .get("gatewayClassName")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            return Some("clusterUpgradeOptions.gatewayClassName is required".into());
+        }
+    }
+    None
+}
+
+/// `isZeroDowntimeUpgradeEnabled` (v1.3.0+; before, only `ENABLE_ZERO_DOWNTIME`).
+fn zero_downtime(
+    ty: Option<&UpgradeType>,
+    rules: &Rules,
+    gate: bool,
+    opts: &ClassifyOptions,
+) -> (bool, String) {
+    match ty {
+        Some(t) if rules.upgrade_strategy_field => {
+            let ok = *t == UpgradeType::NewCluster || (gate && *t == UpgradeType::NewClusterWithIncrementalUpgrade);
+            let why = match t {
+                UpgradeType::None => "spec.upgradeStrategy.type is None: KubeRay never prepares a new RayCluster and leaves the active one unchanged".to_string(),
+                UpgradeType::NewClusterWithIncrementalUpgrade => format!(
+                    "spec.upgradeStrategy.type is NewClusterWithIncrementalUpgrade but the operator's RayServiceIncrementalUpgrade feature gate is off (default off in {}): zero-downtime upgrade is disabled",
+                    rules.version
+                ),
+                other => format!("spec.upgradeStrategy.type {other} disables zero-downtime upgrade"),
+            };
+            (ok, why)
+        }
+        _ => (
+            opts.zero_downtime_enabled,
+            "the operator runs with ENABLE_ZERO_DOWNTIME=false and spec.upgradeStrategy.type is unset: KubeRay does not prepare a new RayCluster and leaves the active one unchanged".to_string(),
+        ),
+    }
+}
+
+struct OldInfo {
+    spec: Value,
+    what: String,
+    suspend: bool,
+    /// `Some(Ok(n))` parsed annotation, `Some(Err(()))` missing/bad, `None` n/a (RayService).
+    group_count: Option<Result<usize, ()>>,
+    /// The cluster's kuberay-version annotation (RayCluster side only).
+    version_annotation: Option<Option<String>>,
+    hash_missing: bool,
+}
+
+fn old_info<'a>(old: &OldSide<'a>) -> crate::Result<(OldInfo, Option<&'a RayService>)> {
+    match old {
+        OldSide::RayService(svc) => {
+            let what = format!(
+                "RayService {} spec.rayClusterConfig",
+                object_name(&svc.metadata)
+            );
+            let cfg = svc.cluster_config()?;
+            check_groups(cfg, &what)?;
+            Ok((
+                OldInfo {
+                    spec: serde_json::to_value(cfg)?,
+                    what,
+                    suspend: cfg.suspend.unwrap_or(false),
+                    group_count: None,
+                    version_annotation: None,
+                    hash_missing: false,
+                },
+                Some(svc),
+            ))
+        }
+        OldSide::RayCluster(rc) => {
+            let what = format!("RayCluster {} spec", object_name(&rc.metadata));
+            check_groups(&rc.spec, &what)?;
+            let count = rc
+                .annotation(ANNOTATION_NUM_WORKER_GROUPS)
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .ok_or(());
+            Ok((
+                OldInfo {
+                    spec: serde_json::to_value(&rc.spec)?,
+                    what,
+                    suspend: rc.spec.suspend.unwrap_or(false),
+                    group_count: Some(count),
+                    version_annotation: Some(
+                        rc.annotation(ANNOTATION_KUBERAY_VERSION)
+                            .map(str::to_string),
+                    ),
+                    hash_missing: rc.annotation(ANNOTATION_HASH).is_none(),
+                },
+                None,
+            ))
+        }
+    }
+}
+
+/// Classify a change from `old` to `new` under the given KubeRay release.
+pub fn classify_with(
+    old: &OldSide<'_>,
+    new: &RayService,
+    version: KubeRayVersion,
+    opts: &ClassifyOptions,
+) -> crate::Result<Classification> {
+    let rules = version.rules();
+    let new_what = format!(
+        "RayService {} spec.rayClusterConfig",
+        object_name(&new.metadata)
+    );
+    let new_cfg = new.cluster_config()?;
+    check_groups(new_cfg, &new_what)?;
+    let (old, old_svc) = old_info(old)?;
+
+    let new_n: Normalized =
+        normalize_cluster_spec(&serde_json::to_value(new_cfg)?, &rules, &new_what)?;
+    let old_n: Normalized = normalize_cluster_spec(&old.spec, &rules, &old.what)?;
+
+    let all: Vec<Change> = diff::diff(&old_n.full, &new_n.full);
+    let trig: Vec<Change> = diff::diff(&old_n.muted, &new_n.muted);
+    let trig_paths = diff::paths(&trig);
+    let trig_set: BTreeSet<&String> = trig_paths.iter().collect();
+    let all_paths = diff::paths(&all);
+    let exempt_paths: Vec<String> = all_paths
+        .iter()
+        .filter(|p| !trig_set.contains(p))
+        .cloned()
+        .collect();
+
+    let mut ignored: Vec<String> = old_n
+        .pruned
+        .iter()
+        .chain(new_n.pruned.iter())
+        .cloned()
+        .collect();
+    ignored.sort();
+    ignored.dedup();
+
+    let (serve_paths, other_paths) = match old_svc {
+        Some(o) => (
+            serve_config_changes(
+                o.spec.serve_config_v2.as_deref(),
+                new.spec.serve_config_v2.as_deref(),
+            ),
+            other_spec_changes(o, new)?,
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
+
+    let gate = opts
+        .incremental_upgrade_gate
+        .unwrap_or(rules.incremental_upgrade_gate_default);
+    let upgrade_type = new
+        .spec
+        .upgrade_strategy
+        .as_ref()
+        .and_then(|s| s.type_.clone());
+    let effective_type = if rules.upgrade_strategy_field {
+        upgrade_type.as_ref()
+    } else {
+        None
+    };
+    let (zd, zd_off_reason) = zero_downtime(effective_type, &rules, gate, opts);
+    let incremental =
+        gate && effective_type == Some(&UpgradeType::NewClusterWithIncrementalUpgrade);
+
+    let mut c = Classification {
+        verdict: Verdict::NoChange,
+        held_reason: None,
+        triggering_paths: Vec::new(),
+        exempt_paths,
+        serve_config_paths: serve_paths,
+        other_paths,
+        ignored_paths: ignored,
+        kuberay_version: version,
+        upgrade_strategy: upgrade_type,
+        zero_downtime: zd,
+        incremental: false,
+        fingerprint: fingerprint(&new_n.muted),
+        reason: String::new(),
+    };
+    let serve_changed = !c.serve_config_paths.is_empty();
+    let any_cluster_change = old_n.full != new_n.full || old.hash_missing;
+    let serve_note = if serve_changed {
+        " The Serve config change is still submitted to the active cluster."
+    } else {
+        ""
+    };
+
+    let held = |c: &mut Classification, reason: String, paths: Vec<String>| {
+        c.verdict = Verdict::Held;
+        c.triggering_paths = paths;
+        c.reason = format!(
+            "A new RayCluster would be needed, but KubeRay will not create one.{serve_note}"
+        );
+        c.held_reason = Some(reason);
+    };
+
+    // 0. validateRayService.
+    if let Some(invalid) = validate_upgrade(new, &rules, gate) {
+        if any_cluster_change || serve_changed {
+            c.verdict = Verdict::Held;
+            c.triggering_paths = trig_paths;
+            c.reason = "KubeRay rejects the RayService and applies nothing.".into();
+            c.held_reason = Some(invalid);
+        } else {
+            c.reason =
+                "Nothing KubeRay acts on changed (but the RayService fails KubeRay validation)."
+                    .into();
+        }
+        return Ok(c);
+    }
+
+    let upgrade_in_progress = new.condition_true(CONDITION_UPGRADE_IN_PROGRESS);
+    let in_place_all = |c: &mut Classification, why: String| {
+        c.verdict = Verdict::InPlaceClusterUpdate;
+        c.triggering_paths = all_paths.clone();
+        c.exempt_paths.clear();
+        c.reason = why;
+    };
+
+    // 1a. KubeRay-version annotation (RayCluster side, v1.2.0+).
+    if rules.version_annotation_updates_in_place
+        && !upgrade_in_progress
+        && let Some(annotation) = &old.version_annotation
+        && annotation.as_deref() != Some(version.tag().as_str())
+    {
+        if old_n.full != new_n.full {
+            in_place_all(
+                &mut c,
+                format!(
+                    "The active RayCluster's {ANNOTATION_KUBERAY_VERSION} is {} but the operator is {}: KubeRay rewrites the cluster in place from the RayService (no new cluster).",
+                    annotation.as_deref().unwrap_or("unset"),
+                    version.tag()
+                ),
+            );
+        } else if serve_changed {
+            c.verdict = Verdict::ServeConfigUpdate;
+            c.reason = "Only the Serve config changed: resubmitted to the running cluster.".into();
+        } else {
+            c.reason = format!(
+                "No spec change; KubeRay refreshes the cluster's annotations to {} in place.",
+                version.tag()
+            );
+        }
+        return Ok(c);
+    }
+
+    // 1b. Suspend toggle (v1.5.2, v1.6.1, v1.6.2).
+    if rules.suspend_toggle_updates_in_place
+        && !upgrade_in_progress
+        && new_cfg.suspend.unwrap_or(false) != old.suspend
+    {
+        in_place_all(
+            &mut c,
+            "rayClusterConfig.suspend toggled: KubeRay applies the whole RayService cluster spec in place (shouldUpdateCluster).".into(),
+        );
+        return Ok(c);
+    }
+
+    // 2. Full hash equality.
+    let hash_equal = !old.hash_missing && old_n.muted == new_n.muted;
+    if hash_equal {
+        if serve_changed {
+            c.verdict = Verdict::ServeConfigUpdate;
+            c.reason =
+                "Only the Serve config changed: KubeRay resubmits it to the running cluster."
+                    .into();
+        } else if !c.exempt_paths.is_empty() {
+            c.reason = format!(
+                "Only fields KubeRay {} mutes changed; the cluster is left as is.",
+                version.tag()
+            );
+        } else {
+            c.reason = "Nothing KubeRay acts on changed.".into();
+        }
+        return Ok(c);
+    }
+    let mut triggering = trig_paths.clone();
+    if old.hash_missing {
+        triggering.insert(0, format!("metadata.annotations[{ANNOTATION_HASH}]"));
+    }
+
+    // 3. Worker groups appended at the end.
+    let old_count = match old.group_count {
+        None => Ok(group_count(&old_n.muted)),
+        Some(r) => r,
+    };
+    match old_count {
+        Err(()) => match rules.bad_group_count_annotation {
+            BadGroupCountAnnotation::UpdateInPlace => {
+                c.verdict = Verdict::InPlaceClusterUpdate;
+                c.triggering_paths = triggering;
+                c.reason = format!(
+                    "The active RayCluster's {ANNOTATION_NUM_WORKER_GROUPS} annotation is missing or not a number: KubeRay {} treats that as 'groups appended' and updates the cluster in place.",
+                    version.tag()
+                );
+                return Ok(c);
+            }
+            BadGroupCountAnnotation::DoNothing => {
+                held(
+                    &mut c,
+                    format!(
+                        "The active RayCluster's {ANNOTATION_NUM_WORKER_GROUPS} annotation is missing or not a number: KubeRay {} does nothing",
+                        version.tag()
+                    ),
+                    triggering,
+                );
+                return Ok(c);
+            }
+        },
+        Ok(n) => {
+            // v1.1–v1.2 check `goal > n`, v1.3.0+ `goal >= n`; with `goal == n` the
+            // truncated hash is the full hash, which already differed, so both reduce to
+            // "more groups now, and the first n hash equal".
+            let new_count = group_count(&new_n.muted);
+            if rules.in_place_append
+                && new_count > n
+                && !old.hash_missing
+                && truncate_groups(&new_n.muted, n) == truncate_groups(&old_n.muted, n)
+            {
+                c.verdict = Verdict::InPlaceClusterUpdate;
+                c.triggering_paths = triggering;
+                c.reason = format!(
+                    "Worker groups were only appended at the end: KubeRay {} adds them to the running cluster in place.",
+                    version.tag()
+                );
+                return Ok(c);
+            }
+        }
+    }
+
+    // 4. New cluster, unless rolling back or zero-downtime is off.
+    if rules.rollback_blocks_new_cluster && new.condition_true(CONDITION_ROLLBACK_IN_PROGRESS) {
+        held(
+            &mut c,
+            "the RayService has condition RollbackInProgress: KubeRay prepares no new cluster until the rollback completes".into(),
+            triggering,
+        );
+        return Ok(c);
+    }
+    if zd {
+        c.verdict = Verdict::NewCluster;
+        c.incremental = incremental;
+        c.triggering_paths = triggering;
+        c.reason = if incremental {
+            "The cluster spec changed: KubeRay creates a new RayCluster and moves traffic to it incrementally (NewClusterWithIncrementalUpgrade)."
+                .into()
+        } else {
+            "The cluster spec changed: KubeRay creates a new RayCluster next to the active one and switches over when it is ready."
+                .into()
+        };
+        if serve_changed {
+            c.reason
+                .push_str(" The new Serve config is deployed on the new cluster.");
+        }
+    } else {
+        held(&mut c, zd_off_reason, triggering);
+    }
+    Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kuberay::types::Condition;
+    use serde_json::json;
+
+    const SVC: &str = include_str!("../../tests/fixtures/rayservice-llm.yaml");
+    const ACTIVE: &str = include_str!("../../tests/fixtures/raycluster-llm-active.yaml");
+
+    fn svc() -> RayService {
+        serde_saphyr::from_str(SVC).unwrap()
+    }
+    fn active() -> RayCluster {
+        serde_saphyr::from_str(ACTIVE).unwrap()
+    }
+    fn ver(s: &str) -> KubeRayVersion {
+        KubeRayVersion::parse(s).unwrap()
+    }
+    /// Mutate the RayService through JSON.
+    fn edit(base: &RayService, f: impl FnOnce(&mut Value)) -> RayService {
+        let mut v = serde_json::to_value(base).unwrap();
+        f(&mut v);
+        serde_json::from_value(v).unwrap()
+    }
+    fn cfg(v: &mut Value) -> &mut Value {
+        &mut v["spec"]["rayClusterConfig"]
+    }
+    fn worker(v: &mut Value) -> &mut Value {
+        &mut v["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+    }
+    fn run(old: &RayService, new: &RayService, v: &str) -> Classification {
+        classify(&OldSide::RayService(old), new, ver(v)).unwrap()
+    }
+    const IMAGE: &str = "workerGroupSpecs[gpu-workers].template.spec.containers[ray-worker].image";
+
+    fn bump_image(v: &mut Value) {
+        worker(v)["template"]["spec"]["containers"][0]["image"] =
+            json!("rayproject/ray-ml:2.42.0-py311-gpu");
+    }
+
+    #[test]
+    fn no_change() {
+        let c = run(&svc(), &svc(), "1.7");
+        assert_eq!(c.verdict, Verdict::NoChange);
+        assert!(
+            c.triggering_paths.is_empty()
+                && c.exempt_paths.is_empty()
+                && c.serve_config_paths.is_empty()
+        );
+        assert_eq!(c.fingerprint.len(), 12);
+        assert_eq!(c.kuberay_version, ver("1.7.0"));
+        assert_eq!(c.upgrade_strategy, Some(UpgradeType::NewCluster));
+    }
+
+    #[test]
+    fn replicas_only_is_exempt() {
+        let new = edit(&svc(), |v| worker(v)["replicas"] = json!(4));
+        let c = run(&svc(), &new, "1.7");
+        assert_eq!(c.verdict, Verdict::NoChange);
+        assert_eq!(
+            c.exempt_paths,
+            vec!["workerGroupSpecs[gpu-workers].replicas"]
+        );
+        assert_eq!(c.fingerprint, run(&svc(), &svc(), "1.7").fingerprint);
+    }
+
+    #[test]
+    fn image_bump_new_cluster() {
+        let new = edit(&svc(), |v| {
+            bump_image(v);
+            worker(v)["replicas"] = json!(3);
+        });
+        let c = run(&svc(), &new, "1.7");
+        assert_eq!(c.verdict, Verdict::NewCluster);
+        assert_eq!(c.triggering_paths, vec![IMAGE]);
+        assert_eq!(
+            c.exempt_paths,
+            vec!["workerGroupSpecs[gpu-workers].replicas"]
+        );
+        assert!(!c.incremental);
+        assert_ne!(c.fingerprint, run(&svc(), &svc(), "1.7").fingerprint);
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(json["verdict"], "NewCluster");
+        assert_eq!(json["triggeringPaths"][0], IMAGE);
+        assert_eq!(json["kuberayVersion"], "v1.7.0");
+        assert_eq!(json["upgradeStrategy"], "NewCluster");
+        assert!(json.get("heldReason").is_none());
+    }
+
+    #[test]
+    fn serve_config_update() {
+        let new = edit(&svc(), |v| {
+            let s = v["spec"]["serveConfigV2"]
+                .as_str()
+                .unwrap()
+                .replace("num_replicas: 2", "num_replicas: 3");
+            v["spec"]["serveConfigV2"] = json!(s);
+        });
+        let c = run(&svc(), &new, "1.7");
+        assert_eq!(c.verdict, Verdict::ServeConfigUpdate);
+        assert_eq!(
+            c.serve_config_paths,
+            vec!["serveConfigV2.applications[llm].deployments[VLLMDeployment].num_replicas"]
+        );
+        assert_eq!(c.fingerprint, run(&svc(), &svc(), "1.7").fingerprint);
+        // An added app, and an unparseable config.
+        let added = edit(&svc(), |v| {
+            let s = v["spec"]["serveConfigV2"].as_str().unwrap().to_string()
+                + "  - name: rerank\n    import_path: rerank:app\n";
+            v["spec"]["serveConfigV2"] = json!(s);
+        });
+        assert_eq!(
+            run(&svc(), &added, "1.7").serve_config_paths,
+            vec!["serveConfigV2.applications[rerank]"]
+        );
+        let broken = edit(&svc(), |v| {
+            v["spec"]["serveConfigV2"] = json!("applications: [: bad")
+        });
+        let c = run(&svc(), &broken, "1.7");
+        assert_eq!(c.verdict, Verdict::ServeConfigUpdate);
+        assert_eq!(c.serve_config_paths, vec!["serveConfigV2"]);
+    }
+
+    #[test]
+    fn append_group_in_place_in_every_version() {
+        let new = edit(&svc(), |v| {
+            let mut g = worker(v).clone();
+            g["groupName"] = json!("spare");
+            cfg(v)["workerGroupSpecs"].as_array_mut().unwrap().push(g);
+        });
+        for v in KubeRayVersion::supported() {
+            let c = classify(&OldSide::RayService(&svc()), &new, *v).unwrap();
+            assert_eq!(c.verdict, Verdict::InPlaceClusterUpdate, "{v}");
+            assert_eq!(c.triggering_paths, vec!["workerGroupSpecs[spare]"], "{v}");
+        }
+        // Appended but an existing group changed too → new cluster.
+        let both = edit(&new, bump_image);
+        assert_eq!(run(&svc(), &both, "1.7").verdict, Verdict::NewCluster);
+        // Inserted at the front → new cluster.
+        let front = edit(&svc(), |v| {
+            let mut g = worker(v).clone();
+            g["groupName"] = json!("spare");
+            cfg(v)["workerGroupSpecs"]
+                .as_array_mut()
+                .unwrap()
+                .insert(0, g);
+        });
+        assert_eq!(run(&svc(), &front, "1.7").verdict, Verdict::NewCluster);
+        // Removing a group → new cluster.
+        let removed = edit(&svc(), |v| cfg(v)["workerGroupSpecs"] = json!([]));
+        let c = run(&svc(), &removed, "1.7");
+        assert_eq!(c.verdict, Verdict::NewCluster);
+        assert_eq!(c.triggering_paths, vec!["workerGroupSpecs"]);
+    }
+
+    #[test]
+    fn held_with_none_and_with_zero_downtime_disabled() {
+        let none = edit(&svc(), |v| {
+            v["spec"]["upgradeStrategy"]["type"] = json!("None");
+            bump_image(v);
+        });
+        let c = run(&svc(), &none, "1.7");
+        assert_eq!(c.verdict, Verdict::Held);
+        assert_eq!(c.triggering_paths, vec![IMAGE]);
+        assert!(
+            c.held_reason.as_deref().unwrap().contains("None"),
+            "{:?}",
+            c.held_reason
+        );
+        assert!(!c.zero_downtime);
+        assert_eq!(c.other_paths, vec!["upgradeStrategy.type"]);
+
+        let unset = edit(&svc(), |v| {
+            v["spec"].as_object_mut().unwrap().remove("upgradeStrategy");
+            bump_image(v);
+        });
+        let off = ClassifyOptions {
+            zero_downtime_enabled: false,
+            ..Default::default()
+        };
+        let c = classify_with(&OldSide::RayService(&svc()), &unset, ver("1.7"), &off).unwrap();
+        assert_eq!(c.verdict, Verdict::Held);
+        assert!(
+            c.held_reason
+                .as_deref()
+                .unwrap()
+                .contains("ENABLE_ZERO_DOWNTIME")
+        );
+        // upgradeStrategy.type takes precedence over the env var.
+        let typed = edit(&svc(), bump_image);
+        let c = classify_with(&OldSide::RayService(&svc()), &typed, ver("1.7"), &off).unwrap();
+        assert_eq!(c.verdict, Verdict::NewCluster);
+        // Before v1.3 the field does not exist: only the env var counts.
+        let c = classify(&OldSide::RayService(&svc()), &none, ver("1.2")).unwrap();
+        assert_eq!(c.verdict, Verdict::NewCluster);
+        // Held still reports the serve change (applied to the active cluster).
+        let both = edit(&none, |v| {
+            let s = v["spec"]["serveConfigV2"]
+                .as_str()
+                .unwrap()
+                .replace("num_replicas: 1", "num_replicas: 2");
+            v["spec"]["serveConfigV2"] = json!(s);
+        });
+        let c = run(&svc(), &both, "1.7");
+        assert_eq!(c.verdict, Verdict::Held);
+        assert_eq!(
+            c.serve_config_paths,
+            vec!["serveConfigV2.applications[embed].deployments[Embedder].num_replicas"]
+        );
+        assert!(c.reason.contains("still submitted"));
+    }
+
+    fn incremental(v: &mut Value) {
+        v["spec"]["upgradeStrategy"] = json!({"type": "NewClusterWithIncrementalUpgrade",
+            "clusterUpgradeOptions": {"maxSurgePercent": 50, "stepSizePercent": 25, "intervalSeconds": 30, "gatewayClassName": "istio"}});
+        bump_image(v);
+    }
+
+    #[test]
+    fn incremental_upgrade_per_version() {
+        let new = edit(&svc(), incremental);
+        let c = run(&svc(), &new, "1.7");
+        assert_eq!(c.verdict, Verdict::NewCluster);
+        assert!(c.incremental && c.zero_downtime);
+        // v1.5–v1.6: feature gate off by default → zero-downtime disabled → held.
+        let c = run(&svc(), &new, "1.6");
+        assert_eq!(c.verdict, Verdict::Held);
+        assert!(
+            c.held_reason
+                .unwrap()
+                .contains("RayServiceIncrementalUpgrade")
+        );
+        let gate_on = ClassifyOptions {
+            incremental_upgrade_gate: Some(true),
+            ..Default::default()
+        };
+        let c = classify_with(&OldSide::RayService(&svc()), &new, ver("1.5"), &gate_on).unwrap();
+        assert_eq!(c.verdict, Verdict::NewCluster);
+        assert!(c.incremental);
+        // v1.3–v1.4: not a valid type → validation fails → nothing applied.
+        let c = run(&svc(), &new, "1.4");
+        assert_eq!(c.verdict, Verdict::Held);
+        assert!(c.held_reason.unwrap().contains("invalid"));
+        // Incomplete options / no autoscaling fail validation in v1.7.
+        let no_opts = edit(&new, |v| {
+            v["spec"]["upgradeStrategy"]
+                .as_object_mut()
+                .unwrap()
+                .remove("clusterUpgradeOptions");
+        });
+        assert!(
+            run(&svc(), &no_opts, "1.7")
+                .held_reason
+                .unwrap()
+                .contains("clusterUpgradeOptions")
+        );
+        let no_autoscaling = edit(&new, |v| cfg(v)["enableInTreeAutoscaling"] = json!(false));
+        assert!(
+            run(&svc(), &no_autoscaling, "1.7")
+                .held_reason
+                .unwrap()
+                .contains("enableInTreeAutoscaling")
+        );
+        let bogus = edit(&svc(), |v| {
+            v["spec"]["upgradeStrategy"]["type"] = json!("BlueGreen");
+            bump_image(v);
+        });
+        let c = run(&svc(), &bogus, "1.7");
+        assert_eq!(c.verdict, Verdict::Held);
+        assert_eq!(
+            c.upgrade_strategy,
+            Some(UpgradeType::Other("BlueGreen".into()))
+        );
+    }
+
+    /// (field, mutation) pairs for the muted-field table.
+    type Edit = Box<dyn Fn(&mut Value)>;
+
+    fn field_edits() -> Vec<(&'static str, Edit)> {
+        vec![
+            (
+                "replicas",
+                Box::new(|v: &mut Value| worker(v)["replicas"] = json!(3)),
+            ),
+            (
+                "minReplicas",
+                Box::new(|v: &mut Value| worker(v)["minReplicas"] = json!(2)),
+            ),
+            (
+                "maxReplicas",
+                Box::new(|v: &mut Value| worker(v)["maxReplicas"] = json!(8)),
+            ),
+            (
+                "workersToDelete",
+                Box::new(|v: &mut Value| {
+                    worker(v)["scaleStrategy"] =
+                        json!({"workersToDelete": ["llm-gpu-workers-worker-abc"]})
+                }),
+            ),
+            (
+                "workerTolerations",
+                Box::new(|v: &mut Value| {
+                    worker(v)["template"]["spec"]["tolerations"] =
+                        json!([{"key": "kueue", "operator": "Exists"}])
+                }),
+            ),
+            (
+                "workerSchedulingGates",
+                Box::new(|v: &mut Value| {
+                    worker(v)["template"]["spec"]["schedulingGates"] =
+                        json!([{"name": "kueue.x-k8s.io/admission"}])
+                }),
+            ),
+            (
+                "headTolerations",
+                Box::new(|v: &mut Value| {
+                    cfg(v)["headGroupSpec"]["template"]["spec"]["tolerations"] =
+                        json!([{"key": "kueue", "operator": "Exists"}])
+                }),
+            ),
+            (
+                "headSchedulingGates",
+                Box::new(|v: &mut Value| {
+                    cfg(v)["headGroupSpec"]["template"]["spec"]["schedulingGates"] =
+                        json!([{"name": "kueue.x-k8s.io/admission"}])
+                }),
+            ),
+            (
+                "clusterUpgradeStrategy",
+                Box::new(|v: &mut Value| cfg(v)["upgradeStrategy"] = json!({"type": "Recreate"})),
+            ),
+            (
+                "suspend",
+                Box::new(|v: &mut Value| cfg(v)["suspend"] = json!(true)),
+            ),
+        ]
+    }
+
+    fn expected(field: &str, v: KubeRayVersion) -> Verdict {
+        let at_least = |s: &str| v >= ver(s);
+        let suspend_in_place = [ver("1.5.2"), ver("1.6.1"), ver("1.6.2")].contains(&v);
+        let muted = match field {
+            "replicas" | "workersToDelete" => true,
+            "minReplicas" | "maxReplicas" => at_least("1.2.0"),
+            "workerTolerations"
+            | "workerSchedulingGates"
+            | "headTolerations"
+            | "headSchedulingGates" => v == ver("1.5.2") || at_least("1.6.0"),
+            // Unknown before v1.6.0: pruned, so it cannot trigger either.
+            "clusterUpgradeStrategy" => true,
+            "suspend" => at_least("1.7.0"),
+            _ => false,
+        };
+        if field == "suspend" && suspend_in_place {
+            Verdict::InPlaceClusterUpdate
+        } else if muted {
+            Verdict::NoChange
+        } else {
+            Verdict::NewCluster
+        }
+    }
+
+    #[test]
+    fn muted_fields_per_version_table() {
+        for v in KubeRayVersion::supported() {
+            for (field, f) in field_edits() {
+                let new = edit(&svc(), |x| f(x));
+                let c = classify(&OldSide::RayService(&svc()), &new, *v).unwrap();
+                assert_eq!(c.verdict, expected(field, *v), "{field} @ {v}: {c:?}");
+                if c.verdict == Verdict::NoChange {
+                    let listed = !c.exempt_paths.is_empty() || !c.ignored_paths.is_empty();
+                    assert!(
+                        listed,
+                        "{field} @ {v}: change must be reported as exempt or ignored"
+                    );
+                    assert_eq!(
+                        c.fingerprint,
+                        run(&svc(), &svc(), &v.to_string()).fingerprint,
+                        "{field} @ {v}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn quantity_equivalence_like_go() {
+        let milli = edit(&svc(), |v| {
+            worker(v)["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] =
+                json!("8000m")
+        });
+        assert_eq!(run(&svc(), &milli, "1.7").verdict, Verdict::NoChange);
+        let base = edit(&svc(), |v| {
+            worker(v)["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] =
+                json!("1Gi")
+        });
+        let bytes = edit(&svc(), |v| {
+            worker(v)["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] =
+                json!("1073741824")
+        });
+        let c = run(&base, &bytes, "1.7");
+        assert_eq!(c.verdict, Verdict::NewCluster);
+        assert_eq!(
+            c.triggering_paths,
+            vec![
+                "workerGroupSpecs[gpu-workers].template.spec.containers[ray-worker].resources.limits[memory]"
+            ]
+        );
+        let gpu = edit(&svc(), |v| {
+            worker(v)["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] =
+                json!(2)
+        });
+        assert_eq!(
+            run(&svc(), &gpu, "1.7").triggering_paths,
+            vec![
+                "workerGroupSpecs[gpu-workers].template.spec.containers[ray-worker].resources.limits[nvidia.com/gpu]"
+            ]
+        );
+    }
+
+    #[test]
+    fn defaults_and_empties() {
+        let hosts1 = edit(&svc(), |v| worker(v)["numOfHosts"] = json!(1));
+        assert_eq!(run(&svc(), &hosts1, "1.7").verdict, Verdict::NoChange);
+        let hosts2 = edit(&svc(), |v| worker(v)["numOfHosts"] = json!(2));
+        let c = run(&svc(), &hosts2, "1.7");
+        assert_eq!(c.verdict, Verdict::NewCluster);
+        assert_eq!(
+            c.triggering_paths,
+            vec!["workerGroupSpecs[gpu-workers].numOfHosts"]
+        );
+        let empties = edit(&svc(), |v| {
+            worker(v)["template"]["spec"]["containers"][0]["args"] = json!([]);
+            worker(v)["template"]["metadata"] = json!({"annotations": {}});
+            cfg(v)["headServiceAnnotations"] = json!(null);
+        });
+        assert_eq!(run(&svc(), &empties, "1.7").verdict, Verdict::NoChange);
+        let autoscale_off = edit(&svc(), |v| {
+            cfg(v)
+                .as_object_mut()
+                .unwrap()
+                .remove("enableInTreeAutoscaling");
+        });
+        let explicit_false = edit(&svc(), |v| cfg(v)["enableInTreeAutoscaling"] = json!(false));
+        let c = run(&autoscale_off, &explicit_false, "1.7");
+        assert_eq!(c.verdict, Verdict::NewCluster, "Go keeps *bool false");
+        assert_eq!(c.triggering_paths, vec!["enableInTreeAutoscaling"]);
+        let reordered = edit(&svc(), |v| {
+            let mut g = worker(v).clone();
+            g["groupName"] = json!("b");
+            let mut a = g.clone();
+            a["groupName"] = json!("a");
+            cfg(v)["workerGroupSpecs"] = json!([a, g]);
+        });
+        let swapped = edit(&reordered, |v| {
+            let groups = cfg(v)["workerGroupSpecs"].as_array_mut().unwrap();
+            groups.swap(0, 1);
+        });
+        let c = run(&reordered, &swapped, "1.7");
+        assert_eq!(c.verdict, Verdict::NewCluster);
+        assert_eq!(c.triggering_paths, vec!["workerGroupSpecs (order)"]);
+    }
+
+    #[test]
+    fn live_cluster_as_old_side() {
+        let rc = active();
+        let c = classify(&OldSide::RayCluster(&rc), &svc(), ver("1.7")).unwrap();
+        assert_eq!(c.verdict, Verdict::NoChange, "{c:?}");
+        assert_eq!(
+            c.exempt_paths,
+            vec!["workerGroupSpecs[gpu-workers].replicas"]
+        );
+        assert!(c.serve_config_paths.is_empty());
+        let new = edit(&svc(), bump_image);
+        let c = classify(&OldSide::RayCluster(&rc), &new, ver("1.7")).unwrap();
+        assert_eq!(c.verdict, Verdict::NewCluster);
+        assert_eq!(c.triggering_paths, vec![IMAGE]);
+        let appended = edit(&svc(), |v| {
+            let mut g = worker(v).clone();
+            g["groupName"] = json!("spare");
+            cfg(v)["workerGroupSpecs"].as_array_mut().unwrap().push(g);
+        });
+        let c = classify(&OldSide::RayCluster(&rc), &appended, ver("1.7")).unwrap();
+        assert_eq!(c.verdict, Verdict::InPlaceClusterUpdate);
+    }
+
+    fn annotate(rc: &RayCluster, key: &str, value: Option<&str>) -> RayCluster {
+        let mut rc = rc.clone();
+        let ann = rc.metadata.annotations.get_or_insert_with(Default::default);
+        match value {
+            Some(v) => ann.insert(key.to_string(), v.to_string()),
+            None => ann.remove(key),
+        };
+        rc
+    }
+
+    #[test]
+    fn kuberay_version_annotation_rule() {
+        let new = edit(&svc(), bump_image);
+        // Operator upgraded to v1.7.0, cluster created by v1.6.2: rewritten in place.
+        let rc = annotate(&active(), ANNOTATION_KUBERAY_VERSION, Some("v1.6.2"));
+        let c = classify(&OldSide::RayCluster(&rc), &new, ver("1.7")).unwrap();
+        assert_eq!(c.verdict, Verdict::InPlaceClusterUpdate);
+        assert!(c.triggering_paths.contains(&IMAGE.to_string()));
+        assert!(c.reason.contains("v1.6.2"));
+        // Missing annotation counts as different.
+        let rc_none = annotate(&active(), ANNOTATION_KUBERAY_VERSION, None);
+        assert_eq!(
+            classify(&OldSide::RayCluster(&rc_none), &new, ver("1.7"))
+                .unwrap()
+                .verdict,
+            Verdict::InPlaceClusterUpdate
+        );
+        // v1.1 has no such rule.
+        assert_eq!(
+            classify(&OldSide::RayCluster(&rc), &new, ver("1.1"))
+                .unwrap()
+                .verdict,
+            Verdict::NewCluster
+        );
+        // Skipped while UpgradeInProgress.
+        let upgrading = {
+            let mut s = new.clone();
+            s.status = Some(crate::kuberay::types::RayServiceStatuses {
+                conditions: Some(vec![Condition {
+                    type_: Some(CONDITION_UPGRADE_IN_PROGRESS.into()),
+                    status: Some("True".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            });
+            s
+        };
+        assert_eq!(
+            classify(&OldSide::RayCluster(&rc), &upgrading, ver("1.7"))
+                .unwrap()
+                .verdict,
+            Verdict::NewCluster
+        );
+        // No spec change: nothing to do but refresh annotations.
+        let c = classify(&OldSide::RayCluster(&rc), &svc(), ver("1.7")).unwrap();
+        assert_eq!(
+            c.verdict,
+            Verdict::InPlaceClusterUpdate,
+            "replicas 3 → 2 are rewritten too"
+        );
+        assert_eq!(
+            c.triggering_paths,
+            vec!["workerGroupSpecs[gpu-workers].replicas"]
+        );
+    }
+
+    #[test]
+    fn cluster_annotations_missing() {
+        let new = edit(&svc(), bump_image);
+        let no_count = annotate(&active(), ANNOTATION_NUM_WORKER_GROUPS, None);
+        assert_eq!(
+            classify(&OldSide::RayCluster(&no_count), &new, ver("1.7"))
+                .unwrap()
+                .verdict,
+            Verdict::InPlaceClusterUpdate
+        );
+        let old = annotate(&no_count, ANNOTATION_KUBERAY_VERSION, Some("v1.2.0"));
+        let c = classify(&OldSide::RayCluster(&old), &new, ver("1.2.0")).unwrap();
+        assert_eq!(c.verdict, Verdict::Held);
+        assert!(
+            c.held_reason
+                .unwrap()
+                .contains(ANNOTATION_NUM_WORKER_GROUPS)
+        );
+        let no_hash = annotate(&active(), ANNOTATION_HASH, None);
+        let c = classify(&OldSide::RayCluster(&no_hash), &svc(), ver("1.7")).unwrap();
+        assert_eq!(c.verdict, Verdict::NewCluster);
+        assert_eq!(
+            c.triggering_paths,
+            vec![format!("metadata.annotations[{ANNOTATION_HASH}]")]
+        );
+    }
+
+    #[test]
+    fn malformed_input_is_an_error() {
+        let no_cfg = edit(&svc(), |v| {
+            v["spec"]
+                .as_object_mut()
+                .unwrap()
+                .remove("rayClusterConfig");
+        });
+        let err = classify(&OldSide::RayService(&svc()), &no_cfg, ver("1.7"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ml/llm") && err.contains("rayClusterConfig"),
+            "{err}"
+        );
+        let err = classify(&OldSide::RayService(&no_cfg), &svc(), ver("1.7"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("rayClusterConfig"), "{err}");
+        let nameless = edit(&svc(), |v| {
+            worker(v).as_object_mut().unwrap().remove("groupName");
+        });
+        let err = classify(&OldSide::RayService(&svc()), &nameless, ver("1.7"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("workerGroupSpecs[0]") && err.contains("groupName"),
+            "{err}"
+        );
+        let bad_q = edit(&svc(), |v| {
+            worker(v)["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] =
+                json!("30 GiB")
+        });
+        match classify(&OldSide::RayService(&svc()), &bad_q, ver("1.7")).unwrap_err() {
+            crate::Error::Quantity { field, .. } => {
+                assert!(
+                    field.ends_with(
+                        "workerGroupSpecs[0].template.spec.containers[0].resources.limits.memory"
+                    ),
+                    "{field}"
+                )
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+
+    #[test]
+    fn ignored_fields_reported() {
+        let new = edit(&svc(), |v| worker(v)["priority"] = json!(5));
+        let c = run(&svc(), &new, "1.6");
+        assert_eq!(c.verdict, Verdict::NoChange);
+        assert_eq!(
+            c.ignored_paths,
+            vec!["workerGroupSpecs[gpu-workers].priority"]
+        );
+        assert_eq!(run(&svc(), &new, "1.7").verdict, Verdict::NewCluster);
+    }
+
+    #[test]
+    fn other_spec_fields() {
+        let new = edit(&svc(), |v| {
+            v["spec"]["rayClusterDeletionDelaySeconds"] = json!(300)
+        });
+        let c = run(&svc(), &new, "1.7");
+        assert_eq!(c.verdict, Verdict::NoChange);
+        assert_eq!(c.other_paths, vec!["rayClusterDeletionDelaySeconds"]);
+    }
+}
