@@ -13,6 +13,7 @@ pub mod kuberay;
 pub mod metrics;
 pub mod quantity;
 pub mod schedule;
+pub mod server;
 pub mod telemetry;
 pub mod upgradeplan;
 
