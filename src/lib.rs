@@ -10,6 +10,7 @@ pub mod capacity;
 pub mod cli;
 pub mod error;
 pub mod kuberay;
+pub mod leader;
 pub mod metrics;
 pub mod quantity;
 pub mod schedule;
