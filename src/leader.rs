@@ -123,8 +123,8 @@ fn identity_from(pod_name: Option<String>, hostname: Option<String>, pid: u32) -
 ///
 /// Disabled: runs `work` directly. Enabled: waits for the Lease (logging
 /// "waiting for leadership"), sets the health leader flag, then runs `work`
-/// until it ends, releasing the Lease afterwards so a standby takes over at
-/// once; or until leadership is lost, in which case `work` is dropped
+/// until it ends, then releases the Lease (a standby then finds it free
+/// when its current wait, at most one lease duration, ends); or until leadership is lost, in which case `work` is dropped
 /// mid-flight and [`Error::LeadershipLost`] is returned.
 ///
 /// To shut down cleanly, let `work` finish (e.g. on SIGTERM); dropping this
@@ -490,5 +490,153 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, Error::Invalid { .. }), "{err}");
+    }
+
+    /// Two replicas against a real kube-apiserver: exclusivity, hand-over on
+    /// release, and loss when the Lease is taken away. Run with
+    /// `KUBECONFIG=... cargo test --lib leader::tests::two_replicas -- --ignored`.
+    #[tokio::test]
+    #[ignore = "needs a kube-apiserver (KUBECONFIG)"]
+    async fn two_replicas_against_a_real_apiserver() {
+        use kube::api::{DeleteParams, Patch, PatchParams};
+        use std::time::Instant;
+        use tokio::sync::oneshot;
+
+        let client = kube::Client::try_default().await.unwrap();
+        let name = format!("raygate-test-{}", std::process::id());
+        let cfg = |id: &str| LeaderConfig {
+            enabled: true,
+            namespace: "default".into(),
+            lease_name: name.clone(),
+            identity: id.into(),
+            lease_duration: secs(3),
+            grace: secs(1),
+        };
+        let replica = |id: &'static str| {
+            let health = Arc::new(Health::new());
+            let (started_tx, started) = oneshot::channel::<Instant>();
+            let (stop, stop_rx) = oneshot::channel::<()>();
+            let task = tokio::spawn(run_as_leader(
+                client.clone(),
+                cfg(id),
+                health.clone(),
+                move || async move {
+                    let _ = started_tx.send(Instant::now());
+                    let _ = stop_rx.await;
+                    Ok(())
+                },
+            ));
+            (health, started, stop, task)
+        };
+
+        let (a_health, a_started, a_stop, a_task) = replica("replica-a");
+        tokio::time::timeout(secs(10), a_started)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(a_health.is_leader());
+        let (b_health, mut b_started, b_stop, b_task) = replica("replica-b");
+
+        // B must stay a standby for several lease durations while A renews.
+        tokio::time::sleep(secs(8)).await;
+        assert!(b_started.try_recv().is_err(), "B started while A leads");
+        assert!(!b_health.is_leader());
+        assert!(
+            a_health.is_leader() && !a_task.is_finished(),
+            "A kept leading"
+        );
+
+        // Clean stop of A releases the Lease; B takes over within about one
+        // lease duration (it sleeps until A's last renewal would expire).
+        let released = Instant::now();
+        a_stop.send(()).unwrap();
+        a_task.await.unwrap().unwrap();
+        assert!(!a_health.is_leader());
+        let b_at = tokio::time::timeout(secs(10), b_started)
+            .await
+            .unwrap()
+            .unwrap();
+        let handover = b_at.duration_since(released);
+        eprintln!("hand-over after release: {handover:?}");
+        assert!(handover < secs(4), "{handover:?}");
+
+        // Someone else grabs the Lease: B must drop its work and report the loss.
+        let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let patch = serde_json::json!({"spec": {
+            "holderIdentity": "intruder",
+            "renewTime": MicroTime(now),
+            "acquireTime": MicroTime(now),
+            "leaseDurationSeconds": 3,
+        }});
+        let stolen = Instant::now();
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        let err = tokio::time::timeout(secs(10), b_task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap_err();
+        eprintln!("loss noticed after {:?}: {err}", stolen.elapsed());
+        assert!(matches!(err, Error::LeadershipLost { .. }), "{err}");
+        assert!(!b_health.is_leader());
+        drop(b_stop);
+
+        api.delete(&name, &DeleteParams::default()).await.unwrap();
+    }
+
+    /// A frozen API server (renewals hang, no error ever comes back) must
+    /// still stop the work before the Lease expires. Needs the apiserver's
+    /// pid in `RAYGATE_TEST_APISERVER_PID`; the test SIGSTOPs and SIGCONTs it.
+    #[tokio::test]
+    #[ignore = "needs a kube-apiserver (KUBECONFIG) it may freeze"]
+    async fn hung_apiserver_stops_work_before_expiry() {
+        use std::time::Instant;
+
+        let Ok(pid) = std::env::var("RAYGATE_TEST_APISERVER_PID") else {
+            eprintln!("RAYGATE_TEST_APISERVER_PID not set; skipping");
+            return;
+        };
+        let signal = |sig: &str| {
+            let ok = std::process::Command::new("kill")
+                .args([sig, pid.as_str()])
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "kill {sig} {pid}");
+        };
+        let client = kube::Client::try_default().await.unwrap();
+        let cfg = LeaderConfig {
+            enabled: true,
+            namespace: "default".into(),
+            lease_name: format!("raygate-hang-{}", std::process::id()),
+            identity: "replica-a".into(),
+            lease_duration: secs(4),
+            grace: secs(2),
+        };
+        let (leading_tx, leading) = tokio::sync::oneshot::channel::<()>();
+        let health = Arc::new(Health::new());
+        let task = tokio::spawn(run_as_leader(client, cfg, health.clone(), || async move {
+            let _ = leading_tx.send(());
+            std::future::pending::<crate::Result<()>>().await
+        }));
+        tokio::time::timeout(secs(10), leading)
+            .await
+            .unwrap()
+            .unwrap();
+
+        signal("-STOP");
+        let frozen = Instant::now();
+        let result = tokio::time::timeout(secs(10), task).await;
+        signal("-CONT");
+        let err = result.unwrap().unwrap().unwrap_err();
+        let after = frozen.elapsed();
+        eprintln!("work stopped {after:?} after the freeze: {err}");
+        assert!(matches!(err, Error::LeadershipLost { .. }), "{err}");
+        // The lease was renewed at most `duration` before the freeze, so
+        // stopping must come before that renewal could have expired.
+        assert!(after < secs(4), "{after:?}");
+        assert!(!health.is_leader());
     }
 }
