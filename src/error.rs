@@ -26,6 +26,34 @@ pub enum Error {
 
     #[error("serialization: {0}")]
     Json(#[from] serde_json::Error),
+
+    // --- operator process: metrics, logging, HTTP server, leader election ---
+    /// Registering or encoding Prometheus metrics (a bug in our metric
+    /// definitions, so it surfaces at startup, not at scrape time).
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+
+    /// Installing the global log subscriber.
+    #[error("logging: {0}")]
+    Telemetry(String),
+
+    /// Binding or running the HTTP server for metrics and probes.
+    #[error("http server on {addr}: {source}")]
+    Server {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Creating or talking to the leader-election Lease.
+    #[error("leader election: {0}")]
+    Lease(#[from] kube_lease_manager::LeaseManagerError),
+
+    /// This replica stopped being (or could no longer prove it is) the leader
+    /// while it was working. The process exits so Kubernetes restarts it;
+    /// two replicas never act at once.
+    #[error("leadership lost: {reason}")]
+    LeadershipLost { reason: String },
 }
 
 impl Error {

@@ -10,8 +10,12 @@ pub mod capacity;
 pub mod cli;
 pub mod error;
 pub mod kuberay;
+pub mod leader;
+pub mod metrics;
 pub mod quantity;
 pub mod schedule;
+pub mod server;
+pub mod telemetry;
 pub mod upgradeplan;
 
 pub use error::{Error, Result};

@@ -1,0 +1,642 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease, so that with several
+//! replicas exactly one reconciles (admissions must be decided by one writer:
+//! two would both see the same free GPUs and both admit).
+//!
+//! The pattern is the standard safe one: wait for the Lease, run the work,
+//! and if leadership is lost, or can no longer be *proven*, drop the work
+//! and return [`Error::LeadershipLost`] so the process exits non-zero and
+//! Kubernetes restarts it as a fresh standby. Work is never resumed in
+//! place after a loss; all state the controller needs is in the
+//! `UpgradePlan` status, so a restart costs only a cache resync.
+//!
+//! [`kube_lease_manager`] acquires and renews the Lease. It retries API
+//! errors internally and kube's client has no read timeout by default, so a
+//! hung renewal would go unnoticed while another replica takes over. A
+//! watchdog therefore reads the Lease itself and stops the work shortly
+//! before the last renewal it has seen expires.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
+
+use crate::Error;
+use crate::server::Health;
+use std::sync::Arc;
+
+/// How this replica takes part in leader election.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderConfig {
+    /// Off for a single replica or local runs: the work just runs.
+    pub enabled: bool,
+    /// Namespace of the Lease; empty means the client's default namespace
+    /// (in a pod: the pod's own namespace).
+    pub namespace: String,
+    pub lease_name: String,
+    /// Unique per replica; see [`default_identity`].
+    pub identity: String,
+    /// How long a renewal stays valid (whole seconds, as the Lease stores it).
+    pub lease_duration: Duration,
+    /// How long before expiry the holder renews; also the clock skew the
+    /// replicas tolerate. Whole seconds, less than `lease_duration`.
+    pub grace: Duration,
+}
+
+/// Name of the Lease when nothing else is configured.
+pub const DEFAULT_LEASE_NAME: &str = "raygate-leader";
+
+impl Default for LeaderConfig {
+    /// Enabled, `raygate-leader` in the client's namespace, 15 s lease
+    /// renewed 5 s early (client-go's 15 s / 10 s renew deadline): a crashed
+    /// leader is replaced within ~15 s.
+    fn default() -> Self {
+        LeaderConfig {
+            enabled: true,
+            namespace: String::new(),
+            lease_name: DEFAULT_LEASE_NAME.to_owned(),
+            identity: default_identity(),
+            lease_duration: Duration::from_secs(15),
+            grace: Duration::from_secs(5),
+        }
+    }
+}
+
+impl LeaderConfig {
+    /// Checks the config and returns (duration, grace) in seconds, the
+    /// Lease's unit. kube-lease-manager panics on bad values, so we refuse
+    /// them first.
+    pub fn validate(&self) -> crate::Result<(u64, u64)> {
+        let invalid = |reason: &str| Error::invalid("leader election", reason.to_owned());
+        if self.lease_name.is_empty() {
+            return Err(invalid("lease name is empty"));
+        }
+        if self.identity.is_empty() {
+            return Err(invalid("identity is empty"));
+        }
+        let whole = |d: Duration| d.subsec_nanos() == 0 && d.as_secs() > 0;
+        if !whole(self.lease_duration) || !whole(self.grace) {
+            return Err(invalid(
+                "lease duration and grace must be whole seconds greater than zero",
+            ));
+        }
+        if self.grace >= self.lease_duration {
+            return Err(invalid("grace must be shorter than the lease duration"));
+        }
+        if i32::try_from(self.lease_duration.as_secs()).is_err() {
+            return Err(invalid("lease duration is too long"));
+        }
+        Ok((self.lease_duration.as_secs(), self.grace.as_secs()))
+    }
+}
+
+/// The Lease holder identity: `POD_NAME` (downward API) if set, else
+/// `hostname-pid`, so two processes on one machine never share it.
+pub fn default_identity() -> String {
+    identity_from(
+        std::env::var("POD_NAME").ok(),
+        hostname(),
+        std::process::id(),
+    )
+}
+
+fn hostname() -> Option<String> {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+}
+
+fn identity_from(pod_name: Option<String>, hostname: Option<String>, pid: u32) -> String {
+    match pod_name
+        .map(|p| p.trim().to_owned())
+        .filter(|p| !p.is_empty())
+    {
+        Some(pod) => pod,
+        None => format!("{}-{pid}", hostname.as_deref().unwrap_or("raygate")),
+    }
+}
+
+/// Runs `work` only while this replica is the leader.
+///
+/// Disabled: runs `work` directly. Enabled: waits for the Lease (logging
+/// "waiting for leadership"), sets the health leader flag, then runs `work`
+/// until it ends, then releases the Lease (a standby then finds it free
+/// when its current wait, at most one lease duration, ends); or until leadership is lost, in which case `work` is dropped
+/// mid-flight and [`Error::LeadershipLost`] is returned.
+///
+/// To shut down cleanly, let `work` finish (e.g. on SIGTERM); dropping this
+/// future while leading does not release the Lease, it then simply expires.
+pub async fn run_as_leader<F, Fut>(
+    client: kube::Client,
+    cfg: LeaderConfig,
+    health: Arc<Health>,
+    work: F,
+) -> crate::Result<()>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = crate::Result<()>>,
+{
+    if !cfg.enabled {
+        health.set_leader(true);
+        let result = work().await;
+        health.set_leader(false);
+        return result;
+    }
+
+    let (duration, grace) = cfg.validate()?;
+    let namespace = if cfg.namespace.is_empty() {
+        client.default_namespace().to_owned()
+    } else {
+        cfg.namespace.clone()
+    };
+    let manager = LeaseManagerBuilder::new(client.clone(), &cfg.lease_name)
+        .with_namespace(&namespace)
+        .with_identity(&cfg.identity)
+        .with_duration(duration)
+        .with_grace(grace)
+        .build()
+        .await?;
+
+    health.set_leader(false);
+    tracing::info!(
+        lease = %format!("{namespace}/{}", cfg.lease_name),
+        identity = %cfg.identity,
+        "waiting for leadership"
+    );
+    acquire(&manager).await;
+    let acquired_at = SystemTime::now();
+    health.set_leader(true);
+    tracing::info!(identity = %cfg.identity, "acquired leadership");
+
+    let lease = LeaseWatch {
+        api: Api::namespaced(client, &namespace),
+        name: cfg.lease_name.clone(),
+        identity: cfg.identity.clone(),
+        duration: cfg.lease_duration,
+        grace: cfg.grace,
+    };
+    let outcome = tokio::select! {
+        biased;
+        reason = keep_renewing(&manager) => Err(reason),
+        reason = lease.watchdog(earlier(acquired_at + cfg.lease_duration, cfg.grace)) => Err(reason),
+        result = work() => Ok(result),
+    };
+    health.set_leader(false);
+
+    match outcome {
+        Ok(result) => {
+            match manager.release().await {
+                Ok(()) => tracing::info!(identity = %cfg.identity, "released leadership"),
+                Err(e) => tracing::warn!(error = %e, "releasing the lease; it will expire instead"),
+            }
+            result
+        }
+        Err(reason) => {
+            health.set_ready(false);
+            tracing::error!(%reason, "leadership lost; stopping work");
+            Err(Error::LeadershipLost { reason })
+        }
+    }
+}
+
+/// Waits until `manager` holds the Lease. API errors are retried with
+/// backoff: nothing is at stake while we are not the leader.
+async fn acquire(manager: &LeaseManager) {
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        match manager.changed().await {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?backoff, "leader election: lease not reachable");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+/// Keeps the manager renewing; returns why leadership ended. Errors are
+/// retried (a renewal can fail once and succeed a second later); the
+/// watchdog decides when it is too late.
+async fn keep_renewing(manager: &LeaseManager) -> String {
+    loop {
+        match manager.changed().await {
+            Ok(false) => return "the lease was taken over".to_owned(),
+            Ok(true) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "renewing the leader lease");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+struct LeaseWatch {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    duration: Duration,
+    grace: Duration,
+}
+
+/// What one read of the Lease says about us.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    /// We hold it; valid until this instant (renewTime + duration).
+    Ours(SystemTime),
+    Other(Option<String>),
+}
+
+fn seen(lease: &Lease, identity: &str) -> Seen {
+    let spec = lease.spec.as_ref();
+    let holder = spec.and_then(|s| s.holder_identity.clone());
+    if holder.as_deref() != Some(identity) {
+        return Seen::Other(holder);
+    }
+    let renew = spec.and_then(|s| s.renew_time.as_ref());
+    let secs = spec.and_then(|s| s.lease_duration_seconds);
+    match (renew, secs.and_then(|s| u64::try_from(s).ok())) {
+        (Some(renew), Some(secs)) => {
+            Seen::Ours(SystemTime::from(renew.0) + Duration::from_secs(secs))
+        }
+        // Held by us but without a time: treat as already expired.
+        _ => Seen::Ours(SystemTime::UNIX_EPOCH),
+    }
+}
+
+/// When the work must stop if no newer renewal has been seen: half the
+/// grace before expiry, leaving the other half for clock skew against the
+/// replica that would take over.
+fn deadline(valid_until: SystemTime, grace: Duration) -> SystemTime {
+    earlier(valid_until, grace / 2)
+}
+
+/// `t - d`, saturating instead of panicking on underflow.
+fn earlier(t: SystemTime, d: Duration) -> SystemTime {
+    t.checked_sub(d).unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// When to read the Lease next. The manager renews `grace` before expiry,
+/// so look just after that; if the renewal has not shown up, look again
+/// every `grace/8` until the deadline.
+fn next_poll(now: SystemTime, valid_until: SystemTime, grace: Duration) -> SystemTime {
+    let expected = earlier(valid_until, grace * 3 / 4);
+    let at = if now < expected {
+        expected
+    } else {
+        now + grace / 8
+    };
+    at.min(deadline(valid_until, grace)).max(now)
+}
+
+impl LeaseWatch {
+    /// Returns (why) once leadership can no longer be confirmed.
+    async fn watchdog(&self, mut valid_until: SystemTime) -> String {
+        let mut first = true;
+        loop {
+            let now = SystemTime::now();
+            let stop = deadline(valid_until, self.grace);
+            if now >= stop {
+                return format!(
+                    "no renewal of lease {:?} confirmed in time (valid until {}, lease duration {:?})",
+                    self.name,
+                    jiff::Timestamp::try_from(valid_until)
+                        .map_or_else(|_| "?".to_owned(), |t| t.to_string()),
+                    self.duration,
+                );
+            }
+            if !first {
+                let wait = next_poll(now, valid_until, self.grace)
+                    .duration_since(now)
+                    .unwrap_or_default();
+                tokio::time::sleep(wait).await;
+            }
+            first = false;
+
+            // Bound the read so a hung request cannot carry us past the deadline.
+            let budget = stop
+                .duration_since(SystemTime::now())
+                .unwrap_or_default()
+                .min(self.grace / 4);
+            match tokio::time::timeout(budget, self.api.get_opt(&self.name)).await {
+                Ok(Ok(Some(lease))) => match seen(&lease, &self.identity) {
+                    Seen::Ours(until) => valid_until = valid_until.max(until),
+                    Seen::Other(holder) => {
+                        return format!("lease {:?} is now held by {holder:?}", self.name);
+                    }
+                },
+                Ok(Ok(None)) => return format!("lease {:?} was deleted", self.name),
+                Ok(Err(e)) => tracing::warn!(error = %e, "reading the leader lease"),
+                Err(_) => tracing::warn!(timeout = ?budget, "reading the leader lease timed out"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn defaults_are_valid_and_documented_values() {
+        let cfg = LeaderConfig::default();
+        assert!(cfg.enabled);
+        assert_eq!(cfg.lease_name, "raygate-leader");
+        assert!(cfg.namespace.is_empty(), "client default namespace");
+        assert!(!cfg.identity.is_empty());
+        assert_eq!(cfg.validate().unwrap(), (15, 5));
+    }
+
+    #[test]
+    fn validate_rejects_what_would_panic_in_the_lease_manager() {
+        let ok = LeaderConfig::default();
+        let bad = [
+            LeaderConfig {
+                grace: secs(15),
+                ..ok.clone()
+            },
+            LeaderConfig {
+                grace: secs(0),
+                ..ok.clone()
+            },
+            LeaderConfig {
+                lease_duration: Duration::from_millis(15_500),
+                ..ok.clone()
+            },
+            LeaderConfig {
+                identity: String::new(),
+                ..ok.clone()
+            },
+            LeaderConfig {
+                lease_name: String::new(),
+                ..ok.clone()
+            },
+        ];
+        for cfg in bad {
+            let err = cfg.validate().unwrap_err().to_string();
+            assert!(err.starts_with("leader election:"), "{cfg:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn identity_prefers_pod_name_then_host_and_pid() {
+        assert_eq!(
+            identity_from(Some("raygate-7d9f-abcde".into()), Some("node1".into()), 42),
+            "raygate-7d9f-abcde"
+        );
+        assert_eq!(
+            identity_from(Some("  ".into()), Some("node1".into()), 42),
+            "node1-42"
+        );
+        assert_eq!(identity_from(None, None, 7), "raygate-7");
+        let id = default_identity();
+        assert!(!id.is_empty());
+        if std::env::var("POD_NAME").is_err() {
+            assert!(id.ends_with(&format!("-{}", std::process::id())), "{id}");
+        }
+    }
+
+    #[test]
+    fn watchdog_schedule_looks_after_renewal_and_stops_before_expiry() {
+        let t = SystemTime::UNIX_EPOCH + secs(1_000_000);
+        let grace = secs(4);
+        // Far from expiry: first look is 3 s before (1 s after the renewal).
+        assert_eq!(next_poll(t - secs(10), t, grace), t - secs(3));
+        // Renewal overdue: retry every grace/8.
+        assert_eq!(
+            next_poll(t - secs(3), t, grace),
+            t - secs(3) + Duration::from_millis(500)
+        );
+        // Never past the deadline, never in the past.
+        assert_eq!(deadline(t, grace), t - secs(2));
+        assert_eq!(
+            next_poll(t - Duration::from_millis(2100), t, grace),
+            t - secs(2)
+        );
+        assert_eq!(next_poll(t - secs(1), t, grace), t - secs(1));
+    }
+
+    fn lease(holder: Option<&str>, renew: Option<SystemTime>, secs: Option<i32>) -> Lease {
+        Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_owned),
+                renew_time: renew
+                    .map(|t| MicroTime(k8s_openapi::jiff::Timestamp::try_from(t).unwrap())),
+                lease_duration_seconds: secs,
+                ..LeaseSpec::default()
+            }),
+            ..Lease::default()
+        }
+    }
+
+    #[test]
+    fn reading_the_lease() {
+        let t = SystemTime::UNIX_EPOCH + secs(1_700_000_000);
+        assert_eq!(
+            seen(&lease(Some("me"), Some(t), Some(15)), "me"),
+            Seen::Ours(t + secs(15))
+        );
+        assert_eq!(
+            seen(&lease(Some("you"), Some(t), Some(15)), "me"),
+            Seen::Other(Some("you".into()))
+        );
+        assert_eq!(seen(&lease(None, None, None), "me"), Seen::Other(None));
+        assert_eq!(seen(&Lease::default(), "me"), Seen::Other(None));
+        assert_eq!(
+            seen(&lease(Some("me"), None, Some(15)), "me"),
+            Seen::Ours(SystemTime::UNIX_EPOCH)
+        );
+    }
+
+    #[tokio::test]
+    async fn disabled_runs_work_directly_and_passes_its_result() {
+        // A client that points nowhere: disabled election must not touch it.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let health = Arc::new(Health::new());
+        let cfg = LeaderConfig {
+            enabled: false,
+            ..LeaderConfig::default()
+        };
+        let h = health.clone();
+        let result = run_as_leader(client, cfg, health.clone(), || async move {
+            assert!(h.is_leader(), "leader while working");
+            Err(Error::invalid("work", "boom"))
+        })
+        .await;
+        assert_eq!(result.unwrap_err().to_string(), "work: boom");
+        assert!(!health.is_leader());
+    }
+
+    #[tokio::test]
+    async fn enabled_refuses_bad_config_before_calling_the_api() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let cfg = LeaderConfig {
+            grace: secs(30),
+            ..LeaderConfig::default()
+        };
+        let err = run_as_leader(client, cfg, Arc::new(Health::new()), || async { Ok(()) })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Invalid { .. }), "{err}");
+    }
+
+    /// Two replicas against a real kube-apiserver: exclusivity, hand-over on
+    /// release, and loss when the Lease is taken away. Run with
+    /// `KUBECONFIG=... cargo test --lib leader::tests::two_replicas -- --ignored`.
+    #[tokio::test]
+    #[ignore = "needs a kube-apiserver (KUBECONFIG)"]
+    async fn two_replicas_against_a_real_apiserver() {
+        use kube::api::{DeleteParams, Patch, PatchParams};
+        use std::time::Instant;
+        use tokio::sync::oneshot;
+
+        let client = kube::Client::try_default().await.unwrap();
+        let name = format!("raygate-test-{}", std::process::id());
+        let cfg = |id: &str| LeaderConfig {
+            enabled: true,
+            namespace: "default".into(),
+            lease_name: name.clone(),
+            identity: id.into(),
+            lease_duration: secs(3),
+            grace: secs(1),
+        };
+        let replica = |id: &'static str| {
+            let health = Arc::new(Health::new());
+            let (started_tx, started) = oneshot::channel::<Instant>();
+            let (stop, stop_rx) = oneshot::channel::<()>();
+            let task = tokio::spawn(run_as_leader(
+                client.clone(),
+                cfg(id),
+                health.clone(),
+                move || async move {
+                    let _ = started_tx.send(Instant::now());
+                    let _ = stop_rx.await;
+                    Ok(())
+                },
+            ));
+            (health, started, stop, task)
+        };
+
+        let (a_health, a_started, a_stop, a_task) = replica("replica-a");
+        tokio::time::timeout(secs(10), a_started)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(a_health.is_leader());
+        let (b_health, mut b_started, b_stop, b_task) = replica("replica-b");
+
+        // B must stay a standby for several lease durations while A renews.
+        tokio::time::sleep(secs(8)).await;
+        assert!(b_started.try_recv().is_err(), "B started while A leads");
+        assert!(!b_health.is_leader());
+        assert!(
+            a_health.is_leader() && !a_task.is_finished(),
+            "A kept leading"
+        );
+
+        // Clean stop of A releases the Lease; B takes over within about one
+        // lease duration (it sleeps until A's last renewal would expire).
+        let released = Instant::now();
+        a_stop.send(()).unwrap();
+        a_task.await.unwrap().unwrap();
+        assert!(!a_health.is_leader());
+        let b_at = tokio::time::timeout(secs(10), b_started)
+            .await
+            .unwrap()
+            .unwrap();
+        let handover = b_at.duration_since(released);
+        eprintln!("hand-over after release: {handover:?}");
+        assert!(handover < secs(4), "{handover:?}");
+
+        // Someone else grabs the Lease: B must drop its work and report the loss.
+        let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let patch = serde_json::json!({"spec": {
+            "holderIdentity": "intruder",
+            "renewTime": MicroTime(now),
+            "acquireTime": MicroTime(now),
+            "leaseDurationSeconds": 3,
+        }});
+        let stolen = Instant::now();
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        let err = tokio::time::timeout(secs(10), b_task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap_err();
+        eprintln!("loss noticed after {:?}: {err}", stolen.elapsed());
+        assert!(matches!(err, Error::LeadershipLost { .. }), "{err}");
+        assert!(!b_health.is_leader());
+        drop(b_stop);
+
+        api.delete(&name, &DeleteParams::default()).await.unwrap();
+    }
+
+    /// A frozen API server (renewals hang, no error ever comes back) must
+    /// still stop the work before the Lease expires. Needs the apiserver's
+    /// pid in `RAYGATE_TEST_APISERVER_PID`; the test SIGSTOPs and SIGCONTs it.
+    #[tokio::test]
+    #[ignore = "needs a kube-apiserver (KUBECONFIG) it may freeze"]
+    async fn hung_apiserver_stops_work_before_expiry() {
+        use std::time::Instant;
+
+        let Ok(pid) = std::env::var("RAYGATE_TEST_APISERVER_PID") else {
+            eprintln!("RAYGATE_TEST_APISERVER_PID not set; skipping");
+            return;
+        };
+        let signal = |sig: &str| {
+            let ok = std::process::Command::new("kill")
+                .args([sig, pid.as_str()])
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "kill {sig} {pid}");
+        };
+        let client = kube::Client::try_default().await.unwrap();
+        let cfg = LeaderConfig {
+            enabled: true,
+            namespace: "default".into(),
+            lease_name: format!("raygate-hang-{}", std::process::id()),
+            identity: "replica-a".into(),
+            lease_duration: secs(4),
+            grace: secs(2),
+        };
+        let (leading_tx, leading) = tokio::sync::oneshot::channel::<()>();
+        let health = Arc::new(Health::new());
+        let task = tokio::spawn(run_as_leader(client, cfg, health.clone(), || async move {
+            let _ = leading_tx.send(());
+            std::future::pending::<crate::Result<()>>().await
+        }));
+        tokio::time::timeout(secs(10), leading)
+            .await
+            .unwrap()
+            .unwrap();
+
+        signal("-STOP");
+        let frozen = Instant::now();
+        let result = tokio::time::timeout(secs(10), task).await;
+        signal("-CONT");
+        let err = result.unwrap().unwrap().unwrap_err();
+        let after = frozen.elapsed();
+        eprintln!("work stopped {after:?} after the freeze: {err}");
+        assert!(matches!(err, Error::LeadershipLost { .. }), "{err}");
+        // The lease was renewed at most `duration` before the freeze, so
+        // stopping must come before that renewal could have expired.
+        assert!(after < secs(4), "{after:?}");
+        assert!(!health.is_leader());
+    }
+}
