@@ -358,6 +358,12 @@ impl Quantity {
         ))
     }
 
+    /// Sum that clamps at the i128 limits instead of failing: totals over a
+    /// cluster cannot get near them, and callers must never panic.
+    pub fn saturating_add(&self, o: &Quantity) -> Quantity {
+        Quantity::from_nanos(self.nanos.saturating_add(o.nanos), self.result_format(o))
+    }
+
     /// `max(0, self - o)`: free capacity never goes negative.
     pub fn saturating_sub_floor0(&self, o: &Quantity) -> Quantity {
         Quantity::from_nanos(
@@ -866,6 +872,11 @@ mod tests {
         let d = q("1").checked_sub(&q("3"));
         assert_eq!(d.as_ref().map(Quantity::canonical).as_deref(), Some("-2"));
         assert_eq!(q("1").saturating_sub_floor0(&q("3")), Quantity::zero());
+        assert_eq!(q("1Gi").saturating_add(&q("1Gi")).canonical(), "2Gi");
+        assert_eq!(
+            Quantity::from_nanos(i128::MAX, Format::DecimalSI).saturating_add(&q("1")),
+            Quantity::from_nanos(i128::MAX, Format::DecimalSI)
+        );
         assert_eq!(q("3Gi").saturating_sub_floor0(&q("1Gi")).canonical(), "2Gi");
         let max = Quantity::from_nanos(i128::MAX, Format::DecimalSI);
         assert!(max.checked_add(&q("1n")).is_none());
