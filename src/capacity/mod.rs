@@ -1,1 +1,218 @@
-//! What fits where.
+//! What fits where, with kube-scheduler's rules.
+//!
+//! - [`requests`]: a pod's effective request, as the scheduler computes it
+//!   after the API server's defaulting and LimitRange admission.
+//! - [`state`]: the cluster as `kubectl get nodes,pods,limitranges -o yaml`.
+//! - [`node`]: which nodes are usable and what is free on each.
+//! - [`scheduling`]: node selector, required node affinity, taints.
+//! - [`fit`]: place the new cluster's pods by simulation and explain why not.
+//!
+//! Accounting unit: [`pod_requests`] is exact, but node and cluster amounts
+//! are kept the way kube-scheduler keeps them (`cpu` in whole millicores,
+//! every other resource in whole units, each pod rounded up), so that our
+//! answer matches the scheduler's even for odd values like `100u` cpu.
+
+pub mod fit;
+pub mod node;
+pub mod requests;
+pub mod scheduling;
+pub mod state;
+
+use std::collections::BTreeMap;
+
+use crate::quantity::{Format, Quantity};
+
+pub use fit::{FitReport, FitRequest, Unplaced, fit};
+pub use node::{NodeFree, NodeSummary, SkippedNode, node_free};
+pub use requests::{pod_name, pod_requests};
+pub use state::ClusterState;
+
+/// Resource name → amount, ordered so output is stable.
+pub type ResourceList = BTreeMap<String, Quantity>;
+
+/// The pseudo-resource counting pod slots (`allocatable.pods`).
+pub const PODS: &str = "pods";
+/// The resource the scheduler counts in millicores.
+pub const CPU: &str = "cpu";
+/// Memory, counted in bytes.
+pub const MEMORY: &str = "memory";
+
+/// `acc += other`, per resource (saturating; see [`Quantity::saturating_add`]).
+pub fn add_into(acc: &mut ResourceList, other: &ResourceList) {
+    for (k, v) in other {
+        match acc.get_mut(k) {
+            Some(a) => *a = a.saturating_add(v),
+            None => {
+                acc.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// `a + b`, per resource.
+pub fn sum(a: &ResourceList, b: &ResourceList) -> ResourceList {
+    let mut out = a.clone();
+    add_into(&mut out, b);
+    out
+}
+
+/// `max(0, a - b)` per resource of `a`; resources only in `b` are dropped,
+/// because there was nothing of them to take from.
+pub fn sub_floor0(a: &ResourceList, b: &ResourceList) -> ResourceList {
+    a.iter()
+        .map(|(k, v)| {
+            let left = match b.get(k) {
+                Some(x) => v.saturating_sub_floor0(x),
+                None => v.saturating_sub_floor0(&Quantity::zero()),
+            };
+            (k.clone(), left)
+        })
+        .collect()
+}
+
+/// `acc[k] = max(acc[k], other[k])`, as Go's `maxResourceList`.
+pub fn max_into(acc: &mut ResourceList, other: &ResourceList) {
+    for (k, v) in other {
+        match acc.get_mut(k) {
+            Some(a) if *a >= *v => {}
+            Some(a) => *a = v.clone(),
+            None => {
+                acc.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// Canonical strings for output (`{"memory": "1536Mi"}`).
+pub fn canonical_map(list: &ResourceList) -> BTreeMap<String, String> {
+    list.iter()
+        .map(|(k, v)| (k.clone(), v.canonical()))
+        .collect()
+}
+
+/// Drops zero entries: a zero request constrains nothing.
+pub fn drop_zeros(list: &mut ResourceList) {
+    list.retain(|_, q| !q.is_zero());
+}
+
+/// Parses a k8s-openapi resource map; `field` prefixes each key in errors.
+pub fn parse_resource_list(
+    field: &str,
+    map: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+) -> crate::Result<ResourceList> {
+    map.iter()
+        .map(|(k, v)| {
+            let q = Quantity::parse_field(&format!("{field}[{k}]"), &v.0)?;
+            Ok((k.clone(), q))
+        })
+        .collect()
+}
+
+/// A quantity in the scheduler's integer unit for `resource`: millicores for
+/// cpu, whole units (rounded up) for everything else.
+pub fn scheduler_units(resource: &str, q: &Quantity) -> i128 {
+    if resource == CPU {
+        q.milli_value()
+    } else {
+        q.value()
+    }
+}
+
+/// The inverse of [`scheduler_units`], printed in a format that reads well
+/// (binary for byte-valued resources).
+pub fn from_scheduler_units(resource: &str, units: i128) -> Quantity {
+    const NANO: i128 = 1_000_000_000;
+    if resource == CPU {
+        return Quantity::from_nanos(units.saturating_mul(1_000_000), Format::DecimalSI);
+    }
+    let bytes =
+        resource == MEMORY || resource == "ephemeral-storage" || resource.starts_with("hugepages-");
+    let format = if bytes {
+        Format::BinarySI
+    } else {
+        Format::DecimalSI
+    };
+    Quantity::from_nanos(units.saturating_mul(NANO), format)
+}
+
+/// Extended resources (a domain outside `kubernetes.io`, like
+/// `nvidia.com/gpu`, `amd.com/gpu`, `google.com/tpu`): the scarce
+/// accelerators that decide upgrades, so they sort and fit first.
+pub fn is_accelerator(resource: &str) -> bool {
+    match resource.split_once('/') {
+        Some((domain, _)) => {
+            !(domain == "kubernetes.io"
+                || domain.ends_with(".kubernetes.io")
+                || domain.starts_with("hugepages"))
+        }
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rl(pairs: &[(&str, &str)]) -> ResourceList {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), Quantity::parse(v).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn list_helpers() {
+        let a = rl(&[("cpu", "2"), ("memory", "1Gi")]);
+        let b = rl(&[("cpu", "500m"), ("nvidia.com/gpu", "1")]);
+        assert_eq!(
+            canonical_map(&sum(&a, &b)),
+            BTreeMap::from([
+                ("cpu".to_string(), "2500m".to_string()),
+                ("memory".to_string(), "1Gi".to_string()),
+                ("nvidia.com/gpu".to_string(), "1".to_string()),
+            ])
+        );
+        let d = sub_floor0(&b, &a);
+        assert_eq!(d["cpu"], Quantity::zero());
+        assert_eq!(d["nvidia.com/gpu"], Quantity::from_units(1));
+        assert!(!d.contains_key("memory"));
+        let mut m = a.clone();
+        max_into(&mut m, &rl(&[("cpu", "3"), ("memory", "1")]));
+        assert_eq!(canonical_map(&m)["cpu"], "3");
+        assert_eq!(canonical_map(&m)["memory"], "1Gi");
+        let mut z = rl(&[("cpu", "0"), ("memory", "1")]);
+        drop_zeros(&mut z);
+        assert_eq!(z.len(), 1);
+    }
+
+    #[test]
+    fn units_follow_the_scheduler() {
+        assert_eq!(scheduler_units("cpu", &Quantity::parse("100u").unwrap()), 1);
+        assert_eq!(
+            scheduler_units("cpu", &Quantity::parse("1.5").unwrap()),
+            1500
+        );
+        assert_eq!(
+            scheduler_units("memory", &Quantity::parse("1.5").unwrap()),
+            2
+        );
+        assert_eq!(
+            scheduler_units("memory", &Quantity::parse("1Gi").unwrap()),
+            1 << 30
+        );
+        assert_eq!(from_scheduler_units("cpu", 1500).canonical(), "1500m");
+        assert_eq!(from_scheduler_units("memory", 1 << 30).canonical(), "1Gi");
+        assert_eq!(from_scheduler_units("nvidia.com/gpu", 8).canonical(), "8");
+    }
+
+    #[test]
+    fn accelerators_are_extended_resources() {
+        assert!(is_accelerator("nvidia.com/gpu"));
+        assert!(is_accelerator("amd.com/gpu"));
+        assert!(is_accelerator("google.com/tpu"));
+        assert!(!is_accelerator("cpu"));
+        assert!(!is_accelerator("memory"));
+        assert!(!is_accelerator("hugepages-2Mi"));
+        assert!(!is_accelerator("kubernetes.io/something"));
+    }
+}

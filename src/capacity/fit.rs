@@ -1,0 +1,804 @@
+//! Will the new cluster's pods fit next to the old one? Answered by placing
+//! them, one by one, the way the scheduler would have to.
+//!
+//! Order: `reserved` pods first (other admitted upgrades that are not bound
+//! yet: their capacity is promised), then the new pods, each group largest
+//! first (accelerators, then cpu, then memory; ties by name). Each pod goes
+//! to the feasible node that leaves the least free of its dominant resource
+//! (best fit; ties by node name), and its request is taken from that node,
+//! so fragmentation shows: two nodes with 8 free GPUs each cannot take one
+//! 16-GPU pod.
+//!
+//! Headroom is a cluster-wide floor, not a per-node one: a new pod is placed
+//! only if, afterwards, the summed free amount of each resource it requests
+//! stays ≥ the headroom, and the fit also fails if the final free amounts
+//! are below it (reserved pods can eat into headroom too). A per-node
+//! reading would need a node to hold the whole headroom, which is not what
+//! "keep 4 GPUs spare" means.
+//!
+//! Reserved pods that cannot be placed make the fit fail: the capacity an
+//! admitted upgrade counts on is gone, and admitting more would overcommit.
+//! Reserved pods already bound to a node in the state are skipped, since
+//! they are counted there.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::Pod;
+use serde::Serialize;
+
+use super::node::{
+    Amounts, Names, SkippedNode, add_amount, amount, capacity, node_name, to_list, total, units_of,
+};
+use super::requests::{pod_name, pod_requests};
+use super::scheduling::{REASON_TOO_MANY_PODS, aggregate_message, insufficient, static_filter};
+use super::{
+    CPU, MEMORY, PODS, ResourceList, from_scheduler_units, is_accelerator, scheduler_units, sum,
+};
+use crate::capacity::ClusterState;
+
+/// What to fit.
+#[derive(Clone, Debug, Default)]
+pub struct FitRequest {
+    /// The new cluster's pods (not created yet).
+    pub pods: Vec<Pod>,
+    /// Pods of other admitted upgrades that are not bound yet.
+    pub reserved: Vec<Pod>,
+    /// Cluster-wide amounts that must stay free.
+    pub headroom: ResourceList,
+    /// The old, still running cluster's total, only for `required`.
+    pub old_requests: ResourceList,
+}
+
+/// A pod that found no node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Unplaced {
+    pub pod: String,
+    pub reason: String,
+    /// True for a pod from `FitRequest::reserved`.
+    pub reserved: bool,
+}
+
+/// The answer, with the numbers behind it. Amounts are in scheduler units
+/// (see [`crate::capacity`]); `pods` counts pod slots.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FitReport {
+    pub fits: bool,
+    /// Old + new: what both clusters need while they run side by side.
+    pub required: ResourceList,
+    pub new_requests: ResourceList,
+    pub old_requests: ResourceList,
+    pub reserved: ResourceList,
+    pub headroom: ResourceList,
+    /// Summed over usable nodes.
+    pub allocatable: ResourceList,
+    /// Summed over usable nodes, before placing anything.
+    pub free: ResourceList,
+    /// Per resource, `new + reserved + headroom − free` where positive. It
+    /// can be empty while `fits` is false: fragmentation or placement rules.
+    pub shortfall: ResourceList,
+    pub unplaced: Vec<Unplaced>,
+    /// Pod → node, for reserved and new pods alike.
+    pub placements: BTreeMap<String, String>,
+    pub skipped_nodes: Vec<SkippedNode>,
+}
+
+/// One pod to place.
+struct Entry<'a> {
+    key: String,
+    pod: &'a Pod,
+    reserved: bool,
+    req: Vec<(usize, i128)>,
+    dominant: usize,
+    /// (accelerators, cpu, memory), compared descending.
+    size: (i128, i128, i128),
+}
+
+fn pod_key(pod: &Pod) -> String {
+    match pod.metadata.namespace.as_deref().filter(|n| !n.is_empty()) {
+        Some(ns) => format!("{ns}/{}", pod_name(pod)),
+        None => pod_name(pod),
+    }
+}
+
+/// The resource whose leftover decides best fit: the largest accelerator
+/// request, else cpu, else memory, else pod slots.
+fn dominant(req: &[(usize, i128)], names: &Names) -> usize {
+    let name = |i: usize| names.names.get(i).map(String::as_str).unwrap_or("");
+    let accel = req
+        .iter()
+        .filter(|(i, _)| is_accelerator(name(*i)))
+        .max_by(|a, b| a.1.cmp(&b.1).then_with(|| name(b.0).cmp(name(a.0))));
+    if let Some(&(i, _)) = accel {
+        return i;
+    }
+    for want in [CPU, MEMORY] {
+        if let Some(&(i, _)) = req.iter().find(|(i, _)| name(*i) == want) {
+            return i;
+        }
+    }
+    names.get(PODS).unwrap_or(0)
+}
+
+fn entry<'a>(
+    pod: &'a Pod,
+    reserved: bool,
+    state: &ClusterState,
+    names: &mut Names,
+) -> crate::Result<Entry<'a>> {
+    let req = units_of(&pod_requests(pod, &state.limit_ranges)?, names);
+    let name = |i: usize| names.names.get(i).map(String::as_str).unwrap_or("");
+    let of = |pred: &dyn Fn(&str) -> bool| -> i128 {
+        req.iter()
+            .filter(|(i, _)| pred(name(*i)))
+            .fold(0i128, |acc, (_, u)| acc.saturating_add(*u))
+    };
+    let size = (of(&is_accelerator), of(&|n| n == CPU), of(&|n| n == MEMORY));
+    let dominant = dominant(&req, names);
+    Ok(Entry {
+        key: pod_key(pod),
+        pod,
+        reserved,
+        req,
+        dominant,
+        size,
+    })
+}
+
+/// Static placement rules depend on these fields only, so pods sharing them
+/// (a worker group) share one evaluation over all nodes.
+fn signature(pod: &Pod) -> String {
+    let spec = pod.spec.as_ref();
+    let required = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
+    serde_json::json!([
+        spec.and_then(|s| s.node_name.as_ref()),
+        spec.and_then(|s| s.node_selector.as_ref()),
+        required,
+        spec.and_then(|s| s.tolerations.as_ref()),
+    ])
+    .to_string()
+}
+
+/// Makes keys unique (`name`, `name#2`, …) so no placement is overwritten.
+fn dedupe_keys(entries: &mut [Entry<'_>]) {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for e in entries.iter_mut() {
+        let n = seen.entry(e.key.clone()).or_insert(0);
+        *n += 1;
+        if *n > 1 {
+            e.key = format!("{}#{}", e.key, n);
+        }
+    }
+}
+
+/// Places every pod; see the module docs for the rules.
+pub fn fit(state: &ClusterState, req: &FitRequest) -> crate::Result<FitReport> {
+    let cap = capacity(state)?;
+    let mut names = cap.names.clone();
+
+    let mut reserved: Vec<Entry> = Vec::new();
+    for p in &req.reserved {
+        let id = (
+            p.metadata.namespace.clone().unwrap_or_default(),
+            p.metadata.name.clone().unwrap_or_default(),
+        );
+        if !id.1.is_empty() && cap.bound.contains(&id) {
+            continue;
+        }
+        reserved.push(entry(p, true, state, &mut names)?);
+    }
+    let mut new: Vec<Entry> = Vec::new();
+    for p in &req.pods {
+        new.push(entry(p, false, state, &mut names)?);
+    }
+    let mut headroom = Amounts::new();
+    for (k, q) in &req.headroom {
+        add_amount(&mut headroom, names.id(k), scheduler_units(k, q).max(0));
+    }
+    let width = names.names.len();
+    headroom.resize(width, 0);
+
+    let order = |a: &Entry, b: &Entry| b.size.cmp(&a.size).then_with(|| a.key.cmp(&b.key));
+    reserved.sort_by(order);
+    new.sort_by(order);
+    let mut entries: Vec<Entry> = reserved.into_iter().chain(new).collect();
+    dedupe_keys(&mut entries);
+
+    let nodes = cap.usable.len();
+    let mut free: Vec<Amounts> = (0..nodes)
+        .map(|n| {
+            let mut f = cap.free(n);
+            f.resize(width, 0);
+            f
+        })
+        .collect();
+    let free_before = total(free.iter().cloned());
+    let mut cluster_free = free_before.clone();
+    cluster_free.resize(width, 0);
+    let mut new_total = Amounts::new();
+    let mut reserved_total = Amounts::new();
+    for e in &entries {
+        let t = if e.reserved {
+            &mut reserved_total
+        } else {
+            &mut new_total
+        };
+        for &(r, u) in &e.req {
+            add_amount(t, r, u);
+        }
+    }
+
+    let mut reason_text: Vec<String> = Vec::new();
+    let mut reason_ids: HashMap<String, usize> = HashMap::new();
+    let mut statics: HashMap<String, Vec<Option<usize>>> = HashMap::new();
+    let mut placements = BTreeMap::new();
+    let mut unplaced = Vec::new();
+
+    for e in &entries {
+        let verdicts = statics.entry(signature(e.pod)).or_insert_with(|| {
+            cap.usable
+                .iter()
+                .map(|&i| {
+                    static_filter(e.pod, &state.nodes[i]).err().map(|r| {
+                        *reason_ids.entry(r.clone()).or_insert_with(|| {
+                            reason_text.push(r);
+                            reason_text.len() - 1
+                        })
+                    })
+                })
+                .collect()
+        });
+        let dom_req = e
+            .req
+            .iter()
+            .find(|(r, _)| *r == e.dominant)
+            .map_or(0, |x| x.1);
+        let mut best: Option<(i128, usize)> = None;
+        for (n, verdict) in verdicts.iter().enumerate() {
+            if verdict.is_some() || !e.req.iter().all(|&(r, u)| amount(&free[n], r) >= u) {
+                continue;
+            }
+            let left = amount(&free[n], e.dominant) - dom_req;
+            if best.is_none_or(|(b, _)| left < b) {
+                best = Some((left, n));
+            }
+        }
+        let Some((_, n)) = best else {
+            let reason = explain(e, verdicts, &reason_text, &free, &names, &cap.skipped);
+            unplaced.push(Unplaced {
+                pod: e.key.clone(),
+                reason,
+                reserved: e.reserved,
+            });
+            continue;
+        };
+        if !e.reserved
+            && let Some(reason) = headroom_violation(e, &cluster_free, &headroom, &names)
+        {
+            unplaced.push(Unplaced {
+                pod: e.key.clone(),
+                reason,
+                reserved: false,
+            });
+            continue;
+        }
+        for &(r, u) in &e.req {
+            add_amount(&mut free[n], r, -u);
+            add_amount(&mut cluster_free, r, -u);
+        }
+        placements.insert(
+            e.key.clone(),
+            node_name(&state.nodes[cap.usable[n]]).to_string(),
+        );
+    }
+
+    let headroom_kept = (0..width).all(|r| amount(&cluster_free, r) >= amount(&headroom, r));
+    let mut shortfall = Amounts::new();
+    for r in 0..width {
+        let need = amount(&new_total, r)
+            .saturating_add(amount(&reserved_total, r))
+            .saturating_add(amount(&headroom, r))
+            .saturating_sub(amount(&free_before, r));
+        if need > 0 {
+            add_amount(&mut shortfall, r, need);
+        }
+    }
+    let new_requests = to_list(&new_total, &names);
+    Ok(FitReport {
+        fits: unplaced.is_empty() && headroom_kept,
+        required: sum(&req.old_requests, &new_requests),
+        new_requests,
+        old_requests: req.old_requests.clone(),
+        reserved: to_list(&reserved_total, &names),
+        headroom: to_list(&headroom, &names),
+        allocatable: to_list(&total(cap.allocatable.iter().cloned()), &names),
+        free: to_list(&free_before, &names),
+        shortfall: to_list(&shortfall, &names),
+        unplaced,
+        placements,
+        skipped_nodes: cap.skipped,
+    })
+}
+
+/// Why no node took the pod, as the scheduler's aggregated message.
+fn explain(
+    e: &Entry<'_>,
+    verdicts: &[Option<usize>],
+    reason_text: &[String],
+    free: &[Amounts],
+    names: &Names,
+    skipped: &[SkippedNode],
+) -> String {
+    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    let mut bump = |r: &str| *reasons.entry(r.to_string()).or_insert(0) += 1;
+    for s in skipped {
+        bump(s.scheduler_reason);
+    }
+    let name = |i: usize| names.names.get(i).map(String::as_str).unwrap_or("");
+    for (n, verdict) in verdicts.iter().enumerate() {
+        if let Some(id) = verdict {
+            bump(reason_text.get(*id).map(String::as_str).unwrap_or(""));
+            continue;
+        }
+        for &(r, u) in &e.req {
+            if amount(&free[n], r) < u {
+                if name(r) == PODS {
+                    bump(REASON_TOO_MANY_PODS);
+                } else {
+                    bump(&insufficient(name(r)));
+                }
+            }
+        }
+    }
+    aggregate_message(verdicts.len() + skipped.len(), &reasons)
+}
+
+/// A reason if placing `e` would take cluster-wide free below headroom.
+fn headroom_violation(
+    e: &Entry<'_>,
+    cluster_free: &Amounts,
+    headroom: &Amounts,
+    names: &Names,
+) -> Option<String> {
+    e.req.iter().find_map(|&(r, u)| {
+        let h = amount(headroom, r);
+        let after = amount(cluster_free, r) - u;
+        if h > 0 && after < h {
+            let n = names.names.get(r).map(String::as_str).unwrap_or("");
+            Some(format!(
+                "placing it would leave {} {n} free cluster-wide, below the headroom of {}",
+                from_scheduler_units(n, after.max(0)),
+                from_scheduler_units(n, h)
+            ))
+        } else {
+            None
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capacity::canonical_map;
+    use crate::capacity::node::tests::{node, pod};
+    use crate::quantity::Quantity;
+    use k8s_openapi::api::core::v1::Node;
+    use serde_json::{Value, json};
+
+    fn gpu_node(name: &str, gpus: u32) -> Node {
+        node(
+            name,
+            json!({"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": gpus.to_string()}),
+            json!({"pool": "gpu"}),
+        )
+    }
+
+    fn gpu_pod(name: &str, gpus: u32) -> Pod {
+        pod(
+            name,
+            json!({"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": gpus.to_string()}),
+            None,
+        )
+    }
+
+    fn state(nodes: Vec<Node>, pods: Vec<Pod>) -> ClusterState {
+        ClusterState {
+            nodes,
+            pods,
+            ..Default::default()
+        }
+    }
+
+    fn request(pods: Vec<Pod>) -> FitRequest {
+        FitRequest {
+            pods,
+            ..Default::default()
+        }
+    }
+
+    fn list(pairs: &[(&str, &str)]) -> ResourceList {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), Quantity::parse(v).unwrap()))
+            .collect()
+    }
+
+    fn strings(l: &ResourceList) -> Vec<(String, String)> {
+        canonical_map(l).into_iter().collect()
+    }
+
+    fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+        p.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn fits_and_places_deterministically() {
+        let s = state(vec![gpu_node("b", 8), gpu_node("a", 8)], vec![]);
+        let r = fit(&s, &request(vec![gpu_pod("w-1", 8), gpu_pod("w-0", 8)])).unwrap();
+        assert!(r.fits);
+        assert!(r.unplaced.is_empty());
+        assert!(r.shortfall.is_empty());
+        // Equal size: sorted by key; equal leftover: node by name.
+        assert_eq!(
+            r.placements,
+            BTreeMap::from([
+                ("default/w-0".to_string(), "a".to_string()),
+                ("default/w-1".to_string(), "b".to_string()),
+            ])
+        );
+        assert_eq!(
+            strings(&r.new_requests),
+            pairs(&[
+                ("cpu", "8"),
+                ("memory", "32Gi"),
+                ("nvidia.com/gpu", "16"),
+                ("pods", "2")
+            ])
+        );
+        assert_eq!(canonical_map(&r.allocatable)["nvidia.com/gpu"], "16");
+        assert_eq!(canonical_map(&r.free)["pods"], "220");
+        // Same input, same answer.
+        let again = fit(&s, &request(vec![gpu_pod("w-0", 8), gpu_pod("w-1", 8)])).unwrap();
+        assert_eq!(again, r);
+    }
+
+    #[test]
+    fn fragmentation_is_not_capacity() {
+        let s = state(vec![gpu_node("a", 8), gpu_node("b", 8)], vec![]);
+        let r = fit(&s, &request(vec![gpu_pod("big", 16)])).unwrap();
+        assert!(!r.fits);
+        assert!(r.shortfall.is_empty(), "{:?}", r.shortfall);
+        assert_eq!(
+            r.unplaced,
+            [Unplaced {
+                pod: "default/big".to_string(),
+                reason: "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.".to_string(),
+                reserved: false,
+            }]
+        );
+    }
+
+    #[test]
+    fn best_fit_picks_the_tightest_node() {
+        let s = state(
+            vec![gpu_node("a", 8), gpu_node("b", 8), gpu_node("c", 8)],
+            vec![
+                pod("used-b", json!({"nvidia.com/gpu": "4"}), Some("b")),
+                pod("used-c", json!({"nvidia.com/gpu": "6"}), Some("c")),
+            ],
+        );
+        let r = fit(
+            &s,
+            &request(vec![gpu_pod("x", 2), gpu_pod("y", 4), gpu_pod("z", 8)]),
+        )
+        .unwrap();
+        assert!(r.fits);
+        // z (8) first: only a. y (4): b leaves 0. x (2): c leaves 0.
+        let got: Vec<(&str, &str)> = r
+            .placements
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [("default/x", "c"), ("default/y", "b"), ("default/z", "a")]
+        );
+    }
+
+    #[test]
+    fn largest_pods_are_placed_first() {
+        let s = state(vec![gpu_node("a", 8)], vec![]);
+        let mut small_cpu = pod("a-small", json!({"cpu": "1"}), None);
+        small_cpu.metadata.namespace = None;
+        let r = fit(
+            &s,
+            &request(vec![
+                small_cpu,
+                gpu_pod("b-gpu2", 2),
+                gpu_pod("c-gpu4", 4),
+                pod("d-cpu8", json!({"cpu": "8"}), None),
+            ]),
+        )
+        .unwrap();
+        assert!(r.fits);
+        let mut names = Names::default();
+        let mut es: Vec<Entry> = Vec::new();
+        let pods = [
+            gpu_pod("b-gpu2", 2),
+            pod("d-cpu8", json!({"cpu": "8"}), None),
+            gpu_pod("c-gpu4", 4),
+        ];
+        for p in &pods {
+            es.push(entry(p, false, &s, &mut names).unwrap());
+        }
+        es.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.key.cmp(&b.key)));
+        let keys: Vec<&str> = es.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["default/c-gpu4", "default/b-gpu2", "default/d-cpu8"]);
+        assert_eq!(names.names[es[0].dominant], "nvidia.com/gpu");
+        assert_eq!(names.names[es[2].dominant], "cpu");
+    }
+
+    #[test]
+    fn reservations_consume_capacity() {
+        let s = state(vec![gpu_node("a", 8), gpu_node("b", 8)], vec![]);
+        let first = fit(&s, &request(vec![gpu_pod("one-0", 8)])).unwrap();
+        assert!(first.fits);
+        let mut second = request(vec![gpu_pod("two-0", 8), gpu_pod("two-1", 8)]);
+        second.reserved = vec![gpu_pod("one-0", 8)];
+        let r = fit(&s, &second).unwrap();
+        assert!(!r.fits);
+        assert_eq!(canonical_map(&r.reserved)["nvidia.com/gpu"], "8");
+        assert_eq!(r.placements["default/one-0"], "a");
+        assert_eq!(r.placements["default/two-0"], "b");
+        assert_eq!(
+            r.unplaced,
+            [Unplaced {
+                pod: "default/two-1".to_string(),
+                reason: "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.".to_string(),
+                reserved: false,
+            }]
+        );
+        // 16 new + 8 reserved − 16 free = 8 GPUs short.
+        assert_eq!(canonical_map(&r.shortfall)["nvidia.com/gpu"], "8");
+
+        // Once the reserved pod is bound it counts on its node, not twice.
+        let bound = state(
+            vec![gpu_node("a", 8), gpu_node("b", 8)],
+            vec![pod(
+                "one-0",
+                json!({"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "8"}),
+                Some("a"),
+            )],
+        );
+        let mut again = request(vec![gpu_pod("two-0", 8)]);
+        again.reserved = vec![gpu_pod("one-0", 8)];
+        let r = fit(&bound, &again).unwrap();
+        assert!(r.fits);
+        assert!(r.reserved.is_empty());
+        assert_eq!(r.placements["default/two-0"], "b");
+    }
+
+    #[test]
+    fn unplaceable_reservation_fails_the_fit() {
+        let s = state(vec![gpu_node("a", 8)], vec![]);
+        let mut req = request(vec![pod("tiny", json!({"cpu": "1"}), None)]);
+        req.reserved = vec![gpu_pod("r", 16)];
+        let r = fit(&s, &req).unwrap();
+        assert!(!r.fits);
+        assert_eq!(r.unplaced.len(), 1);
+        assert!(r.unplaced[0].reserved);
+        assert_eq!(r.placements["default/tiny"], "a");
+    }
+
+    #[test]
+    fn headroom_is_a_cluster_wide_floor() {
+        let s = state(vec![gpu_node("a", 8), gpu_node("b", 8)], vec![]);
+        let mut req = request(vec![gpu_pod("w-0", 8), gpu_pod("w-1", 4)]);
+        req.headroom = list(&[("nvidia.com/gpu", "4")]);
+        let r = fit(&s, &req).unwrap();
+        assert!(r.fits, "{:?}", r.unplaced);
+        assert!(r.shortfall.is_empty());
+
+        req.headroom = list(&[("nvidia.com/gpu", "5")]);
+        let r = fit(&s, &req).unwrap();
+        assert!(!r.fits);
+        assert_eq!(strings(&r.shortfall), pairs(&[("nvidia.com/gpu", "1")]));
+        assert_eq!(r.placements.len(), 1);
+        assert_eq!(
+            r.unplaced,
+            [Unplaced {
+                pod: "default/w-1".to_string(),
+                reason: "placing it would leave 4 nvidia.com/gpu free cluster-wide, below the \
+                         headroom of 5"
+                    .to_string(),
+                reserved: false,
+            }]
+        );
+
+        // Reserved pods may already have eaten the headroom.
+        let mut req = request(vec![pod("cpu-only", json!({"cpu": "1"}), None)]);
+        req.reserved = vec![gpu_pod("r", 8), gpu_pod("r2", 6)];
+        req.headroom = list(&[("nvidia.com/gpu", "4")]);
+        let r = fit(&s, &req).unwrap();
+        assert!(r.unplaced.is_empty());
+        assert!(!r.fits);
+        assert_eq!(strings(&r.shortfall), pairs(&[("nvidia.com/gpu", "2")]));
+    }
+
+    #[test]
+    fn shortfall_and_required_numbers_are_exact() {
+        let s = state(
+            vec![
+                node("a", json!({"cpu": "8", "memory": "16Gi"}), json!({})),
+                node("b", json!({"cpu": "4", "memory": "8Gi"}), json!({})),
+            ],
+            vec![pod(
+                "busy",
+                json!({"cpu": "1500m", "memory": "1Gi"}),
+                Some("a"),
+            )],
+        );
+        // free: cpu 10.5, memory 23Gi
+        let mut req = request(vec![
+            pod("n-0", json!({"cpu": "6", "memory": "10Gi"}), None),
+            pod("n-1", json!({"cpu": "6", "memory": "10Gi"}), None),
+        ]);
+        req.headroom = list(&[("cpu", "500m")]);
+        req.old_requests = list(&[("cpu", "12"), ("memory", "20Gi")]);
+        let r = fit(&s, &req).unwrap();
+        assert!(!r.fits);
+        assert_eq!(canonical_map(&r.free)["cpu"], "10500m");
+        assert_eq!(canonical_map(&r.free)["memory"], "23Gi");
+        // cpu: 12 + 0.5 − 10.5 = 2; memory 20Gi < 23Gi: no shortfall.
+        assert_eq!(strings(&r.shortfall), pairs(&[("cpu", "2")]));
+        assert_eq!(
+            strings(&r.required),
+            pairs(&[("cpu", "24"), ("memory", "40Gi"), ("pods", "2")])
+        );
+        assert_eq!(
+            strings(&r.old_requests),
+            pairs(&[("cpu", "12"), ("memory", "20Gi")])
+        );
+        assert_eq!(r.placements["default/n-0"], "a");
+        assert_eq!(
+            r.unplaced[0].reason,
+            "0/2 nodes are available: 2 Insufficient cpu, 2 Insufficient memory."
+        );
+    }
+
+    #[test]
+    fn aggregated_reason_mixes_filters_and_skipped_nodes() {
+        let mut tainted = gpu_node("t", 8);
+        tainted.spec = Some(
+            serde_json::from_value(json!({"taints": [
+            {"key": "dedicated", "value": "infer", "effect": "NoSchedule"}]}))
+            .unwrap(),
+        );
+        let mut cordoned = gpu_node("c", 8);
+        cordoned.spec = Some(serde_json::from_value(json!({"unschedulable": true})).unwrap());
+        let cpu = node(
+            "cpu-1",
+            json!({"cpu": "64", "memory": "256Gi"}),
+            json!({"pool": "cpu"}),
+        );
+        let s = state(
+            vec![gpu_node("a", 4), gpu_node("b", 2), tainted, cordoned, cpu],
+            vec![],
+        );
+        let mut p = gpu_pod("w", 8);
+        if let Some(spec) = p.spec.as_mut() {
+            spec.node_selector = Some(BTreeMap::from([("pool".to_string(), "gpu".to_string())]));
+        }
+        let r = fit(&s, &request(vec![p])).unwrap();
+        assert_eq!(
+            r.unplaced[0].reason,
+            "0/5 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, \
+             1 node(s) had untolerated taint {dedicated: infer}, 1 node(s) were unschedulable, \
+             2 Insufficient nvidia.com/gpu."
+        );
+        assert_eq!(r.skipped_nodes.len(), 1);
+        assert_eq!(r.skipped_nodes[0].node, "c");
+        assert_eq!(canonical_map(&r.allocatable)["nvidia.com/gpu"], "14");
+    }
+
+    #[test]
+    fn pod_slots_and_missing_resources() {
+        let s = state(
+            vec![node("a", json!({"cpu": "8", "pods": "1"}), json!({}))],
+            vec![pod("x", json!({}), Some("a"))],
+        );
+        let r = fit(&s, &request(vec![pod("p", json!({"cpu": "1"}), None)])).unwrap();
+        assert_eq!(
+            r.unplaced[0].reason,
+            "0/1 nodes are available: 1 Too many pods."
+        );
+        assert_eq!(canonical_map(&r.shortfall)["pods"], "1");
+
+        let s = state(vec![node("a", json!({"cpu": "8"}), json!({}))], vec![]);
+        let r = fit(
+            &s,
+            &request(vec![pod("p", json!({"example.com/fpga": "1"}), None)]),
+        )
+        .unwrap();
+        assert_eq!(
+            r.unplaced[0].reason,
+            "0/1 nodes are available: 1 Insufficient example.com/fpga."
+        );
+        assert_eq!(strings(&r.shortfall), pairs(&[("example.com/fpga", "1")]));
+
+        let r = fit(
+            &ClusterState::default(),
+            &request(vec![pod("p", json!({"cpu": "1"}), None)]),
+        )
+        .unwrap();
+        assert_eq!(r.unplaced[0].reason, "no nodes available to schedule pods");
+    }
+
+    #[test]
+    fn limit_only_gpu_and_limit_ranges_count_for_new_pods() {
+        let mut s = state(vec![gpu_node("a", 8)], vec![]);
+        s.limit_ranges = vec![
+            serde_json::from_value(json!({
+            "metadata": {"name": "lr", "namespace": "default"},
+            "spec": {"limits": [{"type": "Container", "defaultRequest": {"cpu": "40"}}]}}))
+            .unwrap(),
+        ];
+        let p: Pod = serde_json::from_value(json!({"metadata": {"name": "w", "namespace": "default"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}))
+        .unwrap();
+        let r = fit(&s, &request(vec![p.clone(), p])).unwrap();
+        assert!(!r.fits);
+        assert_eq!(
+            strings(&r.new_requests),
+            pairs(&[("cpu", "80"), ("nvidia.com/gpu", "16"), ("pods", "2")])
+        );
+        assert_eq!(r.placements["default/w"], "a");
+        assert_eq!(r.unplaced[0].pod, "default/w#2");
+    }
+
+    #[test]
+    fn malformed_pods_are_errors() {
+        let s = state(vec![gpu_node("a", 8)], vec![]);
+        let bad = pod("bad", json!({"nvidia.com/gpu": "x"}), None);
+        assert!(matches!(
+            fit(&s, &request(vec![bad])),
+            Err(crate::Error::Quantity { .. })
+        ));
+        let s = state(
+            vec![gpu_node("a", 8)],
+            vec![pod("bound", json!({"cpu": "1.1.1"}), Some("a"))],
+        );
+        assert!(fit(&s, &request(vec![])).is_err());
+    }
+
+    #[test]
+    fn report_serializes_camel_case_with_canonical_strings() {
+        let s = state(vec![gpu_node("a", 8)], vec![]);
+        let r = fit(&s, &request(vec![gpu_pod("w", 2)])).unwrap();
+        let v: Value = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["fits"], json!(true));
+        assert_eq!(v["newRequests"]["memory"], json!("16Gi"));
+        assert_eq!(v["placements"]["default/w"], json!("a"));
+        for k in [
+            "required",
+            "oldRequests",
+            "reserved",
+            "allocatable",
+            "free",
+            "shortfall",
+            "unplaced",
+            "skippedNodes",
+        ] {
+            assert!(v.get(k).is_some(), "{k}");
+        }
+    }
+}

@@ -1,0 +1,455 @@
+//! Which nodes can take pods, and what is free on each.
+//!
+//! Free = allocatable − Σ requests of the non-terminal pods bound to the node
+//! (`spec.nodeName`), in scheduler units (see the module docs of
+//! [`crate::capacity`]). Every such pod also takes one of `allocatable.pods`.
+//! Pods are indexed by node in one pass, so the cost is O(nodes + pods).
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde::Serialize;
+
+use super::requests::pod_requests;
+use super::{PODS, ResourceList, from_scheduler_units, parse_resource_list, scheduler_units};
+use crate::capacity::ClusterState;
+
+/// A node left out of the capacity, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SkippedNode {
+    pub node: String,
+    pub reason: String,
+    /// The reason in scheduler words, for the aggregated message.
+    #[serde(skip)]
+    pub scheduler_reason: &'static str,
+}
+
+/// A usable node's capacity.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeFree {
+    pub node: String,
+    pub allocatable: ResourceList,
+    pub requested: ResourceList,
+    pub free: ResourceList,
+    /// Non-terminal pods bound here.
+    pub pods: usize,
+}
+
+/// All nodes, split into usable (sorted by name) and skipped.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSummary {
+    pub usable: Vec<NodeFree>,
+    pub skipped: Vec<SkippedNode>,
+}
+
+/// Succeeded and Failed pods hold nothing; the scheduler's informer drops them.
+pub fn is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+pub fn node_name(node: &Node) -> &str {
+    node.metadata.name.as_deref().unwrap_or("")
+}
+
+/// Why a node cannot take new pods, if it cannot.
+pub fn skip_reason(node: &Node) -> Option<(String, &'static str)> {
+    if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
+        return Some((
+            "unschedulable (cordoned)".to_string(),
+            super::scheduling::REASON_UNSCHEDULABLE,
+        ));
+    }
+    let status = node.status.as_ref();
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+    match ready {
+        Some(c) if c.status == "True" => {}
+        Some(c) => {
+            return Some((
+                format!("not ready (Ready condition is {})", c.status),
+                "node(s) were not ready",
+            ));
+        }
+        None => {
+            return Some((
+                "not ready (no Ready condition)".to_string(),
+                "node(s) were not ready",
+            ));
+        }
+    }
+    if status
+        .and_then(|s| s.allocatable.as_ref())
+        .is_none_or(|a| a.is_empty())
+    {
+        return Some((
+            "no allocatable resources in status".to_string(),
+            "node(s) had no allocatable resources",
+        ));
+    }
+    None
+}
+
+/// Interns resource names so per-node amounts are dense vectors.
+#[derive(Default, Debug, Clone)]
+pub(crate) struct Names {
+    index: HashMap<String, usize>,
+    pub(crate) names: Vec<String>,
+}
+
+impl Names {
+    pub(crate) fn id(&mut self, name: &str) -> usize {
+        if let Some(&i) = self.index.get(name) {
+            return i;
+        }
+        let i = self.names.len();
+        self.names.push(name.to_string());
+        self.index.insert(name.to_string(), i);
+        i
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
+    }
+}
+
+/// Amounts in scheduler units, indexed by [`Names`]; missing = 0.
+pub(crate) type Amounts = Vec<i128>;
+
+pub(crate) fn amount(v: &Amounts, i: usize) -> i128 {
+    v.get(i).copied().unwrap_or(0)
+}
+
+pub(crate) fn add_amount(v: &mut Amounts, i: usize, x: i128) {
+    if v.len() <= i {
+        v.resize(i + 1, 0);
+    }
+    v[i] = v[i].saturating_add(x);
+}
+
+/// A request in scheduler units, always including one pod slot.
+pub(crate) fn units_of(list: &ResourceList, names: &mut Names) -> Vec<(usize, i128)> {
+    let mut out: Vec<(usize, i128)> = list
+        .iter()
+        .filter(|(k, _)| k.as_str() != PODS)
+        .map(|(k, q)| (names.id(k), scheduler_units(k, q)))
+        .filter(|&(_, u)| u != 0)
+        .collect();
+    out.push((names.id(PODS), 1));
+    out
+}
+
+pub(crate) fn to_list(v: &Amounts, names: &Names) -> ResourceList {
+    v.iter()
+        .enumerate()
+        .filter(|(_, u)| **u != 0)
+        .filter_map(|(i, &u)| {
+            let n = names.names.get(i)?;
+            Some((n.clone(), from_scheduler_units(n, u)))
+        })
+        .collect()
+}
+
+/// The usable nodes as the fit simulation sees them.
+#[derive(Debug, Clone)]
+pub(crate) struct Capacity {
+    pub(crate) names: Names,
+    /// Indexes into `state.nodes`, sorted by node name.
+    pub(crate) usable: Vec<usize>,
+    pub(crate) allocatable: Vec<Amounts>,
+    pub(crate) requested: Vec<Amounts>,
+    pub(crate) pods: Vec<usize>,
+    pub(crate) skipped: Vec<SkippedNode>,
+    /// (namespace, name) of non-terminal pods bound to a usable node.
+    pub(crate) bound: std::collections::HashSet<(String, String)>,
+}
+
+impl Capacity {
+    pub(crate) fn free(&self, n: usize) -> Amounts {
+        let len = self.names.names.len();
+        (0..len)
+            .map(|i| {
+                amount(&self.allocatable[n], i)
+                    .saturating_sub(amount(&self.requested[n], i))
+                    .max(0)
+            })
+            .collect()
+    }
+}
+
+pub(crate) fn capacity(state: &ClusterState) -> crate::Result<Capacity> {
+    let mut names = Names::default();
+    names.id(PODS);
+    let mut skipped = Vec::new();
+    let mut usable: Vec<usize> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (i, node) in state.nodes.iter().enumerate() {
+        let name = node_name(node);
+        if !seen.insert(name) {
+            continue; // a duplicate listing of the same node
+        }
+        match skip_reason(node) {
+            Some((reason, sched)) => skipped.push(SkippedNode {
+                node: name.to_string(),
+                reason,
+                scheduler_reason: sched,
+            }),
+            None => usable.push(i),
+        }
+    }
+    usable.sort_by(|&a, &b| node_name(&state.nodes[a]).cmp(node_name(&state.nodes[b])));
+    skipped.sort_by(|a, b| a.node.cmp(&b.node));
+
+    let mut by_name: HashMap<&str, usize> = HashMap::with_capacity(usable.len());
+    let mut allocatable = Vec::with_capacity(usable.len());
+    for (slot, &i) in usable.iter().enumerate() {
+        let node = &state.nodes[i];
+        by_name.insert(node_name(node), slot);
+        let mut a = Amounts::new();
+        if let Some(alloc) = node.status.as_ref().and_then(|s| s.allocatable.as_ref()) {
+            let field = format!("node {}: status.allocatable", node_name(node));
+            for (k, q) in parse_resource_list(&field, alloc)? {
+                add_amount(&mut a, names.id(&k), scheduler_units(&k, &q));
+            }
+        }
+        allocatable.push(a);
+    }
+
+    let mut requested = vec![Amounts::new(); usable.len()];
+    let mut pods = vec![0usize; usable.len()];
+    let mut bound = std::collections::HashSet::new();
+    for pod in &state.pods {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
+            continue; // not bound: holds nothing yet
+        };
+        let Some(&slot) = by_name.get(node) else {
+            continue; // bound to a skipped or unknown node
+        };
+        if is_terminal(pod) {
+            continue;
+        }
+        for (r, u) in units_of(&pod_requests(pod, &[])?, &mut names) {
+            add_amount(&mut requested[slot], r, u);
+        }
+        pods[slot] += 1;
+        bound.insert((
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        ));
+    }
+    Ok(Capacity {
+        names,
+        usable,
+        allocatable,
+        requested,
+        pods,
+        skipped,
+        bound,
+    })
+}
+
+/// Per-node capacity of the cluster; see the module docs.
+pub fn node_free(state: &ClusterState) -> crate::Result<NodeSummary> {
+    let cap = capacity(state)?;
+    let usable = (0..cap.usable.len())
+        .map(|n| NodeFree {
+            node: node_name(&state.nodes[cap.usable[n]]).to_string(),
+            allocatable: to_list(&cap.allocatable[n], &cap.names),
+            requested: to_list(&cap.requested[n], &cap.names),
+            free: {
+                // Keep zero-free entries for resources the node has.
+                let free = cap.free(n);
+                cap.allocatable[n]
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, a)| **a != 0)
+                    .filter_map(|(i, _)| {
+                        let name = cap.names.names.get(i)?;
+                        Some((name.clone(), from_scheduler_units(name, amount(&free, i))))
+                    })
+                    .collect()
+            },
+            pods: cap.pods[n],
+        })
+        .collect();
+    Ok(NodeSummary {
+        usable,
+        skipped: cap.skipped,
+    })
+}
+
+/// Sum of per-node lists, for cluster-wide totals.
+pub(crate) fn total(lists: impl Iterator<Item = Amounts>) -> Amounts {
+    let mut out = Amounts::new();
+    for l in lists {
+        for (i, u) in l.into_iter().enumerate() {
+            add_amount(&mut out, i, u);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::capacity::canonical_map;
+    use serde_json::{Value, json};
+    use std::collections::BTreeMap;
+
+    /// A Ready node with `allocatable` (pods: 110 unless given).
+    pub(crate) fn node(name: &str, alloc: Value, labels: Value) -> Node {
+        let mut alloc = alloc;
+        if let Some(m) = alloc.as_object_mut() {
+            m.entry("pods").or_insert(json!("110"));
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "status": {"allocatable": alloc,
+                       "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap()
+    }
+
+    /// A single-container pod requesting `req`, optionally bound to `node`.
+    pub(crate) fn pod(name: &str, req: Value, node: Option<&str>) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node, "containers": [
+                {"name": "c", "resources": {"requests": req}}]}
+        }))
+        .unwrap()
+    }
+
+    fn state(nodes: Vec<Node>, pods: Vec<Pod>) -> ClusterState {
+        ClusterState {
+            nodes,
+            pods,
+            ..Default::default()
+        }
+    }
+
+    fn free_of(s: &NodeSummary, node: &str) -> BTreeMap<String, String> {
+        let n = s.usable.iter().find(|n| n.node == node).unwrap();
+        canonical_map(&n.free)
+    }
+
+    #[test]
+    fn free_subtracts_bound_non_terminal_pods() {
+        let mut done = pod("done", json!({"cpu": "4"}), Some("a"));
+        done.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).unwrap());
+        let mut failed = pod("failed", json!({"nvidia.com/gpu": "8"}), Some("a"));
+        failed.status = Some(serde_json::from_value(json!({"phase": "Failed"})).unwrap());
+        let mut running = pod(
+            "run",
+            json!({"cpu": "1500m", "memory": "4Gi", "nvidia.com/gpu": "2"}),
+            Some("a"),
+        );
+        running.status = Some(serde_json::from_value(json!({"phase": "Running"})).unwrap());
+        let s = state(
+            vec![node(
+                "a",
+                json!({"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8"}),
+                json!({}),
+            )],
+            vec![
+                running,
+                pod("pending", json!({"cpu": "1"}), Some("a")), // bound, no phase yet
+                pod("unbound", json!({"cpu": "7"}), None),
+                pod("elsewhere", json!({"cpu": "7"}), Some("gone")),
+                done,
+                failed,
+            ],
+        );
+        let sum = node_free(&s).unwrap();
+        assert_eq!(
+            free_of(&sum, "a"),
+            BTreeMap::from([
+                ("cpu".to_string(), "5500m".to_string()),
+                ("memory".to_string(), "60Gi".to_string()),
+                ("nvidia.com/gpu".to_string(), "6".to_string()),
+                ("pods".to_string(), "108".to_string()),
+            ])
+        );
+        assert_eq!(sum.usable[0].pods, 2);
+        assert_eq!(canonical_map(&sum.usable[0].requested)["cpu"], "2500m");
+    }
+
+    #[test]
+    fn pod_slots_run_out_and_overcommit_floors_at_zero() {
+        let s = state(
+            vec![node("a", json!({"cpu": "2", "pods": "2"}), json!({}))],
+            vec![
+                pod("p1", json!({"cpu": "2"}), Some("a")),
+                pod("p2", json!({"cpu": "1"}), Some("a")),
+                pod("p3", json!({}), Some("a")),
+            ],
+        );
+        let sum = node_free(&s).unwrap();
+        assert_eq!(free_of(&sum, "a")["pods"], "0");
+        assert_eq!(free_of(&sum, "a")["cpu"], "0");
+    }
+
+    #[test]
+    fn unusable_nodes_are_skipped_with_reasons() {
+        let mut cordoned = node("c", json!({"cpu": "8"}), json!({}));
+        cordoned.spec = Some(serde_json::from_value(json!({"unschedulable": true})).unwrap());
+        let not_ready: Node = serde_json::from_value(json!({"metadata": {"name": "nr"},
+            "status": {"allocatable": {"cpu": "8"},
+                       "conditions": [{"type": "Ready", "status": "False"}]}}))
+        .unwrap();
+        let unknown: Node = serde_json::from_value(json!({"metadata": {"name": "nu"},
+            "status": {"allocatable": {"cpu": "8"}, "conditions": [{"type": "Ready", "status": "Unknown"}]}}))
+        .unwrap();
+        let no_cond: Node = serde_json::from_value(json!({"metadata": {"name": "nc"},
+            "status": {"allocatable": {"cpu": "8"}}}))
+        .unwrap();
+        let no_alloc: Node = serde_json::from_value(json!({"metadata": {"name": "na"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}))
+        .unwrap();
+        let s = state(
+            vec![
+                cordoned,
+                not_ready,
+                unknown,
+                no_cond,
+                no_alloc,
+                node("ok", json!({"cpu": "1"}), json!({})),
+            ],
+            vec![pod("on-cordoned", json!({"cpu": "1"}), Some("c"))],
+        );
+        let sum = node_free(&s).unwrap();
+        assert_eq!(sum.usable.len(), 1);
+        assert_eq!(sum.usable[0].node, "ok");
+        let skipped: Vec<(&str, &str)> = sum
+            .skipped
+            .iter()
+            .map(|s| (s.node.as_str(), s.reason.as_str()))
+            .collect();
+        assert_eq!(
+            skipped,
+            [
+                ("c", "unschedulable (cordoned)"),
+                ("na", "no allocatable resources in status"),
+                ("nc", "not ready (no Ready condition)"),
+                ("nr", "not ready (Ready condition is False)"),
+                ("nu", "not ready (Ready condition is Unknown)"),
+            ]
+        );
+    }
+
+    #[test]
+    fn malformed_allocatable_is_an_error() {
+        let s = state(vec![node("a", json!({"cpu": "eight"}), json!({}))], vec![]);
+        let err = node_free(&s).unwrap_err().to_string();
+        assert!(
+            err.starts_with("node a: status.allocatable[cpu]: invalid quantity"),
+            "{err}"
+        );
+    }
+}
