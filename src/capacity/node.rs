@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 
 use super::requests::pod_requests;
-use super::{PODS, ResourceList, from_scheduler_units, parse_resource_list, scheduler_units};
+use super::{PODS, ResourceList, from_scheduler_units, parse_resource_list_with, scheduler_units};
 use crate::capacity::ClusterState;
 
 /// A node left out of the capacity, and why.
@@ -213,8 +213,8 @@ pub(crate) fn capacity(state: &ClusterState) -> crate::Result<Capacity> {
         by_name.insert(node_name(node), slot);
         let mut a = Amounts::new();
         if let Some(alloc) = node.status.as_ref().and_then(|s| s.allocatable.as_ref()) {
-            let field = format!("node {}: status.allocatable", node_name(node));
-            for (k, q) in parse_resource_list(&field, alloc)? {
+            let field = || format!("node {}: status.allocatable", node_name(node));
+            for (k, q) in parse_resource_list_with(field, alloc)? {
                 add_amount(&mut a, names.id(&k), scheduler_units(&k, &q));
             }
         }

@@ -18,7 +18,9 @@
 
 use k8s_openapi::api::core::v1::{Container, LimitRange, Pod};
 
-use super::{ResourceList, add_into, drop_zeros, max_into, parse_resource_list};
+use super::{
+    ResourceList, add_into, drop_zeros, max_into, parse_resource_list, parse_resource_list_with,
+};
 
 /// Name for messages and keys: `metadata.name`, else `generateName`.
 pub fn pod_name(pod: &Pod) -> String {
@@ -77,19 +79,22 @@ fn limit_range_defaults(pod: &Pod, limit_ranges: &[LimitRange]) -> crate::Result
 
 /// One container's request after defaulting and LimitRanger.
 fn container_requests(
-    pod: &str,
+    pod: &Pod,
     list: &str,
     c: &Container,
     defaults: &Defaults,
 ) -> crate::Result<ResourceList> {
-    let field = |what: &str| format!("pod {pod}: {list}[{}].resources.{what}", c.name);
+    let field = |what: &str| {
+        let what = what.to_string();
+        move || format!("pod {}: {list}[{}].resources.{what}", pod_name(pod), c.name)
+    };
     let res = c.resources.as_ref();
     let limits = match res.and_then(|r| r.limits.as_ref()) {
-        Some(m) => parse_resource_list(&field("limits"), m)?,
+        Some(m) => parse_resource_list_with(field("limits"), m)?,
         None => ResourceList::new(),
     };
     let mut requests = match res.and_then(|r| r.requests.as_ref()) {
-        Some(m) => parse_resource_list(&field("requests"), m)?,
+        Some(m) => parse_resource_list_with(field("requests"), m)?,
         None => ResourceList::new(),
     };
     // API defaulting happens at decode time, before admission.
@@ -116,13 +121,12 @@ pub fn pod_requests(pod: &Pod, limit_ranges: &[LimitRange]) -> crate::Result<Res
     let Some(spec) = &pod.spec else {
         return Ok(ResourceList::new());
     };
-    let name = pod_name(pod);
     let defaults = limit_range_defaults(pod, limit_ranges)?;
     let mut total = ResourceList::new();
     for c in &spec.containers {
         add_into(
             &mut total,
-            &container_requests(&name, "containers", c, &defaults)?,
+            &container_requests(pod, "containers", c, &defaults)?,
         );
     }
     // Sidecars (restartPolicy: Always) run alongside the app containers and
@@ -130,7 +134,7 @@ pub fn pod_requests(pod: &Pod, limit_ranges: &[LimitRange]) -> crate::Result<Res
     let mut sidecars = ResourceList::new();
     let mut init_peak = ResourceList::new();
     for c in spec.init_containers.iter().flatten() {
-        let req = container_requests(&name, "initContainers", c, &defaults)?;
+        let req = container_requests(pod, "initContainers", c, &defaults)?;
         if c.restart_policy.as_deref() == Some("Always") {
             add_into(&mut total, &req);
             add_into(&mut sidecars, &req);
@@ -145,7 +149,7 @@ pub fn pod_requests(pod: &Pod, limit_ranges: &[LimitRange]) -> crate::Result<Res
     if let Some(o) = &spec.overhead {
         add_into(
             &mut total,
-            &parse_resource_list(&format!("pod {name}: overhead"), o)?,
+            &parse_resource_list_with(|| format!("pod {}: overhead", pod_name(pod)), o)?,
         );
     }
     drop_zeros(&mut total);
