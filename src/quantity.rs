@@ -922,6 +922,56 @@ mod tests {
     }
 
     #[test]
+    fn canonical_round_trips_and_is_idempotent() {
+        let suffixes = [
+            "", "n", "u", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei",
+            "e-7", "e0", "e2", "e21",
+        ];
+        for m in [
+            "1",
+            "7",
+            "999",
+            "1000",
+            "1023",
+            "1024",
+            "1536",
+            "0.5",
+            "1.25",
+            "123456789",
+        ] {
+            for suf in suffixes {
+                for sign in ["", "-"] {
+                    let input = format!("{sign}{m}{suf}");
+                    let v = q(&input);
+                    let c = v.canonical();
+                    let back = q(&c);
+                    assert_eq!(back, v, "{input} -> {c}");
+                    assert_eq!(back.canonical(), c, "{input}: not idempotent");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn never_panics_on_short_garbage() {
+        let alphabet: Vec<char> = "09.eEkKiMmn+- x".chars().collect();
+        let mut buf = String::new();
+        let n = alphabet.len();
+        for len in 1..=4u32 {
+            for mut code in 0..n.pow(len) {
+                buf.clear();
+                for _ in 0..len {
+                    buf.push(alphabet[code % n]);
+                    code /= n;
+                }
+                if let Ok(v) = Quantity::parse(&buf) {
+                    assert_eq!(q(&v.canonical()), v, "{buf}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn serde_round_trip() {
         let v: Quantity = serde_json::from_str("\"1.5Gi\"").unwrap_or_default();
         assert_eq!(v.canonical(), "1536Mi");
