@@ -212,48 +212,58 @@ fn interpret_suffix(suffix: &str) -> Result<(i64, u32, Format), ErrorKind> {
     }
 }
 
-/// Parses a run of ASCII digits (no leading zeros needed) into `u128`.
-fn digits_to_u128(d: &[u8]) -> Option<u128> {
-    d.iter().try_fold(0u128, |acc, &c| {
-        acc.checked_mul(10)?.checked_add(u128::from(c - b'0'))
-    })
+/// Parses ASCII digits into `u128`; `None` on overflow.
+fn digits_to_u128(d: impl Iterator<Item = u8>) -> Option<u128> {
+    let mut acc = 0u128;
+    for c in d {
+        acc = acc.checked_mul(10)?.checked_add(u128::from(c - b'0'))?;
+    }
+    Some(acc)
 }
 
 /// |value| in nanos, rounded away from zero to a whole nano as Go does;
-/// `None` when it does not fit `u128`.
+/// `None` when it does not fit `u128`. Reads `int` and `frac` as one digit
+/// string without copying (this runs for every quantity of every pod).
 fn magnitude_nanos(int: &[u8], frac: &[u8], exp10: i64, exp2: u32) -> Option<u128> {
-    let mut digits: Vec<u8> = int.iter().chain(frac.iter()).copied().collect();
-    let lead = digits.iter().take_while(|&&c| c == b'0').count();
-    digits.drain(..lead);
-    let trail = digits.iter().rev().take_while(|&&c| c == b'0').count();
-    digits.truncate(digits.len() - trail);
-    if digits.is_empty() {
+    let total = int.len() + frac.len();
+    let at = |i: usize| {
+        if i < int.len() {
+            int[i]
+        } else {
+            frac[i - int.len()]
+        }
+    };
+    let lead = (0..total).take_while(|&i| at(i) == b'0').count();
+    if lead == total {
         return Some(0);
     }
+    let trail = (lead..total).rev().take_while(|&i| at(i) == b'0').count();
+    let (start, end) = (lead, total - trail);
     let frac_len = i64::try_from(frac.len()).ok()?;
-    let trail = i64::try_from(trail).ok()?;
-    let len = i64::try_from(digits.len()).ok()?;
-    // value = digits * 10^scale * 2^exp2 nanos
-    let scale = exp10 + 9 - frac_len + trail;
+    let len = i64::try_from(end - start).ok()?;
+    // value = digits[start..end] * 10^scale * 2^exp2 nanos
+    let scale = exp10 + 9 - frac_len + i64::try_from(trail).ok()?;
     let mult: u128 = 1u128 << exp2;
     if scale >= 0 {
         let pow = 10u128.checked_pow(u32::try_from(scale).ok()?)?;
-        return digits_to_u128(&digits)?.checked_mul(pow)?.checked_mul(mult);
+        return digits_to_u128((start..end).map(at))?
+            .checked_mul(pow)?
+            .checked_mul(mult);
     }
-    // Split at the nano point: `high` whole nanos, `low` the k digits below.
+    // Split at the nano point: whole nanos above, the k digits below.
     let k = -scale;
-    let split = usize::try_from((len - k).max(0)).ok()?;
-    let (high, low) = digits.split_at(split);
-    let high = digits_to_u128(high)?.checked_mul(mult)?;
+    let high_len = usize::try_from((len - k).max(0)).ok()?;
+    let split = start + high_len;
+    let high = digits_to_u128((start..split).map(at))?.checked_mul(mult)?;
     // floor(0.<zeros><low> * mult) by long multiplication from the right.
     let mut carry: u128 = 0;
     let mut inexact = false;
-    for &c in low.iter().rev() {
-        let t = u128::from(c - b'0') * mult + carry;
+    for i in (split..end).rev() {
+        let t = u128::from(at(i) - b'0') * mult + carry;
         inexact |= !t.is_multiple_of(10);
         carry = t / 10;
     }
-    let mut zeros = (k - (len - i64::try_from(split).ok()?)).max(0);
+    let mut zeros = k - (len - i64::try_from(high_len).ok()?);
     while zeros > 0 && carry > 0 {
         inexact |= !carry.is_multiple_of(10);
         carry /= 10;
@@ -909,6 +919,56 @@ mod tests {
         assert_eq!(q("1Gi").value(), 1 << 30);
         assert_eq!(q("100m").milli_value(), 100);
         assert_eq!(q("0").value(), 0);
+    }
+
+    #[test]
+    fn canonical_round_trips_and_is_idempotent() {
+        let suffixes = [
+            "", "n", "u", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei",
+            "e-7", "e0", "e2", "e21",
+        ];
+        for m in [
+            "1",
+            "7",
+            "999",
+            "1000",
+            "1023",
+            "1024",
+            "1536",
+            "0.5",
+            "1.25",
+            "123456789",
+        ] {
+            for suf in suffixes {
+                for sign in ["", "-"] {
+                    let input = format!("{sign}{m}{suf}");
+                    let v = q(&input);
+                    let c = v.canonical();
+                    let back = q(&c);
+                    assert_eq!(back, v, "{input} -> {c}");
+                    assert_eq!(back.canonical(), c, "{input}: not idempotent");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn never_panics_on_short_garbage() {
+        let alphabet: Vec<char> = "09.eEkKiMmn+- x".chars().collect();
+        let mut buf = String::new();
+        let n = alphabet.len();
+        for len in 1..=4u32 {
+            for mut code in 0..n.pow(len) {
+                buf.clear();
+                for _ in 0..len {
+                    buf.push(alphabet[code % n]);
+                    code /= n;
+                }
+                if let Ok(v) = Quantity::parse(&buf) {
+                    assert_eq!(q(&v.canonical()), v, "{buf}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -29,8 +29,10 @@ use serde::Serialize;
 use super::node::{
     Amounts, Names, SkippedNode, add_amount, amount, capacity, node_name, to_list, total, units_of,
 };
-use super::requests::{pod_name, pod_requests};
-use super::scheduling::{REASON_TOO_MANY_PODS, aggregate_message, insufficient, static_filter};
+use super::requests::{pod_name, pod_requests_borrowed};
+use super::scheduling::{
+    REASON_TOO_MANY_PODS, Wording, aggregate_message, insufficient, static_filter,
+};
 use super::{
     CPU, MEMORY, PODS, ResourceList, from_scheduler_units, is_accelerator, scheduler_units, sum,
 };
@@ -127,7 +129,7 @@ fn entry<'a>(
     state: &ClusterState,
     names: &mut Names,
 ) -> crate::Result<Entry<'a>> {
-    let req = units_of(&pod_requests(pod, &state.limit_ranges)?, names);
+    let req = units_of(&pod_requests_borrowed(pod, &state.limit_ranges)?, names);
     let name = |i: usize| names.names.get(i).map(String::as_str).unwrap_or("");
     let of = |pred: &dyn Fn(&str) -> bool| -> i128 {
         req.iter()
@@ -178,8 +180,24 @@ fn dedupe_keys(entries: &mut [Entry<'_>]) {
     }
 }
 
-/// Places every pod; see the module docs for the rules.
+/// Knobs that do not change the answer, only how it is told.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FitOptions {
+    pub wording: Wording,
+}
+
+/// Places every pod; see the module docs for the rules. Reasons use the
+/// default [`Wording`] (v1.20); see [`fit_with`].
 pub fn fit(state: &ClusterState, req: &FitRequest) -> crate::Result<FitReport> {
+    fit_with(state, req, &FitOptions::default())
+}
+
+/// [`fit`] with explicit options.
+pub fn fit_with(
+    state: &ClusterState,
+    req: &FitRequest,
+    opts: &FitOptions,
+) -> crate::Result<FitReport> {
     let cap = capacity(state)?;
     let mut names = cap.names.clone();
 
@@ -246,12 +264,14 @@ pub fn fit(state: &ClusterState, req: &FitRequest) -> crate::Result<FitReport> {
             cap.usable
                 .iter()
                 .map(|&i| {
-                    static_filter(e.pod, &state.nodes[i]).err().map(|r| {
-                        *reason_ids.entry(r.clone()).or_insert_with(|| {
-                            reason_text.push(r);
-                            reason_text.len() - 1
+                    static_filter(e.pod, &state.nodes[i], opts.wording)
+                        .err()
+                        .map(|r| {
+                            *reason_ids.entry(r.clone()).or_insert_with(|| {
+                                reason_text.push(r);
+                                reason_text.len() - 1
+                            })
                         })
-                    })
                 })
                 .collect()
         });
@@ -698,9 +718,19 @@ mod tests {
         if let Some(spec) = p.spec.as_mut() {
             spec.node_selector = Some(BTreeMap::from([("pool".to_string(), "gpu".to_string())]));
         }
-        let r = fit(&s, &request(vec![p])).unwrap();
+        let r = fit(&s, &request(vec![p.clone()])).unwrap();
         assert_eq!(
             r.unplaced[0].reason,
+            "0/5 nodes are available: 1 node(s) didn't match Pod's node affinity, \
+             1 node(s) had taint {dedicated: infer}, that the pod didn't tolerate, \
+             1 node(s) were unschedulable, 2 Insufficient nvidia.com/gpu."
+        );
+        let current = FitOptions {
+            wording: Wording::Current,
+        };
+        let r2 = fit_with(&s, &request(vec![p]), &current).unwrap();
+        assert_eq!(
+            r2.unplaced[0].reason,
             "0/5 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, \
              1 node(s) had untolerated taint {dedicated: infer}, 1 node(s) were unschedulable, \
              2 Insufficient nvidia.com/gpu."

@@ -22,9 +22,10 @@ use std::collections::BTreeMap;
 
 use crate::quantity::{Format, Quantity};
 
-pub use fit::{FitReport, FitRequest, Unplaced, fit};
+pub use fit::{FitOptions, FitReport, FitRequest, Unplaced, fit, fit_with};
 pub use node::{NodeFree, NodeSummary, SkippedNode, node_free};
 pub use requests::{pod_name, pod_requests};
+pub use scheduling::Wording;
 pub use state::ClusterState;
 
 /// Resource name → amount, ordered so output is stable.
@@ -100,10 +101,23 @@ pub fn parse_resource_list(
     field: &str,
     map: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
 ) -> crate::Result<ResourceList> {
+    parse_resource_list_with(|| field.to_string(), map)
+}
+
+/// [`parse_resource_list`] that builds the field path only on error: this
+/// runs for every container of every pod in the cluster.
+pub(crate) fn parse_resource_list_with(
+    field: impl Fn() -> String,
+    map: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+) -> crate::Result<ResourceList> {
     map.iter()
-        .map(|(k, v)| {
-            let q = Quantity::parse_field(&format!("{field}[{k}]"), &v.0)?;
-            Ok((k.clone(), q))
+        .map(|(k, v)| match Quantity::parse(&v.0) {
+            Ok(q) => Ok((k.clone(), q)),
+            Err(e) => Err(crate::Error::Quantity {
+                field: format!("{}[{k}]", field()),
+                value: v.0.clone(),
+                reason: e.reason(),
+            }),
         })
         .collect()
 }

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 
-use super::requests::pod_requests;
-use super::{PODS, ResourceList, from_scheduler_units, parse_resource_list, scheduler_units};
+use super::requests::{Req, pod_requests_borrowed};
+use super::{PODS, ResourceList, from_scheduler_units, parse_resource_list_with, scheduler_units};
 use crate::capacity::ClusterState;
 
 /// A node left out of the capacity, and why.
@@ -134,10 +134,10 @@ pub(crate) fn add_amount(v: &mut Amounts, i: usize, x: i128) {
 }
 
 /// A request in scheduler units, always including one pod slot.
-pub(crate) fn units_of(list: &ResourceList, names: &mut Names) -> Vec<(usize, i128)> {
+pub(crate) fn units_of(list: &Req<'_>, names: &mut Names) -> Vec<(usize, i128)> {
     let mut out: Vec<(usize, i128)> = list
         .iter()
-        .filter(|(k, _)| k.as_str() != PODS)
+        .filter(|(k, _)| **k != PODS)
         .map(|(k, q)| (names.id(k), scheduler_units(k, q)))
         .filter(|&(_, u)| u != 0)
         .collect();
@@ -213,8 +213,8 @@ pub(crate) fn capacity(state: &ClusterState) -> crate::Result<Capacity> {
         by_name.insert(node_name(node), slot);
         let mut a = Amounts::new();
         if let Some(alloc) = node.status.as_ref().and_then(|s| s.allocatable.as_ref()) {
-            let field = format!("node {}: status.allocatable", node_name(node));
-            for (k, q) in parse_resource_list(&field, alloc)? {
+            let field = || format!("node {}: status.allocatable", node_name(node));
+            for (k, q) in parse_resource_list_with(field, alloc)? {
                 add_amount(&mut a, names.id(&k), scheduler_units(&k, &q));
             }
         }
@@ -234,7 +234,7 @@ pub(crate) fn capacity(state: &ClusterState) -> crate::Result<Capacity> {
         if is_terminal(pod) {
             continue;
         }
-        for (r, u) in units_of(&pod_requests(pod, &[])?, &mut names) {
+        for (r, u) in units_of(&pod_requests_borrowed(pod, &[])?, &mut names) {
             add_amount(&mut requested[slot], r, u);
         }
         pods[slot] += 1;

@@ -16,9 +16,13 @@
 //! before it), plus `spec.overhead`. Pod-level `spec.resources` is ignored:
 //! it is alpha and off by default in Kubernetes 1.33.
 
-use k8s_openapi::api::core::v1::{Container, LimitRange, Pod};
+use std::collections::BTreeMap;
 
-use super::{ResourceList, add_into, drop_zeros, max_into, parse_resource_list};
+use k8s_openapi::api::core::v1::{Container, LimitRange, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
+
+use super::ResourceList;
+use crate::quantity::Quantity;
 
 /// Name for messages and keys: `metadata.name`, else `generateName`.
 pub fn pod_name(pod: &Pod) -> String {
@@ -29,11 +33,51 @@ pub fn pod_name(pod: &Pod) -> String {
         .unwrap_or_else(|| "<unnamed>".to_string())
 }
 
+/// Requests keyed by names borrowed from the pod or LimitRange: this runs
+/// for every pod in the cluster, so it avoids copying resource names.
+pub(crate) type Req<'a> = BTreeMap<&'a str, Quantity>;
+
+fn add<'a>(acc: &mut Req<'a>, other: &Req<'a>) {
+    for (&k, v) in other {
+        acc.entry(k)
+            .and_modify(|a| *a = a.saturating_add(v))
+            .or_insert_with(|| v.clone());
+    }
+}
+
+fn max<'a>(acc: &mut Req<'a>, other: &Req<'a>) {
+    for (&k, v) in other {
+        acc.entry(k)
+            .and_modify(|a| {
+                if *v > *a {
+                    *a = v.clone();
+                }
+            })
+            .or_insert_with(|| v.clone());
+    }
+}
+
+fn parse<'a>(
+    field: impl Fn() -> String,
+    map: &'a BTreeMap<String, K8sQuantity>,
+) -> crate::Result<Req<'a>> {
+    map.iter()
+        .map(|(k, v)| match Quantity::parse(&v.0) {
+            Ok(q) => Ok((k.as_str(), q)),
+            Err(e) => Err(crate::Error::Quantity {
+                field: format!("{}[{k}]", field()),
+                value: v.0.clone(),
+                reason: e.reason(),
+            }),
+        })
+        .collect()
+}
+
 /// Default limits and requests from the LimitRanges that apply to a pod.
 #[derive(Default)]
-struct Defaults {
-    limits: ResourceList,
-    requests: ResourceList,
+struct Defaults<'a> {
+    limits: Req<'a>,
+    requests: Req<'a>,
 }
 
 /// A LimitRange applies when namespaces match; an unset namespace on either
@@ -45,24 +89,31 @@ fn applies(lr: &LimitRange, pod: &Pod) -> bool {
     }
 }
 
-fn limit_range_defaults(pod: &Pod, limit_ranges: &[LimitRange]) -> crate::Result<Defaults> {
+fn limit_range_defaults<'a>(
+    pod: &Pod,
+    limit_ranges: &'a [LimitRange],
+) -> crate::Result<Defaults<'a>> {
     let mut out = Defaults::default();
     for lr in limit_ranges.iter().filter(|lr| applies(lr, pod)) {
-        let lr_name = format!(
-            "limitrange {}/{}",
-            lr.metadata.namespace.as_deref().unwrap_or(""),
-            lr.metadata.name.as_deref().unwrap_or("")
-        );
+        let lr_name = || {
+            format!(
+                "limitrange {}/{}",
+                lr.metadata.namespace.as_deref().unwrap_or(""),
+                lr.metadata.name.as_deref().unwrap_or("")
+            )
+        };
         let mut this = Defaults::default();
         let items = lr.spec.iter().flat_map(|s| s.limits.iter()).enumerate();
         for (i, item) in items.filter(|(_, it)| it.type_ == "Container") {
             if let Some(d) = &item.default {
-                let parsed = parse_resource_list(&format!("{lr_name}: limits[{i}].default"), d)?;
-                this.limits.extend(parsed);
+                this.limits
+                    .extend(parse(|| format!("{}: limits[{i}].default", lr_name()), d)?);
             }
             if let Some(d) = &item.default_request {
-                let field = format!("{lr_name}: limits[{i}].defaultRequest");
-                this.requests.extend(parse_resource_list(&field, d)?);
+                this.requests.extend(parse(
+                    || format!("{}: limits[{i}].defaultRequest", lr_name()),
+                    d,
+                )?);
             }
         }
         for (k, v) in this.limits {
@@ -76,32 +127,36 @@ fn limit_range_defaults(pod: &Pod, limit_ranges: &[LimitRange]) -> crate::Result
 }
 
 /// One container's request after defaulting and LimitRanger.
-fn container_requests(
-    pod: &str,
+fn container_requests<'a>(
+    pod: &Pod,
     list: &str,
-    c: &Container,
-    defaults: &Defaults,
-) -> crate::Result<ResourceList> {
-    let field = |what: &str| format!("pod {pod}: {list}[{}].resources.{what}", c.name);
+    c: &'a Container,
+    defaults: &Defaults<'a>,
+) -> crate::Result<Req<'a>> {
+    let field = |what: &'static str| {
+        move || format!("pod {}: {list}[{}].resources.{what}", pod_name(pod), c.name)
+    };
     let res = c.resources.as_ref();
-    let limits = match res.and_then(|r| r.limits.as_ref()) {
-        Some(m) => parse_resource_list(&field("limits"), m)?,
-        None => ResourceList::new(),
+    let mut limits = match res.and_then(|r| r.limits.as_ref()) {
+        Some(m) => parse(field("limits"), m)?,
+        None => Req::new(),
     };
     let mut requests = match res.and_then(|r| r.requests.as_ref()) {
-        Some(m) => parse_resource_list(&field("requests"), m)?,
-        None => ResourceList::new(),
+        Some(m) => parse(field("requests"), m)?,
+        None => Req::new(),
     };
     // API defaulting happens at decode time, before admission.
-    for (k, v) in &limits {
-        requests.entry(k.clone()).or_insert_with(|| v.clone());
+    for (&k, v) in &limits {
+        requests.entry(k).or_insert_with(|| v.clone());
     }
-    let mut limits = limits;
-    for (k, v) in &defaults.limits {
-        limits.entry(k.clone()).or_insert_with(|| v.clone());
+    if defaults.limits.is_empty() && defaults.requests.is_empty() {
+        return Ok(requests);
     }
-    for (k, v) in &defaults.requests {
-        requests.entry(k.clone()).or_insert_with(|| v.clone());
+    for (&k, v) in &defaults.limits {
+        limits.entry(k).or_insert_with(|| v.clone());
+    }
+    for (&k, v) in &defaults.requests {
+        requests.entry(k).or_insert_with(|| v.clone());
     }
     for (k, v) in limits {
         requests.entry(k).or_insert(v);
@@ -109,47 +164,57 @@ fn container_requests(
     Ok(requests)
 }
 
-/// The scheduler's effective request of `pod` (zero entries dropped).
-/// `limit_ranges` may hold every namespace's; only matching ones are used.
-/// Pass `&[]` for pods that already exist: admission has run for them.
-pub fn pod_requests(pod: &Pod, limit_ranges: &[LimitRange]) -> crate::Result<ResourceList> {
+/// [`pod_requests`] with borrowed names, for the per-cluster hot path.
+pub(crate) fn pod_requests_borrowed<'a>(
+    pod: &'a Pod,
+    limit_ranges: &'a [LimitRange],
+) -> crate::Result<Req<'a>> {
     let Some(spec) = &pod.spec else {
-        return Ok(ResourceList::new());
+        return Ok(Req::new());
     };
-    let name = pod_name(pod);
     let defaults = limit_range_defaults(pod, limit_ranges)?;
-    let mut total = ResourceList::new();
+    let mut total = Req::new();
     for c in &spec.containers {
-        add_into(
+        add(
             &mut total,
-            &container_requests(&name, "containers", c, &defaults)?,
+            &container_requests(pod, "containers", c, &defaults)?,
         );
     }
     // Sidecars (restartPolicy: Always) run alongside the app containers and
     // alongside every init container that starts after them.
-    let mut sidecars = ResourceList::new();
-    let mut init_peak = ResourceList::new();
+    let mut sidecars = Req::new();
+    let mut init_peak = Req::new();
     for c in spec.init_containers.iter().flatten() {
-        let req = container_requests(&name, "initContainers", c, &defaults)?;
+        let req = container_requests(pod, "initContainers", c, &defaults)?;
         if c.restart_policy.as_deref() == Some("Always") {
-            add_into(&mut total, &req);
-            add_into(&mut sidecars, &req);
-            max_into(&mut init_peak, &sidecars);
+            add(&mut total, &req);
+            add(&mut sidecars, &req);
+            max(&mut init_peak, &sidecars);
         } else {
             let mut during = req;
-            add_into(&mut during, &sidecars);
-            max_into(&mut init_peak, &during);
+            add(&mut during, &sidecars);
+            max(&mut init_peak, &during);
         }
     }
-    max_into(&mut total, &init_peak);
+    max(&mut total, &init_peak);
     if let Some(o) = &spec.overhead {
-        add_into(
+        add(
             &mut total,
-            &parse_resource_list(&format!("pod {name}: overhead"), o)?,
+            &parse(|| format!("pod {}: overhead", pod_name(pod)), o)?,
         );
     }
-    drop_zeros(&mut total);
+    total.retain(|_, q| !q.is_zero());
     Ok(total)
+}
+
+/// The scheduler's effective request of `pod` (zero entries dropped).
+/// `limit_ranges` may hold every namespace's; only matching ones are used.
+/// Pass `&[]` for pods that already exist: admission has run for them.
+pub fn pod_requests(pod: &Pod, limit_ranges: &[LimitRange]) -> crate::Result<ResourceList> {
+    Ok(pod_requests_borrowed(pod, limit_ranges)?
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect())
 }
 
 #[cfg(test)]
@@ -157,7 +222,6 @@ mod tests {
     use super::*;
     use crate::capacity::canonical_map;
     use serde_json::json;
-    use std::collections::BTreeMap;
 
     fn pod(v: serde_json::Value) -> Pod {
         serde_json::from_value(v).unwrap()

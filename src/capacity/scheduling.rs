@@ -2,9 +2,8 @@
 //! NodeName, TaintToleration, NodeAffinity (nodeSelector + required node
 //! affinity), run in the scheduler's plugin order, first failure reported.
 //!
-//! Messages are the current (1.25+) scheduler wording. Before that the taint
-//! message read `node(s) had taint {k: v}, that the pod didn't tolerate` and
-//! the selector one `node(s) didn't match node selector`.
+//! Messages follow the scheduler's wording, which changed over releases;
+//! [`Wording`] picks the release family (default: v1.20, the e2e cluster's).
 
 use std::collections::BTreeMap;
 
@@ -12,27 +11,57 @@ use k8s_openapi::api::core::v1::{
     Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
 };
 
-/// NodeAffinity plugin's reason for both nodeSelector and required affinity.
-pub const REASON_NODE_AFFINITY: &str = "node(s) didn't match Pod's node affinity/selector";
-/// NodeName plugin.
-pub const REASON_NODE_NAME: &str = "node(s) didn't match the requested node name";
-/// NodeUnschedulable plugin.
+/// NodeUnschedulable plugin (same wording in every release).
 pub const REASON_UNSCHEDULABLE: &str = "node(s) were unschedulable";
 /// NodeResourcesFit, pod slots.
 pub const REASON_TOO_MANY_PODS: &str = "Too many pods";
 
+/// Which kube-scheduler release family's messages to produce.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Wording {
+    /// v1.20 (checked against its source): `node(s) had taint {k: v}, that
+    /// the pod didn't tolerate`, `node(s) didn't match Pod's node affinity`,
+    /// `node(s) didn't match the requested hostname`.
+    #[default]
+    V1_20,
+    /// Current releases (1.33): `node(s) had untolerated taint {k: v}`,
+    /// `node(s) didn't match Pod's node affinity/selector`,
+    /// `node(s) didn't match the requested node name`.
+    Current,
+}
+
+impl Wording {
+    /// NodeAffinity plugin's reason, for nodeSelector and required affinity.
+    pub fn node_affinity(self) -> &'static str {
+        match self {
+            Wording::V1_20 => "node(s) didn't match Pod's node affinity",
+            Wording::Current => "node(s) didn't match Pod's node affinity/selector",
+        }
+    }
+
+    /// NodeName plugin's reason.
+    pub fn node_name(self) -> &'static str {
+        match self {
+            Wording::V1_20 => "node(s) didn't match the requested hostname",
+            Wording::Current => "node(s) didn't match the requested node name",
+        }
+    }
+
+    /// TaintToleration's reason for the first untolerated taint.
+    pub fn taint(self, taint: &Taint) -> String {
+        let (k, v) = (&taint.key, taint.value.as_deref().unwrap_or(""));
+        match self {
+            Wording::V1_20 => {
+                format!("node(s) had taint {{{k}: {v}}}, that the pod didn't tolerate")
+            }
+            Wording::Current => format!("node(s) had untolerated taint {{{k}: {v}}}"),
+        }
+    }
+}
+
 /// NodeResourcesFit's reason for one resource.
 pub fn insufficient(resource: &str) -> String {
     format!("Insufficient {resource}")
-}
-
-/// TaintToleration's reason for the first untolerated taint.
-pub fn untolerated_taint_reason(taint: &Taint) -> String {
-    format!(
-        "node(s) had untolerated taint {{{}: {}}}",
-        taint.key,
-        taint.value.as_deref().unwrap_or("")
-    )
 }
 
 /// `Toleration.ToleratesTaint`: empty effect matches every effect, empty key
@@ -165,7 +194,7 @@ pub fn node_affinity_matches(pod: &Pod, node: &Node) -> bool {
 
 /// Every filter but resources, in the scheduler's order; `Err` carries the
 /// scheduler's reason. Unschedulable nodes never get here (see `node`).
-pub fn static_filter(pod: &Pod, node: &Node) -> Result<(), String> {
+pub fn static_filter(pod: &Pod, node: &Node, wording: Wording) -> Result<(), String> {
     let spec = pod.spec.as_ref();
     let node_name = node.metadata.name.as_deref().unwrap_or("");
     if let Some(want) = spec
@@ -173,7 +202,7 @@ pub fn static_filter(pod: &Pod, node: &Node) -> Result<(), String> {
         .filter(|n| !n.is_empty())
         && want != node_name
     {
-        return Err(REASON_NODE_NAME.to_string());
+        return Err(wording.node_name().to_string());
     }
     let taints = node
         .spec
@@ -182,10 +211,10 @@ pub fn static_filter(pod: &Pod, node: &Node) -> Result<(), String> {
         .unwrap_or(&[]);
     let tolerations = spec.and_then(|s| s.tolerations.as_deref()).unwrap_or(&[]);
     if let Some(t) = untolerated_taint(tolerations, taints) {
-        return Err(untolerated_taint_reason(t));
+        return Err(wording.taint(t));
     }
     if !node_affinity_matches(pod, node) {
-        return Err(REASON_NODE_AFFINITY.to_string());
+        return Err(wording.node_affinity().to_string());
     }
     Ok(())
 }
@@ -345,7 +374,14 @@ mod tests {
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
                 {"nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "Exists"}]}]}}}}}));
         assert!(!node_affinity_matches(&p, &n));
-        assert_eq!(static_filter(&p, &n), Err(REASON_NODE_AFFINITY.to_string()));
+        assert_eq!(
+            static_filter(&p, &n, Wording::V1_20),
+            Err("node(s) didn't match Pod's node affinity".to_string())
+        );
+        assert_eq!(
+            static_filter(&p, &n, Wording::Current),
+            Err("node(s) didn't match Pod's node affinity/selector".to_string())
+        );
     }
 
     #[test]
@@ -407,11 +443,15 @@ mod tests {
             None
         );
         assert_eq!(
-            untolerated_taint_reason(&taints[1]),
+            Wording::V1_20.taint(&taints[1]),
+            "node(s) had taint {gpu: yes}, that the pod didn't tolerate"
+        );
+        assert_eq!(
+            Wording::Current.taint(&taints[1]),
             "node(s) had untolerated taint {gpu: yes}"
         );
         assert_eq!(
-            untolerated_taint_reason(&taints[2]),
+            Wording::Current.taint(&taints[2]),
             "node(s) had untolerated taint {drain: }"
         );
     }
@@ -426,22 +466,29 @@ mod tests {
         let p = pod(json!({"metadata": {"name": "p"}, "spec": {"containers": [],
             "nodeSelector": {"pool": "gpu"}}}));
         assert_eq!(
-            static_filter(&p, &n),
-            Err("node(s) had untolerated taint {gpu: }".to_string())
+            static_filter(&p, &n, Wording::V1_20),
+            Err("node(s) had taint {gpu: }, that the pod didn't tolerate".to_string())
         );
         let p = pod(json!({"metadata": {"name": "p"}, "spec": {"containers": [],
             "nodeName": "n2", "tolerations": [{"operator": "Exists"}]}}));
-        assert_eq!(static_filter(&p, &n), Err(REASON_NODE_NAME.to_string()));
+        assert_eq!(
+            static_filter(&p, &n, Wording::V1_20),
+            Err("node(s) didn't match the requested hostname".to_string())
+        );
+        assert_eq!(
+            static_filter(&p, &n, Wording::Current),
+            Err("node(s) didn't match the requested node name".to_string())
+        );
         let p = pod(json!({"metadata": {"name": "p"}, "spec": {"containers": [],
             "nodeName": "n1", "tolerations": [{"operator": "Exists"}]}}));
-        assert_eq!(static_filter(&p, &n), Ok(()));
+        assert_eq!(static_filter(&p, &n, Wording::V1_20), Ok(()));
     }
 
     #[test]
     fn aggregated_message_sorted_like_the_scheduler() {
         let reasons = BTreeMap::from([
             ("Insufficient nvidia.com/gpu".to_string(), 2),
-            (REASON_NODE_AFFINITY.to_string(), 1),
+            (Wording::Current.node_affinity().to_string(), 1),
         ]);
         assert_eq!(
             aggregate_message(3, &reasons),
