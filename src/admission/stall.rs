@@ -1,0 +1,237 @@
+//! Why a running transition is not finishing.
+//!
+//! A NewCluster transition stalls in three ways users meet in practice: the
+//! new pods cannot be scheduled, the new cluster is up but its Serve apps
+//! never become healthy, or it simply takes longer than the plan allows.
+//! The first two are reported as soon as they are seen; the last one after
+//! `stallAfter`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+
+/// Serve application states that will not recover on their own.
+const FAILED_APP_STATES: [&str; 2] = ["DEPLOY_FAILED", "UNHEALTHY"];
+/// Serve application states that count as done for the promotion.
+const HEALTHY_APP_STATES: [&str; 2] = ["RUNNING", "HEALTHY"];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stall {
+    /// `Unschedulable`, `ServeNotHealthy` or `Timeout`: the condition reason.
+    pub reason: &'static str,
+    pub message: String,
+    /// Pods of the new cluster the scheduler reported unschedulable.
+    pub unschedulable_pods: u32,
+}
+
+/// Diagnose the new cluster of a transition. `apps` is the pending service's
+/// `applicationStatuses` (app name → status string).
+pub fn diagnose(
+    new_cluster_pods: &[&Pod],
+    apps: &BTreeMap<String, String>,
+    cluster_ready: bool,
+    running_for: Duration,
+    stall_after: Duration,
+) -> Option<Stall> {
+    let unschedulable: Vec<&str> = new_cluster_pods
+        .iter()
+        .filter_map(|p| unschedulable_message(p))
+        .collect();
+    if !unschedulable.is_empty() {
+        return Some(Stall {
+            reason: "Unschedulable",
+            message: format!(
+                "{} {} {}",
+                unschedulable.len(),
+                if unschedulable.len() == 1 {
+                    "pod"
+                } else {
+                    "pods"
+                },
+                summarize_scheduler_message(unschedulable[0])
+            ),
+            unschedulable_pods: unschedulable.len() as u32,
+        });
+    }
+    let failed: Vec<String> = apps
+        .iter()
+        .filter(|(_, s)| FAILED_APP_STATES.contains(&s.as_str()))
+        .map(|(name, s)| format!("app {name} {s}"))
+        .collect();
+    if !failed.is_empty() {
+        return Some(Stall {
+            reason: "ServeNotHealthy",
+            message: failed.join(", "),
+            unschedulable_pods: 0,
+        });
+    }
+    if running_for > stall_after {
+        let waiting_apps: Vec<String> = apps
+            .iter()
+            .filter(|(_, s)| !HEALTHY_APP_STATES.contains(&s.as_str()))
+            .map(|(name, s)| format!("app {name} {s}"))
+            .collect();
+        let (reason, detail) = if cluster_ready && !waiting_apps.is_empty() {
+            ("ServeNotHealthy", waiting_apps.join(", "))
+        } else if cluster_ready {
+            (
+                "Timeout",
+                "new cluster is ready but not yet promoted".to_string(),
+            )
+        } else {
+            ("Timeout", "new cluster is not ready".to_string())
+        };
+        return Some(Stall {
+            reason,
+            message: format!(
+                "{detail}; transition running for {} (stallAfter {})",
+                human_duration(running_for),
+                human_duration(stall_after)
+            ),
+            unschedulable_pods: 0,
+        });
+    }
+    None
+}
+
+/// The scheduler's message when the pod is unschedulable (PodScheduled=False).
+fn unschedulable_message(pod: &Pod) -> Option<&str> {
+    if pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_some()
+    {
+        return None;
+    }
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .filter(|c| c.reason.as_deref() == Some("Unschedulable"))
+        .map(|c| c.message.as_deref().unwrap_or("unschedulable"))
+}
+
+/// `0/3 nodes are available: 3 Insufficient nvidia.com/gpu.` → `Insufficient nvidia.com/gpu`.
+fn summarize_scheduler_message(msg: &str) -> String {
+    let reasons = msg.split_once("available: ").map_or(msg, |(_, r)| r);
+    let first = reasons.split(',').next().unwrap_or(reasons).trim();
+    let first = first.trim_end_matches('.');
+    // Drop the leading node count ("3 Insufficient ..."), it describes nodes, not pods.
+    match first.split_once(' ') {
+        Some((n, rest)) if n.chars().all(|c| c.is_ascii_digit()) => rest.to_string(),
+        _ => first.to_string(),
+    }
+}
+
+/// `5400s` → `1h30m`; seconds shown only under an hour.
+pub fn human_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    let (h, m, sec) = (s / 3600, (s % 3600) / 60, s % 60);
+    match (h, m, sec) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, 0) => format!("{m}m"),
+        (0, m, s) => format!("{m}m{s}s"),
+        (h, 0, _) => format!("{h}h"),
+        (h, m, _) => format!("{h}h{m}m"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pending_pod(msg: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "w"},
+            "spec": {"containers": [{"name": "c"}]},
+            "status": {"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": msg
+            }]}
+        }))
+        .unwrap()
+    }
+
+    fn apps(list: &[(&str, &str)]) -> BTreeMap<String, String> {
+        list.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    const MIN: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn unschedulable_pods_are_reported_at_once() {
+        let p = pending_pod("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.");
+        let pods = vec![&p, &p, &p, &p];
+        let s = diagnose(&pods, &apps(&[]), false, MIN, 30 * MIN).unwrap();
+        assert_eq!(s.reason, "Unschedulable");
+        assert_eq!(s.message, "4 pods Insufficient nvidia.com/gpu");
+        assert_eq!(s.unschedulable_pods, 4);
+    }
+
+    #[test]
+    fn failed_serve_app_is_reported_at_once() {
+        let s = diagnose(
+            &[],
+            &apps(&[("llm", "DEPLOY_FAILED"), ("ok", "RUNNING")]),
+            true,
+            MIN,
+            30 * MIN,
+        )
+        .unwrap();
+        assert_eq!(
+            (s.reason, s.message.as_str()),
+            ("ServeNotHealthy", "app llm DEPLOY_FAILED")
+        );
+    }
+
+    #[test]
+    fn slow_transition_times_out_after_stall_after() {
+        assert_eq!(
+            diagnose(
+                &[],
+                &apps(&[("llm", "DEPLOYING")]),
+                true,
+                29 * MIN,
+                30 * MIN
+            ),
+            None
+        );
+        let s = diagnose(
+            &[],
+            &apps(&[("llm", "DEPLOYING")]),
+            true,
+            31 * MIN,
+            30 * MIN,
+        )
+        .unwrap();
+        assert_eq!(s.reason, "ServeNotHealthy");
+        assert_eq!(
+            s.message,
+            "app llm DEPLOYING; transition running for 31m (stallAfter 30m)"
+        );
+        let s = diagnose(&[], &apps(&[]), false, 31 * MIN, 30 * MIN).unwrap();
+        assert_eq!(s.reason, "Timeout");
+    }
+
+    #[test]
+    fn bound_pods_are_not_unschedulable() {
+        let mut p = pending_pod("0/1 nodes are available: 1 Insufficient cpu.");
+        p.spec.as_mut().unwrap().node_name = Some("n1".into());
+        assert_eq!(diagnose(&[&p], &apps(&[]), false, MIN, 30 * MIN), None);
+    }
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(human_duration(Duration::from_secs(45)), "45s");
+        assert_eq!(human_duration(Duration::from_secs(90)), "1m30s");
+        assert_eq!(human_duration(Duration::from_secs(1800)), "30m");
+        assert_eq!(human_duration(Duration::from_secs(5400)), "1h30m");
+        assert_eq!(human_duration(Duration::from_secs(7200)), "2h");
+    }
+}

@@ -1,0 +1,614 @@
+use super::*;
+use crate::capacity::{ClusterState, FitRequest, ResourceList, fit};
+use crate::upgradeplan::UpgradePlanSpec;
+use serde_json::json;
+
+const NOW: &str = "2026-12-02T12:00:00Z";
+
+fn now() -> Timestamp {
+    NOW.parse().unwrap()
+}
+
+fn plan(spec: serde_json::Value, status: Option<UpgradePlanStatus>) -> UpgradePlan {
+    let spec: UpgradePlanSpec = serde_json::from_value(spec).unwrap();
+    let mut p = UpgradePlan::new("llm-plan", spec);
+    p.metadata.namespace = Some("ml".into());
+    p.metadata.generation = Some(2);
+    p.status = status;
+    p
+}
+
+fn auto_plan(status: Option<UpgradePlanStatus>) -> UpgradePlan {
+    plan(
+        json!({"rayServiceRef": {"name": "llm"}, "stallAfter": "30m"}),
+        status,
+    )
+}
+
+fn gpu_pod(name: &str, gpus: u32) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "ml",
+            "labels": {"ray.io/node-type": "worker", "ray.io/group": "gpu"}},
+        "spec": {"containers": [{"name": "ray-worker", "resources": {
+            "requests": {"cpu": "4", "memory": "16Gi"},
+            "limits": {"nvidia.com/gpu": gpus.to_string()}}}]}
+    }))
+    .unwrap()
+}
+
+fn state(gpus_per_node: &[u32]) -> ClusterState {
+    let items: Vec<_> = gpus_per_node
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": format!("gpu-{i}")},
+                "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110",
+                    "nvidia.com/gpu": g.to_string()},
+                    "conditions": [{"type": "Ready", "status": "True"}]}})
+        })
+        .collect();
+    ClusterState::from_list(json!({"kind": "List", "apiVersion": "v1", "items": items})).unwrap()
+}
+
+fn change(pods: Vec<Pod>) -> ChangeFacts {
+    ChangeFacts {
+        fingerprint: "abc123def456".into(),
+        triggering_paths: vec![
+            "workerGroupSpecs[gpu].template.spec.containers[ray-worker].image".into(),
+        ],
+        new_pods: pods,
+    }
+}
+
+fn service(active: &str, pending: Option<&str>) -> Result<ServiceFacts, String> {
+    Ok(ServiceFacts {
+        active_cluster: Some(active.into()),
+        pending_cluster: pending.map(Into::into),
+        pending_apps: BTreeMap::new(),
+    })
+}
+
+/// Runs `decide` with a real fit against `st`.
+fn run(
+    p: &UpgradePlan,
+    svc: Result<ServiceFacts, String>,
+    ch: Result<Option<ChangeFacts>, String>,
+    st: &ClusterState,
+    clusters: &[&str],
+    pods: BTreeMap<String, Vec<&Pod>>,
+    at: Timestamp,
+) -> Decision {
+    let fit_fn = |c: &ChangeFacts| {
+        fit(
+            st,
+            &FitRequest {
+                pods: c.new_pods.clone(),
+                reserved: vec![],
+                headroom: p
+                    .spec
+                    .headroom
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Quantity::parse(v).unwrap()))
+                    .collect(),
+                old_requests: ResourceList::new(),
+            },
+        )
+    };
+    decide(&Inputs {
+        now: at,
+        plan: p,
+        service: svc,
+        change: ch,
+        verdict: "NewCluster".into(),
+        clusters: clusters.iter().map(|s| s.to_string()).collect(),
+        pods,
+        pending_ready: false,
+        gate: GateFacts::default(),
+        fit: &fit_fn,
+    })
+}
+
+fn cond<'a>(s: &'a UpgradePlanStatus, t: &str) -> &'a Condition {
+    s.conditions.iter().find(|c| c.type_ == t).unwrap()
+}
+
+#[test]
+fn missing_rayservice_is_an_error_and_leaves_the_gate_alone() {
+    let p = auto_plan(None);
+    let d = run(
+        &p,
+        Err("RayService ml/llm not found".into()),
+        Ok(None),
+        &state(&[8]),
+        &[],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::Error);
+    assert_eq!(
+        d.status.message.as_deref(),
+        Some("RayService ml/llm not found")
+    );
+    assert_eq!(d.gate, None);
+    assert_eq!(cond(&d.status, "Ready").status, "False");
+    assert_eq!(d.events[0].reason, "RayServiceUnavailable");
+}
+
+#[test]
+fn invalid_spec_is_an_error_that_keeps_holding() {
+    let p = plan(
+        json!({"rayServiceRef": {"name": "llm"}, "headroom": {"nvidia.com/gpu": "two"}}),
+        None,
+    );
+    let d = run(
+        &p,
+        service("llm-a", None),
+        Ok(None),
+        &state(&[8]),
+        &[],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::Error);
+    assert!(
+        d.status
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("spec.headroom[nvidia.com/gpu]"),
+        "{:?}",
+        d.status.message
+    );
+    assert_eq!(d.gate, Some(Gate::Hold));
+}
+
+#[test]
+fn no_active_cluster_yet_is_pending_with_the_gate_held() {
+    let p = auto_plan(None);
+    let svc = Ok(ServiceFacts::default());
+    let d = run(&p, svc, Ok(None), &state(&[8]), &[], BTreeMap::new(), now());
+    assert_eq!(d.status.phase, Phase::Pending);
+    assert_eq!(d.status.waiting_for.as_deref(), Some("first cluster"));
+    assert_eq!(d.gate, Some(Gate::Hold));
+}
+
+#[test]
+fn nothing_pending_is_idle_with_the_gate_held() {
+    let p = auto_plan(None);
+    let d = run(
+        &p,
+        service("llm-a", None),
+        Ok(None),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::Idle);
+    assert_eq!(d.gate, Some(Gate::Hold));
+    assert_eq!(d.status.active_cluster.as_deref(), Some("llm-a"));
+    assert_eq!(cond(&d.status, "Ready").status, "True");
+}
+
+#[test]
+fn an_upgrade_that_fits_is_admitted_and_opens_the_gate() {
+    let p = auto_plan(None);
+    let ch = change(vec![gpu_pod("w0", 8), gpu_pod("w1", 8)]);
+    let d = run(
+        &p,
+        service("llm-a", None),
+        Ok(Some(ch)),
+        &state(&[8, 8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::Admitted);
+    assert_eq!(d.gate, Some(Gate::Open));
+    assert_eq!(d.outcome, Some("admitted"));
+    let adm = d.status.admitted.as_ref().unwrap();
+    assert_eq!(adm.fingerprint, "abc123def456");
+    assert_eq!(adm.from_cluster.as_deref(), Some("llm-a"));
+    assert_eq!(
+        adm.reservation.get("nvidia.com/gpu").map(String::as_str),
+        Some("16")
+    );
+    assert_eq!(cond(&d.status, "UpgradeAdmitted").status, "True");
+    assert_eq!(d.events.last().unwrap().reason, "Admitted");
+}
+
+#[test]
+fn an_upgrade_that_does_not_fit_waits_with_the_exact_shortfall() {
+    let p = auto_plan(None);
+    let ch = change((0..4).map(|i| gpu_pod(&format!("w{i}"), 4)).collect());
+    let d = run(
+        &p,
+        service("llm-a", None),
+        Ok(Some(ch)),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::WaitingForCapacity);
+    assert_eq!(d.gate, Some(Gate::Hold));
+    let cap = d.status.capacity.as_ref().unwrap();
+    assert_eq!(
+        cap.shortfall.get("nvidia.com/gpu").map(String::as_str),
+        Some("8")
+    );
+    assert_eq!(cap.gpus_free.as_deref(), Some("8"));
+    assert_eq!(
+        d.status.waiting_for.as_deref(),
+        Some("capacity: nvidia.com/gpu 8")
+    );
+    assert_eq!(cond(&d.status, "CapacityAvailable").status, "False");
+    assert_eq!(d.status.pending_change.as_ref().unwrap().detected_time, NOW);
+    assert_eq!(d.events[0].reason, "WaitingForCapacity");
+
+    // Waiting time counts from first detection, and the event is not repeated.
+    let later: Timestamp = "2026-12-02T12:10:00Z".parse().unwrap();
+    let p2 = auto_plan(Some(d.status.clone()));
+    let ch = change((0..4).map(|i| gpu_pod(&format!("w{i}"), 4)).collect());
+    let d2 = run(
+        &p2,
+        service("llm-a", None),
+        Ok(Some(ch)),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        later,
+    );
+    assert_eq!(
+        d2.status.pending_change.as_ref().unwrap().detected_time,
+        NOW
+    );
+    assert!(d2.events.is_empty());
+    assert_eq!(
+        cond(&d2.status, "CapacityAvailable").last_transition_time,
+        cond(&d.status, "CapacityAvailable").last_transition_time
+    );
+}
+
+#[test]
+fn fragmentation_waits_even_without_a_total_shortfall() {
+    let p = auto_plan(None);
+    let ch = change(vec![gpu_pod("big", 16)]);
+    let d = run(
+        &p,
+        service("llm-a", None),
+        Ok(Some(ch)),
+        &state(&[8, 8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::WaitingForCapacity);
+    assert_eq!(
+        d.status.waiting_for.as_deref(),
+        Some("capacity (fragmented)")
+    );
+}
+
+#[test]
+fn headroom_is_kept_free() {
+    let p = plan(
+        json!({"rayServiceRef": {"name": "llm"}, "headroom": {"nvidia.com/gpu": "2"}}),
+        None,
+    );
+    let ch = change(vec![gpu_pod("w0", 8)]);
+    let d = run(
+        &p,
+        service("llm-a", None),
+        Ok(Some(ch)),
+        &state(&[8, 1]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::WaitingForCapacity);
+}
+
+#[test]
+fn paused_and_manual_policies_wait_for_approval() {
+    let ch = || Ok(Some(change(vec![gpu_pod("w0", 1)])));
+    let paused = plan(
+        json!({"rayServiceRef": {"name": "llm"}, "policy": "Paused"}),
+        None,
+    );
+    let d = run(
+        &paused,
+        service("llm-a", None),
+        ch(),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(
+        (d.status.phase, d.gate),
+        (Phase::WaitingForApproval, Some(Gate::Hold))
+    );
+
+    let manual = plan(
+        json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual", "approve": "other"}),
+        None,
+    );
+    let d = run(
+        &manual,
+        service("llm-a", None),
+        ch(),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::WaitingForApproval);
+    assert!(
+        d.status
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("\"approve\":\"abc123def456\"")
+    );
+
+    let approved = plan(
+        json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual", "approve": "abc123def456"}),
+        None,
+    );
+    let d = run(
+        &approved,
+        service("llm-a", None),
+        ch(),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(
+        (d.status.phase, d.gate),
+        (Phase::Admitted, Some(Gate::Open))
+    );
+}
+
+#[test]
+fn closed_maintenance_window_holds() {
+    let p = plan(
+        json!({"rayServiceRef": {"name": "llm"}, "maintenanceWindows": [{"schedule": "0 2 * * *", "duration": "2h"}]}),
+        None,
+    );
+    let ch = || Ok(Some(change(vec![gpu_pod("w0", 1)])));
+    let d = run(
+        &p,
+        service("llm-a", None),
+        ch(),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::Pending);
+    assert_eq!(d.status.waiting_for.as_deref(), Some("maintenance window"));
+    let in_window: Timestamp = "2026-12-02T03:00:00Z".parse().unwrap();
+    let d = run(
+        &p,
+        service("llm-a", None),
+        ch(),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        in_window,
+    );
+    assert_eq!(d.status.phase, Phase::Admitted);
+}
+
+fn admitted_status() -> UpgradePlanStatus {
+    let p = auto_plan(None);
+    let ch = change(vec![gpu_pod("w0", 8)]);
+    run(
+        &p,
+        service("llm-a", None),
+        Ok(Some(ch)),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    )
+    .status
+}
+
+#[test]
+fn admitted_keeps_the_gate_open_until_kuberay_names_the_cluster() {
+    let p = auto_plan(Some(admitted_status()));
+    let ch = Ok(Some(change(vec![gpu_pod("w0", 8)])));
+    // Restarted raygate sees the same objects: still admitted, no second admission.
+    let d = run(
+        &p,
+        service("llm-a", None),
+        ch,
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(
+        (d.status.phase, d.gate),
+        (Phase::Admitted, Some(Gate::Open))
+    );
+    assert_eq!(d.outcome, None);
+    assert!(d.events.is_empty());
+}
+
+#[test]
+fn a_superseded_admission_is_withdrawn_and_reevaluated() {
+    let p = auto_plan(Some(admitted_status()));
+    let mut ch = change(vec![gpu_pod("w0", 16)]);
+    ch.fingerprint = "fffeeeddd000".into();
+    let d = run(
+        &p,
+        service("llm-a", None),
+        Ok(Some(ch)),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::WaitingForCapacity);
+    assert_eq!(d.gate, Some(Gate::Hold));
+    assert!(d.status.admitted.is_none());
+    assert!(d.events.iter().any(|e| e.reason == "AdmissionWithdrawn"));
+}
+
+#[test]
+fn once_the_new_cluster_is_named_the_gate_closes_and_the_transition_is_tracked() {
+    let p = auto_plan(Some(admitted_status()));
+    let d = run(
+        &p,
+        service("llm-a", Some("llm-b")),
+        Ok(None),
+        &state(&[8]),
+        &["llm-a", "llm-b"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(
+        (d.status.phase, d.gate),
+        (Phase::Upgrading, Some(Gate::Hold))
+    );
+    assert_eq!(
+        d.status.admitted.as_ref().unwrap().to_cluster.as_deref(),
+        Some("llm-b")
+    );
+    assert_eq!(d.status.pending_cluster.as_deref(), Some("llm-b"));
+    assert!(d.events.iter().any(|e| e.reason == "Upgrading"));
+}
+
+#[test]
+fn unschedulable_new_pods_stall_the_transition() {
+    let mut st = admitted_status();
+    st.phase = Phase::Upgrading;
+    let p = auto_plan(Some(st));
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "llm-b-gpu-worker-x"},
+        "spec": {"containers": [{"name": "w"}]},
+        "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}]}
+    }))
+    .unwrap();
+    let pods = BTreeMap::from([("llm-b".to_string(), vec![&pod])]);
+    let d = run(
+        &p,
+        service("llm-a", Some("llm-b")),
+        Ok(None),
+        &state(&[8]),
+        &["llm-a", "llm-b"],
+        pods,
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::Stalled);
+    assert_eq!(d.gate, Some(Gate::Hold));
+    let c = cond(&d.status, "Stalled");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "Unschedulable")
+    );
+    assert_eq!(c.message, "1 pod Insufficient nvidia.com/gpu");
+    assert_eq!(d.events[0].reason, "Stalled");
+}
+
+#[test]
+fn completed_only_when_the_old_cluster_and_its_pods_are_gone() {
+    let mut st = admitted_status();
+    st.phase = Phase::Upgrading;
+    st.admitted.as_mut().unwrap().to_cluster = Some("llm-b".into());
+    let p = auto_plan(Some(st));
+    // Promoted, but the old cluster still exists (rayClusterDeletionDelaySeconds).
+    let d = run(
+        &p,
+        service("llm-b", None),
+        Ok(None),
+        &state(&[8]),
+        &["llm-a", "llm-b"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::Upgrading);
+    assert_eq!(
+        d.status.waiting_for.as_deref(),
+        Some("old cluster deletion")
+    );
+
+    let later: Timestamp = "2026-12-02T12:05:00Z".parse().unwrap();
+    let d = run(
+        &p,
+        service("llm-b", None),
+        Ok(None),
+        &state(&[8]),
+        &["llm-b"],
+        BTreeMap::new(),
+        later,
+    );
+    assert_eq!(d.status.phase, Phase::Completed);
+    assert!(d.status.admitted.is_none());
+    let t = d.status.last_transition.as_ref().unwrap();
+    assert_eq!(
+        (t.outcome.as_deref(), t.duration_seconds),
+        (Some("Completed"), Some(300))
+    );
+    assert_eq!(d.outcome, Some("completed"));
+
+    // The next reconcile keeps showing Completed while nothing else changes.
+    let p2 = auto_plan(Some(d.status.clone()));
+    let d2 = run(
+        &p2,
+        service("llm-b", None),
+        Ok(None),
+        &state(&[8]),
+        &["llm-b"],
+        BTreeMap::new(),
+        later,
+    );
+    assert_eq!(d2.status.phase, Phase::Completed);
+    assert!(d2.events.is_empty());
+}
+
+#[test]
+fn a_transition_started_without_admission_is_tracked_and_reported() {
+    let p = auto_plan(None);
+    let d = run(
+        &p,
+        service("llm-a", Some("llm-b")),
+        Ok(None),
+        &state(&[8]),
+        &["llm-a", "llm-b"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::Upgrading);
+    assert!(d.events.iter().any(|e| e.reason == "UnadmittedUpgrade"));
+}
+
+#[test]
+fn gate_override_is_reported_not_fought() {
+    let p = auto_plan(None);
+    let fit_fn = |_: &ChangeFacts| -> crate::Result<FitReport> { unreachable!() };
+    let d = decide(&Inputs {
+        now: now(),
+        plan: &p,
+        service: service("llm-a", None),
+        change: Ok(None),
+        verdict: "NoChange".into(),
+        clusters: BTreeSet::from(["llm-a".to_string()]),
+        pods: BTreeMap::new(),
+        pending_ready: false,
+        gate: GateFacts {
+            value: Some("NewCluster".into()),
+            overridden_by: Some("argocd-controller".into()),
+        },
+        fit: &fit_fn,
+    });
+    let c = cond(&d.status, "GateOverridden");
+    assert_eq!(c.status, "True");
+    assert!(c.message.contains("argocd-controller"));
+    assert!(d.events.iter().any(|e| e.reason == "GateOverridden"));
+}
