@@ -54,6 +54,10 @@ pub enum Error {
     /// two replicas never act at once.
     #[error("leadership lost: {reason}")]
     LeadershipLost { reason: String },
+
+    /// Adding or removing the plan's finalizer, or the work around it.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
 }
 
 impl Error {
@@ -61,6 +65,20 @@ impl Error {
         Error::Invalid {
             what: what.into(),
             reason: reason.into(),
+        }
+    }
+
+    /// A short, bounded label for `raygate_reconcile_errors_total{reason}`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Quantity { .. } | Error::Invalid { .. } | Error::Input { .. } => "invalid_input",
+            Error::Kube(_) => "kube_api",
+            Error::Json(_) => "serialization",
+            Error::Metrics(_) => "metrics",
+            Error::Telemetry(_) => "telemetry",
+            Error::Server { .. } => "server",
+            Error::Lease(_) | Error::LeadershipLost { .. } => "leader_election",
+            Error::Finalizer(_) => "finalizer",
         }
     }
 }

@@ -4,10 +4,15 @@
 //! - [`quantity`]: Kubernetes quantities, exact integer arithmetic.
 //! - [`kuberay`]: what KubeRay does, as data and pure functions.
 //! - [`capacity`]: what fits where, with kube-scheduler's rules.
-//! - [`cli`]: the offline commands built on them.
+//! - [`upgradeplan`]: raygate's own API, the `UpgradePlan` CRD.
+//! - [`admission`]: the decision to hold, admit or track an upgrade.
+//! - [`controller`]: the loop that watches, decides and applies.
+//! - [`cli`]: the offline commands built on the same core.
 
+pub mod admission;
 pub mod capacity;
 pub mod cli;
+pub mod controller;
 pub mod error;
 pub mod kuberay;
 pub mod leader;

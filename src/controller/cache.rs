@@ -1,0 +1,308 @@
+//! Watches and caches: what raygate keeps in memory, and which changes wake
+//! a plan up.
+//!
+//! Pods and Nodes are cluster-wide (free capacity is a cluster-wide fact) and
+//! can be numerous, so the cache keeps a slim copy: requests, placement and
+//! the few labels and conditions the decision reads. KubeRay rewrites
+//! RayService and RayCluster status constantly; each watch passes on only the
+//! changes the decision depends on, so status churn causes no reconcile storm.
+
+use std::collections::BTreeMap;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+
+use k8s_openapi::api::core::v1::{Container, LimitRange, Node, Pod, PodSpec, PodStatus};
+use kube::core::DeserializeGuard;
+
+use crate::kuberay::{LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService};
+
+/// Label prefix KubeRay uses; other pod labels are dropped from the cache.
+const RAY_LABEL_PREFIX: &str = "ray.io/";
+
+fn hash<T: Hash>(t: &T) -> u64 {
+    let mut h = DefaultHasher::new();
+    t.hash(&mut h);
+    h.finish()
+}
+
+/// Keep only what capacity and transition tracking read from a pod.
+pub fn slim_pod(pod: &mut Pod) {
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    if let Some(labels) = meta.labels.as_mut() {
+        labels.retain(|k, _| k.starts_with(RAY_LABEL_PREFIX));
+    }
+    if let Some(spec) = pod.spec.take() {
+        let slim_container = |c: Container| Container {
+            name: c.name,
+            resources: c.resources,
+            restart_policy: c.restart_policy,
+            ..Default::default()
+        };
+        pod.spec = Some(PodSpec {
+            node_name: spec.node_name,
+            containers: spec.containers.into_iter().map(slim_container).collect(),
+            init_containers: spec
+                .init_containers
+                .map(|cs| cs.into_iter().map(slim_container).collect()),
+            overhead: spec.overhead,
+            ..Default::default()
+        });
+    }
+    if let Some(status) = pod.status.take() {
+        pod.status = Some(PodStatus {
+            phase: status.phase,
+            conditions: status.conditions.map(|cs| {
+                cs.into_iter()
+                    .filter(|c| c.type_ == "PodScheduled" || c.type_ == "Ready")
+                    .collect()
+            }),
+            ..Default::default()
+        });
+    }
+}
+
+/// Keep only what node capacity reads; `status.images` alone can be large.
+pub fn slim_node(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    node.metadata.annotations = None;
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+        status.volumes_attached = None;
+        status.volumes_in_use = None;
+        status.node_info = None;
+        status.daemon_endpoints = None;
+        status.addresses = None;
+        if let Some(cs) = status.conditions.as_mut() {
+            cs.retain(|c| c.type_ == "Ready");
+            for c in cs.iter_mut() {
+                // Heartbeats change every few seconds and mean nothing here.
+                c.last_heartbeat_time = None;
+            }
+        }
+    }
+}
+
+pub fn slim_limit_range(lr: &mut LimitRange) {
+    lr.metadata.managed_fields = None;
+}
+
+/// RayCluster specs are kept (the pending cluster's spec says what its pods
+/// will be); managedFields are not needed.
+pub fn slim_cluster(c: &mut DeserializeGuard<RayCluster>) {
+    match &mut c.0 {
+        Ok(c) => c.metadata.managed_fields = None,
+        Err(e) => e.metadata.managed_fields = None,
+    }
+}
+
+/// RayServices keep managedFields: they tell who owns the gate field.
+pub fn service_changes(g: &DeserializeGuard<RayService>) -> Option<u64> {
+    Some(match &g.0 {
+        Err(e) => hash(&("invalid", &e.error, e.metadata.generation)),
+        Ok(s) => {
+            let status = s.status.as_ref();
+            let names = status.map(|st| {
+                let name = |x: &Option<crate::kuberay::RayServiceStatus>| {
+                    x.as_ref().and_then(|x| x.ray_cluster_name.clone())
+                };
+                (
+                    name(&st.active_service_status),
+                    name(&st.pending_service_status),
+                )
+            });
+            let apps: BTreeMap<String, Option<String>> = status
+                .and_then(|st| st.pending_service_status.as_ref())
+                .and_then(|p| p.application_statuses.as_ref())
+                .map(|a| {
+                    a.iter()
+                        .map(|(k, v)| (k.clone(), v.status.clone()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let gate_owners: Vec<Option<String>> = s
+                .metadata
+                .managed_fields
+                .iter()
+                .flatten()
+                .map(|m| m.manager.clone())
+                .collect();
+            hash(&(
+                s.metadata.generation,
+                s.metadata.deletion_timestamp.is_some(),
+                names,
+                apps,
+                gate_owners,
+            ))
+        }
+    })
+}
+
+pub fn cluster_changes(g: &DeserializeGuard<RayCluster>) -> Option<u64> {
+    Some(match &g.0 {
+        Err(e) => hash(&("invalid", &e.error)),
+        Ok(c) => hash(&(
+            c.metadata.generation,
+            c.metadata.deletion_timestamp.is_some(),
+            c.status.as_ref().and_then(|s| s.state.clone()),
+        )),
+    })
+}
+
+/// Ray pods wake their plan when they are bound, start or become unschedulable.
+pub fn pod_changes(p: &Pod) -> Option<u64> {
+    let status = p.status.as_ref();
+    let conds: Vec<(String, String)> = status
+        .and_then(|s| s.conditions.as_ref())
+        .map(|cs| {
+            cs.iter()
+                .filter(|c| c.type_ == "PodScheduled" || c.type_ == "Ready")
+                .map(|c| (c.type_.clone(), c.status.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(hash(&(
+        p.spec.as_ref().and_then(|s| s.node_name.clone()),
+        status.and_then(|s| s.phase.clone()),
+        conds,
+        p.metadata.deletion_timestamp.is_some(),
+    )))
+}
+
+/// Nodes wake waiting plans when their capacity or schedulability changes.
+pub fn node_changes(n: &Node) -> Option<u64> {
+    let spec = n.spec.as_ref();
+    let status = n.status.as_ref();
+    let alloc: Option<BTreeMap<String, String>> = status
+        .and_then(|s| s.allocatable.as_ref())
+        .map(|a| a.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect());
+    let ready: Option<String> = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.clone());
+    let taints: Vec<(String, Option<String>, String)> = spec
+        .and_then(|s| s.taints.as_ref())
+        .map(|ts| {
+            ts.iter()
+                .map(|t| (t.key.clone(), t.value.clone(), t.effect.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(hash(&(
+        alloc,
+        ready,
+        taints,
+        spec.and_then(|s| s.unschedulable),
+        n.metadata.labels.clone(),
+    )))
+}
+
+/// The RayService a RayCluster belongs to (KubeRay's origin label).
+pub fn cluster_service(c: &DeserializeGuard<RayCluster>) -> Option<(String, String)> {
+    let meta = match &c.0 {
+        Ok(c) => &c.metadata,
+        Err(e) => &e.metadata,
+    };
+    let svc = meta
+        .labels
+        .as_ref()?
+        .get(LABEL_ORIGINATED_FROM_CR_NAME)?
+        .clone();
+    Some((meta.namespace.clone()?, svc))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn slim_pod_keeps_what_capacity_reads() {
+        let mut pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ml",
+                "labels": {"ray.io/cluster": "c", "app": "x"},
+                "annotations": {"big": "x"},
+                "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"nodeName": "n1",
+                "containers": [{"name": "c", "image": "img", "env": [{"name": "A", "value": "1"}],
+                    "resources": {"requests": {"cpu": "2"}}}],
+                "initContainers": [{"name": "i", "image": "img", "restartPolicy": "Always",
+                    "resources": {"requests": {"cpu": "1"}}}],
+                "overhead": {"cpu": "100m"},
+                "volumes": [{"name": "v", "emptyDir": {}}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1",
+                "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Initialized", "status": "True"}]}
+        }))
+        .unwrap();
+        let before = pod_changes(&pod);
+        slim_pod(&mut pod);
+        assert_eq!(
+            pod_changes(&pod),
+            before,
+            "slimming keeps everything the trigger reads"
+        );
+        let v = serde_json::to_value(&pod).unwrap();
+        assert_eq!(v["metadata"]["labels"], json!({"ray.io/cluster": "c"}));
+        assert!(v["metadata"].get("annotations").is_none());
+        assert!(v["metadata"].get("managedFields").is_none());
+        assert_eq!(v["spec"]["nodeName"], "n1");
+        assert_eq!(
+            v["spec"]["containers"][0],
+            json!({"name": "c", "resources": {"requests": {"cpu": "2"}}})
+        );
+        assert_eq!(v["spec"]["initContainers"][0]["restartPolicy"], "Always");
+        assert_eq!(v["spec"]["overhead"], json!({"cpu": "100m"}));
+        assert!(v["spec"].get("volumes").is_none());
+        assert_eq!(
+            v["status"],
+            json!({"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]})
+        );
+    }
+
+    #[test]
+    fn node_heartbeats_do_not_trigger() {
+        let mk = |beat: &str| -> Node {
+            serde_json::from_value(json!({
+                "metadata": {"name": "n"},
+                "status": {"allocatable": {"nvidia.com/gpu": "8"},
+                    "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": beat}]}
+            }))
+            .unwrap()
+        };
+        let (mut a, mut b) = (mk("2026-12-02T10:00:00Z"), mk("2026-12-02T10:00:10Z"));
+        slim_node(&mut a);
+        slim_node(&mut b);
+        assert_eq!(node_changes(&a), node_changes(&b));
+        let mut c = mk("2026-12-02T10:00:10Z");
+        c.status
+            .as_mut()
+            .unwrap()
+            .allocatable
+            .as_mut()
+            .unwrap()
+            .insert(
+                "nvidia.com/gpu".into(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("16".into()),
+            );
+        assert_ne!(node_changes(&a), node_changes(&c));
+    }
+
+    #[test]
+    fn service_status_churn_is_filtered() {
+        let mk = |extra: serde_json::Value| -> DeserializeGuard<RayService> {
+            serde_json::from_value(json!({
+                "apiVersion": "ray.io/v1", "kind": "RayService",
+                "metadata": {"name": "s", "namespace": "ml", "generation": 3},
+                "spec": {"rayClusterConfig": {}},
+                "status": {"activeServiceStatus": {"rayClusterName": "s-abc", "rayClusterStatus": extra}}
+            }))
+            .unwrap()
+        };
+        let a = mk(json!({"lastUpdateTime": "2026-12-02T10:00:00Z"}));
+        let b = mk(json!({"lastUpdateTime": "2026-12-02T10:00:05Z"}));
+        assert_eq!(service_changes(&a), service_changes(&b));
+    }
+}

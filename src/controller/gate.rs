@@ -1,0 +1,120 @@
+//! The gate: raygate's only write to a RayService.
+//!
+//! raygate owns exactly one field, `spec.upgradeStrategy.type`, through
+//! server-side apply with its own field manager. KubeRay prepares a new
+//! cluster only while it reads `NewCluster` there, so `None` holds a pending
+//! `rayClusterConfig` change and `NewCluster` lets it through.
+//!
+//! Applies are never forced: when another manager (a GitOps tool syncing the
+//! field from Git, or a `kubectl edit`) owns the field with another value,
+//! the apiserver refuses and raygate reports GateOverridden instead of
+//! fighting in a loop.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use crate::admission::Gate;
+use crate::kuberay::RayService;
+
+pub const FIELD_MANAGER: &str = "raygate";
+
+/// Another field manager that owns `spec.upgradeStrategy.type`, if any.
+pub fn other_owner(managed: &[ManagedFieldsEntry]) -> Option<String> {
+    managed
+        .iter()
+        .filter(|m| m.manager.as_deref() != Some(FIELD_MANAGER))
+        .find(|m| {
+            m.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:spec"))
+                .and_then(|s| s.get("f:upgradeStrategy"))
+                .and_then(|u| u.get("f:type"))
+                .is_some()
+        })
+        .map(|m| m.manager.clone().unwrap_or_else(|| "unknown".into()))
+}
+
+/// Does raygate itself own the field (so releasing it means something)?
+pub fn owned_by_us(managed: &[ManagedFieldsEntry]) -> bool {
+    managed.iter().any(|m| {
+        m.manager.as_deref() == Some(FIELD_MANAGER)
+            && m.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:spec"))
+                .and_then(|s| s.get("f:upgradeStrategy"))
+                .is_some()
+    })
+}
+
+/// Set the gate. Only the one field is sent, so nothing else is touched.
+pub async fn apply(api: &Api<RayService>, name: &str, gate: Gate) -> Result<(), kube::Error> {
+    let patch = json!({
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": { "name": name },
+        "spec": { "upgradeStrategy": { "type": gate.strategy() } }
+    });
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map(|_| ())
+}
+
+/// Give the field up (the plan was deleted): an apply without the field
+/// removes raygate's ownership, and the field itself when nobody else owns
+/// it, so KubeRay falls back to its default behaviour.
+pub async fn release(api: &Api<RayService>, name: &str) -> Result<(), kube::Error> {
+    let patch = json!({
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": { "name": name }
+    });
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;
+
+    fn entry(manager: &str, fields: serde_json::Value) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some("Apply".into()),
+            fields_v1: Some(FieldsV1(fields)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn finds_the_manager_that_owns_the_gate_field() {
+        let mf = vec![
+            entry(
+                "raygate",
+                json!({"f:spec": {"f:upgradeStrategy": {"f:type": {}}}}),
+            ),
+            entry(
+                "argocd-controller",
+                json!({"f:spec": {"f:serveConfigV2": {}}}),
+            ),
+        ];
+        assert_eq!(other_owner(&mf), None);
+        assert!(owned_by_us(&mf));
+        let mf = vec![entry(
+            "kubectl-edit",
+            json!({"f:spec": {"f:upgradeStrategy": {"f:type": {}}}}),
+        )];
+        assert_eq!(other_owner(&mf).as_deref(), Some("kubectl-edit"));
+        assert!(!owned_by_us(&mf));
+    }
+}

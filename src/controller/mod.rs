@@ -1,0 +1,598 @@
+//! The loop that applies the decision: watch, observe, decide, write.
+//!
+//! One reconcile of an UpgradePlan gathers its inputs from the caches
+//! ([`observe`]), asks [`crate::admission::decide`], then writes in a fixed
+//! order: the plan status first (it records the decision), the gate second.
+//! A crash between the two leaves a status that the next reconcile completes,
+//! never an open gate without a recorded admission.
+
+pub mod cache;
+pub mod gate;
+pub mod observe;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::channel::mpsc;
+use futures::{StreamExt, future};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{LimitRange, Node, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use tokio::sync::Mutex;
+use tracing::{debug, info, warn};
+
+use crate::admission::{self, Decision, Inputs};
+use crate::kuberay::{
+    KubeRayVersion, LABEL_CLUSTER, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService,
+};
+use crate::metrics::{Metrics, PlanObservation};
+use crate::server::Health;
+use crate::upgradeplan::{Phase, UpgradePlan};
+use crate::{Error, Result};
+
+use observe::{Overlay, Stores};
+
+/// Finalizer that lets raygate release the gate when a plan is deleted.
+pub const FINALIZER: &str = "raygate.io/release-gate";
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Namespaces whose UpgradePlans, RayServices and RayClusters are watched;
+    /// empty for all. Pods and Nodes are always watched cluster-wide: free
+    /// capacity is a cluster-wide fact.
+    pub namespaces: Vec<String>,
+    pub kuberay_version: KubeRayVersion,
+    /// Identity in Events (`reportingInstance`).
+    pub instance: String,
+}
+
+/// Shared by all reconciles.
+pub struct Context {
+    pub client: Client,
+    pub stores: Stores,
+    pub metrics: Arc<Metrics>,
+    pub recorder: Recorder,
+    pub settings: Settings,
+    /// Decisions run one at a time so each sees the admissions before it;
+    /// the overlay holds admissions not yet seen in the plan cache.
+    decisions: Mutex<Overlay>,
+}
+
+fn api_for<K>(client: &Client, namespaces: &[String]) -> Api<K>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    match namespaces {
+        [one] => Api::namespaced(client.clone(), one),
+        _ => Api::all(client.clone()),
+    }
+}
+
+fn in_scope(settings: &Settings, ns: Option<&str>) -> bool {
+    settings.namespaces.is_empty() || ns.is_some_and(|n| settings.namespaces.iter().any(|s| s == n))
+}
+
+/// Plans that reference a RayService.
+fn plans_for(plans: &Store<UpgradePlan>, ns: &str, svc: &str) -> Vec<ObjectRef<UpgradePlan>> {
+    plans
+        .state()
+        .iter()
+        .filter(|p| p.namespace().as_deref() == Some(ns) && p.spec.ray_service_ref.name == svc)
+        .map(|p| ObjectRef::from_obj(p.as_ref()))
+        .collect()
+}
+
+/// Start a cache: a watcher that slims objects, fills a store, and sends the
+/// plans to wake for each relevant change into `tx`.
+fn spawn_cache<K, S, P, M>(
+    api: Api<K>,
+    wc: watcher::Config,
+    slim: S,
+    predicate: P,
+    mapper: M,
+    tx: mpsc::UnboundedSender<ObjectRef<UpgradePlan>>,
+) -> Store<K>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+    S: FnMut(&mut K) + Send + 'static,
+    P: Fn(&K) -> Option<u64> + Send + 'static,
+    M: Fn(&K) -> Vec<ObjectRef<UpgradePlan>> + Send + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let kind = K::kind(&Default::default()).to_string();
+    let stream = watcher(api, wc)
+        .default_backoff()
+        .modify(slim)
+        .reflect(writer)
+        .touched_objects()
+        .predicate_filter(predicate, Default::default())
+        .for_each(move |ev| {
+            match ev {
+                Ok(obj) => {
+                    for r in mapper(&obj) {
+                        let _ = tx.unbounded_send(r);
+                    }
+                }
+                Err(e) => warn!(kind = %kind, error = %e, "watch error"),
+            }
+            future::ready(())
+        });
+    tokio::spawn(stream);
+    reader
+}
+
+/// Run the controller until shutdown.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> Result<()> {
+    let ns = settings.namespaces.clone();
+    let plans_api: Api<UpgradePlan> = api_for(&client, &ns);
+    let controller = Controller::new(plans_api.clone(), watcher::Config::default().any_semantic())
+        .with_config(ControllerConfig::default().debounce(Duration::from_millis(200)));
+    let plans = controller.store();
+    let (tx, rx) = mpsc::unbounded::<ObjectRef<UpgradePlan>>();
+
+    let p = plans.clone();
+    let services = spawn_cache(
+        api_for::<DeserializeGuard<RayService>>(&client, &ns),
+        watcher::Config::default(),
+        |_| {},
+        cache::service_changes,
+        move |s: &DeserializeGuard<RayService>| {
+            let meta = match &s.0 {
+                Ok(s) => &s.metadata,
+                Err(e) => &e.metadata,
+            };
+            match (&meta.namespace, &meta.name) {
+                (Some(ns), Some(n)) => plans_for(&p, ns, n),
+                _ => vec![],
+            }
+        },
+        tx.clone(),
+    );
+    let p = plans.clone();
+    let clusters = spawn_cache(
+        api_for::<DeserializeGuard<RayCluster>>(&client, &ns),
+        watcher::Config::default().labels(LABEL_ORIGINATED_FROM_CR_NAME),
+        cache::slim_cluster,
+        cache::cluster_changes,
+        move |c: &DeserializeGuard<RayCluster>| {
+            cache::cluster_service(c)
+                .map(|(ns, svc)| plans_for(&p, &ns, &svc))
+                .unwrap_or_default()
+        },
+        tx.clone(),
+    );
+    // Pods map to plans through their cluster's origin label.
+    let (p, cl) = (plans.clone(), clusters.clone());
+    let pods = spawn_cache(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed"),
+        cache::slim_pod,
+        cache::pod_changes,
+        move |pod: &Pod| {
+            let (Some(ns), Some(cluster)) = (pod.namespace(), pod.labels().get(LABEL_CLUSTER))
+            else {
+                return vec![];
+            };
+            cl.get(&ObjectRef::new(cluster).within(&ns))
+                .and_then(|c| cache::cluster_service(&c))
+                .map(|(ns, svc)| plans_for(&p, &ns, &svc))
+                .unwrap_or_default()
+        },
+        tx.clone(),
+    );
+    let p = plans.clone();
+    let nodes = spawn_cache(
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default(),
+        cache::slim_node,
+        cache::node_changes,
+        move |_: &Node| {
+            p.state()
+                .iter()
+                .map(|x| ObjectRef::from_obj(x.as_ref()))
+                .collect()
+        },
+        tx.clone(),
+    );
+    let limit_ranges = spawn_cache(
+        Api::<LimitRange>::all(client.clone()),
+        watcher::Config::default(),
+        cache::slim_limit_range,
+        |_: &LimitRange| None,
+        |_: &LimitRange| vec![],
+        tx,
+    );
+
+    info!("waiting for caches to sync");
+    for (what, ready) in [
+        ("RayServices", services.wait_until_ready().await.is_ok()),
+        ("RayClusters", clusters.wait_until_ready().await.is_ok()),
+        ("Pods", pods.wait_until_ready().await.is_ok()),
+        ("Nodes", nodes.wait_until_ready().await.is_ok()),
+        ("LimitRanges", limit_ranges.wait_until_ready().await.is_ok()),
+    ] {
+        if !ready {
+            return Err(Error::invalid(
+                "cache",
+                format!("{what} cache did not sync"),
+            ));
+        }
+    }
+    info!("caches synced");
+    health.set_ready(true);
+
+    let reporter = Reporter {
+        controller: "raygate".into(),
+        instance: Some(settings.instance.clone()),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+        stores: Stores {
+            plans,
+            services,
+            clusters,
+            pods,
+            nodes,
+            limit_ranges,
+        },
+        metrics,
+        settings,
+        decisions: Mutex::new(Overlay::new()),
+    });
+    controller
+        .reconcile_on(rx)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| {
+            match res {
+                Ok((obj, _)) => debug!(plan = %obj, "reconciled"),
+                Err(e) => debug!(error = %e, "reconcile failed"),
+            }
+            future::ready(())
+        })
+        .await;
+    Ok(())
+}
+
+async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context>) -> Result<Action> {
+    let _timer = ctx.metrics.reconcile_timer();
+    if !in_scope(&ctx.settings, plan.namespace().as_deref()) {
+        return Ok(Action::await_change());
+    }
+    let ns = plan.namespace().unwrap_or_default();
+    let api: Api<UpgradePlan> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, FINALIZER, plan, |event| async {
+        match event {
+            Finalizer::Apply(p) => apply(&p, &ctx).await,
+            Finalizer::Cleanup(p) => cleanup(&p, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+fn error_policy(plan: Arc<UpgradePlan>, err: &Error, ctx: Arc<Context>) -> Action {
+    warn!(plan = %plan.name_any(), error = %err, "reconcile failed");
+    ctx.metrics.reconcile_error(err.metric_label());
+    Action::requeue(Duration::from_secs(10))
+}
+
+/// The plan was deleted: give the gate back so KubeRay behaves as without raygate.
+async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
+    let ns = plan.namespace().unwrap_or_default();
+    let name = &plan.spec.ray_service_ref.name;
+    let services: Api<RayService> = Api::namespaced(ctx.client.clone(), &ns);
+    match gate::release(&services, name).await {
+        Ok(()) => info!(plan = %plan.name_any(), rayservice = %name, "gate released"),
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
+    ctx.metrics.forget_plan(&ns, &plan.name_any());
+    publish(
+        ctx,
+        plan,
+        None,
+        false,
+        "GateReleased",
+        format!("raygate no longer gates {name}"),
+    )
+    .await;
+    ctx.decisions.lock().await.remove(&(ns, plan.name_any()));
+    Ok(Action::await_change())
+}
+
+async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
+    let ns = plan.namespace().unwrap_or_default();
+    let name = plan.name_any();
+    let now = Timestamp::now();
+
+    let mut overlay = ctx.decisions.lock().await;
+    // The cache caught up with what we wrote: the overlay entry is no longer needed.
+    if plan.status.as_ref().is_some_and(|s| s.admitted.is_some()) {
+        overlay.remove(&(ns.clone(), name.clone()));
+    }
+    let (obs, decision, overridden) = decide_now(ctx, plan, &overlay, now);
+
+    let prev = plan.status.clone().unwrap_or_default();
+    if decision.status != prev {
+        write_status(ctx, &ns, &name, &decision).await?;
+    }
+    if let Some(admitted) = decision.status.admitted.clone() {
+        overlay.insert((ns.clone(), name.clone()), admitted);
+    } else {
+        overlay.remove(&(ns.clone(), name.clone()));
+    }
+    drop(overlay);
+
+    if let (Some(gate), None) = (decision.gate, &overridden) {
+        let current = obs.gate.value.as_deref();
+        if current != Some(gate.strategy()) || !obs.gate_owned_by_us {
+            let services: Api<RayService> = Api::namespaced(ctx.client.clone(), &ns);
+            match gate::apply(&services, &obs.service_name, gate).await {
+                Ok(()) => {
+                    info!(plan = %name, rayservice = %obs.service_name, gate = gate.strategy(), "gate set")
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    warn!(plan = %name, rayservice = %obs.service_name, message = %e.message, "gate field owned by another manager");
+                    ctx.metrics.gate_override(&ns, &name);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    if overridden.is_some()
+        && !prev
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "GateOverridden" && c.status == "True")
+    {
+        ctx.metrics.gate_override(&ns, &name);
+    }
+
+    for ev in &decision.events {
+        publish(
+            ctx,
+            plan,
+            Some(&obs.service_name),
+            ev.warning,
+            ev.reason,
+            ev.note.clone(),
+        )
+        .await;
+    }
+    if let Some(outcome) = decision.outcome
+        && (decision.status.phase != prev.phase || outcome == "admitted")
+    {
+        ctx.metrics.admission(outcome);
+    }
+    observe_metrics(
+        ctx,
+        plan,
+        &obs.service_name,
+        &decision,
+        now,
+        overridden.is_some(),
+    );
+    Ok(Action::requeue(decision.requeue))
+}
+
+/// Observe and decide without awaiting: the decision borrows caches and a
+/// lazily built cluster state that must not live across an await.
+fn decide_now(
+    ctx: &Context,
+    plan: &UpgradePlan,
+    overlay: &Overlay,
+    now: Timestamp,
+) -> (observe::Observation, Decision, Option<String>) {
+    let version = ctx.settings.kuberay_version;
+    let obs = observe::observe(&ctx.stores, plan, version);
+    let state = std::cell::OnceCell::new();
+    let active_pods = obs
+        .service
+        .as_ref()
+        .ok()
+        .and_then(|s| s.active_cluster.as_ref())
+        .and_then(|a| obs.pods.get(a))
+        .cloned()
+        .unwrap_or_default();
+    let fit = |change: &admission::ChangeFacts| {
+        let state = state.get_or_init(|| observe::cluster_state(&ctx.stores));
+        observe::evaluate_fit(
+            &ctx.stores,
+            state,
+            plan,
+            overlay,
+            version,
+            change,
+            &active_pods,
+        )
+    };
+    let pods = obs
+        .pods
+        .iter()
+        .map(|(k, v)| (k.clone(), v.iter().map(|p| p.as_ref()).collect()))
+        .collect();
+    let mut inputs = Inputs {
+        now,
+        plan,
+        service: obs.service.clone(),
+        change: obs.change.clone(),
+        verdict: obs.verdict.clone(),
+        clusters: obs.clusters.clone(),
+        pods,
+        pending_ready: obs.pending_ready,
+        gate: obs.gate.clone(),
+        fit: &fit,
+    };
+    let mut decision = admission::decide(&inputs);
+
+    // Another manager owns the gate with another value: report, don't fight.
+    let wanted = decision.gate.map(|g| g.strategy());
+    let overridden = match (&obs.gate_other_owner, wanted) {
+        (Some(owner), Some(w)) if obs.gate.value.as_deref() != Some(w) => Some(owner.clone()),
+        _ => None,
+    };
+    if let Some(owner) = overridden.clone() {
+        inputs.gate.overridden_by = Some(owner);
+        decision = admission::decide(&inputs);
+    }
+
+    (obs, decision, overridden)
+}
+
+async fn write_status(ctx: &Context, ns: &str, name: &str, d: &Decision) -> Result<()> {
+    let api: Api<UpgradePlan> = Api::namespaced(ctx.client.clone(), ns);
+    let patch = serde_json::json!({
+        "apiVersion": crate::upgradeplan::API_VERSION,
+        "kind": "UpgradePlan",
+        "status": d.status,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(gate::FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    info!(plan = %name, namespace = %ns, phase = d.status.phase.as_str(),
+          waiting_for = d.status.waiting_for.as_deref().unwrap_or(""), "status updated");
+    Ok(())
+}
+
+async fn publish(
+    ctx: &Context,
+    plan: &UpgradePlan,
+    service: Option<&str>,
+    warning: bool,
+    reason: &str,
+    note: String,
+) {
+    let ev = Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.to_string(),
+        note: Some(truncate(note, 1000)),
+        action: "Gate".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &plan.object_ref(&())).await {
+        warn!(error = %e, "failed to record event on plan");
+    }
+    let Some(svc_name) = service else { return };
+    let ns = plan.namespace().unwrap_or_default();
+    if let Some(svc) = ctx
+        .stores
+        .services
+        .get(&ObjectRef::new(svc_name).within(&ns))
+        && let Ok(svc) = &svc.0
+        && let Err(e) = ctx.recorder.publish(&ev, &svc.object_ref(&())).await
+    {
+        warn!(error = %e, "failed to record event on RayService");
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+fn seconds_since(t: Option<&str>, now: Timestamp) -> Option<f64> {
+    let t: Timestamp = t?.parse().ok()?;
+    Some(now.duration_since(t).as_secs_f64().max(0.0))
+}
+
+fn observe_metrics(
+    ctx: &Context,
+    plan: &UpgradePlan,
+    svc: &str,
+    d: &Decision,
+    now: Timestamp,
+    overridden: bool,
+) {
+    let s = &d.status;
+    let waiting = matches!(
+        s.phase,
+        Phase::Pending | Phase::WaitingForCapacity | Phase::WaitingForApproval
+    )
+    .then(|| {
+        seconds_since(
+            s.pending_change.as_ref().map(|c| c.detected_time.as_str()),
+            now,
+        )
+    })
+    .flatten();
+    let transition = s
+        .admitted
+        .as_ref()
+        .filter(|_| s.phase.is_in_flight())
+        .and_then(|a| seconds_since(Some(&a.admitted_time), now));
+    let shortfall = s
+        .capacity
+        .as_ref()
+        .filter(|_| s.phase == Phase::WaitingForCapacity)
+        .map(|c| {
+            c.shortfall
+                .iter()
+                .filter_map(|(k, v)| {
+                    crate::quantity::Quantity::parse(v)
+                        .ok()
+                        .map(|q| (k.clone(), q.milli_value() as f64 / 1000.0))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let unschedulable = s
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Stalled" && c.status == "True" && c.reason == "Unschedulable");
+    ctx.metrics.observe_plan(&PlanObservation {
+        namespace: &plan.namespace().unwrap_or_default(),
+        plan: &plan.name_any(),
+        rayservice: svc,
+        phase: s.phase,
+        waiting_seconds: waiting,
+        transition_seconds: transition,
+        stalled: s.phase == Phase::Stalled,
+        gate_overridden: overridden,
+        shortfall: &shortfall,
+        pods_pending_unschedulable: u32::from(unschedulable),
+    });
+    if let Some(free) = s.capacity.as_ref().map(|c| &c.free) {
+        let free = free
+            .iter()
+            .filter_map(|(k, v)| {
+                crate::quantity::Quantity::parse(v)
+                    .ok()
+                    .map(|q| (k.clone(), q.milli_value() as f64 / 1000.0))
+            })
+            .collect();
+        ctx.metrics.set_cluster_free(&free);
+    }
+}

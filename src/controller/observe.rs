@@ -1,0 +1,442 @@
+//! Turning the caches into the decision's inputs for one plan.
+//!
+//! This is where raygate looks at the world: which RayService a plan points
+//! to, which clusters and pods it has, what change is pending, which
+//! reservations other plans hold. The decision itself stays in
+//! [`crate::admission`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{LimitRange, Node, Pod};
+use kube::ResourceExt;
+use kube::core::DeserializeGuard;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::admission::ledger::{self, Candidate};
+use crate::admission::{ChangeFacts, GateFacts, ServiceFacts};
+use crate::capacity::{self, ClusterState, FitReport, FitRequest, ResourceList};
+use crate::kuberay::{
+    self, KubeRayVersion, LABEL_CLUSTER, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService,
+};
+use crate::quantity::Quantity;
+use crate::upgradeplan::{Admission, Phase, UpgradePlan};
+
+use super::gate;
+
+/// Everything the caches hold.
+#[derive(Clone)]
+pub struct Stores {
+    pub plans: Store<UpgradePlan>,
+    pub services: Store<DeserializeGuard<RayService>>,
+    pub clusters: Store<DeserializeGuard<RayCluster>>,
+    pub pods: Store<Pod>,
+    pub nodes: Store<Node>,
+    pub limit_ranges: Store<LimitRange>,
+}
+
+/// Admissions written but maybe not yet seen in the plan cache; the ledger
+/// must count them or a quick second decision could double-book capacity.
+pub type Overlay = HashMap<(String, String), Admission>;
+
+/// What was observed for one plan, owned, so the inputs can borrow it.
+pub struct Observation {
+    pub service_name: String,
+    pub service: Result<ServiceFacts, String>,
+    pub change: Result<Option<ChangeFacts>, String>,
+    pub verdict: String,
+    pub clusters: BTreeSet<String>,
+    pub pods: BTreeMap<String, Vec<Arc<Pod>>>,
+    pub pending_ready: bool,
+    pub gate: GateFacts,
+    /// Another manager that owns the gate field (not yet judged an override).
+    pub gate_other_owner: Option<String>,
+    pub gate_owned_by_us: bool,
+}
+
+fn service(
+    stores: &Stores,
+    ns: &str,
+    name: &str,
+) -> Result<Arc<DeserializeGuard<RayService>>, String> {
+    stores
+        .services
+        .get(&ObjectRef::new(name).within(ns))
+        .ok_or_else(|| format!("RayService {ns}/{name} not found"))
+}
+
+/// The RayClusters KubeRay created for a service.
+fn clusters_of(stores: &Stores, ns: &str, svc: &str) -> Vec<Arc<DeserializeGuard<RayCluster>>> {
+    stores
+        .clusters
+        .state()
+        .into_iter()
+        .filter(|c| {
+            let meta = match &c.0 {
+                Ok(c) => &c.metadata,
+                Err(e) => &e.metadata,
+            };
+            meta.namespace.as_deref() == Some(ns)
+                && meta
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(LABEL_ORIGINATED_FROM_CR_NAME))
+                    .map(String::as_str)
+                    == Some(svc)
+        })
+        .collect()
+}
+
+fn guard_name<K: kube::Resource>(g: &DeserializeGuard<K>) -> String {
+    match &g.0 {
+        Ok(k) => k.meta().name.clone().unwrap_or_default(),
+        Err(e) => e.metadata.name.clone().unwrap_or_default(),
+    }
+}
+
+fn pods_by_cluster(
+    stores: &Stores,
+    ns: &str,
+    names: &BTreeSet<String>,
+) -> BTreeMap<String, Vec<Arc<Pod>>> {
+    let mut out: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
+    for p in stores.pods.state() {
+        if p.metadata.namespace.as_deref() != Some(ns) {
+            continue;
+        }
+        if let Some(c) = p.labels().get(LABEL_CLUSTER)
+            && names.contains(c)
+        {
+            out.entry(c.clone()).or_default().push(p.clone());
+        }
+    }
+    out
+}
+
+/// The service's spec with the gate forced open: raygate's own `None` must
+/// not hide what KubeRay would do once the gate opens.
+fn with_gate_open(svc: &RayService) -> RayService {
+    let mut s = svc.clone();
+    let strategy = s.spec.upgrade_strategy.get_or_insert_with(Default::default);
+    strategy.type_ = Some(kuberay::UpgradeType::NewCluster);
+    s
+}
+
+/// The name the planned new cluster's pods are shown under.
+fn next_cluster_name(svc: &str) -> String {
+    format!("{svc}-next")
+}
+
+pub fn observe(stores: &Stores, plan: &UpgradePlan, version: KubeRayVersion) -> Observation {
+    let ns = plan.namespace().unwrap_or_default();
+    let svc_name = plan.spec.ray_service_ref.name.clone();
+    let mut obs = Observation {
+        service_name: svc_name.clone(),
+        service: Err(String::new()),
+        change: Ok(None),
+        verdict: String::new(),
+        clusters: BTreeSet::new(),
+        pods: BTreeMap::new(),
+        pending_ready: false,
+        gate: GateFacts::default(),
+        gate_other_owner: None,
+        gate_owned_by_us: false,
+    };
+    let guard = match service(stores, &ns, &svc_name) {
+        Ok(g) => g,
+        Err(msg) => {
+            obs.service = Err(msg);
+            return obs;
+        }
+    };
+    let svc = match &guard.0 {
+        Ok(s) => s,
+        Err(e) => {
+            obs.service = Err(format!(
+                "RayService {ns}/{svc_name} cannot be read: {}",
+                e.error
+            ));
+            return obs;
+        }
+    };
+    let managed = svc.metadata.managed_fields.as_deref().unwrap_or(&[]);
+    obs.gate_other_owner = gate::other_owner(managed);
+    obs.gate_owned_by_us = gate::owned_by_us(managed);
+    obs.gate.value = svc
+        .spec
+        .upgrade_strategy
+        .as_ref()
+        .and_then(|u| u.type_.as_ref())
+        .map(|t| t.as_str().to_string());
+
+    let status = svc.status.as_ref();
+    let name_of = |s: Option<&kuberay::RayServiceStatus>| {
+        s.and_then(|s| s.ray_cluster_name.clone())
+            .filter(|n| !n.is_empty())
+    };
+    let active = name_of(status.and_then(|s| s.active_service_status.as_ref()));
+    let pending = name_of(status.and_then(|s| s.pending_service_status.as_ref()));
+    let pending_apps = status
+        .and_then(|s| s.pending_service_status.as_ref())
+        .and_then(|p| p.application_statuses.as_ref())
+        .map(|apps| {
+            apps.iter()
+                .map(|(k, v)| (k.clone(), v.status.clone().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+
+    let clusters = clusters_of(stores, &ns, &svc_name);
+    obs.clusters = clusters.iter().map(|c| guard_name(c)).collect();
+    obs.pods = pods_by_cluster(stores, &ns, &obs.clusters);
+    let find = |name: &Option<String>| {
+        name.as_ref()
+            .and_then(|n| clusters.iter().find(|c| &guard_name(c) == n).cloned())
+    };
+    let pending_cluster = find(&pending);
+    obs.pending_ready = pending_cluster
+        .as_ref()
+        .and_then(|c| c.0.as_ref().ok())
+        .and_then(|c| c.status.as_ref())
+        .and_then(|s| s.state.as_deref())
+        == Some("ready");
+
+    // KubeRay compares the spec with the pending cluster when there is one.
+    let base = pending_cluster.or_else(|| find(&active));
+    obs.change = match (&active, base) {
+        (None, _) => Ok(None),
+        (Some(a), None) => Err(format!(
+            "active RayCluster {ns}/{a} named in the RayService status does not exist (yet)"
+        )),
+        (Some(_), Some(base)) => match &base.0 {
+            Err(e) => Err(format!(
+                "RayCluster {} cannot be read: {}",
+                guard_name(&base),
+                e.error
+            )),
+            Ok(cluster) => change_against(svc, cluster, version, &mut obs.verdict),
+        },
+    };
+    obs.service = Ok(ServiceFacts {
+        active_cluster: active,
+        pending_cluster: pending,
+        pending_apps,
+    });
+    obs
+}
+
+fn change_against(
+    svc: &RayService,
+    cluster: &RayCluster,
+    version: KubeRayVersion,
+    verdict_out: &mut String,
+) -> Result<Option<ChangeFacts>, String> {
+    let open = with_gate_open(svc);
+    let c = kuberay::classify(&kuberay::OldSide::RayCluster(cluster), &open, version)
+        .map_err(|e| e.to_string())?;
+    *verdict_out = format!("{:?}", c.verdict);
+    if c.verdict != kuberay::Verdict::NewCluster {
+        return Ok(None);
+    }
+    let spec = svc.cluster_config().map_err(|e| e.to_string())?;
+    let ns = svc.namespace().unwrap_or_default();
+    let pods = kuberay::planned_pods(&next_cluster_name(&svc.name_any()), &ns, spec, version)
+        .map_err(|e| e.to_string())?;
+    Ok(Some(ChangeFacts {
+        fingerprint: c.fingerprint.clone(),
+        triggering_paths: c.triggering_paths.clone(),
+        new_pods: pods,
+    }))
+}
+
+/// The current admission of a plan: its status, or a just-written one.
+fn admission_of(plan: &UpgradePlan, overlay: &Overlay) -> Option<Admission> {
+    let key = (plan.namespace().unwrap_or_default(), plan.name_any());
+    plan.status
+        .as_ref()
+        .and_then(|s| s.admitted.clone())
+        .or_else(|| overlay.get(&key).cloned())
+}
+
+/// Unbound pods of every other plan's admitted upgrade.
+pub fn ledger_pods(
+    stores: &Stores,
+    me: &UpgradePlan,
+    overlay: &Overlay,
+    version: KubeRayVersion,
+) -> Vec<Pod> {
+    let mut out = vec![];
+    for p in stores.plans.state() {
+        if p.namespace() == me.namespace() && p.name_any() == me.name_any() {
+            continue;
+        }
+        let Some(adm) = admission_of(&p, overlay) else {
+            continue;
+        };
+        let ns = p.namespace().unwrap_or_default();
+        let Ok(guard) = service(stores, &ns, &p.spec.ray_service_ref.name) else {
+            continue;
+        };
+        let Ok(svc) = &guard.0 else { continue };
+        let pending = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.pending_service_status.as_ref())
+            .and_then(|s| s.ray_cluster_name.clone())
+            .filter(|n| !n.is_empty())
+            .or(adm.to_cluster.clone());
+        let clusters = clusters_of(stores, &ns, &svc.name_any());
+        let pending_cluster = pending
+            .as_ref()
+            .and_then(|n| clusters.iter().find(|c| &guard_name(c) == n))
+            .and_then(|c| c.0.as_ref().ok());
+        let planned = match pending_cluster {
+            Some(c) => kuberay::planned_pods(&c.name_any(), &ns, &c.spec, version),
+            None => match svc.cluster_config() {
+                Ok(spec) => {
+                    kuberay::planned_pods(&next_cluster_name(&svc.name_any()), &ns, spec, version)
+                }
+                Err(e) => Err(e),
+            },
+        };
+        let Ok(planned) = planned else { continue };
+        let existing: Vec<Arc<Pod>> = match &pending {
+            Some(n) => pods_by_cluster(stores, &ns, &BTreeSet::from([n.clone()]))
+                .remove(n)
+                .unwrap_or_default(),
+            None => vec![],
+        };
+        let refs: Vec<&Pod> = existing.iter().map(|p| p.as_ref()).collect();
+        out.extend(ledger::unbound(&planned, &refs));
+    }
+    out
+}
+
+fn headroom(plan: &UpgradePlan) -> ResourceList {
+    plan.spec
+        .headroom
+        .iter()
+        .filter_map(|(k, v)| Quantity::parse(v).ok().map(|q| (k.clone(), q)))
+        .collect()
+}
+
+/// Other plans waiting for capacity, plus `me`, in admission order.
+pub fn queue(
+    stores: &Stores,
+    me: &UpgradePlan,
+    my_pods: &[Pod],
+    version: KubeRayVersion,
+) -> Vec<Candidate> {
+    let now = Timestamp::now();
+    let mut q = vec![];
+    for p in stores.plans.state() {
+        let is_me = p.namespace() == me.namespace() && p.name_any() == me.name_any();
+        if is_me {
+            continue;
+        }
+        let Some(status) = p.status.as_ref() else {
+            continue;
+        };
+        if status.phase != Phase::WaitingForCapacity || status.admitted.is_some() {
+            continue;
+        }
+        let ns = p.namespace().unwrap_or_default();
+        let Ok(guard) = service(stores, &ns, &p.spec.ray_service_ref.name) else {
+            continue;
+        };
+        let Ok(svc) = &guard.0 else { continue };
+        let Ok(spec) = svc.cluster_config() else {
+            continue;
+        };
+        let Ok(pods) =
+            kuberay::planned_pods(&next_cluster_name(&svc.name_any()), &ns, spec, version)
+        else {
+            continue;
+        };
+        q.push(Candidate {
+            namespace: ns,
+            name: p.name_any(),
+            priority: p.spec.priority,
+            waiting_since: status
+                .pending_change
+                .as_ref()
+                .and_then(|c| c.detected_time.parse().ok())
+                .unwrap_or(now),
+            pods,
+            headroom: headroom(&p),
+        });
+    }
+    let since = me
+        .status
+        .as_ref()
+        .and_then(|s| s.pending_change.as_ref())
+        .and_then(|c| c.detected_time.parse().ok())
+        .unwrap_or(now);
+    q.push(Candidate {
+        namespace: me.namespace().unwrap_or_default(),
+        name: me.name_any(),
+        priority: me.spec.priority,
+        waiting_since: since,
+        pods: my_pods.to_vec(),
+        headroom: headroom(me),
+    });
+    ledger::order(&mut q);
+    q
+}
+
+pub fn cluster_state(stores: &Stores) -> ClusterState {
+    ClusterState {
+        nodes: stores
+            .nodes
+            .state()
+            .iter()
+            .map(|n| n.as_ref().clone())
+            .collect(),
+        pods: stores
+            .pods
+            .state()
+            .iter()
+            .map(|p| p.as_ref().clone())
+            .collect(),
+        limit_ranges: stores
+            .limit_ranges
+            .state()
+            .iter()
+            .map(|l| l.as_ref().clone())
+            .collect(),
+        warnings: vec![],
+    }
+}
+
+/// Fit of `change` for `me`, with the ledger and the queue ahead reserved.
+pub fn evaluate_fit(
+    stores: &Stores,
+    state: &ClusterState,
+    me: &UpgradePlan,
+    overlay: &Overlay,
+    version: KubeRayVersion,
+    change: &ChangeFacts,
+    old_pods: &[Arc<Pod>],
+) -> crate::Result<FitReport> {
+    let ledger = ledger_pods(stores, me, overlay, version);
+    let q = queue(stores, me, &change.new_pods, version);
+    let key = (me.namespace().unwrap_or_default(), me.name_any());
+    let reserved = ledger::reserved_for(state, &ledger, &q, (&key.0, &key.1))?;
+    let mut old_requests = ResourceList::new();
+    for p in old_pods {
+        capacity::add_into(
+            &mut old_requests,
+            &capacity::pod_requests(p, &state.limit_ranges)?,
+        );
+    }
+    capacity::fit(
+        state,
+        &FitRequest {
+            pods: change.new_pods.clone(),
+            reserved,
+            headroom: headroom(me),
+            old_requests,
+        },
+    )
+}
