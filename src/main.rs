@@ -1,3 +1,245 @@
-fn main() {
-    std::process::exit(0);
+//! The `raygate` binary: the operator (`run`) and the offline commands.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use tracing::{error, info};
+
+use raygate::cli::{self, ExplainArgs, FitArgs};
+use raygate::controller::{self, Settings};
+use raygate::kuberay::KubeRayVersion;
+use raygate::leader::{self, LeaderConfig};
+use raygate::metrics::Metrics;
+use raygate::server::{self, Health};
+use raygate::telemetry::{self, LogFormat};
+use raygate::upgradeplan;
+use raygate::{Error, Result};
+
+/// Capacity gate for KubeRay RayService upgrades.
+///
+/// A change under spec.rayClusterConfig makes KubeRay build a second
+/// RayCluster next to the running one; raygate admits that upgrade only when
+/// both clusters fit, and reports every decision in an UpgradePlan.
+#[derive(Parser, Debug)]
+#[command(name = "raygate", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the operator: watch UpgradePlans and gate their RayServices.
+    Run(RunArgs),
+    /// Say what KubeRay will do with a RayService change (no cluster needed).
+    Explain(ExplainArgs),
+    /// Check whether a RayService's new cluster fits a cluster state
+    /// (no cluster needed). Exit 0 whether or not it fits, unless --fail-if-no-fit.
+    Fit {
+        #[command(flatten)]
+        args: FitArgs,
+        /// Exit 3 when the new cluster does not fit (for CI gates).
+        #[arg(long)]
+        fail_if_no_fit: bool,
+    },
+    /// Print the UpgradePlan CustomResourceDefinition as YAML.
+    Crd,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Kubeconfig file; without it, KUBECONFIG, ~/.kube/config or the
+    /// in-cluster service account are used, in that order.
+    #[arg(long, env = "RAYGATE_KUBECONFIG", value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use (default: the current context).
+    #[arg(long, value_name = "NAME")]
+    context: Option<String>,
+    /// Namespace whose UpgradePlans to watch; repeat or comma-separate for
+    /// several. Default: all namespaces. Pods and Nodes are always watched
+    /// cluster-wide, since free capacity is cluster-wide.
+    #[arg(
+        long = "namespace",
+        env = "RAYGATE_NAMESPACES",
+        value_delimiter = ',',
+        value_name = "NS"
+    )]
+    namespaces: Vec<String>,
+    /// Address for /metrics, /healthz and /readyz.
+    #[arg(long, env = "RAYGATE_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Log format: json (one object per line) or text.
+    #[arg(long, env = "RAYGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
+    log_format: LogFormat,
+    /// Elect a leader with a coordination.k8s.io Lease, so several replicas
+    /// can run and only one acts.
+    #[arg(long, env = "RAYGATE_LEADER_ELECT", default_value_t = false, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Namespace of the leader-election Lease (default: POD_NAMESPACE or "default").
+    #[arg(long, env = "RAYGATE_LEASE_NAMESPACE")]
+    lease_namespace: Option<String>,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "RAYGATE_LEASE_NAME", default_value = "raygate-leader")]
+    lease_name: String,
+    /// Seconds a leader's lease lasts without renewal before another replica takes over.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_seconds: u64,
+    /// KubeRay release running in the cluster, whose rules raygate applies.
+    #[arg(long, env = "RAYGATE_KUBERAY_VERSION", value_name = "X.Y", default_value_t = KubeRayVersion::latest())]
+    kuberay_version: KubeRayVersion,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Explain(args) => print_or_fail(cli::explain(&args)),
+        Command::Fit {
+            args,
+            fail_if_no_fit,
+        } => match cli::fit(&args) {
+            Ok((text, fits)) => {
+                print!("{text}");
+                if fail_if_no_fit && !fits {
+                    ExitCode::from(3)
+                } else {
+                    ExitCode::SUCCESS
+                }
+            }
+            Err(e) => fail(&e),
+        },
+        Command::Crd => print_or_fail(upgradeplan::crd_yaml()),
+        Command::Run(args) => match run(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                error!(error = %e, "raygate stopped");
+                eprintln!("raygate: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn print_or_fail(r: Result<String>) -> ExitCode {
+    match r {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+/// Invalid input exits 1 with the message; clap's own usage errors exit 2.
+fn fail(e: &Error) -> ExitCode {
+    eprintln!("raygate: {e}");
+    ExitCode::from(1)
+}
+
+async fn client(args: &RunArgs) -> Result<kube::Client> {
+    let options = kube::config::KubeConfigOptions {
+        context: args.context.clone(),
+        ..Default::default()
+    };
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| {
+                Error::invalid(format!("--kubeconfig {}", path.display()), e.to_string())
+            })?;
+            kube::Config::from_custom_kubeconfig(kc, &options)
+                .await
+                .map_err(|e| Error::invalid("kubeconfig", e.to_string()))?
+        }
+        None if args.context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| Error::invalid("kubeconfig", e.to_string()))?,
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| Error::invalid("kubernetes config", e.to_string()))?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+async fn run(args: RunArgs) -> Result<()> {
+    telemetry::init(args.log_format)?;
+    let client = client(&args).await?;
+    let metrics = Arc::new(Metrics::new()?);
+    let health = Arc::new(Health::default());
+
+    let (listener, addr) = server::bind(args.metrics_addr).await?;
+    info!(%addr, "serving /metrics, /healthz, /readyz");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+    let http = tokio::spawn(server::serve_on(
+        listener,
+        metrics.clone(),
+        health.clone(),
+        stopped(stop_rx.clone()),
+    ));
+
+    let settings = Settings {
+        namespaces: args.namespaces.clone(),
+        kuberay_version: args.kuberay_version,
+        instance: leader::default_identity(),
+    };
+    let lease_namespace = args
+        .lease_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .unwrap_or_else(|| "default".into());
+    let leader_cfg = LeaderConfig {
+        enabled: args.leader_elect,
+        namespace: lease_namespace,
+        lease_name: args.lease_name.clone(),
+        identity: settings.instance.clone(),
+        lease_duration: Duration::from_secs(args.lease_duration_seconds),
+        grace: Duration::from_secs(2),
+    };
+    let work = {
+        let (client, metrics, health) = (client.clone(), metrics.clone(), health.clone());
+        let rx = stop_rx.clone();
+        move || controller::run(client, settings, metrics, health, stopped(rx))
+    };
+    let signal = tokio::spawn({
+        let tx = stop_tx.clone();
+        async move {
+            shutdown_signal().await;
+            info!("shutting down");
+            let _ = tx.send(true);
+        }
+    });
+    let result = leader::run_as_leader(client, leader_cfg, health, work).await;
+    let _ = stop_tx.send(true);
+    signal.abort();
+    let _ = http.await;
+    result
 }
