@@ -75,7 +75,8 @@ impl ControlPlane {
         if !script.is_file() {
             bail!("{} not found; {SETUP_HINT}", script.display());
         }
-        let kubeconfig = dir.path().join("kubeconfig");
+        // A subdirectory: `down` removes the directory it was given.
+        let kubeconfig = dir.path().join("cp").join("kubeconfig");
         let mut cp = ControlPlane {
             dir: Some(dir),
             kubeconfig,
@@ -84,7 +85,7 @@ impl ControlPlane {
             started: true,
             kubectl: None,
         };
-        let dir_path = cp.dir()?.to_path_buf();
+        let dir_path = cp.cp_dir()?;
         let out = Command::new(&cp.script)
             .arg("up")
             .arg("--dir")
@@ -111,19 +112,21 @@ impl ControlPlane {
         Ok(cp)
     }
 
-    fn dir(&self) -> Result<&Path> {
+    fn cp_dir(&self) -> Result<PathBuf> {
         self.dir
             .as_ref()
-            .map(|d| d.path())
+            .map(|d| d.path().join("cp"))
             .context("control plane directory already released")
     }
 
-    /// Scratch directory of this handle (control-plane state and logs when owned).
-    pub fn work_dir(&self) -> &Path {
-        self.dir
-            .as_ref()
-            .map(|d| d.path())
-            .unwrap_or(Path::new("."))
+    /// Where tests may put logs: the control plane's `logs/` (archived by `down` when a test
+    /// failed) if this handle started it, else a scratch directory.
+    pub fn log_dir(&self) -> PathBuf {
+        match (&self.dir, self.owned) {
+            (Some(d), true) => d.path().join("cp").join("logs"),
+            (Some(d), false) => d.path().to_path_buf(),
+            (None, _) => std::env::temp_dir(),
+        }
     }
 
     fn find_kubectl(&self) -> Option<PathBuf> {
@@ -190,8 +193,13 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
+        let panicking = std::thread::panicking();
         if self.owned && self.started {
-            if let Some(dir) = self.dir.as_ref().map(|d| d.path().to_path_buf()) {
+            if let Ok(dir) = self.cp_dir() {
+                if panicking && dir.is_dir() {
+                    // `down` archives the logs when DIR/failed exists.
+                    let _ = std::fs::write(dir.join("failed"), b"test panicked\n");
+                }
                 match Command::new(&self.script)
                     .arg("down")
                     .arg("--dir")
@@ -199,19 +207,17 @@ impl Drop for ControlPlane {
                     .stdin(Stdio::null())
                     .output()
                 {
-                    Ok(o) if o.status.success() => {}
+                    Ok(o) if o.status.success() => {
+                        if panicking {
+                            eprint!("{}", String::from_utf8_lossy(&o.stderr));
+                        }
+                    }
                     Ok(o) => eprintln!(
                         "raygate-e2e: control-plane down failed: {}",
                         String::from_utf8_lossy(&o.stderr)
                     ),
                     Err(e) => eprintln!("raygate-e2e: could not run control-plane down: {e}"),
                 }
-            }
-        }
-        if std::thread::panicking() {
-            if let Some(d) = self.dir.take() {
-                let kept = d.keep();
-                eprintln!("raygate-e2e: test failed; logs kept in {}", kept.display());
             }
         }
     }

@@ -31,7 +31,7 @@ pub struct KubeRaySim {
 }
 
 impl KubeRaySim {
-    /// Spawns the binary against `cp`, logging (JSON lines) to a file in the control plane's dir.
+    /// Spawns the binary against `cp`, logging to `ControlPlane::log_dir()`.
     pub fn spawn(cp: &ControlPlane, opts: KubeRaySimOptions) -> Result<KubeRaySim> {
         let bin = match opts.binary {
             Some(b) => b,
@@ -39,7 +39,9 @@ impl KubeRaySim {
                 .context("kuberay-sim binary not found next to the test executable; build it or pass KubeRaySimOptions::binary")?,
         };
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-        let log = cp.work_dir().join(format!("kuberay-sim-{n}.log"));
+        let dir = cp.log_dir();
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let log = dir.join(format!("kuberay-sim-{n}.log"));
         let file =
             std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
         let mut cmd = Command::new(&bin);

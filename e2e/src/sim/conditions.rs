@@ -20,6 +20,9 @@ pub fn is_true(conds: &[Value], ty: &str) -> bool {
 }
 
 /// Sets or updates a condition. `observed_generation` 0 is omitted, as Go's omitempty does.
+///
+/// An empty `message` is replaced by the reason: the e2e kube-apiserver v1.20 build rejects
+/// `""` in custom-resource string fields (it validates them as null), see SIMULATION.md.
 pub fn set(
     conds: &mut Vec<Value>,
     ty: &str,
@@ -28,6 +31,7 @@ pub fn set(
     message: &str,
     observed_generation: i64,
 ) {
+    let message = if message.is_empty() { reason } else { message };
     let mut new = json!({
         "type": ty,
         "status": status,
