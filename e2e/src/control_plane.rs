@@ -194,30 +194,31 @@ impl ControlPlane {
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         let panicking = std::thread::panicking();
-        if self.owned && self.started {
-            if let Ok(dir) = self.cp_dir() {
-                if panicking && dir.is_dir() {
-                    // `down` archives the logs when DIR/failed exists.
-                    let _ = std::fs::write(dir.join("failed"), b"test panicked\n");
-                }
-                match Command::new(&self.script)
-                    .arg("down")
-                    .arg("--dir")
-                    .arg(&dir)
-                    .stdin(Stdio::null())
-                    .output()
-                {
-                    Ok(o) if o.status.success() => {
-                        if panicking {
-                            eprint!("{}", String::from_utf8_lossy(&o.stderr));
-                        }
+        if self.owned
+            && self.started
+            && let Ok(dir) = self.cp_dir()
+        {
+            if panicking && dir.is_dir() {
+                // `down` archives the logs when DIR/failed exists.
+                let _ = std::fs::write(dir.join("failed"), b"test panicked\n");
+            }
+            match Command::new(&self.script)
+                .arg("down")
+                .arg("--dir")
+                .arg(&dir)
+                .stdin(Stdio::null())
+                .output()
+            {
+                Ok(o) if o.status.success() => {
+                    if panicking {
+                        eprint!("{}", String::from_utf8_lossy(&o.stderr));
                     }
-                    Ok(o) => eprintln!(
-                        "raygate-e2e: control-plane down failed: {}",
-                        String::from_utf8_lossy(&o.stderr)
-                    ),
-                    Err(e) => eprintln!("raygate-e2e: could not run control-plane down: {e}"),
                 }
+                Ok(o) => eprintln!(
+                    "raygate-e2e: control-plane down failed: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+                Err(e) => eprintln!("raygate-e2e: could not run control-plane down: {e}"),
             }
         }
     }

@@ -81,7 +81,7 @@ impl Quantity {
     }
 
     /// Sum, binary if either side is.
-    pub fn add(self, other: Quantity) -> Quantity {
+    pub fn plus(self, other: Quantity) -> Quantity {
         Quantity {
             milli: self.milli + other.milli,
             binary: self.binary || other.binary,
@@ -170,7 +170,7 @@ mod tests {
         assert_eq!(q("2").format(), "2");
         assert_eq!(q("1.5").format(), "1500m");
         assert_eq!(q("16Gi").format(), "16Gi");
-        assert_eq!(q("16Gi").add(q("512Mi")).format(), "16896Mi");
+        assert_eq!(q("16Gi").plus(q("512Mi")).format(), "16896Mi");
         assert_eq!(q("4").times(3).format(), "12");
         assert_eq!(q("1000").format(), "1k");
         assert_eq!(q("1e3").milli, 1_000_000);

@@ -180,16 +180,15 @@ async fn reconcile_pods(k: &Kube, cluster: &Value, pods: &[&Value]) -> Result<bo
         }
         let mut deleted = BTreeSet::new();
         for w in arr_at(group, &["scaleStrategy", "workersToDelete"]) {
-            if let Some(pod_name) = w.as_str() {
-                if group_pods
+            if let Some(pod_name) = w.as_str()
+                && group_pods
                     .iter()
                     .any(|p| str_at(p, &["metadata", "name"]) == pod_name)
-                {
-                    k.delete(&k.res.pod, ns, pod_name, &DeleteParams::default())
-                        .await?;
-                    deleted.insert(pod_name.to_string());
-                    changed = true;
-                }
+            {
+                k.delete(&k.res.pod, ns, pod_name, &DeleteParams::default())
+                    .await?;
+                deleted.insert(pod_name.to_string());
+                changed = true;
             }
         }
         let running: Vec<&Value> = group_pods
@@ -314,17 +313,17 @@ fn pod_resources(template: &Value) -> BTreeMap<String, Quantity> {
         for (src, overwrite) in [("requests", true), ("limits", false)] {
             if let Some(m) = get(c, &["resources", src]).and_then(Value::as_object) {
                 for (k, v) in m {
-                    if let Some(q) = Quantity::from_json(v) {
-                        if overwrite || !res.contains_key(k) {
-                            res.insert(k.clone(), q);
-                        }
+                    if let Some(q) = Quantity::from_json(v)
+                        && (overwrite || !res.contains_key(k))
+                    {
+                        res.insert(k.clone(), q);
                     }
                 }
             }
         }
         for (k, q) in res {
             let e = total.entry(k).or_default();
-            *e = e.add(q);
+            *e = e.plus(q);
         }
     }
     total
@@ -394,13 +393,13 @@ pub fn calculate_status(cluster: &Value, pods: &[&Value], reconcile_failed: bool
         let n = i64_at(g, &["replicas"]).unwrap_or(0) * num_of_hosts(g);
         for (k, q) in pod_resources(g.get("template").unwrap_or(&Value::Null)) {
             let e = res.entry(k).or_default();
-            *e = e.add(q.times(n));
+            *e = e.plus(q.times(n));
         }
     }
     let gpu = res
         .iter()
         .filter(|(k, q)| is_gpu_key(k) && q.milli != 0)
-        .fold(Quantity::default(), |a, (_, q)| a.add(*q));
+        .fold(Quantity::default(), |a, (_, q)| a.plus(*q));
 
     let m = st.as_object_mut().map(std::mem::take).unwrap_or_default();
     let mut m = m;

@@ -46,10 +46,10 @@ pub fn set(
         .iter_mut()
         .find(|c| c.get("type").and_then(Value::as_str) == Some(ty))
     {
-        if existing.get("status").and_then(Value::as_str) == Some(status) {
-            if let Some(t) = existing.get("lastTransitionTime") {
-                new["lastTransitionTime"] = t.clone();
-            }
+        if existing.get("status").and_then(Value::as_str) == Some(status)
+            && let Some(t) = existing.get("lastTransitionTime")
+        {
+            new["lastTransitionTime"] = t.clone();
         }
         *existing = new;
     } else {

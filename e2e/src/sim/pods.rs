@@ -151,13 +151,12 @@ fn push_volume_mount(container: &mut Value, name: &str, path: &str) {
     let mounts = obj_mut(container, &[])
         .entry("volumeMounts")
         .or_insert_with(|| json!([]));
-    if let Some(a) = mounts.as_array_mut() {
-        if !a
+    if let Some(a) = mounts.as_array_mut()
+        && !a
             .iter()
             .any(|m| m.get("mountPath").and_then(Value::as_str) == Some(path))
-        {
-            a.push(json!({"name": name, "mountPath": path}));
-        }
+    {
+        a.push(json!({"name": name, "mountPath": path}));
     }
 }
 
@@ -165,17 +164,16 @@ fn push_empty_dir(spec: &mut Value, name: &str, medium: Option<&str>) {
     let vols = obj_mut(spec, &[])
         .entry("volumes")
         .or_insert_with(|| json!([]));
-    if let Some(a) = vols.as_array_mut() {
-        if !a
+    if let Some(a) = vols.as_array_mut()
+        && !a
             .iter()
             .any(|v| v.get("name").and_then(Value::as_str) == Some(name))
-        {
-            let ed = match medium {
-                Some(m) => json!({"medium": m}),
-                None => json!({}),
-            };
-            a.push(json!({"name": name, "emptyDir": ed}));
-        }
+    {
+        let ed = match medium {
+            Some(m) => json!({"medium": m}),
+            None => json!({}),
+        };
+        a.push(json!({"name": name, "emptyDir": ed}));
     }
 }
 
@@ -239,13 +237,12 @@ fn finish_ray_container(pod: &mut Value, cluster: &Value, node_type: &str, param
     }
     push_volume_mount(c0, "shared-mem", "/dev/shm");
     let ports = obj_mut(c0, &[]).entry("ports").or_insert_with(|| json!([]));
-    if let Some(a) = ports.as_array_mut() {
-        if !a
+    if let Some(a) = ports.as_array_mut()
+        && !a
             .iter()
             .any(|p| p.get("name").and_then(Value::as_str) == Some("metrics"))
-        {
-            a.push(json!({"name": "metrics", "containerPort": 8080, "protocol": "TCP"}));
-        }
+    {
+        a.push(json!({"name": "metrics", "containerPort": 8080, "protocol": "TCP"}));
     }
     if let Some(spec) = pod.get_mut("spec") {
         push_empty_dir(spec, "shared-mem", Some("Memory"));

@@ -202,25 +202,25 @@ pub async fn reconcile(
         tracing::info!(service = %name, cluster = %pending_name, namespace = %ns, "created pending RayCluster");
         pending = Some(created);
     } else {
-        if should_update_cluster(svc, active.as_ref(), true) {
-            if let Some(a) = &active {
-                let goal = construct_cluster(svc, &active_name);
-                let updated = k
-                    .replace(&k.res.ray_cluster, &ns, &modify_cluster(a, &goal))
-                    .await?;
-                tracing::info!(service = %name, cluster = %active_name, "updated active RayCluster in place");
-                active = Some(updated);
-            }
+        if should_update_cluster(svc, active.as_ref(), true)
+            && let Some(a) = &active
+        {
+            let goal = construct_cluster(svc, &active_name);
+            let updated = k
+                .replace(&k.res.ray_cluster, &ns, &modify_cluster(a, &goal))
+                .await?;
+            tracing::info!(service = %name, cluster = %active_name, "updated active RayCluster in place");
+            active = Some(updated);
         }
-        if should_update_cluster(svc, pending.as_ref(), false) {
-            if let Some(p) = &pending {
-                let goal = construct_cluster(svc, &pending_name);
-                let updated = k
-                    .replace(&k.res.ray_cluster, &ns, &modify_cluster(p, &goal))
-                    .await?;
-                tracing::info!(service = %name, cluster = %pending_name, "updated pending RayCluster in place");
-                pending = Some(updated);
-            }
+        if should_update_cluster(svc, pending.as_ref(), false)
+            && let Some(p) = &pending
+        {
+            let goal = construct_cluster(svc, &pending_name);
+            let updated = k
+                .replace(&k.res.ray_cluster, &ns, &modify_cluster(p, &goal))
+                .await?;
+            tracing::info!(service = %name, cluster = %pending_name, "updated pending RayCluster in place");
+            pending = Some(updated);
         }
     }
 
@@ -248,10 +248,11 @@ pub async fn reconcile(
         (pending_ready, pending_apps) = serve::reconcile(svc, p);
     }
     let (mut active_ready, mut active_apps) = (false, None);
-    if let Some(a) = &active {
-        if pending.is_none() && !should_prepare_new_cluster(svc, Some(a), None, false) {
-            (active_ready, active_apps) = serve::reconcile(svc, a);
-        }
+    if let Some(a) = &active
+        && pending.is_none()
+        && !should_prepare_new_cluster(svc, Some(a), None, false)
+    {
+        (active_ready, active_apps) = serve::reconcile(svc, a);
     }
 
     // reconcileServicesToReadyCluster: the head/serve Services follow the ready cluster.
@@ -293,15 +294,15 @@ pub async fn reconcile(
         }
     }
     let mut is_pending_serving = false;
-    if let Some(target) = serving_target {
-        if target == pending_name || target == active_name {
-            if active_name != target {
-                tracing::info!(service = %name, old = %active_name, new = %pending_name, "promoting pending RayCluster to active");
-                st["activeServiceStatus"] = st["pendingServiceStatus"].take();
-                st["pendingServiceStatus"] = zero_service_status();
-            }
-            is_pending_serving = target == pending_name;
+    if let Some(target) = serving_target
+        && (target == pending_name || target == active_name)
+    {
+        if active_name != target {
+            tracing::info!(service = %name, old = %active_name, new = %pending_name, "promoting pending RayCluster to active");
+            st["activeServiceStatus"] = st["pendingServiceStatus"].take();
+            st["pendingServiceStatus"] = zero_service_status();
         }
+        is_pending_serving = target == pending_name;
     }
     if should_prepare_new_cluster(svc, active.as_ref(), pending.as_ref(), is_pending_serving) {
         let new_name = format!("{name}-{}", rand_suffix());
