@@ -13,5 +13,5 @@ pub mod wait;
 pub use bins::workspace_bin;
 pub use control_plane::{ControlPlane, create_namespace};
 pub use fake_node::{FakeNode, Taint};
-pub use process::{KubeRaySim, KubeRaySimOptions};
+pub use process::{InProcessSim, KubeRaySim, KubeRaySimOptions};
 pub use wait::{Check, wait_for};
