@@ -50,7 +50,11 @@ async fn main() -> Result<()> {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let sub = tracing_subscriber::fmt().with_env_filter(filter);
+    // Plain text when logging to a file (as the test harness does).
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let sub = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi);
     match args.log_format {
         LogFormat::Json => sub.json().init(),
         LogFormat::Text => sub.init(),
