@@ -461,6 +461,28 @@ async fn rayservice_gets_a_running_cluster_and_serve_app_body(cp: &ControlPlane)
             other => panic!("unexpected node type {other}"),
         }
     }
+
+    // Deletion: KubeRay's finalizer holds the RayService until its RayClusters are gone;
+    // the garbage collector removes their pods.
+    assert!(
+        arr_at(&rs, &["metadata", "finalizers"])
+            .iter()
+            .any(|f| f == "ray.io/rayservice-finalizer")
+    );
+    rs_api(&client, &ns)
+        .delete("llm", &Default::default())
+        .await?;
+    wait_for("RayService, RayClusters and pods to be gone", T, || async {
+        let svcs = list_json(&rs_api(&client, &ns)).await?.len();
+        let clusters = list_json(&rc_api(&client, &ns)).await?.len();
+        let pods = pods_of(&client, &ns, &active).await?.len();
+        Ok(if svcs + clusters + pods == 0 {
+            Check::Done(())
+        } else {
+            Check::NotYet(format!("{svcs} services, {clusters} clusters, {pods} pods"))
+        })
+    })
+    .await?;
     Ok(())
 }
 

@@ -22,6 +22,7 @@ pub const CREATED_BY_LABEL: &str = "app.kubernetes.io/created-by";
 pub const REPLICA_INDEX_LABEL: &str = "ray.io/worker-group-replica-index";
 pub const REPLICA_NAME_LABEL: &str = "ray.io/worker-group-replica-name";
 pub const HOST_INDEX_LABEL: &str = "ray.io/replica-host-index";
+pub const RAY_SERVICE_FINALIZER: &str = "ray.io/rayservice-finalizer";
 pub const HEAD_GROUP: &str = "headgroup";
 
 pub const HASH_ANNOTATION: &str = "ray.io/hash-without-replicas-and-workers-to-delete";

@@ -178,8 +178,30 @@ pub async fn reconcile(
     let pending_name =
         str_at(svc, &["status", "pendingServiceStatus", "rayClusterName"]).to_string();
 
-    clean_up_clusters(k, state, opts, svc, clusters, &active_name, &pending_name).await?;
+    let has_clusters_to_clean =
+        clean_up_clusters(k, state, opts, svc, clusters, &active_name, &pending_name).await?;
+    let finalizers: Vec<String> = arr_at(svc, &["metadata", "finalizers"])
+        .iter()
+        .filter_map(|f| f.as_str().map(str::to_string))
+        .collect();
+    let has_finalizer = finalizers.iter().any(|f| f == RAY_SERVICE_FINALIZER);
     if get(svc, &["metadata", "deletionTimestamp"]).is_some() {
+        // The finalizer goes once every RayCluster of the service is gone.
+        if !has_clusters_to_clean && has_finalizer {
+            let rest: Vec<&String> = finalizers
+                .iter()
+                .filter(|f| *f != RAY_SERVICE_FINALIZER)
+                .collect();
+            set_finalizers(k, svc, json!(rest)).await?;
+            tracing::info!(service = %name, "no RayClusters left; removed finalizer");
+        }
+        return Ok(());
+    }
+    if !has_finalizer {
+        let mut all = finalizers.clone();
+        all.push(RAY_SERVICE_FINALIZER.to_string());
+        set_finalizers(k, svc, json!(all)).await?;
+        tracing::info!(service = %name, "added finalizer");
         return Ok(());
     }
     if get(svc, &["spec", "upgradeStrategy", "type"]).and_then(Value::as_str)
@@ -499,9 +521,24 @@ fn inconsistent_service_status(old: Option<&Value>, new: Option<&Value>) -> bool
     .any(|f| get(old, &[f]) != get(new, &[f]))
 }
 
+/// Replaces `metadata.finalizers`, guarded by the resourceVersion we read (KubeRay does a
+/// full Update; the effect on the object is the same).
+async fn set_finalizers(k: &Kube, svc: &Value, finalizers: Value) -> Result<()> {
+    let patch = Patch::Merge(json!({"metadata": {
+        "resourceVersion": str_at(svc, &["metadata", "resourceVersion"]),
+        "finalizers": finalizers,
+    }}));
+    let ns = str_at(svc, &["metadata", "namespace"]);
+    let name = str_at(svc, &["metadata", "name"]);
+    k.patch(&k.res.ray_service, Some(ns), name, &patch).await?;
+    Ok(())
+}
+
 /// `cleanUpRayClusterInstance`: clusters that are neither active nor pending are deleted
 /// (background propagation) once their deletion delay has passed. The schedule lives in
-/// memory, as KubeRay's does, so a restart of the simulator restarts the delay.
+/// memory, as KubeRay's does, so a restart of the simulator restarts the delay. When the
+/// RayService is being deleted, all its clusters go at once. Returns whether any cluster
+/// remains to be cleaned up.
 async fn clean_up_clusters(
     k: &Kube,
     state: &mut SimState,
@@ -510,7 +547,7 @@ async fn clean_up_clusters(
     clusters: &BTreeMap<ClusterKey, Value>,
     active: &str,
     pending: &str,
-) -> Result<()> {
+) -> Result<bool> {
     let ns = str_at(svc, &["metadata", "namespace"]);
     let svc_name = str_at(svc, &["metadata", "name"]);
     let svc_deleted = get(svc, &["metadata", "deletionTimestamp"]).is_some();
@@ -524,6 +561,7 @@ async fn clean_up_clusters(
             Duration::from_secs(s as u64)
         })
     };
+    let mut has_to_clean = false;
     for ((cns, cname), c) in clusters {
         if cns != ns
             || str_at(c, &["metadata", "labels", ORIGINATED_FROM_CR_NAME]) != svc_name
@@ -534,12 +572,18 @@ async fn clean_up_clusters(
         if !svc_deleted && (cname == active || cname == pending) {
             continue;
         }
+        has_to_clean = true;
         if get(c, &["metadata", "deletionTimestamp"]).is_some() {
             continue;
         }
         let key = (cns.clone(), cname.clone());
+        let due = svc_deleted
+            || state
+                .deletion_at
+                .get(&key)
+                .is_some_and(|at| Instant::now() >= *at);
         match state.deletion_at.get(&key) {
-            Some(at) if Instant::now() >= *at => {
+            _ if due => {
                 let dp = DeleteParams {
                     propagation_policy: Some(PropagationPolicy::Background),
                     ..DeleteParams::default()
@@ -554,7 +598,7 @@ async fn clean_up_clusters(
             }
         }
     }
-    Ok(())
+    Ok(has_to_clean)
 }
 
 #[cfg(test)]
