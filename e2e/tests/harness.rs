@@ -1,0 +1,826 @@
+//! Proves the harness is real: a real kube-apiserver/kube-scheduler/controller-manager,
+//! fake nodes, and kuberay-sim driving RayService upgrades.
+//!
+//! Isolation: every test starts its own control plane (Nodes are cluster-wide, and several
+//! tests depend on exact capacity), and its own kuberay-sim restricted to the test's
+//! namespace. With `RAYGATE_E2E_KUBECONFIG` set, tests share that cluster instead; node
+//! names are unique per test and no test relies on other tests' nodes being absent, except
+//! that the "does not fit" test needs every node to have fewer than 16 GPUs.
+//!
+//! Run: `e2e/setup` once, then `cargo test -p raygate-e2e --test harness`.
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::Client;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use raygate_e2e::json::{arr_at, i64_at, str_at};
+use raygate_e2e::sim::conditions;
+use raygate_e2e::sim::kube::Resources;
+use raygate_e2e::sim::pods::rand_suffix;
+use raygate_e2e::{
+    Check, ControlPlane, FakeNode, KubeRaySim, KubeRaySimOptions, create_namespace, wait_for,
+};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(90);
+
+fn control_plane() -> ControlPlane {
+    ControlPlane::start().unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"))
+}
+
+/// Panics while the control plane is still alive, so its Drop sees the failure and keeps logs.
+fn or_panic(r: Result<()>) {
+    if let Err(e) = r {
+        panic!("{e:#}");
+    }
+}
+
+fn sim(cp: &ControlPlane, ns: &str) -> KubeRaySim {
+    KubeRaySim::spawn(
+        cp,
+        KubeRaySimOptions {
+            namespace: Some(ns.to_string()),
+            binary: Some(env!("CARGO_BIN_EXE_kuberay-sim").into()),
+            ..KubeRaySimOptions::default()
+        },
+    )
+    .expect("spawn kuberay-sim")
+}
+
+async fn nodes(client: &Client, specs: &[(&str, u32)]) -> Vec<String> {
+    let tag = rand_suffix();
+    let mut names = Vec::new();
+    for (prefix, gpus) in specs {
+        let name = format!("{prefix}-{tag}");
+        FakeNode::new(&name)
+            .cpu("32")
+            .memory("256Gi")
+            .gpu(*gpus)
+            .create(client)
+            .await
+            .expect("create fake node");
+        names.push(name);
+    }
+    names
+}
+
+fn rs_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &Resources::default().ray_service)
+}
+
+fn rc_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &Resources::default().ray_cluster)
+}
+
+async fn get_json(api: &Api<DynamicObject>, name: &str) -> Result<Value> {
+    Ok(serde_json::to_value(api.get(name).await?)?)
+}
+
+async fn list_json(api: &Api<DynamicObject>) -> Result<Vec<Value>> {
+    let l = api.list(&ListParams::default()).await?;
+    l.items
+        .into_iter()
+        .map(|o| Ok(serde_json::to_value(o)?))
+        .collect()
+}
+
+async fn pods_of(client: &Client, ns: &str, cluster: &str) -> Result<Vec<Value>> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let l = api
+        .list(&ListParams::default().labels(&format!("ray.io/cluster={cluster}")))
+        .await?;
+    l.items
+        .into_iter()
+        .map(|p| Ok(serde_json::to_value(p)?))
+        .collect()
+}
+
+/// A realistic RayService: CPU head, one GPU worker group (4 GPUs per worker), one Serve app.
+fn ray_service(name: &str, image: &str, replicas: i64, extra_spec: Value) -> Value {
+    let mut v = json!({
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": {"name": name},
+        "spec": {
+            "serveConfigV2": "applications:\n  - name: llm\n    import_path: serve_app:app\n    route_prefix: /\n    deployments:\n      - name: LLMServer\n        num_replicas: 1\n        ray_actor_options:\n          num_gpus: 4\n",
+            "rayClusterConfig": {
+                "rayVersion": "2.9.0",
+                "headGroupSpec": {
+                    "rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0"},
+                    "template": {"spec": {"containers": [{
+                        "name": "ray-head",
+                        "image": "rayproject/ray:2.9.0",
+                        "resources": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}},
+                    }]}},
+                },
+                "workerGroupSpecs": [{
+                    "groupName": "gpu",
+                    "replicas": replicas,
+                    "minReplicas": 0,
+                    "maxReplicas": 4,
+                    "rayStartParams": {},
+                    "template": {"spec": {"containers": [{
+                        "name": "ray-worker",
+                        "image": image,
+                        "resources": {
+                            "requests": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "4"},
+                            "limits": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "4"},
+                        },
+                    }]}},
+                }],
+            },
+        },
+    });
+    if let (Some(spec), Some(extra)) = (v["spec"].as_object_mut(), extra_spec.as_object()) {
+        for (k, e) in extra {
+            spec.insert(k.clone(), e.clone());
+        }
+    }
+    v
+}
+
+async fn create_rs(client: &Client, ns: &str, rs: &Value) -> Result<()> {
+    let obj: DynamicObject = serde_json::from_value(rs.clone())?;
+    rs_api(client, ns)
+        .create(&PostParams::default(), &obj)
+        .await?;
+    Ok(())
+}
+
+async fn json_patch(api: &Api<DynamicObject>, name: &str, ops: Value) -> Result<()> {
+    let p: json_patch::Patch = serde_json::from_value(ops)?;
+    api.patch(name, &PatchParams::default(), &Patch::<()>::Json(p))
+        .await?;
+    Ok(())
+}
+
+fn summary(rs: &Value) -> String {
+    let st = &rs["status"];
+    let conds: Vec<String> = arr_at(st, &["conditions"])
+        .iter()
+        .map(|c| {
+            format!(
+                "{}={}({})",
+                str_at(c, &["type"]),
+                str_at(c, &["status"]),
+                str_at(c, &["reason"])
+            )
+        })
+        .collect();
+    format!(
+        "gen={} observed={} active={:?} apps={} pending={:?} pendingApps={} endpoints={} conds=[{}]",
+        i64_at(rs, &["metadata", "generation"]).unwrap_or(0),
+        i64_at(st, &["observedGeneration"]).unwrap_or(0),
+        str_at(st, &["activeServiceStatus", "rayClusterName"]),
+        st["activeServiceStatus"]["applicationStatuses"],
+        str_at(st, &["pendingServiceStatus", "rayClusterName"]),
+        st["pendingServiceStatus"]["applicationStatuses"],
+        i64_at(st, &["numServeEndpoints"]).unwrap_or(0),
+        conds.join(",")
+    )
+}
+
+fn cond_true(obj: &Value, ty: &str) -> bool {
+    conditions::is_true(arr_at(obj, &["status", "conditions"]), ty)
+}
+
+/// Waits until the service has an active cluster, no pending one, and the app RUNNING.
+async fn wait_serving(client: &Client, ns: &str, name: &str) -> Result<Value> {
+    let api = rs_api(client, ns);
+    wait_for(&format!("RayService {name} serving"), T, || async {
+        let rs = get_json(&api, name).await?;
+        let st = &rs["status"];
+        let ok = !str_at(st, &["activeServiceStatus", "rayClusterName"]).is_empty()
+            && str_at(st, &["pendingServiceStatus", "rayClusterName"]).is_empty()
+            && str_at(
+                st,
+                &[
+                    "activeServiceStatus",
+                    "applicationStatuses",
+                    "llm",
+                    "status",
+                ],
+            ) == "RUNNING"
+            && cond_true(&rs, "Ready")
+            && !cond_true(&rs, "UpgradeInProgress")
+            && i64_at(st, &["observedGeneration"]) == i64_at(&rs, &["metadata", "generation"]);
+        Ok(if ok {
+            Check::Done(rs.clone())
+        } else {
+            Check::NotYet(summary(&rs))
+        })
+    })
+    .await
+}
+
+/// Waits until the simulator has reconciled the current generation.
+async fn wait_observed(client: &Client, ns: &str, name: &str) -> Result<Value> {
+    let api = rs_api(client, ns);
+    wait_for(&format!("RayService {name} observed"), T, || async {
+        let rs = get_json(&api, name).await?;
+        let ok = i64_at(&rs, &["status", "observedGeneration"])
+            == i64_at(&rs, &["metadata", "generation"]);
+        Ok(if ok {
+            Check::Done(rs.clone())
+        } else {
+            Check::NotYet(summary(&rs))
+        })
+    })
+    .await
+}
+
+fn active_of(rs: &Value) -> String {
+    str_at(rs, &["status", "activeServiceStatus", "rayClusterName"]).to_string()
+}
+
+async fn cluster_names(client: &Client, ns: &str) -> Result<Vec<String>> {
+    Ok(list_json(&rc_api(client, ns))
+        .await?
+        .iter()
+        .filter(|c| c["metadata"]["deletionTimestamp"].is_null())
+        .map(|c| str_at(c, &["metadata", "name"]).to_string())
+        .collect())
+}
+
+fn worker_pods(pods: &[Value], group: &str) -> Vec<Value> {
+    pods.iter()
+        .filter(|p| {
+            str_at(p, &["metadata", "labels", "ray.io/node-type"]) == "worker"
+                && str_at(p, &["metadata", "labels", "ray.io/group"]) == group
+                && p["metadata"]["deletionTimestamp"].is_null()
+        })
+        .cloned()
+        .collect()
+}
+
+async fn wait_workers(
+    client: &Client,
+    ns: &str,
+    cluster: &str,
+    group: &str,
+    n: usize,
+) -> Result<Vec<Value>> {
+    wait_for(
+        &format!("{n} running {group} workers in {cluster}"),
+        T,
+        || async {
+            let pods = pods_of(client, ns, cluster).await?;
+            let w = worker_pods(&pods, group);
+            let running = w
+                .iter()
+                .filter(|p| str_at(p, &["status", "phase"]) == "Running")
+                .count();
+            let all = pods.len();
+            Ok(if w.len() == n && running == n {
+                Check::Done(w)
+            } else {
+                Check::NotYet(format!(
+                    "{} {group} workers, {running} running, {all} pods in cluster",
+                    w.len()
+                ))
+            })
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn real_scheduler_binds_pods_that_fit_and_reports_insufficient_gpu() {
+    let cp = control_plane();
+    or_panic(real_scheduler_binds_pods_that_fit_and_reports_insufficient_gpu_body(&cp).await);
+}
+
+async fn real_scheduler_binds_pods_that_fit_and_reports_insufficient_gpu_body(
+    cp: &ControlPlane,
+) -> Result<()> {
+    let client = cp.client().await?;
+    let ns = create_namespace(&client, "sched").await?;
+    let _sim = sim(cp, &ns);
+    nodes(&client, &[("gpu-a", 8), ("gpu-b", 8)]).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pod = |name: &str, gpus: u32| -> Result<Pod> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "busybox",
+                "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}]},
+        }))?)
+    };
+    pods.create(&PostParams::default(), &pod("too-big", 16)?)
+        .await?;
+    pods.create(&PostParams::default(), &pod("fits", 4)?)
+        .await?;
+
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let msg = wait_for("FailedScheduling event for too-big", T, || async {
+        let l = events.list(&ListParams::default()).await?;
+        let seen: Vec<String> = l
+            .items
+            .iter()
+            .map(|e| {
+                format!(
+                    "{}:{}:{}",
+                    e.involved_object.name.clone().unwrap_or_default(),
+                    e.reason.clone().unwrap_or_default(),
+                    e.message.clone().unwrap_or_default()
+                )
+            })
+            .collect();
+        Ok(
+            match l.items.iter().find(|e| {
+                e.involved_object.name.as_deref() == Some("too-big")
+                    && e.reason.as_deref() == Some("FailedScheduling")
+            }) {
+                Some(e) => Check::Done(e.message.clone().unwrap_or_default()),
+                None => Check::NotYet(format!("events: {seen:?}")),
+            },
+        )
+    })
+    .await?;
+    assert!(
+        msg.contains("Insufficient nvidia.com/gpu"),
+        "unexpected message: {msg}"
+    );
+
+    let node = wait_for("fits to be bound and Running", T, || async {
+        let p = serde_json::to_value(pods.get("fits").await?)?;
+        let node = str_at(&p, &["spec", "nodeName"]).to_string();
+        let phase = str_at(&p, &["status", "phase"]).to_string();
+        Ok(if !node.is_empty() && phase == "Running" {
+            Check::Done(node)
+        } else {
+            Check::NotYet(format!("node={node:?} phase={phase}"))
+        })
+    })
+    .await?;
+    assert!(node.starts_with("gpu-"));
+    let big = serde_json::to_value(pods.get("too-big").await?)?;
+    assert_eq!(str_at(&big, &["status", "phase"]), "Pending");
+    assert_eq!(str_at(&big, &["spec", "nodeName"]), "");
+    Ok(())
+}
+
+#[tokio::test]
+async fn rayservice_gets_a_running_cluster_and_serve_app() {
+    let cp = control_plane();
+    or_panic(rayservice_gets_a_running_cluster_and_serve_app_body(&cp).await);
+}
+
+async fn rayservice_gets_a_running_cluster_and_serve_app_body(cp: &ControlPlane) -> Result<()> {
+    let client = cp.client().await?;
+    let ns = create_namespace(&client, "first").await?;
+    let _sim = sim(cp, &ns);
+    nodes(&client, &[("cpu", 0), ("gpu-a", 8)]).await;
+    create_rs(
+        &client,
+        &ns,
+        &ray_service("llm", "rayproject/ray:2.9.0-gpu", 2, json!({})),
+    )
+    .await?;
+
+    let rs = wait_serving(&client, &ns, "llm").await?;
+    let rs_uid = str_at(&rs, &["metadata", "uid"]).to_string();
+    let active = active_of(&rs);
+    let suffix = active.strip_prefix("llm-").context("cluster name prefix")?;
+    assert_eq!(suffix.len(), 5);
+    assert!(
+        suffix
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+    );
+    assert_eq!(i64_at(&rs, &["status", "numServeEndpoints"]), Some(3));
+    assert_eq!(str_at(&rs, &["status", "serviceStatus"]), "Running");
+
+    let rc = get_json(&rc_api(&client, &ns), &active).await?;
+    assert_eq!(
+        str_at(
+            &rc,
+            &["metadata", "labels", "ray.io/originated-from-cr-name"]
+        ),
+        "llm"
+    );
+    assert_eq!(
+        str_at(&rc, &["metadata", "labels", "ray.io/originated-from-crd"]),
+        "RayService"
+    );
+    assert_eq!(
+        str_at(&rc, &["metadata", "annotations", "ray.io/kuberay-version"]),
+        "v1.7.0"
+    );
+    assert_eq!(
+        str_at(
+            &rc,
+            &["metadata", "annotations", "ray.io/num-worker-groups"]
+        ),
+        "1"
+    );
+    assert_eq!(
+        str_at(
+            &rc,
+            &[
+                "metadata",
+                "annotations",
+                "ray.io/hash-without-replicas-and-workers-to-delete"
+            ]
+        )
+        .len(),
+        32
+    );
+    let owner = &rc["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (
+            owner["kind"].as_str(),
+            owner["uid"].as_str(),
+            owner["controller"].as_bool()
+        ),
+        (Some("RayService"), Some(rs_uid.as_str()), Some(true))
+    );
+    assert_eq!(str_at(&rc, &["status", "state"]), "ready");
+    assert!(cond_true(&rc, "HeadPodReady") && cond_true(&rc, "RayClusterProvisioned"));
+    assert_eq!(i64_at(&rc, &["status", "readyWorkerReplicas"]), Some(2));
+    assert_eq!(i64_at(&rc, &["status", "desiredWorkerReplicas"]), Some(2));
+    assert_eq!(str_at(&rc, &["status", "desiredGPU"]), "8");
+
+    let pods = pods_of(&client, &ns, &active).await?;
+    assert_eq!(pods.len(), 3);
+    for p in &pods {
+        assert!(
+            !str_at(p, &["spec", "nodeName"]).is_empty(),
+            "unbound pod {p}"
+        );
+        assert_eq!(str_at(p, &["status", "phase"]), "Running");
+        assert_eq!(p["metadata"]["ownerReferences"][0]["kind"], "RayCluster");
+        let name = str_at(p, &["metadata", "name"]);
+        match str_at(p, &["metadata", "labels", "ray.io/node-type"]) {
+            "head" => assert!(name.starts_with(&format!("{active}-head-")), "{name}"),
+            "worker" => {
+                assert!(name.starts_with(&format!("{active}-gpu-worker-")), "{name}");
+                assert_eq!(p["spec"]["initContainers"][0]["name"], "wait-gcs-ready");
+                assert!(str_at(p, &["spec", "nodeName"]).starts_with("gpu-a-"));
+            }
+            other => panic!("unexpected node type {other}"),
+        }
+    }
+
+    // Deletion: KubeRay's finalizer holds the RayService until its RayClusters are gone;
+    // the garbage collector removes their pods.
+    assert!(
+        arr_at(&rs, &["metadata", "finalizers"])
+            .iter()
+            .any(|f| f == "ray.io/rayservice-finalizer")
+    );
+    rs_api(&client, &ns)
+        .delete("llm", &Default::default())
+        .await?;
+    wait_for("RayService, RayClusters and pods to be gone", T, || async {
+        let svcs = list_json(&rs_api(&client, &ns)).await?.len();
+        let clusters = list_json(&rc_api(&client, &ns)).await?.len();
+        let pods = pods_of(&client, &ns, &active).await?.len();
+        Ok(if svcs + clusters + pods == 0 {
+            Check::Done(())
+        } else {
+            Check::NotYet(format!("{svcs} services, {clusters} clusters, {pods} pods"))
+        })
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn image_edit_upgrades_through_a_pending_cluster() {
+    let cp = control_plane();
+    or_panic(image_edit_upgrades_through_a_pending_cluster_body(&cp).await);
+}
+
+async fn image_edit_upgrades_through_a_pending_cluster_body(cp: &ControlPlane) -> Result<()> {
+    let client = cp.client().await?;
+    let ns = create_namespace(&client, "upgrade").await?;
+    let _sim = sim(cp, &ns);
+    nodes(&client, &[("cpu", 0), ("gpu-a", 8), ("gpu-b", 8)]).await;
+    create_rs(
+        &client,
+        &ns,
+        &ray_service(
+            "llm",
+            "rayproject/ray:2.9.0-gpu",
+            2,
+            json!({"rayClusterDeletionDelaySeconds": 2}),
+        ),
+    )
+    .await?;
+    let old = active_of(&wait_serving(&client, &ns, "llm").await?);
+    let old_hash = str_at(
+        &get_json(&rc_api(&client, &ns), &old).await?,
+        &[
+            "metadata",
+            "annotations",
+            "ray.io/hash-without-replicas-and-workers-to-delete",
+        ],
+    )
+    .to_string();
+
+    let api = rs_api(&client, &ns);
+    json_patch(
+        &api,
+        "llm",
+        json!([{"op": "replace",
+        "path": "/spec/rayClusterConfig/workerGroupSpecs/0/template/spec/containers/0/image",
+        "value": "rayproject/ray:2.10.0-gpu"}]),
+    )
+    .await?;
+
+    let pending = wait_for("a pending cluster with UpgradeInProgress", T, || async {
+        let rs = get_json(&api, "llm").await?;
+        let p = str_at(&rs, &["status", "pendingServiceStatus", "rayClusterName"]).to_string();
+        Ok(if !p.is_empty() && cond_true(&rs, "UpgradeInProgress") {
+            Check::Done(p)
+        } else {
+            Check::NotYet(summary(&rs))
+        })
+    })
+    .await?;
+    assert_ne!(pending, old);
+    assert_eq!(
+        active_of(&get_json(&api, "llm").await?),
+        old,
+        "old cluster stays active while pending"
+    );
+
+    let rs = wait_for("promotion of the pending cluster", T, || async {
+        let rs = get_json(&api, "llm").await?;
+        let done = active_of(&rs) == pending
+            && str_at(&rs, &["status", "pendingServiceStatus", "rayClusterName"]).is_empty()
+            && !cond_true(&rs, "UpgradeInProgress");
+        Ok(if done {
+            Check::Done(rs.clone())
+        } else {
+            Check::NotYet(summary(&rs))
+        })
+    })
+    .await?;
+    assert_eq!(
+        str_at(
+            &rs,
+            &[
+                "status",
+                "activeServiceStatus",
+                "applicationStatuses",
+                "llm",
+                "status"
+            ]
+        ),
+        "RUNNING"
+    );
+    let new_rc = get_json(&rc_api(&client, &ns), &pending).await?;
+    assert_ne!(
+        str_at(
+            &new_rc,
+            &[
+                "metadata",
+                "annotations",
+                "ray.io/hash-without-replicas-and-workers-to-delete"
+            ]
+        ),
+        old_hash
+    );
+    for w in worker_pods(&pods_of(&client, &ns, &pending).await?, "gpu") {
+        assert_eq!(
+            w["spec"]["containers"][0]["image"],
+            "rayproject/ray:2.10.0-gpu"
+        );
+    }
+
+    wait_for("old RayCluster and its pods to be gone", T, || async {
+        let names = cluster_names(&client, &ns).await?;
+        let pods = pods_of(&client, &ns, &old).await?;
+        Ok(if !names.contains(&old) && pods.is_empty() {
+            Check::Done(())
+        } else {
+            Check::NotYet(format!("clusters={names:?}, {} old pods", pods.len()))
+        })
+    })
+    .await?;
+    assert_eq!(cluster_names(&client, &ns).await?, vec![pending]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn replicas_edit_keeps_the_cluster_and_in_place_updates_scale_pods() {
+    let cp = control_plane();
+    or_panic(replicas_edit_keeps_the_cluster_and_in_place_updates_scale_pods_body(&cp).await);
+}
+
+async fn replicas_edit_keeps_the_cluster_and_in_place_updates_scale_pods_body(
+    cp: &ControlPlane,
+) -> Result<()> {
+    let client = cp.client().await?;
+    let ns = create_namespace(&client, "scale").await?;
+    let _sim = sim(cp, &ns);
+    nodes(&client, &[("cpu", 0), ("gpu-a", 8), ("gpu-b", 8)]).await;
+    create_rs(
+        &client,
+        &ns,
+        &ray_service("llm", "rayproject/ray:2.9.0-gpu", 1, json!({})),
+    )
+    .await?;
+    let active = active_of(&wait_serving(&client, &ns, "llm").await?);
+    let rs_api = rs_api(&client, &ns);
+    let rc_api = rc_api(&client, &ns);
+
+    // KubeRay v1.7 mutes replicas in the hash: no new cluster, and no in-place update either.
+    json_patch(&rs_api, "llm", json!([{"op": "replace", "path": "/spec/rayClusterConfig/workerGroupSpecs/0/replicas", "value": 2}])).await?;
+    let rs = wait_observed(&client, &ns, "llm").await?;
+    assert_eq!(
+        str_at(&rs, &["status", "pendingServiceStatus", "rayClusterName"]),
+        "",
+        "{}",
+        summary(&rs)
+    );
+    assert_eq!(active_of(&rs), active);
+    assert_eq!(cluster_names(&client, &ns).await?, vec![active.clone()]);
+    let rc = get_json(&rc_api, &active).await?;
+    assert_eq!(rc["spec"]["workerGroupSpecs"][0]["replicas"], 1);
+
+    // Scaling the RayCluster itself (what the autoscaler does) scales pods in place.
+    json_patch(
+        &rc_api,
+        &active,
+        json!([{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 2}]),
+    )
+    .await?;
+    wait_workers(&client, &ns, &active, "gpu", 2).await?;
+    json_patch(
+        &rc_api,
+        &active,
+        json!([{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 1}]),
+    )
+    .await?;
+    wait_workers(&client, &ns, &active, "gpu", 1).await?;
+
+    // Appending a worker group is KubeRay's in-place update: the whole spec (with replicas 2
+    // from the earlier edit) is applied to the existing cluster.
+    json_patch(
+        &rs_api,
+        "llm",
+        json!([{"op": "add", "path": "/spec/rayClusterConfig/workerGroupSpecs/-", "value": {
+        "groupName": "cpu", "replicas": 1, "minReplicas": 0, "maxReplicas": 2, "rayStartParams": {},
+        "template": {"spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray:2.9.0",
+            "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}]}}}}]),
+    )
+    .await?;
+    wait_workers(&client, &ns, &active, "cpu", 1).await?;
+    wait_workers(&client, &ns, &active, "gpu", 2).await?;
+    let rs = wait_serving(&client, &ns, "llm").await?;
+    assert_eq!(active_of(&rs), active);
+    assert_eq!(cluster_names(&client, &ns).await?, vec![active.clone()]);
+    let rc = get_json(&rc_api, &active).await?;
+    assert_eq!(
+        str_at(
+            &rc,
+            &["metadata", "annotations", "ray.io/num-worker-groups"]
+        ),
+        "2"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn upgrade_strategy_none_blocks_new_clusters_until_newcluster() {
+    let cp = control_plane();
+    or_panic(upgrade_strategy_none_blocks_new_clusters_until_newcluster_body(&cp).await);
+}
+
+async fn upgrade_strategy_none_blocks_new_clusters_until_newcluster_body(
+    cp: &ControlPlane,
+) -> Result<()> {
+    let client = cp.client().await?;
+    let ns = create_namespace(&client, "none").await?;
+    let _sim = sim(cp, &ns);
+    nodes(&client, &[("cpu", 0), ("gpu-a", 8), ("gpu-b", 8)]).await;
+    create_rs(
+        &client,
+        &ns,
+        &ray_service(
+            "llm",
+            "rayproject/ray:2.9.0-gpu",
+            2,
+            json!({"upgradeStrategy": {"type": "None"}, "rayClusterDeletionDelaySeconds": 1}),
+        ),
+    )
+    .await?;
+    let old = active_of(&wait_serving(&client, &ns, "llm").await?);
+    let api = rs_api(&client, &ns);
+
+    json_patch(
+        &api,
+        "llm",
+        json!([{"op": "replace",
+        "path": "/spec/rayClusterConfig/workerGroupSpecs/0/template/spec/containers/0/image",
+        "value": "rayproject/ray:2.10.0-gpu"}]),
+    )
+    .await?;
+    let rs = wait_observed(&client, &ns, "llm").await?;
+    assert_eq!(
+        str_at(&rs, &["status", "pendingServiceStatus", "rayClusterName"]),
+        "",
+        "{}",
+        summary(&rs)
+    );
+    assert_eq!(cluster_names(&client, &ns).await?, vec![old.clone()]);
+    for w in worker_pods(&pods_of(&client, &ns, &old).await?, "gpu") {
+        assert_eq!(
+            w["spec"]["containers"][0]["image"],
+            "rayproject/ray:2.9.0-gpu"
+        );
+    }
+
+    json_patch(
+        &api,
+        "llm",
+        json!([{"op": "replace", "path": "/spec/upgradeStrategy/type", "value": "NewCluster"}]),
+    )
+    .await?;
+    let rs = wait_for("the NewCluster upgrade to complete", T, || async {
+        let rs = get_json(&api, "llm").await?;
+        let a = active_of(&rs);
+        let done = !a.is_empty() && a != old && !cond_true(&rs, "UpgradeInProgress");
+        Ok(if done {
+            Check::Done(rs.clone())
+        } else {
+            Check::NotYet(summary(&rs))
+        })
+    })
+    .await?;
+    let new = active_of(&rs);
+    for w in worker_pods(&pods_of(&client, &ns, &new).await?, "gpu") {
+        assert_eq!(
+            w["spec"]["containers"][0]["image"],
+            "rayproject/ray:2.10.0-gpu"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn forced_serve_failure_stalls_the_upgrade() {
+    let cp = control_plane();
+    or_panic(forced_serve_failure_stalls_the_upgrade_body(&cp).await);
+}
+
+async fn forced_serve_failure_stalls_the_upgrade_body(cp: &ControlPlane) -> Result<()> {
+    let client = cp.client().await?;
+    let ns = create_namespace(&client, "stall").await?;
+    let _sim = sim(cp, &ns);
+    nodes(&client, &[("cpu", 0), ("gpu-a", 8), ("gpu-b", 8)]).await;
+    create_rs(
+        &client,
+        &ns,
+        &ray_service("llm", "rayproject/ray:2.9.0-gpu", 2, json!({})),
+    )
+    .await?;
+    let old = active_of(&wait_serving(&client, &ns, "llm").await?);
+    let api = rs_api(&client, &ns);
+    let merge = json!({
+        "metadata": {"annotations": {"kuberay-sim.raygate.io/serve-status": "llm=DEPLOY_FAILED"}},
+        "spec": {"rayClusterConfig": {"rayVersion": "2.10.0"}},
+    });
+    api.patch("llm", &PatchParams::default(), &Patch::Merge(merge))
+        .await?;
+    let (rs, pending) = wait_for(
+        "pending cluster ready with DEPLOY_FAILED app",
+        T,
+        || async {
+            let rs = get_json(&api, "llm").await?;
+            let p = str_at(&rs, &["status", "pendingServiceStatus", "rayClusterName"]).to_string();
+            let ready = str_at(
+                &rs,
+                &[
+                    "status",
+                    "pendingServiceStatus",
+                    "rayClusterStatus",
+                    "state",
+                ],
+            ) == "ready";
+            let app = str_at(
+                &rs,
+                &[
+                    "status",
+                    "pendingServiceStatus",
+                    "applicationStatuses",
+                    "llm",
+                    "status",
+                ],
+            ) == "DEPLOY_FAILED";
+            Ok(if !p.is_empty() && ready && app {
+                Check::Done((rs.clone(), p))
+            } else {
+                Check::NotYet(summary(&rs))
+            })
+        },
+    )
+    .await?;
+    assert_eq!(active_of(&rs), old);
+    assert!(cond_true(&rs, "UpgradeInProgress"));
+    assert_eq!(pods_of(&client, &ns, &pending).await?.len(), 3);
+    Ok(())
+}
