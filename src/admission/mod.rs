@@ -375,6 +375,8 @@ fn track(
 ) -> Decision {
     b.gate = Some(Gate::Hold);
     b.requeue = REQUEUE_ACTIVE;
+    // What was measured at admission stays visible during the transition.
+    b.status.capacity = b.prev.capacity.clone();
     let start = admitted
         .admitted_time
         .parse::<Timestamp>()
@@ -763,10 +765,16 @@ fn shortfall_text(r: &FitReport) -> (String, String) {
         );
     }
     let short = format!("capacity: {}", resources_text(&r.shortfall));
+    let free_of_needed: crate::capacity::ResourceList = r
+        .free
+        .iter()
+        .filter(|(k, _)| r.new_requests.contains_key(*k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     let long = format!(
         "new cluster needs {} but only {} is free (reserved by other upgrades: {}); short by {}",
         resources_text(&r.new_requests),
-        resources_text(&r.free),
+        resources_text(&free_of_needed),
         if r.reserved.is_empty() {
             "none".to_string()
         } else {

@@ -12,10 +12,17 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::{Api, Patch, PatchParams};
+
 use serde_json::json;
 
 use crate::admission::Gate;
+use kube::core::DeserializeGuard;
+
 use crate::kuberay::RayService;
+
+/// The RayService API as the gate uses it: responses are not needed, and a
+/// RayService raygate cannot fully parse must still be gateable.
+pub type Services = Api<DeserializeGuard<RayService>>;
 
 pub const FIELD_MANAGER: &str = "raygate";
 
@@ -48,7 +55,7 @@ pub fn owned_by_us(managed: &[ManagedFieldsEntry]) -> bool {
 }
 
 /// Set the gate. Only the one field is sent, so nothing else is touched.
-pub async fn apply(api: &Api<RayService>, name: &str, gate: Gate) -> Result<(), kube::Error> {
+pub async fn apply(api: &Services, name: &str, gate: Gate) -> Result<(), kube::Error> {
     let patch = json!({
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
@@ -67,7 +74,15 @@ pub async fn apply(api: &Api<RayService>, name: &str, gate: Gate) -> Result<(), 
 /// Give the field up (the plan was deleted): an apply without the field
 /// removes raygate's ownership, and the field itself when nobody else owns
 /// it, so KubeRay falls back to its default behaviour.
-pub async fn release(api: &Api<RayService>, name: &str) -> Result<(), kube::Error> {
+/// Parameters for raygate's merge patches: recorded under its field manager too.
+pub fn merge_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..Default::default()
+    }
+}
+
+pub async fn release(api: &Services, name: &str) -> Result<(), kube::Error> {
     let patch = json!({
         "apiVersion": "ray.io/v1",
         "kind": "RayService",

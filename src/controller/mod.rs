@@ -9,6 +9,7 @@
 pub mod cache;
 pub mod gate;
 pub mod observe;
+pub mod patch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +18,7 @@ use futures::channel::mpsc;
 use futures::{StreamExt, future};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{LimitRange, Node, Pod};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -300,8 +301,18 @@ fn error_policy(plan: Arc<UpgradePlan>, err: &Error, ctx: Arc<Context>) -> Actio
 async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     let ns = plan.namespace().unwrap_or_default();
     let name = &plan.spec.ray_service_ref.name;
-    let services: Api<RayService> = Api::namespaced(ctx.client.clone(), &ns);
-    match gate::release(&services, name).await {
+    // Only an existing RayService is patched: an apply would create one.
+    let exists = ctx
+        .stores
+        .services
+        .get(&ObjectRef::new(name).within(&ns))
+        .is_some();
+    let services: gate::Services = Api::namespaced(ctx.client.clone(), &ns);
+    match if exists {
+        gate::release(&services, name).await
+    } else {
+        Ok(())
+    } {
         Ok(()) => info!(plan = %plan.name_any(), rayservice = %name, "gate released"),
         Err(kube::Error::Api(e)) if e.code == 404 => {}
         Err(e) => return Err(e.into()),
@@ -334,7 +345,7 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
 
     let prev = plan.status.clone().unwrap_or_default();
     if decision.status != prev {
-        write_status(ctx, &ns, &name, &decision).await?;
+        write_status(ctx, plan, &decision).await?;
     }
     if let Some(admitted) = decision.status.admitted.clone() {
         overlay.insert((ns.clone(), name.clone()), admitted);
@@ -346,7 +357,7 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     if let (Some(gate), None) = (decision.gate, &overridden) {
         let current = obs.gate.value.as_deref();
         if current != Some(gate.strategy()) || !obs.gate_owned_by_us {
-            let services: Api<RayService> = Api::namespaced(ctx.client.clone(), &ns);
+            let services: gate::Services = Api::namespaced(ctx.client.clone(), &ns);
             match gate::apply(&services, &obs.service_name, gate).await {
                 Ok(()) => {
                     info!(plan = %name, rayservice = %obs.service_name, gate = gate.strategy(), "gate set")
@@ -459,19 +470,15 @@ fn decide_now(
     (obs, decision, overridden)
 }
 
-async fn write_status(ctx: &Context, ns: &str, name: &str, d: &Decision) -> Result<()> {
-    let api: Api<UpgradePlan> = Api::namespaced(ctx.client.clone(), ns);
-    let patch = serde_json::json!({
-        "apiVersion": crate::upgradeplan::API_VERSION,
-        "kind": "UpgradePlan",
-        "status": d.status,
-    });
-    api.patch_status(
-        name,
-        &PatchParams::apply(gate::FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+async fn write_status(ctx: &Context, plan: &UpgradePlan, d: &Decision) -> Result<()> {
+    let ns = plan.namespace().unwrap_or_default();
+    let name = plan.name_any();
+    let api: Api<UpgradePlan> = Api::namespaced(ctx.client.clone(), &ns);
+    let old = serde_json::to_value(plan.status.clone().unwrap_or_default())?;
+    let new = serde_json::to_value(&d.status)?;
+    let patch = serde_json::json!({ "status": patch::merge_diff(&old, &new) });
+    api.patch_status(&name, &gate::merge_params(), &Patch::Merge(&patch))
+        .await?;
     info!(plan = %name, namespace = %ns, phase = d.status.phase.as_str(),
           waiting_for = d.status.waiting_for.as_deref().unwrap_or(""), "status updated");
     Ok(())
