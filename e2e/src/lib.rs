@@ -7,6 +7,7 @@ pub mod fake_node;
 pub mod json;
 pub mod process;
 pub mod quantity;
+pub mod raygate;
 pub mod sim;
 pub mod wait;
 
@@ -14,4 +15,5 @@ pub use bins::workspace_bin;
 pub use control_plane::{ControlPlane, create_namespace};
 pub use fake_node::{FakeNode, Taint};
 pub use process::{InProcessSim, KubeRaySim, KubeRaySimOptions};
+pub use raygate::Raygate;
 pub use wait::{Check, wait_for};

@@ -1,0 +1,601 @@
+//! raygate end to end: the real operator binary against a real kube-apiserver,
+//! kube-scheduler and garbage collector, with kuberay-sim in KubeRay's place.
+//!
+//! Every test starts its own control plane: Nodes are cluster-wide and each
+//! scenario depends on exact free capacity. Needs `e2e/setup` and
+//! `cargo build --workspace --bins` (for the raygate binary) first.
+
+use anyhow::{Result, bail};
+use k8s_openapi::api::core::v1::Event;
+use kube::Client;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
+use raygate_e2e::control_plane::repo_root;
+use raygate_e2e::json::{arr_at, str_at};
+use raygate_e2e::sim::kube::Resources;
+use raygate_e2e::{
+    Check, ControlPlane, FakeNode, KubeRaySim, KubeRaySimOptions, Raygate, create_namespace,
+    wait_for,
+};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(120);
+
+struct Env {
+    client: Client,
+    ns: String,
+    _sim: KubeRaySim,
+    rg: Raygate,
+    // Dropped last: stops the control plane after the processes using it.
+    cp: ControlPlane,
+}
+
+async fn env(gpu_nodes: &[u32]) -> Env {
+    let cp = ControlPlane::start()
+        .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));
+    cp.install_crd_file(&repo_root().join("crds/raygate.io_upgradeplans.yaml"))
+        .expect("install the UpgradePlan CRD");
+    let client = cp.client().await.expect("client");
+    let ns = create_namespace(&client, "rg").await.expect("namespace");
+    for (i, gpus) in gpu_nodes.iter().enumerate() {
+        add_node(&client, &format!("gpu-{i}"), *gpus).await;
+    }
+    let sim = KubeRaySim::spawn(
+        &cp,
+        KubeRaySimOptions {
+            namespace: Some(ns.clone()),
+            deletion_delay_override: Some(Duration::from_secs(2)),
+            binary: Some(raygate_e2e::workspace_bin("kuberay-sim").expect("kuberay-sim binary")),
+            ..Default::default()
+        },
+    )
+    .expect("spawn kuberay-sim");
+    let rg = Raygate::spawn(&cp, &[]).unwrap_or_else(|e| panic!("{e:#}"));
+    Env {
+        client,
+        ns,
+        _sim: sim,
+        rg,
+        cp,
+    }
+}
+
+async fn add_node(client: &Client, name: &str, gpus: u32) {
+    FakeNode::new(name)
+        .cpu("32")
+        .memory("256Gi")
+        .gpu(gpus)
+        .create(client)
+        .await
+        .expect("create fake node");
+}
+
+fn plan_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("raygate.io", "v1alpha1", "UpgradePlan"),
+        "upgradeplans",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+fn rs_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &Resources::default().ray_service)
+}
+
+fn rc_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &Resources::default().ray_cluster)
+}
+
+/// A GPU RayService: CPU head, one worker group of `replicas` × `gpus` GPUs, one Serve app.
+fn ray_service(name: &str, image: &str, replicas: i64, gpus: u32) -> Value {
+    json!({
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": {"name": name},
+        "spec": {
+            "rayClusterDeletionDelaySeconds": 2,
+            "serveConfigV2": "applications:\n  - name: llm\n    import_path: serve_llm:app\n    route_prefix: /\n    deployments:\n      - name: LLM\n        num_replicas: 1\n",
+            "rayClusterConfig": {
+                "rayVersion": "2.9.0",
+                "headGroupSpec": {
+                    "rayStartParams": {"num-gpus": "0"},
+                    "template": {"spec": {"containers": [{
+                        "name": "ray-head", "image": "rayproject/ray:2.9.0",
+                        "resources": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}
+                    }]}}
+                },
+                "workerGroupSpecs": [{
+                    "groupName": "gpu-workers",
+                    "replicas": replicas, "minReplicas": 0, "maxReplicas": 8,
+                    "rayStartParams": {},
+                    "template": {"spec": {"containers": [{
+                        "name": "ray-worker", "image": image,
+                        "resources": {"requests": {"cpu": "4", "memory": "16Gi"},
+                                      "limits": {"nvidia.com/gpu": gpus.to_string()}}
+                    }]}}
+                }]
+            }
+        }
+    })
+}
+
+fn plan(name: &str, service: &str, extra: Value) -> Value {
+    let mut spec = json!({"rayServiceRef": {"name": service}, "stallAfter": "10m"});
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        s.extend(e.clone());
+    }
+    json!({"apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan", "metadata": {"name": name}, "spec": spec})
+}
+
+async fn create(api: &Api<DynamicObject>, v: Value) -> Result<()> {
+    let obj: DynamicObject = serde_json::from_value(v)?;
+    api.create(&PostParams::default(), &obj).await?;
+    Ok(())
+}
+
+async fn get(api: &Api<DynamicObject>, name: &str) -> Result<Value> {
+    Ok(serde_json::to_value(api.get(name).await?)?)
+}
+
+/// Change the worker image (and optionally replicas) the way `kubectl patch` would.
+async fn bump_worker(e: &Env, svc: &str, image: &str, replicas: Option<i64>) -> Result<()> {
+    let current = get(&rs_api(&e.client, &e.ns), svc).await?;
+    let mut groups = current["spec"]["rayClusterConfig"]["workerGroupSpecs"].clone();
+    groups[0]["template"]["spec"]["containers"][0]["image"] = json!(image);
+    if let Some(r) = replicas {
+        groups[0]["replicas"] = json!(r);
+    }
+    let patch = json!({"spec": {"rayClusterConfig": {"workerGroupSpecs": groups}}});
+    rs_api(&e.client, &e.ns)
+        .patch(svc, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+fn phase(p: &Value) -> &str {
+    str_at(p, &["status", "phase"])
+}
+
+fn describe(p: &Value) -> String {
+    format!(
+        "phase={} waitingFor={:?} message={:?}",
+        phase(p),
+        str_at(p, &["status", "waitingFor"]),
+        str_at(p, &["status", "message"])
+    )
+}
+
+async fn wait_phase(e: &Env, plan: &str, want: &str) -> Result<Value> {
+    let api = plan_api(&e.client, &e.ns);
+    wait_for(
+        &format!("UpgradePlan {plan} in phase {want}"),
+        T,
+        || async {
+            let p = get(&api, plan).await?;
+            Ok(if phase(&p) == want {
+                Check::Done(p)
+            } else {
+                Check::NotYet(describe(&p))
+            })
+        },
+    )
+    .await
+}
+
+async fn gate(e: &Env, svc: &str) -> Result<String> {
+    let rs = get(&rs_api(&e.client, &e.ns), svc).await?;
+    Ok(str_at(&rs, &["spec", "upgradeStrategy", "type"]).to_string())
+}
+
+async fn cluster_names(e: &Env) -> Result<BTreeSet<String>> {
+    let l = rc_api(&e.client, &e.ns)
+        .list(&ListParams::default())
+        .await?;
+    Ok(l.items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect())
+}
+
+async fn events_for(e: &Env, name: &str, reason: &str) -> Result<usize> {
+    let api: Api<Event> = Api::namespaced(e.client.clone(), &e.ns);
+    let l = api.list(&ListParams::default()).await?;
+    Ok(l.items
+        .iter()
+        .filter(|ev| {
+            ev.involved_object.name.as_deref() == Some(name) && ev.reason.as_deref() == Some(reason)
+        })
+        .count())
+}
+
+/// A service with its plan, serving and Idle behind a closed gate.
+async fn service_with_plan(
+    e: &Env,
+    svc: &str,
+    replicas: i64,
+    gpus: u32,
+    plan_extra: Value,
+) -> Result<()> {
+    create(&plan_api(&e.client, &e.ns), plan(svc, svc, plan_extra)).await?;
+    create(
+        &rs_api(&e.client, &e.ns),
+        ray_service(svc, "rayproject/ray:2.9.0-gpu", replicas, gpus),
+    )
+    .await?;
+    wait_phase(e, svc, "Idle").await?;
+    let g = gate(e, svc).await?;
+    if g != "None" {
+        bail!("gate should be closed once the plan is Idle, found {g:?}");
+    }
+    Ok(())
+}
+
+fn or_panic<T>(r: Result<T>) -> T {
+    r.unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_that_fits_is_admitted_and_completes() {
+    let e = env(&[8, 8]).await;
+    or_panic(service_with_plan(&e, "llm", 1, 6, json!({})).await);
+    let before = or_panic(cluster_names(&e).await);
+    assert_eq!(before.len(), 1);
+
+    or_panic(bump_worker(&e, "llm", "rayproject/ray:2.10.0-gpu", None).await);
+    let done = or_panic(wait_phase(&e, "llm", "Completed").await);
+    let t = &done["status"]["lastTransition"];
+    assert_eq!(str_at(t, &["outcome"]), "Completed");
+    assert!(
+        t["durationSeconds"].as_i64().is_some(),
+        "duration recorded: {t}"
+    );
+    assert!(!str_at(t, &["fingerprint"]).is_empty());
+
+    let after = or_panic(cluster_names(&e).await);
+    assert_eq!(after.len(), 1, "old cluster deleted: {after:?}");
+    assert!(
+        after.is_disjoint(&before),
+        "a new cluster replaced the old one"
+    );
+    assert_eq!(
+        str_at(&done, &["status", "activeCluster"]),
+        after.iter().next().unwrap().as_str()
+    );
+    assert_eq!(
+        or_panic(gate(&e, "llm").await),
+        "None",
+        "gate closed again after the transition"
+    );
+    assert_eq!(
+        or_panic(events_for(&e, "llm", "Admitted").await),
+        2,
+        "one Admitted event on the plan and one on the RayService"
+    );
+    assert!(or_panic(events_for(&e, "llm", "Completed").await) >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_that_does_not_fit_waits_until_a_node_is_added() {
+    let e = env(&[8]).await;
+    or_panic(service_with_plan(&e, "llm", 1, 6, json!({})).await);
+    or_panic(bump_worker(&e, "llm", "rayproject/ray:2.10.0-gpu", None).await);
+    let p = or_panic(wait_phase(&e, "llm", "WaitingForCapacity").await);
+    let cap = &p["status"]["capacity"];
+    assert_eq!(
+        str_at(cap, &["shortfall", "nvidia.com/gpu"]),
+        "4",
+        "6 needed, 2 free: {cap}"
+    );
+    assert_eq!(str_at(cap, &["gpusNeeded"]), "12");
+    assert_eq!(str_at(cap, &["gpusFree"]), "2");
+    assert_eq!(
+        str_at(&p, &["status", "waitingFor"]),
+        "capacity: nvidia.com/gpu 4"
+    );
+    let cond = arr_at(&p, &["status", "conditions"])
+        .iter()
+        .find(|c| str_at(c, &["type"]) == "CapacityAvailable")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(str_at(&cond, &["status"]), "False");
+
+    // Held: no second cluster, gate closed, and it stays so.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(or_panic(cluster_names(&e).await).len(), 1);
+    assert_eq!(or_panic(gate(&e, "llm").await), "None");
+
+    // What an operator sees with the real kubectl.
+    let out =
+        e.cp.kubectl(&["get", "upgradeplans", "-n", &e.ns])
+            .expect("kubectl");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let header: Vec<&str> = text
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "RAYSERVICE",
+            "PHASE",
+            "GPUS",
+            "NEEDED",
+            "GPUS",
+            "FREE",
+            "WAITING",
+            "FOR",
+            "AGE"
+        ],
+        "{text}"
+    );
+    assert!(
+        text.contains("WaitingForCapacity") && text.contains("capacity: nvidia.com/gpu 4"),
+        "{text}"
+    );
+    let wide =
+        e.cp.kubectl(&["get", "uplan", "-n", &e.ns, "-o", "wide"])
+            .expect("kubectl");
+    let wide = String::from_utf8_lossy(&wide.stdout).to_string();
+    assert!(
+        wide.contains("CPU NEEDED") && wide.contains("MEMORY FREE"),
+        "{wide}"
+    );
+
+    let metrics = e.rg.metrics().expect("scrape /metrics");
+    let phase_line = format!(
+        "raygate_upgradeplan_phase{{namespace=\"{}\",phase=\"WaitingForCapacity\",rayservice=\"llm\",upgradeplan=\"llm\"}} 1",
+        e.ns
+    );
+    assert!(
+        metrics.contains(&phase_line),
+        "missing {phase_line} in\n{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "raygate_capacity_shortfall{{namespace=\"{}\",resource=\"nvidia.com/gpu\",upgradeplan=\"llm\"}} 4",
+            e.ns
+        )),
+        "{metrics}"
+    );
+
+    // Capacity arrives: the upgrade proceeds without anything else being done.
+    add_node(&e.client, "gpu-new", 8).await;
+    or_panic(wait_phase(&e, "llm", "Completed").await);
+    assert_eq!(or_panic(cluster_names(&e).await).len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_upgrades_that_fit_alone_but_not_together_go_one_after_the_other() {
+    // 14 GPUs; two services with 4 each leave 6 free: room for one new 4-GPU worker, not two.
+    let e = env(&[8, 6]).await;
+    or_panic(service_with_plan(&e, "alpha", 1, 4, json!({})).await);
+    or_panic(service_with_plan(&e, "beta", 1, 4, json!({})).await);
+    or_panic(bump_worker(&e, "alpha", "rayproject/ray:2.10.0-gpu", None).await);
+    or_panic(bump_worker(&e, "beta", "rayproject/ray:2.10.0-gpu", None).await);
+
+    let api = plan_api(&e.client, &e.ns);
+    let in_flight = ["Admitted", "Upgrading", "Stalled"];
+    // (most plans in flight at once, order of admission)
+    let seen = std::sync::Arc::new(std::sync::Mutex::new((0usize, Vec::<String>::new())));
+    let r = wait_for("both upgrades completed", Duration::from_secs(180), || {
+        let (api, seen) = (api.clone(), seen.clone());
+        async move {
+            let a = get(&api, "alpha").await?;
+            let b = get(&api, "beta").await?;
+            let flying: Vec<&str> = [("alpha", &a), ("beta", &b)]
+                .into_iter()
+                .filter(|(_, p)| in_flight.contains(&phase(p)))
+                .map(|(n, _)| n)
+                .collect();
+            if let Ok(mut s) = seen.lock() {
+                s.0 = s.0.max(flying.len());
+                for n in flying {
+                    if !s.1.iter().any(|x| x == n) {
+                        s.1.push(n.to_string());
+                    }
+                }
+            }
+            Ok(if phase(&a) == "Completed" && phase(&b) == "Completed" {
+                Check::Done(())
+            } else {
+                Check::NotYet(format!("alpha {} / beta {}", describe(&a), describe(&b)))
+            })
+        }
+    })
+    .await;
+    or_panic(r);
+    let (max_together, order) = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    assert_eq!(max_together, 1, "never two admitted at once");
+    assert_eq!(
+        order.len(),
+        2,
+        "both were admitted, one after the other: {order:?}"
+    );
+    assert_eq!(or_panic(cluster_names(&e).await).len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_and_serve_config_changes_are_never_held() {
+    // Tight on purpose: a new cluster would not fit, so any hold would show.
+    let e = env(&[8]).await;
+    or_panic(service_with_plan(&e, "llm", 1, 6, json!({})).await);
+    let before = or_panic(cluster_names(&e).await);
+
+    let rs = rs_api(&e.client, &e.ns);
+    let mut groups =
+        or_panic(get(&rs, "llm").await)["spec"]["rayClusterConfig"]["workerGroupSpecs"].clone();
+    groups[0]["replicas"] = json!(2);
+    groups[0]["minReplicas"] = json!(1);
+    let serve = "applications:\n  - name: llm\n    import_path: serve_llm:app\n    route_prefix: /\n    deployments:\n      - name: LLM\n        num_replicas: 2\n";
+    let patch =
+        json!({"spec": {"serveConfigV2": serve, "rayClusterConfig": {"workerGroupSpecs": groups}}});
+    rs.patch("llm", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patch");
+
+    let api = plan_api(&e.client, &e.ns);
+    for _ in 0..20 {
+        let p = or_panic(get(&api, "llm").await);
+        assert_eq!(phase(&p), "Idle", "{}", describe(&p));
+        assert!(
+            p["status"]["pendingChange"].is_null(),
+            "no pending change: {}",
+            p["status"]
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(or_panic(cluster_names(&e).await), before, "no new cluster");
+    let p = or_panic(get(&api, "llm").await);
+    assert!(
+        str_at(&p, &["status", "message"]).contains("NoChange")
+            || str_at(&p, &["status", "message"]).contains("ServeConfigUpdate"),
+        "{}",
+        describe(&p)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_raygate_mid_transition_changes_nothing() {
+    let mut e = env(&[8, 8]).await;
+    or_panic(service_with_plan(&e, "llm", 1, 6, json!({})).await);
+    or_panic(bump_worker(&e, "llm", "rayproject/ray:2.10.0-gpu", None).await);
+    let admitted = or_panic(wait_phase(&e, "llm", "Admitted").await);
+    let fingerprint = str_at(&admitted, &["status", "admitted", "fingerprint"]).to_string();
+    e.rg.kill();
+    // KubeRay goes on while raygate is down.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    e.rg = Raygate::spawn(&e.cp, &[]).unwrap_or_else(|err| panic!("{err:#}"));
+    let done = or_panic(wait_phase(&e, "llm", "Completed").await);
+    assert_eq!(
+        str_at(&done, &["status", "lastTransition", "fingerprint"]),
+        fingerprint
+    );
+    // The kill may land between the status write and the Events, so fewer
+    // may exist; a second admission would add more.
+    let admitted_events = or_panic(events_for(&e, "llm", "Admitted").await);
+    assert!(
+        admitted_events <= 2,
+        "admitted at most once (plan + RayService events), saw {admitted_events}"
+    );
+    assert_eq!(or_panic(cluster_names(&e).await).len(), 1);
+    assert_eq!(or_panic(gate(&e, "llm").await), "None");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_inputs_give_a_clear_status_not_a_crash() {
+    let mut e = env(&[8]).await;
+    let api = plan_api(&e.client, &e.ns);
+
+    // A plan whose RayService does not exist.
+    or_panic(create(&api, plan("orphan", "missing", json!({}))).await);
+    let p = or_panic(wait_phase(&e, "orphan", "Error").await);
+    assert!(
+        str_at(&p, &["status", "message"]).contains("not found"),
+        "{}",
+        describe(&p)
+    );
+
+    // A RayService KubeRay has not given a cluster yet (no KubeRay in this namespace).
+    let ns2 = create_namespace(&e.client, "rg-nokuberay")
+        .await
+        .expect("ns");
+    let api2 = plan_api(&e.client, &ns2);
+    or_panic(create(&api2, plan("early", "early", json!({}))).await);
+    or_panic(create(&rs_api(&e.client, &ns2), ray_service("early", "img", 1, 1)).await);
+    let p = or_panic(
+        wait_for("plan Pending for the first cluster", T, || async {
+            let p = get(&api2, "early").await?;
+            Ok(if phase(&p) == "Pending" {
+                Check::Done(p)
+            } else {
+                Check::NotYet(describe(&p))
+            })
+        })
+        .await,
+    );
+    assert_eq!(str_at(&p, &["status", "waitingFor"]), "first cluster");
+
+    // A quantity the CRD pattern accepts but Kubernetes cannot parse.
+    or_panic(service_with_plan(&e, "llm", 1, 2, json!({})).await);
+    let rs = rs_api(&e.client, &e.ns);
+    let mut groups =
+        or_panic(get(&rs, "llm").await)["spec"]["rayClusterConfig"]["workerGroupSpecs"].clone();
+    groups[0]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"] =
+        json!("1e1.5");
+    let patch = json!({"spec": {"rayClusterConfig": {"workerGroupSpecs": groups}}});
+    rs.patch("llm", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patch");
+    let p = or_panic(wait_phase(&e, "llm", "Error").await);
+    let msg = str_at(&p, &["status", "message"]);
+    assert!(
+        msg.contains("1e1.5") && msg.contains("memory"),
+        "message names the field and value: {msg}"
+    );
+    assert_eq!(
+        or_panic(gate(&e, "llm").await),
+        "None",
+        "a broken input never opens the gate"
+    );
+
+    // raygate is still alive and serving.
+    assert!(e.rg.is_running(), "raygate crashed:\n{}", e.rg.logs());
+    assert_eq!(e.rg.get("/healthz").expect("healthz").0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn someone_else_flipping_the_gate_is_reported_not_fought() {
+    let e = env(&[8, 8]).await;
+    or_panic(service_with_plan(&e, "llm", 1, 2, json!({})).await);
+    let patch = json!({"spec": {"upgradeStrategy": {"type": "NewCluster"}}});
+    rs_api(&e.client, &e.ns)
+        .patch(
+            "llm",
+            &PatchParams {
+                field_manager: Some("argocd-controller".into()),
+                ..Default::default()
+            },
+            &Patch::Merge(&patch),
+        )
+        .await
+        .expect("patch");
+    let api = plan_api(&e.client, &e.ns);
+    let p = or_panic(
+        wait_for("GateOverridden condition", T, || async {
+            let p = get(&api, "llm").await?;
+            let c = arr_at(&p, &["status", "conditions"])
+                .iter()
+                .find(|c| {
+                    str_at(c, &["type"]) == "GateOverridden" && str_at(c, &["status"]) == "True"
+                })
+                .cloned();
+            Ok(match c {
+                Some(c) => Check::Done(c),
+                None => Check::NotYet(describe(&p)),
+            })
+        })
+        .await,
+    );
+    assert!(
+        str_at(&p, &["message"]).contains("argocd-controller"),
+        "{p}"
+    );
+    // raygate does not take the field back.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(or_panic(gate(&e, "llm").await), "NewCluster");
+    assert!(or_panic(events_for(&e, "llm", "GateOverridden").await) >= 1);
+    let metrics = e.rg.metrics().expect("metrics");
+    assert!(
+        metrics.contains(&format!(
+            "raygate_gate_overridden{{namespace=\"{}\",rayservice=\"llm\",upgradeplan=\"llm\"}} 1",
+            e.ns
+        )),
+        "{metrics}"
+    );
+}
