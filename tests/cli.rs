@@ -1038,3 +1038,25 @@ fn no_panic_on_truncated_or_garbage_input() {
         }
     }
 }
+
+#[test]
+fn closed_stdout_is_not_a_crash() {
+    // `raygate explain ... | head -0`: print! would panic on EPIPE.
+    let mut child = Command::new(BIN)
+        .args([
+            "explain",
+            "--old",
+            &p(&svc("")),
+            "--new",
+            &p(&svc("image-bump")),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn raygate");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
