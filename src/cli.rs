@@ -2,6 +2,9 @@
 //! applied, what KubeRay will do with a RayService change and whether the
 //! new cluster fits. Their JSON output is a stable contract for scripts and
 //! CI; the text output is for people.
+//!
+//! Every input error names the file it came from and, where it can, the
+//! field inside it: `new.yaml: RayService ml/llm spec.rayClusterConfig...`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,7 +14,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::capacity::{self, ClusterState, FitReport, FitRequest, ResourceList};
-use crate::kuberay::{self, Classification, KubeRayVersion, OldSide, RayCluster, RayService};
+use crate::kuberay::{
+    self, Classification, KubeRayVersion, OldSide, RayCluster, RayService, Verdict,
+};
 use crate::quantity::Quantity;
 use crate::{Error, Result};
 
@@ -33,9 +38,10 @@ pub struct ExplainArgs {
     /// The new RayService manifest.
     #[arg(long, value_name = "FILE")]
     pub new: PathBuf,
-    /// KubeRay release whose rules to apply (e.g. 1.7, v1.6.1).
-    #[arg(long, value_name = "X.Y", default_value_t = KubeRayVersion::latest())]
-    pub kuberay_version: KubeRayVersion,
+    /// KubeRay release whose rules to apply (e.g. 1.7, v1.6.1). An
+    /// unsupported release is invalid input (exit 1).
+    #[arg(long, value_name = "X.Y", default_value_t = KubeRayVersion::latest().to_string())]
+    pub kuberay_version: String,
     /// Assume KubeRay runs with zero-downtime upgrades disabled
     /// (ENABLE_ZERO_DOWNTIME=false).
     #[arg(long)]
@@ -52,57 +58,122 @@ pub struct FitArgs {
     /// The RayService whose new cluster must fit.
     #[arg(long, value_name = "FILE")]
     pub new: PathBuf,
-    /// Resources to leave free, e.g. `--headroom nvidia.com/gpu=2` (repeatable).
-    #[arg(long, value_name = "RESOURCE=QUANTITY")]
-    pub headroom: Vec<String>,
-    #[arg(long, value_name = "X.Y", default_value_t = KubeRayVersion::latest())]
-    pub kuberay_version: KubeRayVersion,
+    /// Resources to leave free cluster-wide, e.g. `--headroom nvidia.com/gpu=2`
+    /// (repeatable).
+    #[arg(long, value_name = "RESOURCE=QUANTITY", value_parser = parse_headroom_item)]
+    pub headroom: Vec<(String, Quantity)>,
+    /// KubeRay release whose rules to apply (e.g. 1.7, v1.6.1).
+    #[arg(long, value_name = "X.Y", default_value_t = KubeRayVersion::latest().to_string())]
+    pub kuberay_version: String,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
 }
 
-/// Read every object in a YAML or JSON file; `List` objects are flattened
-/// and multi-document YAML is accepted.
-pub fn read_objects(path: &Path) -> Result<Vec<Value>> {
-    let shown = path.display().to_string();
+/// `--kuberay-version` → a supported release, or invalid input.
+fn kuberay_version(s: &str) -> Result<KubeRayVersion> {
+    KubeRayVersion::parse(s).map_err(|e| Error::invalid("--kuberay-version", e.to_string()))
+}
+
+/// One `--headroom RESOURCE=QUANTITY` (a usage error when malformed).
+fn parse_headroom_item(item: &str) -> std::result::Result<(String, Quantity), String> {
+    let (k, v) = item
+        .split_once('=')
+        .ok_or_else(|| format!("{item:?} is not RESOURCE=QUANTITY"))?;
+    let k = k.trim();
+    if k.is_empty() {
+        return Err(format!("{item:?} has no resource name"));
+    }
+    let q = Quantity::parse(v.trim()).map_err(|e| format!("{k}: {}", e.reason()))?;
+    if q.is_negative() {
+        return Err(format!("{k}: headroom {v:?} is negative"));
+    }
+    Ok((k.to_string(), q))
+}
+
+fn shown(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// Puts the file name in front of an error about its content.
+fn in_file<T>(path: &Path, r: Result<T>) -> Result<T> {
+    r.map_err(|e| match e {
+        Error::Input { .. } => e,
+        other => Error::Input {
+            path: shown(path),
+            reason: other.to_string(),
+        },
+    })
+}
+
+/// Every YAML/JSON document of a file (multi-document YAML accepted),
+/// null documents dropped; each must be an object.
+fn read_docs(path: &Path) -> Result<Vec<Value>> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::Input {
-        path: shown.clone(),
+        path: shown(path),
         reason: e.to_string(),
     })?;
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text).map_err(|e| Error::Input {
-        path: shown.clone(),
+        path: shown(path),
         reason: format!("not valid YAML: {e}"),
     })?;
     let mut out = vec![];
-    for doc in docs {
+    for (i, doc) in docs.into_iter().enumerate() {
         match doc {
             Value::Null => {}
-            Value::Object(ref m)
-                if m.get("kind")
-                    .and_then(Value::as_str)
-                    .is_some_and(|k| k.ends_with("List")) =>
-            {
-                let items = m
-                    .get("items")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default();
-                out.extend(items);
-            }
             Value::Object(_) => out.push(doc),
             other => {
                 return Err(Error::Input {
-                    path: shown,
-                    reason: format!("expected Kubernetes objects, found {}", type_name(&other)),
+                    path: shown(path),
+                    reason: format!(
+                        "document {}: expected a Kubernetes object, found {}",
+                        i + 1,
+                        type_name(&other)
+                    ),
                 });
             }
         }
     }
     if out.is_empty() {
         return Err(Error::Input {
-            path: shown,
+            path: shown(path),
             reason: "no objects found".into(),
         });
+    }
+    Ok(out)
+}
+
+/// Read every object in a YAML or JSON file; `List` objects are flattened
+/// and multi-document YAML is accepted.
+pub fn read_objects(path: &Path) -> Result<Vec<Value>> {
+    let mut out = vec![];
+    for doc in read_docs(path)? {
+        if kind_of(&doc).ends_with("List") {
+            match doc.get("items") {
+                Some(Value::Array(items)) => {
+                    for (i, item) in items.iter().enumerate() {
+                        if !item.is_object() {
+                            return Err(Error::Input {
+                                path: shown(path),
+                                reason: format!(
+                                    "items[{i}]: expected a Kubernetes object, found {}",
+                                    type_name(item)
+                                ),
+                            });
+                        }
+                        out.push(item.clone());
+                    }
+                }
+                None | Some(Value::Null) => {}
+                Some(other) => {
+                    return Err(Error::Input {
+                        path: shown(path),
+                        reason: format!("items: expected a list, found {}", type_name(other)),
+                    });
+                }
+            }
+        } else {
+            out.push(doc);
+        }
     }
     Ok(out)
 }
@@ -125,28 +196,146 @@ fn kind_of(v: &Value) -> &str {
 /// Exactly one object of `kind` from a file.
 fn read_one(path: &Path, kinds: &[&str]) -> Result<Value> {
     let objs = read_objects(path)?;
+    let found: Vec<String> = objs
+        .iter()
+        .map(|o| match kind_of(o) {
+            "" => "an object without kind".to_string(),
+            k => k.to_string(),
+        })
+        .collect();
     let mut matching: Vec<Value> = objs
         .into_iter()
         .filter(|o| kinds.contains(&kind_of(o)))
         .collect();
     match matching.len() {
         1 => Ok(matching.remove(0)),
-        0 => Err(Error::Input {
-            path: path.display().to_string(),
-            reason: format!("no {} object found", kinds.join(" or ")),
-        }),
+        0 => {
+            let mut found = found;
+            found.dedup();
+            Err(Error::Input {
+                path: shown(path),
+                reason: format!(
+                    "no {} object found (found {})",
+                    kinds.join(" or "),
+                    found.join(", ")
+                ),
+            })
+        }
         n => Err(Error::Input {
-            path: path.display().to_string(),
+            path: shown(path),
             reason: format!("{n} {} objects found, expected one", kinds.join("/")),
         }),
     }
 }
 
+/// One step of a path into a JSON value.
+#[derive(Clone, Debug)]
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+fn child<'a>(v: &'a Value, s: &Seg) -> Option<&'a Value> {
+    match s {
+        Seg::Key(k) => v.get(k),
+        Seg::Index(i) => v.get(*i),
+    }
+}
+
+fn child_mut<'a>(v: &'a mut Value, s: &Seg) -> Option<&'a mut Value> {
+    match s {
+        Seg::Key(k) => v.get_mut(k),
+        Seg::Index(i) => v.get_mut(*i),
+    }
+}
+
+fn show_path(at: &[Seg]) -> String {
+    let mut s = String::new();
+    for seg in at {
+        match seg {
+            Seg::Key(k) => {
+                if !s.is_empty() {
+                    s.push('.');
+                }
+                s.push_str(k);
+            }
+            Seg::Index(i) => s.push_str(&format!("[{i}]")),
+        }
+    }
+    s
+}
+
+/// The field a typed parse fails on, found without positions (serde's
+/// buffering of flattened structs loses them): descend into the child whose
+/// emptying (`{}`, `[]`, a scalar made `{}`) or removal makes the parse succeed, as far as that holds.
+fn locate_parse_error<T: serde::de::DeserializeOwned>(v: &Value) -> Option<String> {
+    const BUDGET: usize = 2_000;
+    let mut tries = 0;
+    let mut at: Vec<Seg> = Vec::new();
+    'descend: loop {
+        let mut node = v;
+        for s in &at {
+            node = child(node, s)?;
+        }
+        let children: Vec<Seg> = match node {
+            Value::Object(m) => m.keys().cloned().map(Seg::Key).collect(),
+            Value::Array(a) => (0..a.len()).map(Seg::Index).collect(),
+            _ => break,
+        };
+        for c in children {
+            for empty in [true, false] {
+                tries += 1;
+                if tries > BUDGET {
+                    break 'descend;
+                }
+                let mut trial = v.clone();
+                let mut parent = &mut trial;
+                for s in &at {
+                    parent = child_mut(parent, s)?;
+                }
+                if empty {
+                    match child_mut(parent, &c) {
+                        Some(x @ Value::Object(_)) => *x = Value::Object(Default::default()),
+                        Some(x @ Value::Array(_)) => *x = Value::Array(Vec::new()),
+                        // A scalar where an object belongs (`metadata: 5`).
+                        Some(x) => *x = Value::Object(Default::default()),
+                        None => continue,
+                    }
+                } else {
+                    match (&mut *parent, &c) {
+                        (Value::Object(m), Seg::Key(k)) => {
+                            m.remove(k);
+                        }
+                        (Value::Array(a), Seg::Index(i)) if *i < a.len() => {
+                            a.remove(*i);
+                        }
+                        _ => continue,
+                    }
+                }
+                if serde_json::from_value::<T>(trial).is_ok() {
+                    at.push(c);
+                    continue 'descend;
+                }
+            }
+        }
+        break;
+    }
+    (!at.is_empty()).then(|| show_path(&at))
+}
+
 fn parse_as<T: serde::de::DeserializeOwned>(path: &Path, v: Value) -> Result<T> {
-    serde_json::from_value(v).map_err(|e| Error::Input {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    })
+    match serde_json::from_value::<T>(v.clone()) {
+        Ok(t) => Ok(t),
+        Err(e) => {
+            let at = locate_parse_error::<T>(&v)
+                .map(|p| format!("{p}: "))
+                .unwrap_or_default();
+            Err(Error::Input {
+                path: shown(path),
+                reason: format!("{at}{e}"),
+            })
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -172,32 +361,58 @@ fn sum_requests(pods: &[k8s_openapi::api::core::v1::Pod]) -> Result<ResourceList
     Ok(total)
 }
 
+/// The pods KubeRay would create for the service's cluster spec, named as a
+/// cluster `<service>-next`.
+fn plan(svc: &RayService, version: KubeRayVersion) -> Result<Vec<k8s_openapi::api::core::v1::Pod>> {
+    let name = format!(
+        "{}-next",
+        svc.metadata.name.as_deref().unwrap_or("rayservice")
+    );
+    let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+    kuberay::planned_pods(&name, ns, svc.cluster_config()?, version)
+}
+
+/// Parses a RayService manifest and checks it on its own (worker groups,
+/// every quantity, the pods it plans), so later errors cannot be its.
+fn read_service(path: &Path, version: KubeRayVersion) -> Result<RayService> {
+    let svc: RayService = parse_as(path, read_one(path, &["RayService"])?)?;
+    in_file(
+        path,
+        kuberay::classify(&OldSide::RayService(&svc), &svc, version),
+    )?;
+    in_file(path, plan(&svc, version).and_then(|p| sum_requests(&p)))?;
+    Ok(svc)
+}
+
+enum Old {
+    Service(Box<RayService>),
+    Cluster(Box<RayCluster>),
+}
+
 pub fn explain(args: &ExplainArgs) -> Result<String> {
+    let version = kuberay_version(&args.kuberay_version)?;
     let old = read_one(&args.old, &["RayService", "RayCluster"])?;
-    let new: RayService = parse_as(&args.new, read_one(&args.new, &["RayService"])?)?;
-    let old_kind = kind_of(&old).to_string();
+    let old = if kind_of(&old) == "RayCluster" {
+        Old::Cluster(Box::new(parse_as(&args.old, old)?))
+    } else {
+        Old::Service(Box::new(parse_as(&args.old, old)?))
+    };
+    let new = read_service(&args.new, version)?;
     let opts = kuberay::ClassifyOptions {
         zero_downtime_enabled: !args.zero_downtime_disabled,
         ..Default::default()
     };
-    let classification = if old_kind == "RayCluster" {
-        let c: RayCluster = parse_as(&args.old, old)?;
-        kuberay::classify_with(&OldSide::RayCluster(&c), &new, args.kuberay_version, &opts)?
-    } else {
-        let s: RayService = parse_as(&args.old, old)?;
-        kuberay::classify_with(&OldSide::RayService(&s), &new, args.kuberay_version, &opts)?
+    let side = match &old {
+        Old::Cluster(c) => OldSide::RayCluster(c),
+        Old::Service(s) => OldSide::RayService(s),
     };
-    let name = format!(
-        "{}-next",
-        new.metadata.name.as_deref().unwrap_or("rayservice")
-    );
-    let ns = new
-        .metadata
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".into());
-    let pods = kuberay::planned_pods(&name, &ns, new.cluster_config()?, args.kuberay_version)?;
-    let requests = sum_requests(&pods)?;
+    // The new side was checked on its own: what fails now is the old side.
+    let classification = in_file(
+        &args.old,
+        kuberay::classify_with(&side, &new, version, &opts),
+    )?;
+    let pods = in_file(&args.new, plan(&new, version))?;
+    let requests = in_file(&args.new, sum_requests(&pods))?;
     let out = ExplainOutput {
         classification: &classification,
         new_cluster: NewClusterSummary {
@@ -207,66 +422,129 @@ pub fn explain(args: &ExplainArgs) -> Result<String> {
     };
     Ok(match args.output {
         Output::Json => serde_json::to_string_pretty(&out)? + "\n",
-        Output::Text => explain_text(&classification, &out.new_cluster),
+        Output::Text => explain_text(
+            &classification,
+            &out.new_cluster,
+            matches!(old, Old::Cluster(_)),
+        ),
     })
 }
 
-fn explain_text(c: &Classification, new: &NewClusterSummary) -> String {
-    let mut s = String::new();
-    let line = |s: &mut String, k: &str, v: &str| s.push_str(&format!("{k:<16}{v}\n"));
-    line(&mut s, "Verdict:", &format!("{:?}", c.verdict));
-    line(&mut s, "Why:", &c.reason);
-    line(&mut s, "KubeRay rules:", &c.kuberay_version.to_string());
-    let list = |s: &mut String, title: &str, paths: &[String]| {
-        if paths.is_empty() {
-            return;
+/// Width of the label column in text output.
+const LABEL: usize = 14;
+/// Text lines are wrapped to this many columns.
+const WIDTH: usize = 100;
+
+/// `label value`, the value wrapped at word boundaries and indented under itself.
+fn field(s: &mut String, label: &str, value: &str) {
+    let mut line = format!("{label:<LABEL$}");
+    let mut used = 0;
+    for word in value.split_whitespace() {
+        if used > 0 && LABEL + used + 1 + word.len() > WIDTH {
+            s.push_str(line.trim_end());
+            s.push('\n');
+            line = " ".repeat(LABEL);
+            used = 0;
         }
-        s.push_str(&format!("{title}\n"));
-        for p in paths {
-            s.push_str(&format!("  {p}\n"));
+        if used > 0 {
+            line.push(' ');
+            used += 1;
         }
-    };
-    list(
-        &mut s,
-        "Triggering changes (need a new cluster):",
-        &c.triggering_paths,
-    );
-    list(
-        &mut s,
-        "Exempt changes (autoscaler-owned, ignored by KubeRay):",
-        &c.exempt_paths,
-    );
-    list(
-        &mut s,
-        "Serve config changes (applied in place):",
-        &c.serve_config_paths,
-    );
-    let req = new
-        .requests
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(" ");
-    line(
-        &mut s,
-        "New cluster:",
-        &format!("{} pods, requests {req}", new.pods),
-    );
-    s
+        line.push_str(word);
+        used += word.len();
+    }
+    s.push_str(line.trim_end());
+    s.push('\n');
 }
 
-fn parse_headroom(items: &[String]) -> Result<ResourceList> {
-    let mut out = ResourceList::new();
-    for item in items {
-        let (k, v) = item.split_once('=').ok_or_else(|| {
-            Error::invalid("--headroom", format!("{item:?} is not RESOURCE=QUANTITY"))
-        })?;
-        out.insert(
-            k.to_string(),
-            Quantity::parse_field(&format!("--headroom {k}"), v)?,
+fn path_list(s: &mut String, title: &str, paths: &[String]) {
+    if paths.is_empty() {
+        return;
+    }
+    s.push_str(&format!("{title} ({}):\n", paths.len()));
+    for p in paths {
+        s.push_str(&format!("  {p}\n"));
+    }
+}
+
+/// `name  value` rows, names padded to the longest, values right-aligned.
+fn quantity_rows(s: &mut String, rows: &BTreeMap<String, String>) {
+    let kw = rows.keys().map(String::len).max().unwrap_or(0);
+    let vw = rows.values().map(String::len).max().unwrap_or(0);
+    for (k, v) in rows {
+        s.push_str(&format!("  {k:<kw$}  {v:>vw$}\n"));
+    }
+}
+
+fn explain_text(c: &Classification, new: &NewClusterSummary, old_is_cluster: bool) -> String {
+    let mut s = String::new();
+    field(&mut s, "Verdict:", &format!("{:?}", c.verdict));
+    field(&mut s, "Why:", &c.reason);
+    if let Some(held) = &c.held_reason {
+        field(&mut s, "Held because:", held);
+    }
+    let strategy = match &c.upgrade_strategy {
+        Some(t) => format!("upgradeStrategy {t}"),
+        None => "upgradeStrategy unset".to_string(),
+    };
+    let zd = if c.zero_downtime {
+        "zero-downtime upgrades on"
+    } else {
+        "zero-downtime upgrades off"
+    };
+    field(
+        &mut s,
+        "KubeRay:",
+        &format!("{} rules, {strategy}, {zd}", c.kuberay_version),
+    );
+    field(&mut s, "Fingerprint:", &c.fingerprint);
+    if old_is_cluster {
+        field(
+            &mut s,
+            "Serve config:",
+            "not compared (--old is a RayCluster; KubeRay compares against what it last submitted)",
         );
     }
-    Ok(out)
+    let triggering = match c.verdict {
+        Verdict::NewCluster => "Changes that need a new cluster",
+        Verdict::Held => "Changes that would need a new cluster",
+        Verdict::InPlaceClusterUpdate => "Changes applied to the running cluster",
+        Verdict::NoChange | Verdict::ServeConfigUpdate => "Triggering changes",
+    };
+    let sections: [(String, &[String]); 5] = [
+        (triggering.to_string(), &c.triggering_paths),
+        (
+            format!("Exempt, muted by KubeRay {}", c.kuberay_version),
+            &c.exempt_paths,
+        ),
+        (
+            "Serve config changes (resubmitted)".to_string(),
+            &c.serve_config_paths,
+        ),
+        (
+            "Other spec changes (no cluster effect)".to_string(),
+            &c.other_paths,
+        ),
+        (
+            format!("Ignored, unknown to KubeRay {}", c.kuberay_version),
+            &c.ignored_paths,
+        ),
+    ];
+    if sections.iter().any(|(_, p)| !p.is_empty()) {
+        s.push('\n');
+    }
+    for (title, paths) in &sections {
+        path_list(&mut s, title, paths);
+    }
+    s.push('\n');
+    let plural = if new.pods == 1 { "" } else { "s" };
+    field(
+        &mut s,
+        "New spec:",
+        &format!("{} pod{plural}, requesting in total:", new.pods),
+    );
+    quantity_rows(&mut s, &new.requests);
+    s
 }
 
 /// Pods in the state that belong to the service's current cluster: the one
@@ -296,6 +574,7 @@ fn old_cluster_pods<'a>(
         .pods
         .iter()
         .filter(|p| p.metadata.namespace.as_deref().unwrap_or("default") == ns)
+        .filter(|p| !capacity::node::is_terminal(p))
         .filter(|p| {
             p.metadata
                 .labels
@@ -306,96 +585,229 @@ fn old_cluster_pods<'a>(
         .collect()
 }
 
-pub fn fit(args: &FitArgs) -> Result<(String, bool)> {
-    let items = read_objects(&args.state)?;
+/// What `fit` found: the output, the answer, and what was skipped in the input.
+#[derive(Debug)]
+pub struct FitOutcome {
+    pub text: String,
+    pub fits: bool,
+    /// Objects of the state that were ignored (for stderr).
+    pub warnings: Vec<String>,
+}
+
+fn read_state(path: &Path) -> Result<ClusterState> {
+    // Documents go in whole: a typed list (`NodeList`) gives its items their kind.
+    let docs = read_docs(path)?;
     let state = ClusterState::from_list(
-        serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}),
+        serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs}),
     )
     .map_err(|e| Error::Input {
-        path: args.state.display().to_string(),
+        path: shown(path),
         reason: e.to_string(),
     })?;
-    let svc: RayService = parse_as(&args.new, read_one(&args.new, &["RayService"])?)?;
-    let name = format!(
-        "{}-next",
-        svc.metadata.name.as_deref().unwrap_or("rayservice")
-    );
-    let ns = svc
-        .metadata
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".into());
-    let pods = kuberay::planned_pods(&name, &ns, svc.cluster_config()?, args.kuberay_version)?;
+    if state.nodes.is_empty() {
+        return Err(Error::Input {
+            path: shown(path),
+            reason: format!(
+                "no Node objects found ({} pods, {} other objects): expected what `kubectl get nodes,pods -A -o yaml` prints",
+                state.pods.len(),
+                state.warnings.len()
+            ),
+        });
+    }
+    Ok(state)
+}
+
+pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
+    let version = kuberay_version(&args.kuberay_version)?;
+    let state = read_state(&args.state)?;
+    let svc = read_service(&args.new, version)?;
+    let pods = in_file(&args.new, plan(&svc, version))?;
+    let old_pods = old_cluster_pods(&state, &svc);
     let mut old_requests = ResourceList::new();
-    for p in old_cluster_pods(&state, &svc) {
+    for p in &old_pods {
         capacity::add_into(
             &mut old_requests,
-            &capacity::pod_requests(p, &state.limit_ranges)?,
+            &in_file(&args.state, capacity::pod_requests(p, &state.limit_ranges))?,
         );
     }
-    let report = capacity::fit(
-        &state,
-        &FitRequest {
-            pods,
-            reserved: vec![],
-            headroom: parse_headroom(&args.headroom)?,
-            old_requests,
-        },
+    if !old_pods.is_empty() {
+        // Each running pod also holds a pod slot, as each new one will.
+        let n = i64::try_from(old_pods.len()).unwrap_or(i64::MAX);
+        capacity::add_into(
+            &mut old_requests,
+            &ResourceList::from([(capacity::PODS.to_string(), Quantity::from_units(n))]),
+        );
+    }
+    let headroom: ResourceList = args.headroom.iter().cloned().collect();
+    // The new pods were checked with the manifest: what fails now is the state.
+    let report = in_file(
+        &args.state,
+        capacity::fit(
+            &state,
+            &FitRequest {
+                pods,
+                reserved: vec![],
+                headroom,
+                old_requests,
+            },
+        ),
     )?;
     let text = match args.output {
         Output::Json => serde_json::to_string_pretty(&report)? + "\n",
         Output::Text => fit_text(&report),
     };
-    Ok((text, report.fits))
+    Ok(FitOutcome {
+        text,
+        fits: report.fits,
+        warnings: state.warnings,
+    })
+}
+
+fn list_text(m: &ResourceList) -> String {
+    m.iter()
+        .map(|(k, v)| format!("{k}={}", v.canonical()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn fit_why(r: &FitReport) -> String {
+    let total = r
+        .new_requests
+        .get(capacity::PODS)
+        .map_or(0, Quantity::value);
+    let unplaced = r.unplaced.iter().filter(|u| !u.reserved).count();
+    if r.fits {
+        return format!(
+            "every new pod ({total}) has a node, next to the running cluster{}",
+            if r.headroom.is_empty() {
+                ""
+            } else {
+                ", and the headroom stays free"
+            }
+        );
+    }
+    let mut why = Vec::new();
+    if unplaced > 0 {
+        let verb = if unplaced == 1 { "has" } else { "have" };
+        why.push(format!("{unplaced} of {total} new pods {verb} no node"));
+    }
+    if r.shortfall.is_empty() {
+        if unplaced > 0 {
+            why.push(
+                "the usable nodes have enough free in total, but not on any one node \
+                 (fragmentation) or not where the pods may run (placement rules)"
+                    .to_string(),
+            );
+        }
+    } else {
+        let what = if r.headroom.is_empty() {
+            "short of"
+        } else {
+            "with the headroom, short of"
+        };
+        why.push(format!("{what} {}", list_text(&r.shortfall)));
+    }
+    if why.is_empty() {
+        why.push("the headroom is not kept".to_string());
+    }
+    why.join("; ")
+}
+
+/// Rows of cells, each column padded to its widest cell (first column left-aligned,
+/// the others right-aligned).
+fn table(s: &mut String, rows: &[Vec<String>]) {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(String::len)
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            let w = widths.get(c).copied().unwrap_or(0);
+            if c == 0 {
+                line.push_str(&format!("{cell:<w$}"));
+            } else {
+                line.push_str(&format!("  {cell:>w$}"));
+            }
+        }
+        s.push_str(line.trim_end());
+        s.push('\n');
+    }
+}
+
+/// `  key  value` lines, keys padded to the longest.
+fn pairs(s: &mut String, title: &str, rows: &[(&str, &str)]) {
+    if rows.is_empty() {
+        return;
+    }
+    s.push_str(&format!("\n{title} ({}):\n", rows.len()));
+    let w = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, v) in rows {
+        s.push_str(&format!("  {k:<w$}  {v}\n"));
+    }
 }
 
 fn fit_text(r: &FitReport) -> String {
     let mut s = String::new();
-    s.push_str(if r.fits {
-        "Fits: yes, every pod of the new cluster has a node\n"
-    } else {
-        "Fits: NO\n"
-    });
-    let names: std::collections::BTreeSet<&String> = r
-        .required
-        .keys()
-        .chain(r.free.keys())
-        .chain(r.shortfall.keys())
-        .collect();
-    s.push_str(&format!(
-        "\n{:<20}{:>14}{:>14}{:>14}{:>14}{:>14}\n",
-        "RESOURCE", "NEW", "OLD+NEW", "ALLOCATABLE", "FREE", "SHORTFALL"
-    ));
+    field(&mut s, "Fits:", if r.fits { "yes" } else { "NO" });
+    field(&mut s, "Why:", &fit_why(r));
+    if !r.headroom.is_empty() {
+        field(&mut s, "Headroom:", &list_text(&r.headroom));
+    }
+    s.push('\n');
     let show = |m: &ResourceList, k: &str| {
         m.get(k)
-            .map(|q| q.canonical())
+            .map(Quantity::canonical)
             .unwrap_or_else(|| "-".into())
     };
+    let mut rows = vec![
+        [
+            "RESOURCE",
+            "NEW",
+            "OLD+NEW",
+            "ALLOCATABLE",
+            "FREE",
+            "SHORTFALL",
+        ]
+        .map(str::to_string)
+        .to_vec(),
+    ];
+    let names: std::collections::BTreeSet<&String> =
+        r.new_requests.keys().chain(r.shortfall.keys()).collect();
     for k in names {
-        if !(r.new_requests.contains_key(k) || r.shortfall.contains_key(k)) {
-            continue;
-        }
-        s.push_str(&format!(
-            "{:<20}{:>14}{:>14}{:>14}{:>14}{:>14}\n",
-            k,
+        rows.push(vec![
+            k.clone(),
             show(&r.new_requests, k),
             show(&r.required, k),
             show(&r.allocatable, k),
             show(&r.free, k),
-            show(&r.shortfall, k)
-        ));
+            show(&r.shortfall, k),
+        ]);
     }
-    if !r.unplaced.is_empty() {
-        s.push_str(&format!("\nUnplaced pods ({}):\n", r.unplaced.len()));
-        for u in &r.unplaced {
-            s.push_str(&format!("  {:<40} {}\n", u.pod, u.reason));
-        }
-    }
-    if !r.placements.is_empty() {
-        s.push_str(&format!("\nPlacements ({}):\n", r.placements.len()));
-        for (pod, node) in &r.placements {
-            s.push_str(&format!("  {pod:<40} -> {node}\n"));
-        }
-    }
+    table(&mut s, &rows);
+    let unplaced: Vec<(&str, &str)> = r
+        .unplaced
+        .iter()
+        .map(|u| (u.pod.as_str(), u.reason.as_str()))
+        .collect();
+    pairs(&mut s, "Unplaced pods", &unplaced);
+    let placed: Vec<(&str, &str)> = r
+        .placements
+        .iter()
+        .map(|(p, n)| (p.as_str(), n.as_str()))
+        .collect();
+    pairs(&mut s, "Placements", &placed);
+    let skipped: Vec<(&str, &str)> = r
+        .skipped_nodes
+        .iter()
+        .map(|n| (n.node.as_str(), n.reason.as_str()))
+        .collect();
+    pairs(&mut s, "Skipped nodes", &skipped);
     s
 }

@@ -1,5 +1,6 @@
 //! The `raygate` binary: the operator (`run`) and the offline commands.
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -97,46 +98,64 @@ struct RunArgs {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Explain(args) => print_or_fail(cli::explain(&args)),
+        Command::Explain(args) => match cli::explain(&args) {
+            Ok(text) => emit(&text, ExitCode::SUCCESS),
+            Err(e) => fail(&e),
+        },
         Command::Fit {
             args,
             fail_if_no_fit,
         } => match cli::fit(&args) {
-            Ok((text, fits)) => {
-                print!("{text}");
-                if fail_if_no_fit && !fits {
+            Ok(outcome) => {
+                for w in &outcome.warnings {
+                    say(&format!("raygate: warning: {}: {w}", args.state.display()));
+                }
+                let code = if fail_if_no_fit && !outcome.fits {
                     ExitCode::from(3)
                 } else {
                     ExitCode::SUCCESS
-                }
+                };
+                emit(&outcome.text, code)
             }
             Err(e) => fail(&e),
         },
-        Command::Crd => print_or_fail(upgradeplan::crd_yaml()),
+        Command::Crd => match upgradeplan::crd_yaml() {
+            Ok(text) => emit(&text, ExitCode::SUCCESS),
+            Err(e) => fail(&e),
+        },
         Command::Run(args) => match run(args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 error!(error = %e, "raygate stopped");
-                eprintln!("raygate: {e}");
+                say(&format!("raygate: {e}"));
                 ExitCode::FAILURE
             }
         },
     }
 }
 
-fn print_or_fail(r: Result<String>) -> ExitCode {
-    match r {
-        Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
+/// Writes the output; a closed stdout (`raygate ... | head`) is not a crash,
+/// unlike `print!`, which panics on it.
+fn emit(text: &str, code: ExitCode) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => code,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => code,
+        Err(e) => {
+            say(&format!("raygate: writing output: {e}"));
+            ExitCode::FAILURE
         }
-        Err(e) => fail(&e),
     }
+}
+
+/// A line on stderr, ignoring a closed stderr (`eprintln!` would panic).
+fn say(line: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// Invalid input exits 1 with the message; clap's own usage errors exit 2.
 fn fail(e: &Error) -> ExitCode {
-    eprintln!("raygate: {e}");
+    say(&format!("raygate: {e}"));
     ExitCode::from(1)
 }
 
