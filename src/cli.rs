@@ -623,21 +623,10 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
     let svc = read_service(&args.new, version)?;
     let pods = in_file(&args.new, plan(&svc, version))?;
     let old_pods = old_cluster_pods(&state, &svc);
-    let mut old_requests = ResourceList::new();
-    for p in &old_pods {
-        capacity::add_into(
-            &mut old_requests,
-            &in_file(&args.state, capacity::pod_requests(p, &state.limit_ranges))?,
-        );
-    }
-    if !old_pods.is_empty() {
-        // Each running pod also holds a pod slot, as each new one will.
-        let n = i64::try_from(old_pods.len()).unwrap_or(i64::MAX);
-        capacity::add_into(
-            &mut old_requests,
-            &ResourceList::from([(capacity::PODS.to_string(), Quantity::from_units(n))]),
-        );
-    }
+    let old_requests = in_file(
+        &args.state,
+        capacity::total_requests(old_pods.iter().copied(), &state.limit_ranges),
+    )?;
     let headroom: ResourceList = args.headroom.iter().cloned().collect();
     // The new pods were checked with the manifest: what fails now is the state.
     let report = in_file(

@@ -24,7 +24,7 @@ use crate::quantity::{Format, Quantity};
 
 pub use fit::{FitOptions, FitReport, FitRequest, Unplaced, fit, fit_with};
 pub use node::{NodeFree, NodeSummary, SkippedNode, node_free};
-pub use requests::{pod_name, pod_requests};
+pub use requests::{pod_name, pod_requests, total_requests};
 pub use scheduling::Wording;
 pub use state::ClusterState;
 

@@ -423,13 +423,8 @@ pub fn evaluate_fit(
     let q = queue(stores, me, &change.new_pods, version);
     let key = (me.namespace().unwrap_or_default(), me.name_any());
     let reserved = ledger::reserved_for(state, &ledger, &q, (&key.0, &key.1))?;
-    let mut old_requests = ResourceList::new();
-    for p in old_pods {
-        capacity::add_into(
-            &mut old_requests,
-            &capacity::pod_requests(p, &state.limit_ranges)?,
-        );
-    }
+    let old_requests =
+        capacity::total_requests(old_pods.iter().map(|p| p.as_ref()), &state.limit_ranges)?;
     capacity::fit(
         state,
         &FitRequest {
