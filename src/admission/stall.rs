@@ -95,6 +95,13 @@ pub fn diagnose(
     None
 }
 
+/// How many of these pods the scheduler reported unschedulable.
+pub fn count_unschedulable(pods: &[&Pod]) -> u32 {
+    pods.iter()
+        .filter(|p| unschedulable_message(p).is_some())
+        .count() as u32
+}
+
 /// The scheduler's message when the pod is unschedulable (PodScheduled=False).
 fn unschedulable_message(pod: &Pod) -> Option<&str> {
     if pod

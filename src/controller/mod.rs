@@ -395,6 +395,17 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     {
         ctx.metrics.admission(outcome);
     }
+    let unschedulable = obs
+        .service
+        .as_ref()
+        .ok()
+        .and_then(|s| s.pending_cluster.as_ref())
+        .and_then(|c| obs.pods.get(c))
+        .map(|pods| {
+            let pods: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
+            admission::stall::count_unschedulable(&pods)
+        })
+        .unwrap_or(0);
     observe_metrics(
         ctx,
         plan,
@@ -402,6 +413,7 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
         &decision,
         now,
         overridden.is_some(),
+        unschedulable,
     );
     Ok(Action::requeue(decision.requeue))
 }
@@ -542,6 +554,7 @@ fn observe_metrics(
     d: &Decision,
     now: Timestamp,
     overridden: bool,
+    unschedulable: u32,
 ) {
     let s = &d.status;
     let waiting = matches!(
@@ -564,21 +577,8 @@ fn observe_metrics(
         .capacity
         .as_ref()
         .filter(|_| s.phase == Phase::WaitingForCapacity)
-        .map(|c| {
-            c.shortfall
-                .iter()
-                .filter_map(|(k, v)| {
-                    crate::quantity::Quantity::parse(v)
-                        .ok()
-                        .map(|q| (k.clone(), q.milli_value() as f64 / 1000.0))
-                })
-                .collect()
-        })
+        .map(|c| as_numbers(&c.shortfall))
         .unwrap_or_default();
-    let unschedulable = s
-        .conditions
-        .iter()
-        .any(|c| c.type_ == "Stalled" && c.status == "True" && c.reason == "Unschedulable");
     ctx.metrics.observe_plan(&PlanObservation {
         namespace: &plan.namespace().unwrap_or_default(),
         plan: &plan.name_any(),
@@ -589,17 +589,22 @@ fn observe_metrics(
         stalled: s.phase == Phase::Stalled,
         gate_overridden: overridden,
         shortfall: &shortfall,
-        pods_pending_unschedulable: u32::from(unschedulable),
+        pods_pending_unschedulable: unschedulable,
     });
-    if let Some(free) = s.capacity.as_ref().map(|c| &c.free) {
-        let free = free
-            .iter()
-            .filter_map(|(k, v)| {
-                crate::quantity::Quantity::parse(v)
-                    .ok()
-                    .map(|q| (k.clone(), q.milli_value() as f64 / 1000.0))
-            })
-            .collect();
-        ctx.metrics.set_cluster_free(&free);
+    if let Some(c) = s.capacity.as_ref() {
+        ctx.metrics.set_cluster_free(&as_numbers(&c.free));
     }
+}
+
+/// Quantities as plain numbers in their base unit, for gauges.
+fn as_numbers(
+    m: &std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, f64> {
+    m.iter()
+        .filter_map(|(k, v)| {
+            crate::quantity::Quantity::parse(v)
+                .ok()
+                .map(|q| (k.clone(), q.milli_value() as f64 / 1000.0))
+        })
+        .collect()
 }
