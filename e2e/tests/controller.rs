@@ -34,6 +34,10 @@ struct Env {
 }
 
 async fn env(gpu_nodes: &[u32]) -> Env {
+    env_with(gpu_nodes, &[]).await
+}
+
+async fn env_with(gpu_nodes: &[u32], raygate_args: &[&str]) -> Env {
     let cp = ControlPlane::start()
         .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));
     cp.install_crd_file(&repo_root().join("crds/raygate.io_upgradeplans.yaml"))
@@ -53,7 +57,7 @@ async fn env(gpu_nodes: &[u32]) -> Env {
         },
     )
     .expect("spawn kuberay-sim");
-    let rg = Raygate::spawn(&cp, &[]).unwrap_or_else(|e| panic!("{e:#}"));
+    let rg = Raygate::spawn(&cp, raygate_args).unwrap_or_else(|e| panic!("{e:#}"));
     Env {
         client,
         ns,
@@ -598,4 +602,62 @@ async fn someone_else_flipping_the_gate_is_reported_not_fought() {
         )),
         "{metrics}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_elect_one_leader_and_fail_over() {
+    let args = [
+        "--leader-elect",
+        "true",
+        "--lease-namespace",
+        "default",
+        "--lease-duration-seconds",
+        "4",
+    ];
+    let mut e = env_with(&[8, 8], &args).await;
+    let mut second = Raygate::spawn(&e.cp, &args).unwrap_or_else(|err| panic!("{err:#}"));
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(e.client.clone(), "default");
+    let holder = || async {
+        let l = leases.get("raygate-leader").await?;
+        Ok::<_, anyhow::Error>(l.spec.and_then(|s| s.holder_identity).unwrap_or_default())
+    };
+    let first_leader = or_panic(
+        wait_for("a lease holder", T, || async {
+            let h = holder().await?;
+            Ok(if h.is_empty() {
+                Check::NotYet("no holder".into())
+            } else {
+                Check::Done(h)
+            })
+        })
+        .await,
+    );
+    // The standby reports ready too (so rolling updates proceed), but only the leader acts.
+    or_panic(service_with_plan(&e, "llm", 1, 2, json!({})).await);
+    let acting = [&e.rg, &second]
+        .iter()
+        .filter(|r| r.logs().contains("status updated"))
+        .count();
+    assert_eq!(acting, 1, "exactly one replica writes status");
+
+    // Kill whichever leads; the other takes over and keeps gating.
+    if e.rg.logs().contains("status updated") {
+        e.rg.kill();
+    } else {
+        second.kill();
+    }
+    or_panic(
+        wait_for("a new lease holder", T, || async {
+            let h = holder().await?;
+            Ok(if !h.is_empty() && h != first_leader {
+                Check::Done(())
+            } else {
+                Check::NotYet(h)
+            })
+        })
+        .await,
+    );
+    or_panic(bump_worker(&e, "llm", "rayproject/ray:2.10.0-gpu", None).await);
+    or_panic(wait_phase(&e, "llm", "Completed").await);
 }
