@@ -587,6 +587,11 @@ fn helm_chart_lints_and_renders_with_helm_3_and_4() {
                     a["expr"],
                     r#"absent(up{job=~"monitoring/raygate-.*"} == 1)"#
                 );
+                let desc = a["annotations"]["description"].as_str().unwrap();
+                assert!(
+                    desc.contains("monitoring/raygate-.*") && !desc.contains(".*raygate.*"),
+                    "{h}: RaygateDown's description still uses the default job regex: {desc}"
+                );
             }
         }
 
@@ -1119,4 +1124,100 @@ fn upgradeplan_reference_mentions_every_crd_field() {
             );
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// the CI example in docs/gitops.md
+
+fn raygate_bin() -> PathBuf {
+    raygate_e2e::workspace_bin("raygate").unwrap_or_else(|| {
+        panic!("the raygate binary is not built: run `cargo build --workspace --bins` first")
+    })
+}
+
+const ONE_FREE_GPU_STATE: &str = r#"apiVersion: v1
+kind: List
+items:
+  - apiVersion: v1
+    kind: Node
+    metadata: {name: gpu-1, labels: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB}}
+    spec: {taints: [{key: nvidia.com/gpu, effect: NoSchedule}]}
+    status:
+      allocatable: {cpu: "32", memory: 256Gi, nvidia.com/gpu: "1", pods: "110"}
+      conditions: [{type: Ready, status: "True"}]
+  - apiVersion: v1
+    kind: Node
+    metadata: {name: cpu-1}
+    status:
+      allocatable: {cpu: "16", memory: 64Gi, pods: "110"}
+      conditions: [{type: Ready, status: "True"}]
+"#;
+
+#[test]
+fn pr_check_example_flags_new_gpu_clusters_only() {
+    let script = root("docs/examples/raygate-pr-check.sh");
+    let sample = "config/samples/ray_v1_rayservice_llm_gpu.yaml";
+    let base = read(sample);
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: String| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    // A new image: a second cluster with GPUs.
+    let image = write(
+        "image.yaml",
+        base.replace("ray-llm:2.46.0-py311-cu124", "ray-llm:2.47.1-py311-cu124"),
+    );
+    // Serve autoscaling only: applied in place.
+    let serve = write(
+        "serve.yaml",
+        base.replace("max_replicas: 4", "max_replicas: 6"),
+    );
+    // Autoscaler-owned worker replicas: muted by KubeRay.
+    let replicas = write(
+        "replicas.yaml",
+        base.replace("        replicas: 2\n", "        replicas: 3\n"),
+    );
+    assert!(read(sample).contains("        replicas: 2\n"));
+    let state = write("state.yaml", ONE_FREE_GPU_STATE.to_string());
+    let check = |head: &Path, mode: &str, state: Option<&Path>| {
+        let mut cmd = Command::new("bash");
+        cmd.arg(&script)
+            .arg(sample)
+            .arg(head)
+            .current_dir(repo_root())
+            .env("RAYGATE", raygate_bin())
+            .env("RAYGATE_CHECK", mode)
+            .env_remove("RAYGATE_STATE")
+            .stdin(Stdio::null());
+        if let Some(s) = state {
+            cmd.env("RAYGATE_STATE", s);
+        }
+        let out = cmd.output().expect("run raygate-pr-check.sh");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code().unwrap_or(-1), text)
+    };
+    let (rc, out) = check(&image, "warn", None);
+    assert_eq!(rc, 0, "{out}");
+    assert!(
+        out.starts_with("::warning::") && out.contains("nvidia.com/gpu=2"),
+        "{out}"
+    );
+    let (rc, out) = check(&image, "fail", None);
+    assert_eq!(rc, 1, "{out}");
+    assert!(out.starts_with("::error::"), "{out}");
+    for quiet in [&serve, &replicas] {
+        let (rc, out) = check(quiet, "fail", None);
+        assert_eq!(rc, 0, "{out}");
+        assert!(out.contains("no new GPU cluster"), "{out}");
+    }
+    // One free GPU in the cluster state: `raygate fit` says the new cluster does not fit.
+    let (rc, out) = check(&image, "warn", Some(&state));
+    assert_eq!(rc, 3, "{out}");
+    assert!(
+        out.contains("does NOT fit") && out.contains("nvidia.com/gpu"),
+        "{out}"
+    );
 }
