@@ -1,0 +1,64 @@
+{{/* Chart name, truncated to the 63 characters a label value may have. */}}
+{{- define "raygate.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: <release>-raygate, or <release> when it already contains the name. */}}
+{{- define "raygate.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "raygate.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "raygate.labels" -}}
+helm.sh/chart: {{ include "raygate.chart" . }}
+{{ include "raygate.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: raygate
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Labels the Deployment, Service, PDB and ServiceMonitor select on; never change them. */}}
+{{- define "raygate.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "raygate.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "raygate.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "raygate.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "raygate.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag | toString) }}
+{{- end }}
+{{- end }}
+
+{{/* Values that cannot work together fail the render instead of deploying a broken operator. */}}
+{{- define "raygate.validate" -}}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
+{{- fail "replicaCount > 1 needs leaderElection.enabled=true: two active replicas would both write the gate" }}
+{{- end }}
+{{- if not (has .Values.logFormat (list "json" "text")) }}
+{{- fail (printf "logFormat must be json or text, not %q" .Values.logFormat) }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,1429 @@
+//! Packaging: the Helm chart, the kustomize config, the alert rules, the
+//! Dockerfile and the docs that describe them, checked with the real tools and
+//! a real kube-apiserver.
+//!
+//! Tools come from `e2e/setup-tools` (promtool, hadolint, helm 3 and 4, a
+//! kubectl with a current kustomize); each test fails with a message naming
+//! that script when its tool is missing. Override a tool's path with
+//! `RAYGATE_PROMTOOL`, `RAYGATE_HADOLINT`, `RAYGATE_HELM`, `RAYGATE_HELM4` or
+//! `RAYGATE_KUSTOMIZE_KUBECTL`. The apiserver test needs `e2e/setup` (see
+//! e2e/README.md), like the harness tests.
+//!
+//! Run: `e2e/setup-tools && cargo test -p raygate-e2e --test packaging`.
+
+use anyhow::{Context, Result, bail};
+use raygate_e2e::ControlPlane;
+use raygate_e2e::control_plane::repo_root;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const SETUP_TOOLS_HINT: &str = "run `e2e/setup-tools` (as root) to install it";
+const RELEASE: &str = "rg";
+const RELEASE_NS: &str = "raygate-helm";
+const KUSTOMIZE_NS: &str = "raygate-system";
+const RUNBOOK_BASE: &str = "https://github.com/raygate/raygate/blob/main/docs/runbooks.md";
+
+// ---------------------------------------------------------------------------
+// tools
+
+fn cache_dir() -> PathBuf {
+    if let Some(c) = std::env::var_os("RAYGATE_CACHE") {
+        return PathBuf::from(c);
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    PathBuf::from(home).join(".cache").join("raygate")
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// A tool: `$env` if set, else the first existing cache path, else `PATH` (if allowed).
+fn tool(what: &str, env: &str, cached: &[PathBuf], path_name: Option<&str>) -> PathBuf {
+    if let Some(p) = std::env::var_os(env) {
+        let p = PathBuf::from(p);
+        assert!(p.is_file(), "{env}={} is not a file", p.display());
+        return p;
+    }
+    if let Some(p) = cached.iter().find(|p| p.is_file()) {
+        return p.clone();
+    }
+    if let Some(p) = path_name.and_then(on_path) {
+        return p;
+    }
+    let looked: Vec<String> = cached.iter().map(|p| p.display().to_string()).collect();
+    panic!(
+        "{what} not found (looked at ${env}, {}{}): {SETUP_TOOLS_HINT}",
+        looked.join(", "),
+        path_name
+            .map(|n| format!(", `{n}` on PATH"))
+            .unwrap_or_default()
+    );
+}
+
+fn promtool() -> PathBuf {
+    tool("promtool", "RAYGATE_PROMTOOL", &[], Some("promtool"))
+}
+
+fn hadolint() -> PathBuf {
+    let c = cache_dir();
+    tool(
+        "hadolint",
+        "RAYGATE_HADOLINT",
+        &[c.join("venv/bin/hadolint")],
+        Some("hadolint"),
+    )
+}
+
+/// Helm 3 and Helm 4: the chart must work with both.
+fn helms() -> Vec<PathBuf> {
+    let c = cache_dir();
+    vec![
+        tool(
+            "helm (v3)",
+            "RAYGATE_HELM",
+            &[c.join("bin/helm")],
+            Some("helm"),
+        ),
+        tool("helm (v4)", "RAYGATE_HELM4", &[c.join("bin/helm4")], None),
+    ]
+}
+
+/// A kubectl with kustomize v5 (the control plane's kubectl v1.20 has v2.0.3).
+fn kustomize_kubectl() -> PathBuf {
+    let c = cache_dir();
+    tool(
+        "kubectl with kustomize v5",
+        "RAYGATE_KUSTOMIZE_KUBECTL",
+        &[c.join("bin/kubectl-v1.32")],
+        None,
+    )
+}
+
+fn run<I, S>(bin: &Path, args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().into()).collect();
+    Command::new(bin)
+        .args(&args)
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()))
+}
+
+fn shown(bin: &Path, args: &[&str]) -> String {
+    format!(
+        "{} {}",
+        bin.file_name().unwrap_or_default().to_string_lossy(),
+        args.join(" ")
+    )
+}
+
+/// Runs and requires exit 0; returns stdout.
+fn ok(bin: &Path, args: &[&str]) -> String {
+    let out = run(bin, args);
+    assert!(
+        out.status.success(),
+        "`{}` failed ({}):\n{}\n{}",
+        shown(bin, args),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+// ---------------------------------------------------------------------------
+// files and YAML
+
+fn root(rel: &str) -> PathBuf {
+    repo_root().join(rel)
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(root(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"))
+}
+
+/// Every non-empty document of a (multi-document) YAML text.
+fn docs(text: &str) -> Vec<Value> {
+    let all: Vec<Value> =
+        serde_saphyr::from_multiple(text).unwrap_or_else(|e| panic!("not valid YAML: {e}\n{text}"));
+    all.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+fn yaml(rel: &str) -> Value {
+    let mut d = docs(&read(rel));
+    assert_eq!(d.len(), 1, "{rel}: expected one YAML document");
+    d.remove(0)
+}
+
+fn kind(v: &Value) -> &str {
+    v["kind"].as_str().unwrap_or("")
+}
+
+fn name(v: &Value) -> &str {
+    v["metadata"]["name"].as_str().unwrap_or("")
+}
+
+fn find<'a>(objs: &'a [Value], k: &str) -> &'a Value {
+    let found: Vec<&Value> = objs.iter().filter(|o| kind(o) == k).collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "expected exactly one {k}, found {}",
+        found.len()
+    );
+    found[0]
+}
+
+fn kinds(objs: &[Value]) -> BTreeSet<String> {
+    objs.iter().map(|o| kind(o).to_string()).collect()
+}
+
+fn helm_template(helm: &Path, extra: &[&str]) -> Vec<Value> {
+    let mut args = vec![
+        "template",
+        RELEASE,
+        "charts/raygate",
+        "--namespace",
+        RELEASE_NS,
+    ];
+    args.extend_from_slice(extra);
+    docs(&ok(helm, &args))
+}
+
+fn kustomize(dir: &str) -> Vec<Value> {
+    docs(&ok(&kustomize_kubectl(), &["kustomize", dir]))
+}
+
+fn container(deploy: &Value) -> &Value {
+    &deploy["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn strs(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------
+// (a) alert rules
+
+#[test]
+fn alert_rules_pass_promtool_check_and_unit_tests() {
+    let promtool = promtool();
+    let out = ok(
+        &promtool,
+        &["check", "rules", "config/prometheus/alerts.yaml"],
+    );
+    assert!(out.contains("SUCCESS"), "promtool check rules: {out}");
+    let mut tests: Vec<String> = std::fs::read_dir(root("config/prometheus/tests"))
+        .expect("config/prometheus/tests")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .map(|p| p.strip_prefix(repo_root()).unwrap().display().to_string())
+        .collect();
+    tests.sort();
+    assert!(
+        !tests.is_empty(),
+        "no promtool unit tests in config/prometheus/tests"
+    );
+    let mut args = vec!["test", "rules"];
+    args.extend(tests.iter().map(String::as_str));
+    let out = ok(&promtool, &args);
+    assert!(out.contains("SUCCESS"), "promtool test rules: {out}");
+}
+
+/// Every alert the unit tests exercise, both firing and not firing.
+#[test]
+fn every_alert_has_a_firing_and_a_quiet_unit_test() {
+    let rules = yaml("config/prometheus/alerts.yaml");
+    let tests = yaml("config/prometheus/tests/alerts_test.yaml");
+    let cases: Vec<&Value> = tests["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_array().unwrap().iter())
+        .collect();
+    for alert in alert_rules(&rules) {
+        let name = alert["alert"].as_str().unwrap();
+        let of: Vec<&&Value> = cases.iter().filter(|c| c["alertname"] == name).collect();
+        let empty = |c: &Value| c["exp_alerts"].as_array().is_none_or(|a| a.is_empty());
+        assert!(
+            of.iter().any(|c| empty(c)),
+            "{name}: no unit test expects it not to fire"
+        );
+        assert!(
+            of.iter().any(|c| !empty(c)),
+            "{name}: no unit test expects it to fire"
+        );
+    }
+}
+
+fn alert_rules(rules: &Value) -> Vec<&Value> {
+    rules["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_array().expect("rules").iter())
+        .filter(|r| r.get("alert").is_some())
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// (e) every alert is complete and its runbook exists
+
+/// GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes.
+fn github_anchors(markdown: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut fenced = false;
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        }
+        if fenced || !line.starts_with('#') {
+            continue;
+        }
+        let text = line.trim_start_matches('#').trim();
+        let slug: String = text
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        out.insert(slug);
+    }
+    out
+}
+
+#[test]
+fn every_alert_has_severity_annotations_and_a_runbook_section() {
+    let rules = yaml("config/prometheus/alerts.yaml");
+    let anchors = github_anchors(&read("docs/runbooks.md"));
+    let required = [
+        "RayServiceUpgradeStalled",
+        "RayServiceUpgradeWaitingForCapacity",
+        "RayServiceTwoClustersTooLong",
+        "RaygateGateOverridden",
+        "RaygateDown",
+        "RaygateReconcileErrors",
+    ];
+    let alerts = alert_rules(&rules);
+    let names: BTreeSet<&str> = alerts.iter().filter_map(|a| a["alert"].as_str()).collect();
+    for r in required {
+        assert!(names.contains(r), "alerts.yaml has no alert {r}");
+    }
+    for a in alerts {
+        let name = a["alert"].as_str().unwrap();
+        assert!(
+            a["for"].as_str().is_some_and(|f| !f.is_empty()),
+            "{name}: no `for:`"
+        );
+        let sev = a["labels"]["severity"].as_str().unwrap_or("");
+        assert!(
+            ["critical", "warning", "info"].contains(&sev),
+            "{name}: severity label {sev:?} is not critical, warning or info"
+        );
+        for ann in ["summary", "description", "runbook_url"] {
+            assert!(
+                a["annotations"][ann]
+                    .as_str()
+                    .is_some_and(|s| !s.is_empty()),
+                "{name}: no {ann} annotation"
+            );
+        }
+        let desc = a["annotations"]["description"].as_str().unwrap();
+        assert!(
+            desc.contains("$value") || desc.contains("$labels") || desc.contains("query"),
+            "{name}: the description shows no numbers or labels"
+        );
+        let url = a["annotations"]["runbook_url"].as_str().unwrap();
+        let anchor = url
+            .strip_prefix(&format!("{RUNBOOK_BASE}#"))
+            .unwrap_or_else(|| {
+                panic!("{name}: runbook_url {url} does not start with {RUNBOOK_BASE}#")
+            });
+        assert_eq!(
+            anchor,
+            name.to_lowercase(),
+            "{name}: the runbook anchor should be the alert name in lower case"
+        );
+        assert!(
+            anchors.contains(anchor),
+            "{name}: docs/runbooks.md has no section with anchor #{anchor} (a heading `## {name}`)"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// (b) Dockerfile
+
+#[test]
+fn dockerfile_passes_hadolint_and_builds_the_release_binary_as_non_root() {
+    let hadolint = hadolint();
+    ok(&hadolint, &["--config", ".hadolint.yaml", "Dockerfile"]);
+
+    let df = read("Dockerfile");
+    let instr: Vec<&str> = df
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let froms = instr.iter().filter(|l| l.starts_with("FROM ")).count();
+    assert!(froms >= 2, "Dockerfile is not multi-stage ({froms} FROM)");
+    assert!(
+        df.contains("cargo build --release --locked -p raygate --bin raygate"),
+        "Dockerfile does not run the release build CI tests"
+    );
+    let last_from = instr.iter().rposition(|l| l.starts_with("FROM ")).unwrap();
+    let runtime = &instr[last_from..];
+    assert!(
+        runtime[0].contains("distroless") || runtime[0].contains("scratch"),
+        "runtime stage {} is not distroless or scratch",
+        runtime[0]
+    );
+    assert!(
+        !runtime.iter().any(|l| l.starts_with("RUN ")),
+        "the runtime stage must not RUN anything (no shell there)"
+    );
+    let user = runtime
+        .iter()
+        .rev()
+        .find_map(|l| l.strip_prefix("USER "))
+        .expect("the runtime stage sets no USER");
+    let uid = user.split(':').next().unwrap();
+    assert!(
+        uid.parse::<u32>().is_ok_and(|u| u != 0),
+        "USER {user} is not a numeric non-root user"
+    );
+    assert_eq!(
+        runtime.iter().rev().find(|l| l.starts_with("ENTRYPOINT")),
+        Some(&r#"ENTRYPOINT ["/raygate", "run"]"#)
+    );
+    assert!(
+        df.contains("no Docker engine"),
+        "the Dockerfile should say it is not built here"
+    );
+
+    let ignore = read(".dockerignore");
+    for p in ["target", ".git"] {
+        assert!(
+            ignore
+                .lines()
+                .any(|l| l.trim().trim_end_matches('/').trim_start_matches('/') == p),
+            ".dockerignore does not exclude {p}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// (c) Helm chart, rendered
+
+#[test]
+fn helm_chart_lints_and_renders_with_helm_3_and_4() {
+    for helm in helms() {
+        let h = helm.display().to_string();
+        ok(&helm, &["lint", "--strict", "charts/raygate"]);
+        ok(
+            &helm,
+            &[
+                "lint",
+                "--strict",
+                "charts/raygate",
+                "--set",
+                "serviceMonitor.enabled=true,prometheusRule.enabled=true",
+            ],
+        );
+
+        let objs = helm_template(&helm, &[]);
+        let want: BTreeSet<String> = [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "Deployment",
+            "PodDisruptionBudget",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(kinds(&objs), want, "{h}: default render");
+
+        let d = find(&objs, "Deployment");
+        assert_eq!(d["spec"]["replicas"], 2, "{h}: default replicas");
+        let c = container(d);
+        let args = strs(&c["args"]);
+        for a in [
+            "--leader-elect=true",
+            "--metrics-addr=0.0.0.0:8080",
+            "--log-format=json",
+            "--kuberay-version=1.7",
+            &format!("--lease-namespace={RELEASE_NS}"),
+            "--lease-name=raygate-leader",
+            "--lease-duration-seconds=15",
+        ] {
+            assert!(args.contains(&a), "{h}: Deployment args {args:?} lack {a}");
+        }
+        for (var, field) in [
+            ("POD_NAME", "metadata.name"),
+            ("POD_NAMESPACE", "metadata.namespace"),
+        ] {
+            let e = c["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["name"] == var)
+                .unwrap_or_else(|| panic!("{h}: no {var} env"));
+            assert_eq!(e["valueFrom"]["fieldRef"]["fieldPath"], field, "{h}: {var}");
+        }
+        assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+        assert!(
+            c["resources"]["requests"]["memory"].is_string(),
+            "{h}: requests"
+        );
+        assert!(
+            c["resources"]["limits"]["memory"].is_string(),
+            "{h}: limits"
+        );
+        let sc = &c["securityContext"];
+        assert_eq!(sc["runAsNonRoot"], true);
+        assert_eq!(sc["readOnlyRootFilesystem"], true);
+        assert_eq!(sc["allowPrivilegeEscalation"], false);
+        assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+        let psc = &d["spec"]["template"]["spec"]["securityContext"];
+        assert_eq!(psc["seccompProfile"]["type"], "RuntimeDefault");
+        assert_eq!(psc["runAsNonRoot"], true);
+
+        let role = find(&objs, "ClusterRole");
+        assert_least_privilege(&role["rules"], &h);
+        let lease_role = find(&objs, "Role");
+        assert_eq!(lease_role["metadata"]["namespace"], RELEASE_NS);
+        assert_eq!(
+            lease_role["rules"],
+            json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                    "verbs": ["get", "create", "update", "patch"]}])
+        );
+
+        // Toggles: monitors on, options passed through.
+        let objs = helm_template(
+            &helm,
+            &[
+                "--set",
+                "serviceMonitor.enabled=true,prometheusRule.enabled=true",
+                "--set",
+                "watchNamespaces={ml-serving,research},logFormat=text,kuberayVersion=1.6",
+                "--set",
+                "leaderElection.enabled=false,replicaCount=1",
+            ],
+        );
+        let k = kinds(&objs);
+        assert!(
+            k.contains("ServiceMonitor") && k.contains("PrometheusRule"),
+            "{h}: {k:?}"
+        );
+        assert!(
+            !k.contains("PodDisruptionBudget"),
+            "{h}: a PDB for 1 replica"
+        );
+        assert!(
+            !k.contains("Role"),
+            "{h}: a lease Role without leader election"
+        );
+        let args = strs(&container(find(&objs, "Deployment"))["args"]);
+        for a in [
+            "--namespace=ml-serving,research",
+            "--log-format=text",
+            "--kuberay-version=1.6",
+            "--leader-elect=false",
+        ] {
+            assert!(args.contains(&a), "{h}: args {args:?} lack {a}");
+        }
+        let sm = find(&objs, "ServiceMonitor");
+        assert_eq!(sm["spec"]["endpoints"][0]["honorLabels"], true);
+        assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
+
+        // The PrometheusRule embeds config/prometheus/alerts.yaml unchanged.
+        let pr = find(&objs, "PrometheusRule");
+        assert_eq!(
+            pr["spec"],
+            yaml("config/prometheus/alerts.yaml"),
+            "{h}: the PrometheusRule's rules differ from config/prometheus/alerts.yaml"
+        );
+
+        // ... except for the runbook base and RaygateDown's job regex, from values.
+        let objs = helm_template(
+            &helm,
+            &[
+                "--set",
+                "prometheusRule.enabled=true",
+                "--set",
+                "prometheusRule.runbookBaseUrl=https://wiki.example.com/raygate/runbooks/",
+                "--set",
+                "prometheusRule.upJobRegex=monitoring/raygate-.*",
+            ],
+        );
+        let spec = &find(&objs, "PrometheusRule")["spec"];
+        for a in alert_rules(spec) {
+            let url = a["annotations"]["runbook_url"].as_str().unwrap();
+            assert!(
+                url.starts_with("https://wiki.example.com/raygate/runbooks#"),
+                "{h}: runbook_url {url}"
+            );
+            if a["alert"] == "RaygateDown" {
+                assert_eq!(
+                    a["expr"],
+                    r#"absent(up{job=~"monitoring/raygate-.*"} == 1)"#
+                );
+                let desc = a["annotations"]["description"].as_str().unwrap();
+                assert!(
+                    desc.contains("monitoring/raygate-.*") && !desc.contains(".*raygate.*"),
+                    "{h}: RaygateDown's description still uses the default job regex: {desc}"
+                );
+            }
+        }
+
+        // Values that cannot work fail the render.
+        let out = run(
+            &helm,
+            [
+                "template",
+                "x",
+                "charts/raygate",
+                "--set",
+                "replicaCount=2,leaderElection.enabled=false",
+            ],
+        );
+        assert!(
+            !out.status.success(),
+            "{h}: 2 replicas without leader election rendered"
+        );
+        assert!(String::from_utf8_lossy(&out.stderr).contains("leaderElection.enabled"));
+
+        // Kubernetes 1.20 has no policy/v1.
+        let objs = helm_template(&helm, &["--kube-version", "1.20.2"]);
+        assert_eq!(
+            find(&objs, "PodDisruptionBudget")["apiVersion"],
+            "policy/v1beta1"
+        );
+        let objs = helm_template(&helm, &["--kube-version", "1.29.0"]);
+        assert_eq!(
+            find(&objs, "PodDisruptionBudget")["apiVersion"],
+            "policy/v1"
+        );
+    }
+}
+
+/// No Secrets, no wildcards, writes only where raygate writes.
+fn assert_least_privilege(rules: &Value, who: &str) {
+    for r in rules.as_array().expect("rules") {
+        for field in ["apiGroups", "resources", "verbs"] {
+            assert!(
+                !strs(&r[field]).contains(&"*"),
+                "{who}: wildcard in {field}: {r}"
+            );
+        }
+        assert!(
+            !strs(&r["resources"])
+                .iter()
+                .any(|s| s.starts_with("secrets")),
+            "{who}: a rule on secrets: {r}"
+        );
+        assert!(
+            r.get("nonResourceURLs").is_none(),
+            "{who}: nonResourceURLs: {r}"
+        );
+        let verbs = strs(&r["verbs"]);
+        for v in [
+            "delete",
+            "deletecollection",
+            "escalate",
+            "bind",
+            "impersonate",
+        ] {
+            assert!(!verbs.contains(&v), "{who}: verb {v}: {r}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// (d) copies that must not drift
+
+#[test]
+fn chart_and_config_copies_match_their_sources() {
+    let crd = read("crds/raygate.io_upgradeplans.yaml");
+    for copy in [
+        "charts/raygate/crds/raygate.io_upgradeplans.yaml",
+        "config/crd/bases/raygate.io_upgradeplans.yaml",
+    ] {
+        assert!(
+            read(copy) == crd,
+            "{copy} differs from the generated crds/raygate.io_upgradeplans.yaml: \
+             cp crds/raygate.io_upgradeplans.yaml {copy}"
+        );
+    }
+    assert!(
+        read("charts/raygate/files/alerts.yaml") == read("config/prometheus/alerts.yaml"),
+        "charts/raygate/files/alerts.yaml differs from config/prometheus/alerts.yaml: \
+         cp config/prometheus/alerts.yaml charts/raygate/files/alerts.yaml"
+    );
+
+    // RBAC: the chart's rules are config/rbac's, and kustomize renders them unchanged.
+    let cluster_role = yaml("config/rbac/role.yaml");
+    let lease_role = yaml("config/rbac/leader_election_role.yaml");
+    assert_least_privilege(&cluster_role["rules"], "config/rbac/role.yaml");
+    let kust = kustomize("config/default");
+    assert_eq!(find(&kust, "ClusterRole")["rules"], cluster_role["rules"]);
+    for helm in helms() {
+        let objs = helm_template(&helm, &[]);
+        assert_eq!(
+            find(&objs, "ClusterRole")["rules"],
+            cluster_role["rules"],
+            "the chart's ClusterRole rules differ from config/rbac/role.yaml"
+        );
+        assert_eq!(
+            find(&objs, "Role")["rules"],
+            lease_role["rules"],
+            "the chart's lease Role rules differ from config/rbac/leader_election_role.yaml"
+        );
+        // The same pod either way.
+        let (hd, kd) = (find(&objs, "Deployment"), find(&kust, "Deployment"));
+        let (hc, kc) = (container(hd), container(kd));
+        for f in [
+            "securityContext",
+            "livenessProbe",
+            "readinessProbe",
+            "resources",
+            "env",
+            "ports",
+        ] {
+            assert_eq!(
+                hc[f], kc[f],
+                "chart and config/manager differ in container {f}"
+            );
+        }
+        assert_eq!(
+            hd["spec"]["template"]["spec"]["securityContext"],
+            kd["spec"]["template"]["spec"]["securityContext"]
+        );
+        assert_eq!(hd["spec"]["replicas"], kd["spec"]["replicas"]);
+    }
+}
+
+#[test]
+fn kustomize_config_renders() {
+    let objs = kustomize("config/default");
+    let want: BTreeSet<String> = [
+        "Namespace",
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "Deployment",
+        "PodDisruptionBudget",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(kinds(&objs), want);
+    for o in &objs {
+        let namespaced = !matches!(
+            kind(o),
+            "Namespace" | "CustomResourceDefinition" | "ClusterRole" | "ClusterRoleBinding"
+        );
+        if namespaced {
+            assert_eq!(
+                o["metadata"]["namespace"],
+                KUSTOMIZE_NS,
+                "{} {}",
+                kind(o),
+                name(o)
+            );
+        }
+    }
+    let d = find(&objs, "Deployment");
+    assert_eq!(container(d)["image"], "ghcr.io/raygate/raygate:0.1.0");
+    assert!(strs(&container(d)["args"]).contains(&"--leader-elect=true"));
+
+    let mon = kustomize("config/prometheus");
+    assert_eq!(kinds(&mon), BTreeSet::from(["ServiceMonitor".to_string()]));
+    assert_eq!(
+        find(&mon, "ServiceMonitor")["spec"]["endpoints"][0]["honorLabels"],
+        true
+    );
+
+    let samples = kustomize("config/samples");
+    let plans: Vec<&Value> = samples
+        .iter()
+        .filter(|o| kind(o) == "UpgradePlan")
+        .collect();
+    assert!(
+        plans.len() >= 4,
+        "config/samples: {} UpgradePlans",
+        plans.len()
+    );
+    let policies: BTreeSet<&str> = plans
+        .iter()
+        .filter_map(|p| p["spec"]["policy"].as_str())
+        .collect();
+    assert!(policies.contains("Auto") && policies.contains("Manual"));
+    assert!(
+        plans
+            .iter()
+            .any(|p| p["spec"]["maintenanceWindows"].is_array())
+    );
+    assert!(plans.iter().any(|p| p["spec"]["headroom"].is_object()));
+    let svc = find(&samples, "RayService");
+    assert!(
+        svc["spec"].get("upgradeStrategy").is_none(),
+        "the sample RayService must leave spec.upgradeStrategy to raygate"
+    );
+    assert!(svc["spec"]["serveConfigV2"].is_string());
+}
+
+// ---------------------------------------------------------------------------
+// (c) on a real kube-apiserver: install, then check the RBAC as the ServiceAccounts
+
+/// Stand-ins for the Prometheus Operator CRDs (same group, kinds and plurals; no schema),
+/// so the monitors apply like they would next to a real operator.
+const MONITORING_CRDS: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: servicemonitors.monitoring.coreos.com
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: ServiceMonitor, listKind: ServiceMonitorList, plural: servicemonitors, singular: servicemonitor}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: prometheusrules.monitoring.coreos.com
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: PrometheusRule, listKind: PrometheusRuleList, plural: prometheusrules, singular: prometheusrule}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"#;
+
+fn kubectl(cp: &ControlPlane, args: &[&str]) -> Result<String> {
+    let out = cp.kubectl(args)?;
+    if !out.status.success() {
+        bail!(
+            "kubectl {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `kubectl auth can-i` as a ServiceAccount: true for "yes".
+fn can_i(cp: &ControlPlane, sa: &str, args: &[&str]) -> Result<bool> {
+    let who = format!("--as={sa}");
+    let mut a = vec!["auth", "can-i"];
+    a.extend_from_slice(args);
+    a.push(&who);
+    let out = cp.kubectl(&a)?;
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    match said.as_str() {
+        "yes" => Ok(true),
+        s if s.starts_with("no") => Ok(false),
+        _ => bail!(
+            "kubectl {} said {said:?}: {}",
+            a.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+fn write_manifest(dir: &Path, file: &str, objs: &[Value]) -> Result<PathBuf> {
+    let mut text = String::new();
+    for o in objs {
+        text.push_str("---\n");
+        text.push_str(&serde_json::to_string(o)?);
+        text.push('\n');
+    }
+    let p = dir.join(file);
+    std::fs::write(&p, text)?;
+    Ok(p)
+}
+
+fn check_rbac(cp: &ControlPlane, ns: &str, sa: &str) -> Result<()> {
+    let who = format!("system:serviceaccount:{ns}:{sa}");
+    let allowed: &[&[&str]] = &[
+        &["list", "rayservices.ray.io", "--all-namespaces"],
+        &["watch", "rayservices.ray.io", "--all-namespaces"],
+        &["get", "rayservices.ray.io", "-n", "ml-serving"],
+        &["patch", "rayservices.ray.io", "-n", "ml-serving"],
+        &["list", "rayclusters.ray.io", "--all-namespaces"],
+        &["watch", "rayclusters.ray.io", "--all-namespaces"],
+        &["list", "pods", "--all-namespaces"],
+        &["watch", "pods", "--all-namespaces"],
+        &["list", "nodes"],
+        &["watch", "nodes"],
+        &["list", "limitranges", "--all-namespaces"],
+        &["watch", "upgradeplans.raygate.io", "--all-namespaces"],
+        &["patch", "upgradeplans.raygate.io", "-n", "ml-serving"],
+        &[
+            "patch",
+            "upgradeplans.raygate.io",
+            "--subresource=status",
+            "-n",
+            "ml-serving",
+        ],
+        &[
+            "update",
+            "upgradeplans.raygate.io",
+            "--subresource=finalizers",
+            "-n",
+            "ml-serving",
+        ],
+        &["create", "events.events.k8s.io", "-n", "ml-serving"],
+        &["patch", "events.events.k8s.io", "-n", "ml-serving"],
+        &["create", "leases.coordination.k8s.io", "-n", ns],
+        &["get", "leases.coordination.k8s.io", "-n", ns],
+        &["update", "leases.coordination.k8s.io", "-n", ns],
+        &["patch", "leases.coordination.k8s.io", "-n", ns],
+    ];
+    let denied: &[&[&str]] = &[
+        &["get", "secrets", "-n", ns],
+        &["list", "secrets", "--all-namespaces"],
+        &["get", "secrets", "-n", "ml-serving"],
+        &["delete", "rayservices.ray.io", "-n", "ml-serving"],
+        &["create", "rayservices.ray.io", "-n", "ml-serving"],
+        &["update", "rayservices.ray.io", "-n", "ml-serving"],
+        &["patch", "rayclusters.ray.io", "-n", "ml-serving"],
+        &["delete", "rayclusters.ray.io", "-n", "ml-serving"],
+        &["create", "pods", "-n", "ml-serving"],
+        &["delete", "pods", "-n", "ml-serving"],
+        &["patch", "nodes"],
+        &["delete", "upgradeplans.raygate.io", "-n", "ml-serving"],
+        &["create", "upgradeplans.raygate.io", "-n", "ml-serving"],
+        &["create", "leases.coordination.k8s.io", "-n", "default"],
+        &["patch", "leases.coordination.k8s.io", "-n", "kube-system"],
+        &["delete", "leases.coordination.k8s.io", "-n", ns],
+        &["create", "events", "-n", "ml-serving"],
+        &["*", "*", "--all-namespaces"],
+    ];
+    // Each `kubectl auth can-i` takes about a second of round trips: ask in parallel.
+    let checks: Vec<(&[&str], bool)> = allowed
+        .iter()
+        .map(|a| (*a, true))
+        .chain(denied.iter().map(|a| (*a, false)))
+        .collect();
+    let answers: Vec<Result<bool>> = std::thread::scope(|s| {
+        let handles: Vec<_> = checks
+            .chunks(checks.len().div_ceil(8))
+            .map(|chunk| {
+                let who = &who;
+                s.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|(a, _)| can_i(cp, who, a))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("can-i thread"))
+            .collect()
+    });
+    let mut wrong = vec![];
+    for ((a, want), got) in checks.iter().zip(answers) {
+        match (want, got?) {
+            (true, false) => wrong.push(format!("cannot {} (should)", a.join(" "))),
+            (false, true) => wrong.push(format!("can {} (should not)", a.join(" "))),
+            _ => {}
+        }
+    }
+    if !wrong.is_empty() {
+        bail!("RBAC of {who}:\n  {}", wrong.join("\n  "));
+    }
+    Ok(())
+}
+
+fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
+    for ns in [RELEASE_NS, KUSTOMIZE_NS, "ml-serving", "research"] {
+        kubectl(cp, &["create", "namespace", ns])?;
+    }
+    let crds = scratch.join("monitoring-crds.yaml");
+    std::fs::write(&crds, MONITORING_CRDS)?;
+    cp.install_crd_file(&crds)?;
+    cp.install_crd_file(&root("charts/raygate/crds/raygate.io_upgradeplans.yaml"))?;
+
+    // The chart, as `helm install` would send it to a v1.20 cluster, monitors on.
+    let helm = &helms()[0];
+    let objs = helm_template(
+        helm,
+        &[
+            "--kube-version",
+            "1.20.2",
+            "--set",
+            "serviceMonitor.enabled=true,prometheusRule.enabled=true",
+        ],
+    );
+    let chart = write_manifest(scratch, "chart.yaml", &objs)?;
+    kubectl(cp, &["apply", "-f", &chart.to_string_lossy()]).context("apply the rendered chart")?;
+    kubectl(
+        cp,
+        &[
+            "-n",
+            RELEASE_NS,
+            "get",
+            "deployment/rg-raygate",
+            "servicemonitor/rg-raygate",
+            "prometheusrule/rg-raygate",
+        ],
+    )?;
+
+    // config/default (kustomize v5) and its ServiceMonitor. policy/v1 needs 1.21+.
+    let mut objs = kustomize("config/default");
+    objs.extend(kustomize("config/prometheus"));
+    for o in &mut objs {
+        if kind(o) == "PodDisruptionBudget" {
+            o["apiVersion"] = json!("policy/v1beta1");
+        }
+    }
+    let kust = write_manifest(scratch, "kustomize.yaml", &objs)?;
+    kubectl(cp, &["apply", "-f", &kust.to_string_lossy()])
+        .context("apply kubectl kustomize config/default")?;
+
+    // The samples are valid objects for the CRDs (the RayService against KubeRay's).
+    let samples = write_manifest(scratch, "samples.yaml", &kustomize("config/samples"))?;
+    kubectl(
+        cp,
+        &[
+            "apply",
+            "--dry-run=server",
+            "-f",
+            &samples.to_string_lossy(),
+        ],
+    )
+    .context("the samples do not validate")?;
+
+    check_rbac(cp, RELEASE_NS, "rg-raygate").context("the chart's RBAC")?;
+    check_rbac(cp, KUSTOMIZE_NS, "raygate").context("config/rbac")?;
+    run_operator_as_chart_service_account(cp, scratch)
+        .context("raygate running with the chart's ServiceAccount")?;
+    Ok(())
+}
+
+/// Kills the raygate process this test started.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+        .ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let mut last = String::new();
+    while std::time::Instant::now() < deadline {
+        match f() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => last = format!("{e:#}"),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    bail!("timed out waiting for {what} {last}")
+}
+
+fn get_json(cp: &ControlPlane, args: &[&str]) -> Result<Value> {
+    let mut a = vec!["get"];
+    a.extend_from_slice(args);
+    a.extend(["-o", "json"]);
+    Ok(serde_json::from_str(&kubectl(cp, &a)?)?)
+}
+
+/// The real operator, authenticated as the chart's ServiceAccount (its token), does
+/// everything it needs: caches sync, Lease, finalizer, status, gate, Events, release.
+fn run_operator_as_chart_service_account(cp: &ControlPlane, scratch: &Path) -> Result<()> {
+    let sa = "rg-raygate";
+    let mut secret = String::new();
+    wait_until("the ServiceAccount token", || {
+        secret = kubectl(
+            cp,
+            &[
+                "-n",
+                RELEASE_NS,
+                "get",
+                "sa",
+                sa,
+                "-o",
+                "jsonpath={.secrets[0].name}",
+            ],
+        )?;
+        Ok(!secret.is_empty())
+    })?;
+    let token = kubectl(
+        cp,
+        &[
+            "-n",
+            RELEASE_NS,
+            "get",
+            "secret",
+            &secret,
+            "-o",
+            "go-template={{.data.token | base64decode}}",
+        ],
+    )?;
+    let mut kc: Value = docs(&std::fs::read_to_string(cp.kubeconfig_path())?).remove(0);
+    for u in kc["users"].as_array_mut().context("kubeconfig users")? {
+        u["user"] = json!({ "token": token.trim() });
+    }
+    let kubeconfig = scratch.join("sa.kubeconfig");
+    std::fs::write(&kubeconfig, serde_json::to_string(&kc)?)?;
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let log_path = cp.log_dir().join("raygate-packaging.log");
+    let log = std::fs::File::create(&log_path)?;
+    let _raygate = Child(
+        Command::new(raygate_bin())
+            .args(["run", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .args([
+                &format!("--metrics-addr=127.0.0.1:{port}"),
+                "--log-format=json",
+                "--leader-elect=true",
+                &format!("--lease-namespace={RELEASE_NS}"),
+                "--lease-name=raygate-leader",
+                // Long enough that no renewal falls inside this short test: the
+                // watchdog gives up after a single Lease read slower than ~0.5 s near
+                // expiry, which a loaded machine hits. Acquisition (get/create) is
+                // exercised here; the renewal verbs are covered by `check_rbac`.
+                "--lease-duration-seconds=120",
+            ])
+            .env("POD_NAME", "rg-raygate-test-0")
+            .env("POD_NAMESPACE", RELEASE_NS)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("start raygate")?,
+    );
+    let logs = || std::fs::read_to_string(&log_path).unwrap_or_default();
+
+    for f in [
+        "config/samples/ray_v1_rayservice_llm_gpu.yaml",
+        "config/samples/raygate_v1alpha1_upgradeplan_auto.yaml",
+    ] {
+        kubectl(cp, &["apply", "-f", &root(f).to_string_lossy()])?;
+    }
+    let r = (|| -> Result<()> {
+        wait_until("/readyz", || {
+            Ok(http_get(port, "/readyz")
+                .is_some_and(|r| r.lines().next().is_some_and(|l| l.contains(" 200 "))))
+        })?;
+        wait_until("the leader Lease", || {
+            let l = get_json(cp, &["-n", RELEASE_NS, "lease", "raygate-leader"])?;
+            Ok(l["spec"]["holderIdentity"] == "rg-raygate-test-0")
+        })?;
+        wait_until("the plan's finalizer and status", || {
+            let p = get_json(cp, &["-n", "ml-serving", "upgradeplan", "llm"])?;
+            Ok(
+                strs(&p["metadata"]["finalizers"]).contains(&"raygate.io/release-gate")
+                    && p["status"]["phase"].is_string()
+                    && p["status"]["conditions"].is_array(),
+            )
+        })?;
+        wait_until(
+            "the gate (spec.upgradeStrategy.type by field manager raygate)",
+            || {
+                let svc = kubectl(
+                    cp,
+                    &["-n", "ml-serving", "get", "rayservice", "llm", "-o", "json"],
+                )?;
+                let v: Value = serde_json::from_str(&svc)?;
+                let owned = v["metadata"]["managedFields"]
+                    .as_array()
+                    .is_some_and(|m| m.iter().any(|e| e["manager"] == "raygate"));
+                Ok(v["spec"]["upgradeStrategy"]["type"] == "None" && owned)
+            },
+        )?;
+        let metrics = http_get(port, "/metrics").unwrap_or_default();
+        if !metrics.contains("raygate_upgradeplan_phase{") {
+            bail!("/metrics has no raygate_upgradeplan_phase:\n{metrics}");
+        }
+        // Deleting the plan releases the gate, then the finalizer.
+        kubectl(
+            cp,
+            &[
+                "-n",
+                "ml-serving",
+                "delete",
+                "upgradeplan",
+                "llm",
+                "--wait=false",
+            ],
+        )?;
+        wait_until("the plan to be released and deleted", || {
+            let out = cp.kubectl(&["-n", "ml-serving", "get", "upgradeplan", "llm"])?;
+            Ok(!out.status.success())
+        })?;
+        let svc = get_json(cp, &["-n", "ml-serving", "rayservice", "llm"])?;
+        if svc["spec"]
+            .get("upgradeStrategy")
+            .is_some_and(|u| u.get("type").is_some())
+        {
+            bail!(
+                "the gate was not released: {}",
+                svc["spec"]["upgradeStrategy"]
+            );
+        }
+        wait_until("the GateReleased Event from raygate", || {
+            let ev = get_json(cp, &["-n", "ml-serving", "events.v1.events.k8s.io"])?;
+            Ok(ev["items"].as_array().is_some_and(|items| {
+                items.iter().any(|e| {
+                    e["reportingController"] == "raygate"
+                        && e["reason"] == "GateReleased"
+                        && e["regarding"]["name"] == "llm"
+                })
+            }))
+        })?;
+        Ok(())
+    })();
+    let text = logs();
+    if let Err(e) = r {
+        bail!("{e:#}\nraygate log ({}):\n{text}", log_path.display());
+    }
+    for bad in ["forbidden", "Forbidden", "403"] {
+        if text.contains(bad) {
+            bail!("raygate logged {bad:?} with the chart's RBAC:\n{text}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn chart_and_config_install_on_a_real_apiserver_with_least_privilege_rbac() {
+    // Tools first, so a missing one is reported before a control plane starts.
+    let _ = (helms(), kustomize_kubectl());
+    let cp = ControlPlane::start()
+        .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));
+    let scratch = tempfile::tempdir().expect("scratch dir");
+    if let Err(e) = install_and_check(&cp, scratch.path()) {
+        panic!("{e:#}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// docs stay in sync with the CRD
+
+/// Every property path under spec and status (`spec.maintenanceWindows[].schedule`);
+/// maps (`additionalProperties`) and the standard Condition fields are not descended.
+fn schema_paths(schema: &Value, prefix: &str, out: &mut Vec<String>) {
+    let Some(props) = schema["properties"].as_object() else {
+        if let Some(items) = schema.get("items") {
+            schema_paths(items, &format!("{prefix}[]"), out);
+        }
+        return;
+    };
+    for (k, v) in props {
+        let path = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        out.push(path.clone());
+        if path == "status.conditions" {
+            continue;
+        }
+        if v["type"] == "array" {
+            if let Some(items) = v.get("items") {
+                schema_paths(items, &format!("{path}[]"), out);
+            }
+        } else {
+            schema_paths(v, &path, out);
+        }
+    }
+}
+
+#[test]
+fn upgradeplan_reference_mentions_every_crd_field() {
+    let crd = yaml("crds/raygate.io_upgradeplans.yaml");
+    let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+    let mut paths = vec![];
+    for top in ["spec", "status"] {
+        schema_paths(&schema["properties"][top], top, &mut paths);
+    }
+    assert!(
+        paths.len() > 30,
+        "only {} paths in the CRD schema?",
+        paths.len()
+    );
+    let doc = read("docs/upgradeplan.md");
+    let missing: Vec<&String> = paths
+        .iter()
+        .filter(|p| !doc.contains(&format!("`{p}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/upgradeplan.md does not mention (as `path`): {missing:?}"
+    );
+    // Enum values are documented too.
+    for (field, values) in [
+        (
+            "policy",
+            &schema["properties"]["spec"]["properties"]["policy"],
+        ),
+        (
+            "onStall",
+            &schema["properties"]["spec"]["properties"]["onStall"],
+        ),
+        (
+            "phase",
+            &schema["properties"]["status"]["properties"]["phase"],
+        ),
+    ] {
+        for v in strs(&values["enum"]) {
+            assert!(
+                doc.contains(&format!("`{v}`")),
+                "docs/upgradeplan.md: {field} value `{v}`"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// the CI example in docs/gitops.md
+
+fn raygate_bin() -> PathBuf {
+    raygate_e2e::workspace_bin("raygate").unwrap_or_else(|| {
+        panic!("the raygate binary is not built: run `cargo build --workspace --bins` first")
+    })
+}
+
+const ONE_FREE_GPU_STATE: &str = r#"apiVersion: v1
+kind: List
+items:
+  - apiVersion: v1
+    kind: Node
+    metadata: {name: gpu-1, labels: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB}}
+    spec: {taints: [{key: nvidia.com/gpu, effect: NoSchedule}]}
+    status:
+      allocatable: {cpu: "32", memory: 256Gi, nvidia.com/gpu: "1", pods: "110"}
+      conditions: [{type: Ready, status: "True"}]
+  - apiVersion: v1
+    kind: Node
+    metadata: {name: cpu-1}
+    status:
+      allocatable: {cpu: "16", memory: 64Gi, pods: "110"}
+      conditions: [{type: Ready, status: "True"}]
+"#;
+
+#[test]
+fn pr_check_example_flags_new_gpu_clusters_only() {
+    let script = root("docs/examples/raygate-pr-check.sh");
+    let sample = "config/samples/ray_v1_rayservice_llm_gpu.yaml";
+    let base = read(sample);
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: String| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    // A new image: a second cluster with GPUs.
+    let image = write(
+        "image.yaml",
+        base.replace("ray-llm:2.46.0-py311-cu124", "ray-llm:2.47.1-py311-cu124"),
+    );
+    // Serve autoscaling only: applied in place.
+    let serve = write(
+        "serve.yaml",
+        base.replace("max_replicas: 4", "max_replicas: 6"),
+    );
+    // Autoscaler-owned worker replicas: muted by KubeRay.
+    let replicas = write(
+        "replicas.yaml",
+        base.replace("        replicas: 2\n", "        replicas: 3\n"),
+    );
+    assert!(read(sample).contains("        replicas: 2\n"));
+    let state = write("state.yaml", ONE_FREE_GPU_STATE.to_string());
+    let check = |head: &Path, mode: &str, state: Option<&Path>| {
+        let mut cmd = Command::new("bash");
+        cmd.arg(&script)
+            .arg(sample)
+            .arg(head)
+            .current_dir(repo_root())
+            .env("RAYGATE", raygate_bin())
+            .env("RAYGATE_CHECK", mode)
+            .env_remove("RAYGATE_STATE")
+            .stdin(Stdio::null());
+        if let Some(s) = state {
+            cmd.env("RAYGATE_STATE", s);
+        }
+        let out = cmd.output().expect("run raygate-pr-check.sh");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code().unwrap_or(-1), text)
+    };
+    let (rc, out) = check(&image, "warn", None);
+    assert_eq!(rc, 0, "{out}");
+    assert!(
+        out.starts_with("::warning::") && out.contains("nvidia.com/gpu=2"),
+        "{out}"
+    );
+    let (rc, out) = check(&image, "fail", None);
+    assert_eq!(rc, 1, "{out}");
+    assert!(out.starts_with("::error::"), "{out}");
+    for quiet in [&serve, &replicas] {
+        let (rc, out) = check(quiet, "fail", None);
+        assert_eq!(rc, 0, "{out}");
+        assert!(out.contains("no new GPU cluster"), "{out}");
+    }
+    // One free GPU in the cluster state: `raygate fit` says the new cluster does not fit.
+    let (rc, out) = check(&image, "warn", Some(&state));
+    assert_eq!(rc, 3, "{out}");
+    assert!(
+        out.contains("does NOT fit") && out.contains("nvidia.com/gpu"),
+        "{out}"
+    );
+}
