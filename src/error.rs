@@ -78,7 +78,12 @@ impl Error {
             Error::Telemetry(_) => "telemetry",
             Error::Server { .. } => "server",
             Error::Lease(_) | Error::LeadershipLost { .. } => "leader_election",
-            Error::Finalizer(_) => "finalizer",
+            // The finalizer helper wraps whatever the reconcile failed on.
+            Error::Finalizer(e) => match e.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(inner)
+                | kube::runtime::finalizer::Error::CleanupFailed(inner) => inner.metric_label(),
+                _ => "finalizer",
+            },
         }
     }
 }

@@ -89,6 +89,10 @@ struct RunArgs {
     /// Seconds a leader's lease lasts without renewal before another replica takes over.
     #[arg(long, default_value_t = 15)]
     lease_duration_seconds: u64,
+    /// Seconds before the lease expires by which a leader must have renewed it,
+    /// or it stops acting (must be less than --lease-duration-seconds).
+    #[arg(long, default_value_t = 5)]
+    lease_grace_seconds: u64,
     /// KubeRay release running in the cluster, whose rules raygate applies.
     #[arg(long, env = "RAYGATE_KUBERAY_VERSION", value_name = "X.Y", default_value_t = KubeRayVersion::latest())]
     kuberay_version: KubeRayVersion,
@@ -208,6 +212,17 @@ async fn shutdown_signal() {
 
 async fn run(args: RunArgs) -> Result<()> {
     telemetry::init(args.log_format)?;
+    // The gate is spec.upgradeStrategy.type, which KubeRay reads from v1.3 on.
+    if !args.kuberay_version.rules().upgrade_strategy_field {
+        return Err(Error::invalid(
+            "--kuberay-version",
+            format!(
+                "KubeRay {} has no spec.upgradeStrategy; raygate can gate KubeRay v1.3 and newer \
+                 (raygate explain and fit still work for older releases)",
+                args.kuberay_version
+            ),
+        ));
+    }
     let client = client(&args).await?;
     let metrics = Arc::new(Metrics::new()?);
     let health = Arc::new(Health::default());
@@ -241,7 +256,7 @@ async fn run(args: RunArgs) -> Result<()> {
         lease_name: args.lease_name.clone(),
         identity: settings.instance.clone(),
         lease_duration: Duration::from_secs(args.lease_duration_seconds),
-        grace: Duration::from_secs(2),
+        grace: Duration::from_secs(args.lease_grace_seconds),
     };
     let work = {
         let (client, metrics, health) = (client.clone(), metrics.clone(), health.clone());

@@ -311,7 +311,7 @@ pub struct TransitionRecord {
     pub start: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end: Option<String>,
-    /// Completed, Aborted or Superseded.
+    /// `Completed`, or `Abandoned` when KubeRay dropped the new cluster unpromoted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

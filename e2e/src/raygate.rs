@@ -81,6 +81,11 @@ impl Raygate {
         Ok(rg)
     }
 
+    /// Where /metrics, /healthz and /readyz are served (`127.0.0.1:PORT`).
+    pub fn metrics_addr(&self) -> &str {
+        &self.metrics_addr
+    }
+
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
