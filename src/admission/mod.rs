@@ -271,37 +271,30 @@ fn evaluate(mut b: Builder<'_>, inp: &Inputs<'_>, settings: &Settings) -> Decisi
     let spec = &inp.plan.spec;
     match spec.policy {
         Policy::Paused => {
-            b.status.phase = Phase::WaitingForApproval;
-            b.waiting(
+            return b.hold(
+                Phase::WaitingForApproval,
                 "policy Paused",
                 "the plan's policy is Paused; set policy to Auto or Manual to proceed",
+                "held_policy",
             );
-            b.outcome = Some("held_policy");
-            return b.finish();
         }
         Policy::Manual if spec.approve.as_deref() != Some(change.fingerprint.as_str()) => {
-            b.status.phase = Phase::WaitingForApproval;
-            b.waiting(
-                "approval",
-                &format!(
-                    "policy Manual: approve with kubectl patch upgradeplan {} --type merge -p '{{\"spec\":{{\"approve\":\"{}\"}}}}'",
-                    inp.plan.metadata.name.as_deref().unwrap_or_default(),
-                    change.fingerprint
-                ),
+            let how = format!(
+                "policy Manual: approve with kubectl patch upgradeplan {} --type merge -p '{{\"spec\":{{\"approve\":\"{}\"}}}}'",
+                inp.plan.metadata.name.as_deref().unwrap_or_default(),
+                change.fingerprint
             );
-            b.outcome = Some("held_policy");
-            return b.finish();
+            return b.hold(Phase::WaitingForApproval, "approval", &how, "held_policy");
         }
         _ => {}
     }
     if !schedule::any_open(&settings.windows, inp.now) {
-        b.status.phase = Phase::Pending;
-        b.waiting(
+        return b.hold(
+            Phase::Pending,
             "maintenance window",
             "no maintenance window is open now (UTC)",
+            "held_window",
         );
-        b.outcome = Some("held_window");
-        return b.finish();
     }
     let report = match (inp.fit)(change) {
         Ok(r) => r,
@@ -461,13 +454,7 @@ fn track(
         // reverted): the transition is over, the old cluster stays.
         (None, Some(to)) if svc.active_cluster == admitted.from_cluster => {
             b.status.admitted = None;
-            b.status.last_transition = Some(TransitionRecord {
-                fingerprint: admitted.fingerprint.clone(),
-                start: admitted.admitted_time.clone(),
-                end: Some(inp.now.to_string()),
-                outcome: Some("Abandoned".into()),
-                duration_seconds: Some(running_for.as_secs() as i64),
-            });
+            b.status.last_transition = Some(ended(&admitted, "Abandoned", inp.now, running_for));
             b.events.push(EventNote {
                 warning: true,
                 reason: "Abandoned",
@@ -489,17 +476,9 @@ fn track(
                 ));
                 return b.finish();
             }
-            let end = inp.now;
-            let secs = running_for.as_secs() as i64;
             b.status.admitted = None;
             b.status.pending_change = None;
-            b.status.last_transition = Some(TransitionRecord {
-                fingerprint: admitted.fingerprint.clone(),
-                start: admitted.admitted_time.clone(),
-                end: Some(end.to_string()),
-                outcome: Some("Completed".into()),
-                duration_seconds: Some(secs),
-            });
+            b.status.last_transition = Some(ended(&admitted, "Completed", inp.now, running_for));
             b.status.phase = Phase::Completed;
             b.status.waiting_for = None;
             b.status.message = Some(format!(
@@ -527,6 +506,17 @@ fn track(
             b.requeue = REQUEUE_WAITING;
             b.finish()
         }
+    }
+}
+
+/// The record of a transition that is over.
+fn ended(admitted: &Admission, outcome: &str, now: Timestamp, took: Duration) -> TransitionRecord {
+    TransitionRecord {
+        fingerprint: admitted.fingerprint.clone(),
+        start: admitted.admitted_time.clone(),
+        end: Some(now.to_string()),
+        outcome: Some(outcome.to_string()),
+        duration_seconds: Some(took.as_secs() as i64),
     }
 }
 
@@ -594,6 +584,14 @@ impl<'a> Builder<'a> {
             requeue: REQUEUE_IDLE,
             gate_overridden: false,
         }
+    }
+
+    /// Hold the change in `phase` for a reason other than capacity.
+    fn hold(mut self, phase: Phase, short: &str, long: &str, outcome: &'static str) -> Decision {
+        self.status.phase = phase;
+        self.waiting(short, long);
+        self.outcome = Some(outcome);
+        self.finish()
     }
 
     fn waiting(&mut self, short: &str, long: &str) {
