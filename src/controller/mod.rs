@@ -354,6 +354,7 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     }
     drop(overlay);
 
+    let mut requeue = decision.requeue;
     if let (Some(gate), None) = (decision.gate, &overridden) {
         let current = obs.gate.value.as_deref();
         if current != Some(gate.strategy()) || !obs.gate_owned_by_us {
@@ -363,8 +364,10 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
                     info!(plan = %name, rayservice = %obs.service_name, gate = gate.strategy(), "gate set")
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => {
+                    // Taken over since our cache saw it: look again shortly, when
+                    // the cache shows the new owner and the override is reported.
                     warn!(plan = %name, rayservice = %obs.service_name, message = %e.message, "gate field owned by another manager");
-                    ctx.metrics.gate_override(&ns, &name);
+                    requeue = Duration::from_secs(2);
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -415,7 +418,7 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
         overridden.is_some(),
         unschedulable,
     );
-    Ok(Action::requeue(decision.requeue))
+    Ok(Action::requeue(requeue))
 }
 
 /// Observe and decide without awaiting: the decision borrows caches and a
