@@ -11,10 +11,17 @@ use std::collections::BTreeMap;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 
-use k8s_openapi::api::core::v1::{Container, LimitRange, Node, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{
+    Container, LimitRange, Node, Pod, PodCondition, PodSpec, PodStatus, ResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use kube::core::DeserializeGuard;
 
+use crate::capacity::pod_requests;
 use crate::kuberay::{LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService};
+
+/// Name of the stand-in container that carries a cached pod's effective requests.
+pub const EFFECTIVE_REQUESTS: &str = "effective-requests";
 
 /// Label prefix KubeRay uses; other pod labels are dropped from the cache.
 const RAY_LABEL_PREFIX: &str = "ray.io/";
@@ -26,29 +33,56 @@ fn hash<T: Hash>(t: &T) -> u64 {
 }
 
 /// Keep only what capacity and transition tracking read from a pod.
+///
+/// A Pod's spec has already been through the apiserver's admission (limits
+/// copied to requests, LimitRange defaults), so its effective request is
+/// final: it is computed once here and kept as the requests of a single
+/// stand-in container, which `pod_requests` reads back unchanged. That keeps
+/// one small map per pod instead of every container's requests and limits.
 pub fn slim_pod(pod: &mut Pod) {
+    let effective = pod_requests(pod, &[]).ok();
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
     meta.annotations = None;
     meta.owner_references = None;
     meta.finalizers = None;
+    meta.generate_name = None;
+    meta.creation_timestamp = None;
+    meta.resource_version = None;
+    meta.uid = None;
     if let Some(labels) = meta.labels.as_mut() {
         labels.retain(|k, _| k.starts_with(RAY_LABEL_PREFIX));
     }
     if let Some(spec) = pod.spec.take() {
-        let slim_container = |c: Container| Container {
-            name: c.name,
-            resources: c.resources,
-            restart_policy: c.restart_policy,
-            ..Default::default()
+        let containers = match effective {
+            Some(requests) => vec![Container {
+                name: EFFECTIVE_REQUESTS.to_string(),
+                resources: Some(ResourceRequirements {
+                    requests: Some(
+                        requests
+                            .iter()
+                            .map(|(k, v)| (k.clone(), K8sQuantity(v.canonical())))
+                            .collect(),
+                    ),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            // Unparseable requests (the apiserver would not have admitted
+            // them): keep the containers so the error surfaces where read.
+            None => spec
+                .containers
+                .into_iter()
+                .map(|c| Container {
+                    name: c.name,
+                    resources: c.resources,
+                    ..Default::default()
+                })
+                .collect(),
         };
         pod.spec = Some(PodSpec {
             node_name: spec.node_name,
-            containers: spec.containers.into_iter().map(slim_container).collect(),
-            init_containers: spec
-                .init_containers
-                .map(|cs| cs.into_iter().map(slim_container).collect()),
-            overhead: spec.overhead,
+            containers,
             ..Default::default()
         });
     }
@@ -58,6 +92,14 @@ pub fn slim_pod(pod: &mut Pod) {
             conditions: status.conditions.map(|cs| {
                 cs.into_iter()
                     .filter(|c| c.type_ == "PodScheduled" || c.type_ == "Ready")
+                    .map(|c| PodCondition {
+                        // The scheduler's message says why a pod is unschedulable.
+                        message: c.message.filter(|_| c.status == "False"),
+                        reason: c.reason,
+                        status: c.status,
+                        type_: c.type_,
+                        ..Default::default()
+                    })
                     .collect()
             }),
             ..Default::default()
@@ -249,17 +291,38 @@ mod tests {
         assert!(v["metadata"].get("annotations").is_none());
         assert!(v["metadata"].get("managedFields").is_none());
         assert_eq!(v["spec"]["nodeName"], "n1");
+        // max(app 2 + sidecar 1, ...) + overhead 100m, as one stand-in container.
         assert_eq!(
-            v["spec"]["containers"][0],
-            json!({"name": "c", "resources": {"requests": {"cpu": "2"}}})
+            v["spec"]["containers"],
+            json!([{"name": "effective-requests", "resources": {"requests": {"cpu": "3100m"}}}])
         );
-        assert_eq!(v["spec"]["initContainers"][0]["restartPolicy"], "Always");
-        assert_eq!(v["spec"]["overhead"], json!({"cpu": "100m"}));
+        assert!(v["spec"].get("initContainers").is_none());
         assert!(v["spec"].get("volumes").is_none());
         assert_eq!(
             v["status"],
             json!({"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]})
         );
+    }
+
+    #[test]
+    fn slimming_keeps_the_effective_request_and_the_scheduler_message() {
+        let mut pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ml"},
+            "spec": {"containers": [{"name": "w", "resources": {"limits": {"nvidia.com/gpu": "4"}, "requests": {"cpu": "8", "memory": "64Gi"}}}],
+                "initContainers": [{"name": "wait-gcs-ready", "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}}}]},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.", "lastTransitionTime": "2026-12-02T10:00:00Z"}]}
+        }))
+        .unwrap();
+        let before = pod_requests(&pod, &[]).unwrap();
+        slim_pod(&mut pod);
+        assert_eq!(pod_requests(&pod, &[]).unwrap(), before);
+        let c = &pod.status.as_ref().unwrap().conditions.as_ref().unwrap()[0];
+        assert_eq!(
+            c.message.as_deref(),
+            Some("0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
+        );
+        assert_eq!(c.reason.as_deref(), Some("Unschedulable"));
     }
 
     #[test]
