@@ -612,3 +612,20 @@ fn gate_override_is_reported_not_fought() {
     assert!(c.message.contains("argocd-controller"));
     assert!(d.events.iter().any(|e| e.reason == "GateOverridden"));
 }
+
+#[test]
+fn on_stall_abort_keeps_the_gate_closed_and_says_what_kuberay_allows() {
+    let mut st = admitted_status();
+    st.phase = Phase::Upgrading;
+    let p = plan(
+        json!({"rayServiceRef": {"name": "llm"}, "onStall": "Abort", "stallAfter": "30m"}),
+        Some(st),
+    );
+    let mut svc = service("llm-a", Some("llm-b")).unwrap();
+    svc.pending_apps = BTreeMap::from([("llm".to_string(), "DEPLOY_FAILED".to_string())]);
+    let d = run(&p, Ok(svc), Ok(None), &state(&[8]), &["llm-a", "llm-b"], BTreeMap::new(), now());
+    assert_eq!((d.status.phase, d.gate), (Phase::Stalled, Some(Gate::Hold)));
+    let msg = d.status.message.as_deref().unwrap();
+    assert!(msg.starts_with("ServeNotHealthy: app llm DEPLOY_FAILED"), "{msg}");
+    assert!(msg.contains("onStall Abort") && msg.contains("revert spec.rayClusterConfig"), "{msg}");
+}
