@@ -65,7 +65,7 @@ fn state() -> ClusterState {
             } else {
                 0
             };
-            pod(i, Some(format!("node-{n:05}")), gpus)
+            std::sync::Arc::new(pod(i, Some(format!("node-{n:05}")), gpus))
         })
         .collect();
     let lr: LimitRange = serde_json::from_value(json!({

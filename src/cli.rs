@@ -573,6 +573,7 @@ fn old_cluster_pods<'a>(
     state
         .pods
         .iter()
+        .map(|p| p.as_ref())
         .filter(|p| p.metadata.namespace.as_deref().unwrap_or("default") == ns)
         .filter(|p| !capacity::node::is_terminal(p))
         .filter(|p| {

@@ -623,9 +623,23 @@ fn on_stall_abort_keeps_the_gate_closed_and_says_what_kuberay_allows() {
     );
     let mut svc = service("llm-a", Some("llm-b")).unwrap();
     svc.pending_apps = BTreeMap::from([("llm".to_string(), "DEPLOY_FAILED".to_string())]);
-    let d = run(&p, Ok(svc), Ok(None), &state(&[8]), &["llm-a", "llm-b"], BTreeMap::new(), now());
+    let d = run(
+        &p,
+        Ok(svc),
+        Ok(None),
+        &state(&[8]),
+        &["llm-a", "llm-b"],
+        BTreeMap::new(),
+        now(),
+    );
     assert_eq!((d.status.phase, d.gate), (Phase::Stalled, Some(Gate::Hold)));
     let msg = d.status.message.as_deref().unwrap();
-    assert!(msg.starts_with("ServeNotHealthy: app llm DEPLOY_FAILED"), "{msg}");
-    assert!(msg.contains("onStall Abort") && msg.contains("revert spec.rayClusterConfig"), "{msg}");
+    assert!(
+        msg.starts_with("ServeNotHealthy: app llm DEPLOY_FAILED"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("onStall Abort") && msg.contains("revert spec.rayClusterConfig"),
+        "{msg}"
+    );
 }

@@ -431,7 +431,7 @@ mod tests {
     fn state(nodes: Vec<Node>, pods: Vec<Pod>) -> ClusterState {
         ClusterState {
             nodes,
-            pods,
+            pods: pods.into_iter().map(std::sync::Arc::new).collect(),
             ..Default::default()
         }
     }

@@ -329,7 +329,7 @@ pub(crate) mod tests {
     fn state(nodes: Vec<Node>, pods: Vec<Pod>) -> ClusterState {
         ClusterState {
             nodes,
-            pods,
+            pods: pods.into_iter().map(std::sync::Arc::new).collect(),
             ..Default::default()
         }
     }

@@ -8,7 +8,8 @@ use serde_json::Value;
 #[derive(Clone, Debug, Default)]
 pub struct ClusterState {
     pub nodes: Vec<Node>,
-    pub pods: Vec<Pod>,
+    /// Shared, so the controller can hand its cached pods over without copying them.
+    pub pods: Vec<std::sync::Arc<Pod>>,
     pub limit_ranges: Vec<LimitRange>,
     /// What was ignored while reading, for the user to see.
     pub warnings: Vec<String>,
@@ -77,7 +78,7 @@ impl ClusterState {
         }
         match kind.as_str() {
             "Node" => self.nodes.push(decode(path, value)?),
-            "Pod" => self.pods.push(decode(path, value)?),
+            "Pod" => self.pods.push(std::sync::Arc::new(decode(path, value)?)),
             "LimitRange" => self.limit_ranges.push(decode(path, value)?),
             other => self.warnings.push(format!(
                 "ignored {path}: kind {other} ({})",

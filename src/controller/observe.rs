@@ -393,12 +393,7 @@ pub fn cluster_state(stores: &Stores) -> ClusterState {
             .iter()
             .map(|n| n.as_ref().clone())
             .collect(),
-        pods: stores
-            .pods
-            .state()
-            .iter()
-            .map(|p| p.as_ref().clone())
-            .collect(),
+        pods: stores.pods.state(),
         limit_ranges: stores
             .limit_ranges
             .state()
