@@ -613,6 +613,8 @@ async fn two_replicas_elect_one_leader_and_fail_over() {
         "default",
         "--lease-duration-seconds",
         "4",
+        "--lease-grace-seconds",
+        "2",
     ];
     let mut e = env_with(&[8, 8], &args).await;
     let mut second = Raygate::spawn(&e.cp, &args).unwrap_or_else(|err| panic!("{err:#}"));

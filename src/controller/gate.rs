@@ -26,32 +26,36 @@ pub type Services = Api<DeserializeGuard<RayService>>;
 
 pub const FIELD_MANAGER: &str = "raygate";
 
+/// Does this managedFields entry own `spec.upgradeStrategy.type`? Either the
+/// field itself, or `upgradeStrategy` as a whole: a schema without properties
+/// for it (KubeRay-compatible CRDs that only preserve unknown fields) makes
+/// the object atomic, and its owner owns the type too.
+fn owns_gate(m: &ManagedFieldsEntry) -> bool {
+    let Some(strategy) = m
+        .fields_v1
+        .as_ref()
+        .and_then(|f| f.0.get("f:spec"))
+        .and_then(|s| s.get("f:upgradeStrategy"))
+    else {
+        return false;
+    };
+    strategy.get("f:type").is_some() || strategy.as_object().is_none_or(|fields| fields.is_empty())
+}
+
 /// Another field manager that owns `spec.upgradeStrategy.type`, if any.
 pub fn other_owner(managed: &[ManagedFieldsEntry]) -> Option<String> {
     managed
         .iter()
         .filter(|m| m.manager.as_deref() != Some(FIELD_MANAGER))
-        .find(|m| {
-            m.fields_v1
-                .as_ref()
-                .and_then(|f| f.0.get("f:spec"))
-                .and_then(|s| s.get("f:upgradeStrategy"))
-                .and_then(|u| u.get("f:type"))
-                .is_some()
-        })
+        .find(|m| owns_gate(m))
         .map(|m| m.manager.clone().unwrap_or_else(|| "unknown".into()))
 }
 
 /// Does raygate itself own the field (so releasing it means something)?
 pub fn owned_by_us(managed: &[ManagedFieldsEntry]) -> bool {
-    managed.iter().any(|m| {
-        m.manager.as_deref() == Some(FIELD_MANAGER)
-            && m.fields_v1
-                .as_ref()
-                .and_then(|f| f.0.get("f:spec"))
-                .and_then(|s| s.get("f:upgradeStrategy"))
-                .is_some()
-    })
+    managed
+        .iter()
+        .any(|m| m.manager.as_deref() == Some(FIELD_MANAGER) && owns_gate(m))
 }
 
 /// Set the gate. Only the one field is sent, so nothing else is touched.
@@ -131,5 +135,26 @@ mod tests {
         )];
         assert_eq!(other_owner(&mf).as_deref(), Some("kubectl-edit"));
         assert!(!owned_by_us(&mf));
+    }
+
+    #[test]
+    fn owning_an_atomic_upgrade_strategy_owns_the_gate() {
+        let mf = vec![
+            entry(
+                "argocd-controller",
+                json!({"f:spec": {"f:upgradeStrategy": {}}}),
+            ),
+            entry(
+                "helm",
+                json!({"f:spec": {"f:upgradeStrategy": {".": {}, "f:clusterUpgradeOptions": {}}}}),
+            ),
+        ];
+        assert_eq!(other_owner(&mf).as_deref(), Some("argocd-controller"));
+        let only_options = vec![mf[1].clone()];
+        assert_eq!(
+            other_owner(&only_options),
+            None,
+            "owning a sibling field is not owning the gate"
+        );
     }
 }
