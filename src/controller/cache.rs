@@ -12,16 +12,13 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 
 use k8s_openapi::api::core::v1::{
-    Container, LimitRange, Node, Pod, PodCondition, PodSpec, PodStatus, ResourceRequirements,
+    Container, LimitRange, Node, Pod, PodCondition, PodSpec, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use kube::core::DeserializeGuard;
 
 use crate::capacity::pod_requests;
 use crate::kuberay::{LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService};
-
-/// Name of the stand-in container that carries a cached pod's effective requests.
-pub const EFFECTIVE_REQUESTS: &str = "effective-requests";
 
 /// Label prefix KubeRay uses; other pod labels are dropped from the cache.
 const RAY_LABEL_PREFIX: &str = "ray.io/";
@@ -36,9 +33,10 @@ fn hash<T: Hash>(t: &T) -> u64 {
 ///
 /// A Pod's spec has already been through the apiserver's admission (limits
 /// copied to requests, LimitRange defaults), so its effective request is
-/// final: it is computed once here and kept as the requests of a single
-/// stand-in container, which `pod_requests` reads back unchanged. That keeps
-/// one small map per pod instead of every container's requests and limits.
+/// final: it is computed once here and kept as the pod's `overhead`, with no
+/// containers, which `pod_requests` reads back unchanged (it adds overhead to
+/// the containers' sum). That keeps one small map per pod instead of every
+/// container (a `Container` alone is over 2 KB before any of its data).
 pub fn slim_pod(pod: &mut Pod) {
     let effective = pod_requests(pod, &[]).ok();
     let meta = &mut pod.metadata;
@@ -54,35 +52,34 @@ pub fn slim_pod(pod: &mut Pod) {
         labels.retain(|k, _| k.starts_with(RAY_LABEL_PREFIX));
     }
     if let Some(spec) = pod.spec.take() {
-        let containers = match effective {
-            Some(requests) => vec![Container {
-                name: EFFECTIVE_REQUESTS.to_string(),
-                resources: Some(ResourceRequirements {
-                    requests: Some(
-                        requests
-                            .iter()
-                            .map(|(k, v)| (k.clone(), K8sQuantity(v.canonical())))
-                            .collect(),
-                    ),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }],
+        let (containers, overhead) = match effective {
+            Some(requests) => (
+                vec![],
+                Some(
+                    requests
+                        .iter()
+                        .map(|(k, v)| (k.clone(), K8sQuantity(v.canonical())))
+                        .collect(),
+                ),
+            ),
             // Unparseable requests (the apiserver would not have admitted
             // them): keep the containers so the error surfaces where read.
-            None => spec
-                .containers
-                .into_iter()
-                .map(|c| Container {
-                    name: c.name,
-                    resources: c.resources,
-                    ..Default::default()
-                })
-                .collect(),
+            None => (
+                spec.containers
+                    .into_iter()
+                    .map(|c| Container {
+                        name: c.name,
+                        resources: c.resources,
+                        ..Default::default()
+                    })
+                    .collect(),
+                spec.overhead,
+            ),
         };
         pod.spec = Some(PodSpec {
             node_name: spec.node_name,
             containers,
+            overhead,
             ..Default::default()
         });
     }
@@ -291,11 +288,9 @@ mod tests {
         assert!(v["metadata"].get("annotations").is_none());
         assert!(v["metadata"].get("managedFields").is_none());
         assert_eq!(v["spec"]["nodeName"], "n1");
-        // max(app 2 + sidecar 1, ...) + overhead 100m, as one stand-in container.
-        assert_eq!(
-            v["spec"]["containers"],
-            json!([{"name": "effective-requests", "resources": {"requests": {"cpu": "3100m"}}}])
-        );
+        // max(app 2 + sidecar 1, ...) + overhead 100m, kept as the overhead.
+        assert_eq!(v["spec"]["containers"], json!([]));
+        assert_eq!(v["spec"]["overhead"], json!({"cpu": "3100m"}));
         assert!(v["spec"].get("initContainers").is_none());
         assert!(v["spec"].get("volumes").is_none());
         assert_eq!(
