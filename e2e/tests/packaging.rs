@@ -1234,7 +1234,14 @@ fn run_operator_as_chart_service_account(cp: &ControlPlane, scratch: &Path) -> R
     if let Err(e) = r {
         bail!("{e:#}\nraygate log ({}):\n{text}", log_path.display());
     }
-    for bad in ["forbidden", "Forbidden", "403"] {
+    // "403" alone would match port numbers and timestamps: look for the status forms.
+    for bad in [
+        "forbidden",
+        "Forbidden",
+        "code: 403",
+        "\"code\":403",
+        " 403 ",
+    ] {
         if text.contains(bad) {
             bail!("raygate logged {bad:?} with the chart's RBAC:\n{text}");
         }
