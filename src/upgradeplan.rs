@@ -13,11 +13,6 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Group and version of raygate's own API.
-pub const GROUP: &str = "raygate.io";
-pub const VERSION: &str = "v1alpha1";
-pub const API_VERSION: &str = "raygate.io/v1alpha1";
-
 /// A Kubernetes quantity: plain or suffixed number, as `kubectl` accepts.
 const QUANTITY_PATTERN: &str =
     r"^[+-]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?\d+))?$";

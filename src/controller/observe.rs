@@ -123,9 +123,31 @@ fn with_gate_open(svc: &RayService) -> RayService {
     s
 }
 
-/// The name the planned new cluster's pods are shown under.
-fn next_cluster_name(svc: &str) -> String {
-    format!("{svc}-next")
+/// The pods KubeRay will create for the service's new cluster, named after
+/// `<service>-next` (the real name is random and not known yet).
+fn new_cluster_pods(svc: &RayService, version: KubeRayVersion) -> crate::Result<Vec<Pod>> {
+    let ns = svc.namespace().unwrap_or_default();
+    let name = format!("{}-next", svc.name_any());
+    kuberay::planned_pods(&name, &ns, svc.cluster_config()?, version)
+}
+
+/// A cluster name the RayService status gives (empty means none).
+fn status_cluster(s: Option<&kuberay::RayServiceStatus>) -> Option<String> {
+    s.and_then(|s| s.ray_cluster_name.clone())
+        .filter(|n| !n.is_empty())
+}
+
+fn same_plan(a: &UpgradePlan, b: &UpgradePlan) -> bool {
+    a.namespace() == b.namespace() && a.name_any() == b.name_any()
+}
+
+/// Since when a plan's pending change has waited (now if not recorded yet).
+fn waiting_since(plan: &UpgradePlan, now: Timestamp) -> Timestamp {
+    plan.status
+        .as_ref()
+        .and_then(|s| s.pending_change.as_ref())
+        .and_then(|c| c.detected_time.parse().ok())
+        .unwrap_or(now)
 }
 
 pub fn observe(stores: &Stores, plan: &UpgradePlan, version: KubeRayVersion) -> Observation {
@@ -171,12 +193,8 @@ pub fn observe(stores: &Stores, plan: &UpgradePlan, version: KubeRayVersion) -> 
         .map(|t| t.as_str().to_string());
 
     let status = svc.status.as_ref();
-    let name_of = |s: Option<&kuberay::RayServiceStatus>| {
-        s.and_then(|s| s.ray_cluster_name.clone())
-            .filter(|n| !n.is_empty())
-    };
-    let active = name_of(status.and_then(|s| s.active_service_status.as_ref()));
-    let pending = name_of(status.and_then(|s| s.pending_service_status.as_ref()));
+    let active = status_cluster(status.and_then(|s| s.active_service_status.as_ref()));
+    let pending = status_cluster(status.and_then(|s| s.pending_service_status.as_ref()));
     let pending_apps = status
         .and_then(|s| s.pending_service_status.as_ref())
         .and_then(|p| p.application_statuses.as_ref())
@@ -239,10 +257,7 @@ fn change_against(
     if c.verdict != kuberay::Verdict::NewCluster {
         return Ok(None);
     }
-    let spec = svc.cluster_config().map_err(|e| e.to_string())?;
-    let ns = svc.namespace().unwrap_or_default();
-    let pods = kuberay::planned_pods(&next_cluster_name(&svc.name_any()), &ns, spec, version)
-        .map_err(|e| e.to_string())?;
+    let pods = new_cluster_pods(svc, version).map_err(|e| e.to_string())?;
     Ok(Some(ChangeFacts {
         fingerprint: c.fingerprint.clone(),
         triggering_paths: c.triggering_paths.clone(),
@@ -268,7 +283,7 @@ pub fn ledger_pods(
 ) -> Vec<Pod> {
     let mut out = vec![];
     for p in stores.plans.state() {
-        if p.namespace() == me.namespace() && p.name_any() == me.name_any() {
+        if same_plan(&p, me) {
             continue;
         }
         let Some(adm) = admission_of(&p, overlay) else {
@@ -279,13 +294,12 @@ pub fn ledger_pods(
             continue;
         };
         let Ok(svc) = &guard.0 else { continue };
-        let pending = svc
-            .status
-            .as_ref()
-            .and_then(|s| s.pending_service_status.as_ref())
-            .and_then(|s| s.ray_cluster_name.clone())
-            .filter(|n| !n.is_empty())
-            .or(adm.to_cluster.clone());
+        let pending = status_cluster(
+            svc.status
+                .as_ref()
+                .and_then(|s| s.pending_service_status.as_ref()),
+        )
+        .or(adm.to_cluster.clone());
         let clusters = clusters_of(stores, &ns, &svc.name_any());
         let pending_cluster = pending
             .as_ref()
@@ -293,12 +307,7 @@ pub fn ledger_pods(
             .and_then(|c| c.0.as_ref().ok());
         let planned = match pending_cluster {
             Some(c) => kuberay::planned_pods(&c.name_any(), &ns, &c.spec, version),
-            None => match svc.cluster_config() {
-                Ok(spec) => {
-                    kuberay::planned_pods(&next_cluster_name(&svc.name_any()), &ns, spec, version)
-                }
-                Err(e) => Err(e),
-            },
+            None => new_cluster_pods(svc, version),
         };
         let Ok(planned) = planned else { continue };
         let existing: Vec<Arc<Pod>> = match &pending {
@@ -331,8 +340,7 @@ pub fn queue(
     let now = Timestamp::now();
     let mut q = vec![];
     for p in stores.plans.state() {
-        let is_me = p.namespace() == me.namespace() && p.name_any() == me.name_any();
-        if is_me {
+        if same_plan(&p, me) {
             continue;
         }
         let Some(status) = p.status.as_ref() else {
@@ -346,38 +354,23 @@ pub fn queue(
             continue;
         };
         let Ok(svc) = &guard.0 else { continue };
-        let Ok(spec) = svc.cluster_config() else {
-            continue;
-        };
-        let Ok(pods) =
-            kuberay::planned_pods(&next_cluster_name(&svc.name_any()), &ns, spec, version)
-        else {
+        let Ok(pods) = new_cluster_pods(svc, version) else {
             continue;
         };
         q.push(Candidate {
             namespace: ns,
             name: p.name_any(),
             priority: p.spec.priority,
-            waiting_since: status
-                .pending_change
-                .as_ref()
-                .and_then(|c| c.detected_time.parse().ok())
-                .unwrap_or(now),
+            waiting_since: waiting_since(&p, now),
             pods,
             headroom: headroom(&p),
         });
     }
-    let since = me
-        .status
-        .as_ref()
-        .and_then(|s| s.pending_change.as_ref())
-        .and_then(|c| c.detected_time.parse().ok())
-        .unwrap_or(now);
     q.push(Candidate {
         namespace: me.namespace().unwrap_or_default(),
         name: me.name_any(),
         priority: me.spec.priority,
-        waiting_since: since,
+        waiting_since: waiting_since(me, now),
         pods: my_pods.to_vec(),
         headroom: headroom(me),
     });
