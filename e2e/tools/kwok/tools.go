@@ -1,0 +1,6 @@
+//go:build tools
+
+// Package tools pins the program e2e/setup builds from this module.
+package tools
+
+import _ "sigs.k8s.io/kwok/cmd/kwok"
