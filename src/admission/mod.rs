@@ -280,7 +280,8 @@ fn evaluate(mut b: Builder<'_>, inp: &Inputs<'_>, settings: &Settings) -> Decisi
         }
         Policy::Manual if spec.approve.as_deref() != Some(change.fingerprint.as_str()) => {
             let how = format!(
-                "policy Manual: approve with kubectl patch upgradeplan {} --type merge -p '{{\"spec\":{{\"approve\":\"{}\"}}}}'",
+                "policy Manual: approve with `kubectl raygate approve {0} --fingerprint {1}` \
+                 (or kubectl patch upgradeplan {0} --type merge -p '{{\"spec\":{{\"approve\":\"{1}\"}}}}')",
                 inp.plan.metadata.name.as_deref().unwrap_or_default(),
                 change.fingerprint
             );
