@@ -8,6 +8,7 @@ pub mod fake_node;
 pub mod json;
 pub mod process;
 pub mod quantity;
+pub mod ray_head;
 pub mod raygate;
 pub mod sim;
 pub mod wait;
