@@ -1,7 +1,8 @@
 //! The offline commands: `explain` and `fit` answer, before anything is
 //! applied, what KubeRay will do with a RayService change and whether the
 //! new cluster fits. Their JSON output is a stable contract for scripts and
-//! CI; the text output is for people.
+//! CI; the text output is for people. [`crate::kubectl`] runs the same
+//! commands on objects read from a live cluster.
 //!
 //! Every input error names the file it came from and, where it can, the
 //! field inside it: `new.yaml: RayService ml/llm spec.rayClusterConfig...`.
@@ -27,16 +28,33 @@ pub enum Output {
     Text,
     /// A single JSON object, for scripts.
     Json,
+    /// The JSON object as YAML.
+    Yaml,
+}
+
+impl Output {
+    /// Renders a report for scripts, or `None` for the text form.
+    pub(crate) fn structured<T: Serialize>(self, v: &T) -> Result<Option<String>> {
+        Ok(match self {
+            Output::Text => None,
+            Output::Json => Some(serde_json::to_string_pretty(v)? + "\n"),
+            Output::Yaml => Some(
+                serde_saphyr::to_string(v).map_err(|e| Error::invalid("output", e.to_string()))?,
+            ),
+        })
+    }
 }
 
 #[derive(Args, Debug)]
 pub struct ExplainArgs {
     /// The current object: the previous RayService manifest, or the live
-    /// active RayCluster (`kubectl get raycluster NAME -o yaml`).
+    /// active RayCluster (`kubectl get raycluster NAME -o yaml`). Without
+    /// it, the live RayService and its active RayCluster are read from the
+    /// cluster.
     #[arg(long, value_name = "FILE")]
-    pub old: PathBuf,
+    pub old: Option<PathBuf>,
     /// The new RayService manifest.
-    #[arg(long, value_name = "FILE")]
+    #[arg(short = 'f', long, visible_alias = "filename", value_name = "FILE")]
     pub new: PathBuf,
     /// KubeRay release whose rules to apply (e.g. 1.7, v1.6.1). An
     /// unsupported release is invalid input (exit 1).
@@ -53,13 +71,15 @@ pub struct ExplainArgs {
 #[derive(Args, Debug)]
 pub struct FitArgs {
     /// Cluster state: the v1 List `kubectl get nodes,pods,limitranges -A -o yaml` prints.
+    /// Without it, nodes, pods and LimitRanges are read from the cluster.
     #[arg(long, value_name = "FILE")]
-    pub state: PathBuf,
+    pub state: Option<PathBuf>,
     /// The RayService whose new cluster must fit.
-    #[arg(long, value_name = "FILE")]
+    #[arg(short = 'f', long, visible_alias = "filename", value_name = "FILE")]
     pub new: PathBuf,
     /// Resources to leave free cluster-wide, e.g. `--headroom nvidia.com/gpu=2`
-    /// (repeatable).
+    /// (repeatable). Reading the cluster, the RayService's UpgradePlan's
+    /// headroom applies when none is given.
     #[arg(long, value_name = "RESOURCE=QUANTITY", value_parser = parse_headroom_item)]
     pub headroom: Vec<(String, Quantity)>,
     /// KubeRay release whose rules to apply (e.g. 1.7, v1.6.1).
@@ -70,7 +90,7 @@ pub struct FitArgs {
 }
 
 /// `--kuberay-version` → a supported release, or invalid input.
-fn kuberay_version(s: &str) -> Result<KubeRayVersion> {
+pub(crate) fn kuberay_version(s: &str) -> Result<KubeRayVersion> {
     KubeRayVersion::parse(s).map_err(|e| Error::invalid("--kuberay-version", e.to_string()))
 }
 
@@ -92,7 +112,7 @@ fn shown(path: &Path) -> String {
 }
 
 /// Puts the file name in front of an error about its content.
-fn in_file<T>(path: &Path, r: Result<T>) -> Result<T> {
+pub(crate) fn in_file<T>(path: &Path, r: Result<T>) -> Result<T> {
     r.map_err(|e| match e {
         Error::Input { .. } => e,
         other => Error::Input {
@@ -394,7 +414,7 @@ fn plan(svc: &RayService, version: KubeRayVersion) -> Result<Vec<k8s_openapi::ap
 
 /// Parses a RayService manifest and checks it on its own (worker groups,
 /// every quantity, the pods it plans), so later errors cannot be its.
-fn read_service(path: &Path, version: KubeRayVersion) -> Result<RayService> {
+pub(crate) fn read_service(path: &Path, version: KubeRayVersion) -> Result<RayService> {
     let svc: RayService = parse_as(path, read_one(path, &["RayService"])?)?;
     in_file(
         path,
@@ -404,34 +424,54 @@ fn read_service(path: &Path, version: KubeRayVersion) -> Result<RayService> {
     Ok(svc)
 }
 
-enum Old {
+/// What the change is compared with.
+pub(crate) enum Old {
     Service(Box<RayService>),
     Cluster(Box<RayCluster>),
 }
 
 pub fn explain(args: &ExplainArgs) -> Result<String> {
     let version = kuberay_version(&args.kuberay_version)?;
-    let old = read_one(&args.old, &["RayService", "RayCluster"])?;
+    let Some(old_path) = &args.old else {
+        return Err(Error::invalid(
+            "--old",
+            "missing (or read the live cluster: `kubectl raygate explain -f FILE`)",
+        ));
+    };
+    let old = read_one(old_path, &["RayService", "RayCluster"])?;
     let old = if kind_of(&old) == "RayCluster" {
-        Old::Cluster(Box::new(parse_as(&args.old, old)?))
+        Old::Cluster(Box::new(parse_as(old_path, old)?))
     } else {
-        Old::Service(Box::new(parse_as(&args.old, old)?))
+        Old::Service(Box::new(parse_as(old_path, old)?))
     };
     let new = read_service(&args.new, version)?;
+    explain_against(args, &old, old_path, &new, &[])
+}
+
+/// `explain` once both sides are read; `old_source` names the old side in
+/// errors, `notes` are extra `label value` lines for the text output.
+pub(crate) fn explain_against(
+    args: &ExplainArgs,
+    old: &Old,
+    old_source: &Path,
+    new: &RayService,
+    notes: &[(&str, String)],
+) -> Result<String> {
+    let version = kuberay_version(&args.kuberay_version)?;
     let opts = kuberay::ClassifyOptions {
         zero_downtime_enabled: !args.zero_downtime_disabled,
         ..Default::default()
     };
-    let side = match &old {
+    let side = match old {
         Old::Cluster(c) => OldSide::RayCluster(c),
         Old::Service(s) => OldSide::RayService(s),
     };
     // The new side was checked on its own: what fails now is the old side.
     let classification = in_file(
-        &args.old,
-        kuberay::classify_with(&side, &new, version, &opts),
+        old_source,
+        kuberay::classify_with(&side, new, version, &opts),
     )?;
-    let pods = in_file(&args.new, plan(&new, version))?;
+    let pods = in_file(&args.new, plan(new, version))?;
     let requests = in_file(&args.new, sum_requests(&pods))?;
     let out = ExplainOutput {
         classification: &classification,
@@ -440,14 +480,29 @@ pub fn explain(args: &ExplainArgs) -> Result<String> {
             requests: capacity::canonical_map(&requests),
         },
     };
-    Ok(match args.output {
-        Output::Json => serde_json::to_string_pretty(&out)? + "\n",
-        Output::Text => explain_text(
-            &classification,
-            &out.new_cluster,
-            matches!(old, Old::Cluster(_)),
-        ),
+    Ok(match args.output.structured(&out)? {
+        Some(s) => s,
+        None => {
+            let mut s = String::new();
+            for (label, value) in notes {
+                field(&mut s, label, value);
+            }
+            s + &explain_text(
+                &classification,
+                &out.new_cluster,
+                matches!(old, Old::Cluster(_)),
+            )
+        }
     })
+}
+
+/// What the new cluster of a RayService requests in total, and how many pods it has.
+pub(crate) fn new_cluster_requests(
+    svc: &RayService,
+    version: KubeRayVersion,
+) -> Result<(usize, ResourceList)> {
+    let pods = plan(svc, version)?;
+    Ok((pods.len(), sum_requests(&pods)?))
 }
 
 /// Width of the label column in text output.
@@ -456,7 +511,7 @@ const LABEL: usize = 14;
 const WIDTH: usize = 100;
 
 /// `label value`, the value wrapped at word boundaries and indented under itself.
-fn field(s: &mut String, label: &str, value: &str) {
+pub(crate) fn field(s: &mut String, label: &str, value: &str) {
     let mut line = format!("{label:<LABEL$}");
     let mut used = 0;
     for word in value.split_whitespace() {
@@ -615,7 +670,7 @@ pub struct FitOutcome {
     pub warnings: Vec<String>,
 }
 
-fn read_state(path: &Path) -> Result<ClusterState> {
+pub(crate) fn read_state(path: &Path) -> Result<ClusterState> {
     // Documents go in whole: a typed list (`NodeList`) gives its items their kind.
     let docs = read_docs(path)?;
     let state = ClusterState::from_list(
@@ -640,18 +695,38 @@ fn read_state(path: &Path) -> Result<ClusterState> {
 
 pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
     let version = kuberay_version(&args.kuberay_version)?;
-    let state = read_state(&args.state)?;
+    let Some(state_path) = &args.state else {
+        return Err(Error::invalid(
+            "--state",
+            "missing (or read the live cluster: `kubectl raygate fit -f FILE`)",
+        ));
+    };
+    let state = read_state(state_path)?;
     let svc = read_service(&args.new, version)?;
-    let pods = in_file(&args.new, plan(&svc, version))?;
-    let old_pods = old_cluster_pods(&state, &svc);
+    let headroom: ResourceList = args.headroom.iter().cloned().collect();
+    fit_in(args, state, state_path, &svc, headroom, &[])
+}
+
+/// `fit` once the state and the service are read. The service's status
+/// names its active cluster, whose pods are the old side.
+pub(crate) fn fit_in(
+    args: &FitArgs,
+    state: ClusterState,
+    state_source: &Path,
+    svc: &RayService,
+    headroom: ResourceList,
+    notes: &[(&str, String)],
+) -> Result<FitOutcome> {
+    let version = kuberay_version(&args.kuberay_version)?;
+    let pods = in_file(&args.new, plan(svc, version))?;
+    let old_pods = old_cluster_pods(&state, svc);
     let old_requests = in_file(
-        &args.state,
+        state_source,
         capacity::total_requests(old_pods.iter().copied(), &state.limit_ranges),
     )?;
-    let headroom: ResourceList = args.headroom.iter().cloned().collect();
     // The new pods were checked with the manifest: what fails now is the state.
     let report = in_file(
-        &args.state,
+        state_source,
         capacity::fit(
             &state,
             &FitRequest {
@@ -662,9 +737,15 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
             },
         ),
     )?;
-    let text = match args.output {
-        Output::Json => serde_json::to_string_pretty(&report)? + "\n",
-        Output::Text => fit_text(&report),
+    let text = match args.output.structured(&report)? {
+        Some(s) => s,
+        None => {
+            let mut s = String::new();
+            for (label, value) in notes {
+                field(&mut s, label, value);
+            }
+            s + &fit_text(&report)
+        }
     };
     Ok(FitOutcome {
         text,

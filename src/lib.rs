@@ -8,12 +8,14 @@
 //! - [`admission`]: the decision to hold, admit or track an upgrade.
 //! - [`controller`]: the loop that watches, decides and applies.
 //! - [`cli`]: the offline commands built on the same core.
+//! - [`kubectl`]: `kubectl raygate`, the same commands on a live cluster.
 
 pub mod admission;
 pub mod capacity;
 pub mod cli;
 pub mod controller;
 pub mod error;
+pub mod kubectl;
 pub mod kuberay;
 pub mod leader;
 pub mod metrics;

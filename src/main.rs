@@ -1,6 +1,5 @@
 //! The `raygate` binary: the operator (`run`) and the offline commands.
 
-use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,8 +9,8 @@ use std::time::Duration;
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use tracing::{error, info};
 
-use raygate::cli::{self, ExplainArgs, FitArgs};
 use raygate::controller::{self, Settings};
+use raygate::kubectl::{self, say};
 use raygate::kuberay::KubeRayVersion;
 use raygate::leader::{self, Fence, LeaderConfig};
 use raygate::metrics::Metrics;
@@ -36,17 +35,8 @@ struct Cli {
 enum Command {
     /// Run the operator: watch UpgradePlans and gate their RayServices.
     Run(RunArgs),
-    /// Say what KubeRay will do with a RayService change (no cluster needed).
-    Explain(ExplainArgs),
-    /// Check whether a RayService's new cluster fits a cluster state
-    /// (no cluster needed). Exit 0 whether or not it fits, unless --fail-if-no-fit.
-    Fit {
-        #[command(flatten)]
-        args: FitArgs,
-        /// Exit 3 when the new cluster does not fit (for CI gates).
-        #[arg(long)]
-        fail_if_no_fit: bool,
-    },
+    #[command(flatten)]
+    Kubectl(kubectl::Command),
     /// Print the UpgradePlan CustomResourceDefinition as YAML.
     Crd,
     /// Give every gate back and remove raygate's finalizers, before
@@ -142,33 +132,16 @@ struct RunArgs {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Explain(args) => match cli::explain(&args) {
-            Ok(text) => emit(&text, ExitCode::SUCCESS),
-            Err(e) => fail(&e),
-        },
-        Command::Fit {
-            args,
-            fail_if_no_fit,
-        } => match cli::fit(&args) {
-            Ok(outcome) => {
-                for w in &outcome.warnings {
-                    say(&format!("raygate: warning: {}: {w}", args.state.display()));
-                }
-                let code = if fail_if_no_fit && !outcome.fits {
-                    ExitCode::from(3)
-                } else {
-                    ExitCode::SUCCESS
-                };
-                emit(&outcome.text, code)
-            }
-            Err(e) => fail(&e),
-        },
+        Command::Kubectl(c) => {
+            use clap::CommandFactory;
+            kubectl::run(c, Cli::command(), "raygate").await
+        }
         Command::Crd => match upgradeplan::crd_yaml() {
-            Ok(text) => emit(&text, ExitCode::SUCCESS),
+            Ok(text) => kubectl::emit(&text, ExitCode::SUCCESS),
             Err(e) => fail(&e),
         },
         Command::Release(args) => match release(&args).await {
-            Ok(text) => emit(&text, ExitCode::SUCCESS),
+            Ok(text) => kubectl::emit(&text, ExitCode::SUCCESS),
             Err(e) => fail(&e),
         },
         Command::Run(args) => match run(args).await {
@@ -180,25 +153,6 @@ async fn main() -> ExitCode {
             }
         },
     }
-}
-
-/// Writes the output; a closed stdout (`raygate ... | head`) is not a crash,
-/// unlike `print!`, which panics on it.
-fn emit(text: &str, code: ExitCode) -> ExitCode {
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => code,
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => code,
-        Err(e) => {
-            say(&format!("raygate: writing output: {e}"));
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// A line on stderr, ignoring a closed stderr (`eprintln!` would panic).
-fn say(line: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// Invalid input exits 1 with the message; clap's own usage errors exit 2.

@@ -36,6 +36,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use prometheus::proto::MetricType;
 use prometheus::{
     GaugeVec, Histogram, HistogramOpts, HistogramTimer, IntCounterVec, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -96,6 +97,8 @@ type PlanKey = (String, String);
 /// All raygate metric families on their own registry.
 pub struct Metrics {
     registry: Registry,
+    /// Every registered family's name and type, series or not.
+    families: BTreeMap<String, MetricType>,
     phase: IntGaugeVec,
     waiting: GaugeVec,
     transition: GaugeVec,
@@ -131,11 +134,22 @@ impl std::fmt::Debug for ReconcileTimer {
     }
 }
 
+/// The registry being filled, and the name and type of every family put on
+/// it: the registry itself only lists families that have series.
+struct Registering {
+    registry: Registry,
+    families: Mutex<BTreeMap<String, MetricType>>,
+}
+
 fn register<C: prometheus::core::Collector + Clone + 'static>(
-    registry: &Registry,
+    r: &Registering,
     collector: C,
 ) -> crate::Result<C> {
-    registry.register(Box::new(collector.clone()))?;
+    r.registry.register(Box::new(collector.clone()))?;
+    let mut families = lock(&r.families);
+    for mf in collector.collect() {
+        families.insert(mf.name().to_string(), mf.get_field_type());
+    }
     Ok(collector)
 }
 
@@ -153,7 +167,10 @@ impl Metrics {
     /// Creates and registers every family; fails only on a definition bug.
     pub fn new() -> crate::Result<Metrics> {
         let registry = Registry::new();
-        let r = &registry;
+        let r = &Registering {
+            registry,
+            families: Mutex::default(),
+        };
 
         let phase = register(
             r,
@@ -287,7 +304,8 @@ impl Metrics {
         }
 
         Ok(Metrics {
-            registry,
+            registry: r.registry.clone(),
+            families: std::mem::take(&mut *lock(&r.families)),
             phase,
             waiting,
             transition,
@@ -303,6 +321,32 @@ impl Metrics {
             plans: Mutex::default(),
             free_resources: Mutex::default(),
         })
+    }
+
+    /// Every series name raygate can expose (a histogram's `_bucket`, `_sum`
+    /// and `_count`), whether or not it has a series yet: what dashboards and
+    /// alert rules may query.
+    pub fn exported_names(&self) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for (name, kind) in &self.families {
+            match kind {
+                MetricType::HISTOGRAM => {
+                    for suffix in ["_bucket", "_sum", "_count"] {
+                        out.insert(format!("{name}{suffix}"));
+                    }
+                }
+                MetricType::SUMMARY => {
+                    out.insert(name.clone());
+                    for suffix in ["_sum", "_count"] {
+                        out.insert(format!("{name}{suffix}"));
+                    }
+                }
+                _ => {
+                    out.insert(name.clone());
+                }
+            }
+        }
+        out
     }
 
     /// The Prometheus text exposition (format 0.0.4) of every series.
@@ -526,6 +570,34 @@ pub(crate) mod tests {
             gate_overridden: false,
             shortfall,
             pods_pending_unschedulable: 0,
+        }
+    }
+
+    #[test]
+    fn exported_names_cover_families_without_series() {
+        let m = Metrics::new().unwrap();
+        let names = m.exported_names();
+        // No plan observed yet, and no error counted: still exported names.
+        for n in [
+            "raygate_upgradeplan_phase",
+            "raygate_capacity_shortfall",
+            "raygate_reconcile_errors_total",
+            "raygate_reconcile_duration_seconds_bucket",
+            "raygate_reconcile_duration_seconds_sum",
+            "raygate_reconcile_duration_seconds_count",
+            "raygate_build_info",
+        ] {
+            assert!(names.contains(n), "{n} missing from {names:?}");
+        }
+        assert!(!names.contains("raygate_reconcile_duration_seconds"));
+        // Everything rendered once every family has series is among them.
+        let short = BTreeMap::from([("nvidia.com/gpu".to_string(), 2.0)]);
+        m.observe_plan(&obs("p", "s", Phase::WaitingForCapacity, &short));
+        m.reconcile_error("kube_api");
+        drop(m.reconcile_timer());
+        for line in m.render().unwrap().lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(names.contains(name), "{name} rendered but not exported");
         }
     }
 

@@ -47,13 +47,19 @@ const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$";
         name = "GPUs Needed",
         type_ = "string",
         json_path = ".status.capacity.gpusNeeded",
-        description = "GPUs the old and new cluster hold together during the transition"
+        description = "GPUs the new cluster requests"
     ),
     printcolumn(
         name = "GPUs Free",
         type_ = "string",
         json_path = ".status.capacity.gpusFree",
-        description = "GPUs free on schedulable nodes"
+        description = "GPUs free for the new cluster (after reservations and headroom)"
+    ),
+    printcolumn(
+        name = "GPUs Short",
+        type_ = "string",
+        json_path = ".status.capacity.gpusShort",
+        description = "GPUs missing for the new cluster to fit"
     ),
     printcolumn(
         name = "Waiting For",
@@ -64,8 +70,10 @@ const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$";
     // `-o wide` columns.
     printcolumn = r#"{"name":"CPU Needed","type":"string","jsonPath":".status.capacity.cpuNeeded","priority":1}"#,
     printcolumn = r#"{"name":"CPU Free","type":"string","jsonPath":".status.capacity.cpuFree","priority":1}"#,
+    printcolumn = r#"{"name":"CPU Short","type":"string","jsonPath":".status.capacity.cpuShort","priority":1}"#,
     printcolumn = r#"{"name":"Memory Needed","type":"string","jsonPath":".status.capacity.memoryNeeded","priority":1}"#,
     printcolumn = r#"{"name":"Memory Free","type":"string","jsonPath":".status.capacity.memoryFree","priority":1}"#,
+    printcolumn = r#"{"name":"Memory Short","type":"string","jsonPath":".status.capacity.memoryShort","priority":1}"#,
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -269,30 +277,47 @@ pub struct Admission {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CapacityStatus {
-    /// Old plus new cluster requests, per resource.
+    /// Old plus new cluster requests, per resource: the transition's peak.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub required: BTreeMap<String, String>,
+    /// Requests of the new cluster alone, per resource.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub needed: BTreeMap<String, String>,
     /// Free on schedulable nodes, before this upgrade, per resource.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub free: BTreeMap<String, String>,
+    /// Free for the new cluster: `free` minus `reserved` and the headroom,
+    /// per resource of `needed`; `needed − available` is the shortfall.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub available: BTreeMap<String, String>,
     /// Reserved by other admitted upgrades whose pods are not bound yet.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub reserved: BTreeMap<String, String>,
     /// How much more is needed for the new cluster to fit, per resource.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub shortfall: BTreeMap<String, String>,
+    /// GPUs (all accelerator resources) of `needed`, `available`,
+    /// `shortfall` and `required`: printer columns that compare at a glance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus_needed: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus_free: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus_short: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus_peak: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_needed: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_free: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_short: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_needed: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_free: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_short: Option<String>,
     /// Pods that could not be placed, with the scheduler-style reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unplaced: Vec<String>,
@@ -363,11 +388,14 @@ mod tests {
                 "Phase",
                 "GPUs Needed",
                 "GPUs Free",
+                "GPUs Short",
                 "Waiting For",
                 "CPU Needed",
                 "CPU Free",
+                "CPU Short",
                 "Memory Needed",
                 "Memory Free",
+                "Memory Short",
                 "Age"
             ]
         );

@@ -1,9 +1,12 @@
-//! Black-box tests of the offline CLI contract (`raygate explain`, `raygate fit`):
-//! the binary is run on the fixtures in `tests/fixtures/cli/` and its exit code,
-//! JSON and text are checked.
+//! Black-box tests of the offline CLI contract (`raygate explain`, `raygate fit`,
+//! and the same through `kubectl-raygate`): the binaries are run on the fixtures
+//! in `tests/fixtures/cli/` and their exit code, JSON and text are checked. The
+//! live commands are tested against a real control plane in
+//! `e2e/tests/kubectl_plugin.rs`.
 //!
 //! Exit codes: 0 success (whatever the verdict or fit), 1 invalid input (stderr names
-//! the file and field), 2 usage error, 3 no fit with `--fail-if-no-fit`. Never 101.
+//! the file and field), 2 usage error, 3 no fit with `--fail-if-no-fit`, 4 the
+//! cluster refused or could not be reached. Never 101.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -924,9 +927,12 @@ fn usage_errors_exit_2() {
         vec!["explain"],
         vec!["explain", "--old", &s],
         vec!["explain", "--old", &s, "--new", &s, "--bogus"],
-        vec!["explain", "--old", &s, "--new", &s, "-o", "yaml"],
+        vec!["explain", "--old", &s, "--new", &s, "-o", "xml"],
         vec!["explain", "--old", &s, "--new", &s, "--kuberay-version"],
-        vec!["fit", "--new", &s],
+        vec!["fit", "--state", &st],
+        vec!["queue", "-o", "table"],
+        vec!["approve"],
+        vec!["completion", "tcsh"],
         vec!["fit", "--state", &st, "--new", &s, "--headroom", "gpu"],
         vec![
             "fit",
@@ -1142,4 +1148,90 @@ fn endless_input_stops_with_an_error_not_out_of_memory() {
     let r = raygate(&["explain", "--old", "/dev/zero", "--new", &p(&svc(""))]);
     assert_eq!(r.code, 1, "{}", r.stderr);
     assert!(r.stderr.contains("larger than 256 MiB"), "{}", r.stderr);
+}
+
+// ---------------------------------------------------------- kubectl plugin
+
+const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-raygate");
+
+fn plugin(args: &[&str]) -> Run {
+    let out = Command::new(PLUGIN)
+        .args(args)
+        // No cluster: a live command must fail cleanly, never hang or dial out.
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .expect("run the kubectl-raygate binary");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let code = out.status.code().unwrap_or(-1);
+    assert_ne!(code, 101, "kubectl-raygate {args:?} panicked:\n{stderr}");
+    Run {
+        code,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr,
+    }
+}
+
+#[test]
+fn plugin_offline_commands_match_raygate() {
+    let old = p(&fx("raycluster-llm-live.yaml"));
+    let new = p(&svc("image-bump"));
+    let args = ["explain", "--old", &old, "-f", &new, "-o", "json"];
+    let via_plugin = plugin(&args);
+    assert_eq!(via_plugin.code, 0, "{}", via_plugin.stderr);
+    let via_raygate = raygate(&args);
+    assert_eq!(via_plugin.stdout, via_raygate.stdout);
+    // -o yaml is the same object.
+    let yaml = plugin(&["explain", "--old", &old, "--filename", &new, "-o", "yaml"]);
+    assert_eq!(yaml.code, 0, "{}", yaml.stderr);
+    let from_yaml: Value = serde_saphyr::from_str(&yaml.stdout).expect("yaml");
+    let from_json: Value = serde_json::from_str(&via_plugin.stdout).expect("json");
+    assert_eq!(from_yaml, from_json);
+}
+
+#[test]
+fn plugin_completion_scripts() {
+    for (shell, marker) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef kubectl-raygate"),
+        ("fish", "complete -c kubectl-raygate"),
+    ] {
+        let r = plugin(&["completion", shell]);
+        assert_eq!(r.code, 0, "{shell}: {}", r.stderr);
+        assert!(r.stdout.contains(marker), "{shell}:\n{}", r.stdout);
+        for cmd in ["approve", "pause", "resume", "queue", "explain", "fit"] {
+            assert!(r.stdout.contains(cmd), "{shell} completion lacks {cmd}");
+        }
+    }
+    let r = raygate(&["completion", "bash"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("raygate"), "{}", r.stdout);
+}
+
+#[test]
+fn plugin_without_a_cluster_exits_1_with_the_reason() {
+    let new = p(&svc("image-bump"));
+    for args in [
+        vec!["approve", "chat"],
+        vec!["queue", "-A"],
+        vec!["explain", "-f", &new],
+        vec!["fit", "-f", &new],
+    ] {
+        let r = plugin(&args);
+        assert_eq!(r.code, 1, "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr.starts_with("kubectl-raygate: "),
+            "{args:?}: {}",
+            r.stderr
+        );
+        assert!(r.stderr.contains("config"), "{args:?}: {}", r.stderr);
+    }
+    let help = plugin(&["--help"]);
+    assert_eq!(help.code, 0);
+    assert!(
+        help.stdout.contains("Usage: kubectl raygate"),
+        "{}",
+        help.stdout
+    );
+    assert!(help.stdout.contains("Exit codes"), "{}", help.stdout);
 }

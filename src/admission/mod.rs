@@ -289,7 +289,8 @@ fn evaluate(mut b: Builder<'_>, inp: &Inputs<'_>, settings: &Settings) -> Decisi
         }
         Policy::Manual if spec.approve.as_deref() != Some(change.fingerprint.as_str()) => {
             let how = format!(
-                "policy Manual: approve with kubectl patch upgradeplan {} --type merge -p '{{\"spec\":{{\"approve\":\"{}\"}}}}'",
+                "policy Manual: approve with `kubectl raygate approve {0} --fingerprint {1}` \
+                 (or kubectl patch upgradeplan {0} --type merge -p '{{\"spec\":{{\"approve\":\"{1}\"}}}}')",
                 inp.plan.metadata.name.as_deref().unwrap_or_default(),
                 change.fingerprint
             );
@@ -762,6 +763,8 @@ impl<'a> Builder<'a> {
     }
 }
 
+/// The status numbers, arranged so the printer columns compare: the new
+/// cluster's needs, what is free for it, and the difference when short.
 fn capacity_status(r: &FitReport) -> CapacityStatus {
     let pick = |m: &crate::capacity::ResourceList, names: &[&str]| -> Option<String> {
         let mut total: Option<Quantity> = None;
@@ -775,18 +778,28 @@ fn capacity_status(r: &FitReport) -> CapacityStatus {
         }
         total.map(|q| q.canonical())
     };
-    let gpu_free = pick(&r.free, &GPU_RESOURCES).or_else(|| Some("0".into()));
+    let available = available_for_new(r);
+    let needs_gpus = pick(&r.new_requests, &GPU_RESOURCES).is_some();
+    let short = |names: &[&str], needed: bool| {
+        needed.then(|| pick(&r.shortfall, names).unwrap_or_else(|| "0".into()))
+    };
     CapacityStatus {
         required: crate::capacity::canonical_map(&r.required),
+        needed: crate::capacity::canonical_map(&r.new_requests),
         free: crate::capacity::canonical_map(&r.free),
+        available: crate::capacity::canonical_map(&available),
         reserved: crate::capacity::canonical_map(&r.reserved),
         shortfall: crate::capacity::canonical_map(&r.shortfall),
-        gpus_needed: pick(&r.required, &GPU_RESOURCES),
-        gpus_free: gpu_free,
-        cpu_needed: pick(&r.required, &["cpu"]),
-        cpu_free: pick(&r.free, &["cpu"]),
-        memory_needed: pick(&r.required, &["memory"]),
-        memory_free: pick(&r.free, &["memory"]),
+        gpus_needed: pick(&r.new_requests, &GPU_RESOURCES),
+        gpus_free: pick(&available, &GPU_RESOURCES).or_else(|| Some("0".into())),
+        gpus_short: short(&GPU_RESOURCES, needs_gpus),
+        gpus_peak: pick(&r.required, &GPU_RESOURCES),
+        cpu_needed: pick(&r.new_requests, &["cpu"]),
+        cpu_free: pick(&available, &["cpu"]),
+        cpu_short: short(&["cpu"], r.new_requests.contains_key("cpu")),
+        memory_needed: pick(&r.new_requests, &["memory"]),
+        memory_free: pick(&available, &["memory"]),
+        memory_short: short(&["memory"], r.new_requests.contains_key("memory")),
         unplaced: r
             .unplaced
             .iter()
@@ -794,6 +807,18 @@ fn capacity_status(r: &FitReport) -> CapacityStatus {
             .map(|u| format!("{}: {}", u.pod, u.reason))
             .collect(),
     }
+}
+
+/// Free capacity left for the new cluster once reservations and headroom are
+/// taken, per resource it requests (and every accelerator, so the GPU column
+/// shows what is free even when none is requested): `free − reserved −
+/// headroom`, never below zero. The fit's shortfall is `new − this`.
+fn available_for_new(r: &FitReport) -> crate::capacity::ResourceList {
+    let taken = crate::capacity::sum(&r.reserved, &r.headroom);
+    let left = crate::capacity::sub_floor0(&r.free, &taken);
+    left.into_iter()
+        .filter(|(k, _)| r.new_requests.contains_key(k) || GPU_RESOURCES.contains(&k.as_str()))
+        .collect()
 }
 
 /// (`short for the column`, `long for message and events`).

@@ -249,7 +249,14 @@ fn an_upgrade_that_does_not_fit_waits_with_the_exact_shortfall() {
         cap.shortfall.get("nvidia.com/gpu").map(String::as_str),
         Some("8")
     );
+    // The columns compare: needed − free = short.
+    assert_eq!(cap.gpus_needed.as_deref(), Some("16"));
     assert_eq!(cap.gpus_free.as_deref(), Some("8"));
+    assert_eq!(cap.gpus_short.as_deref(), Some("8"));
+    assert_eq!(cap.gpus_peak.as_deref(), Some("16"));
+    assert_eq!(cap.cpu_needed.as_deref(), Some("16"));
+    assert_eq!(cap.cpu_short.as_deref(), Some("0"));
+    assert_eq!(cap.needed.get("memory").map(String::as_str), Some("64Gi"));
     assert_eq!(
         d.status.waiting_for.as_deref(),
         Some("capacity: nvidia.com/gpu 8")
@@ -319,6 +326,20 @@ fn headroom_is_kept_free() {
         now(),
     );
     assert_eq!(d.status.phase, Phase::WaitingForCapacity);
+    // FREE is what is left for the new cluster once the headroom is kept.
+    let cap = d.status.capacity.as_ref().unwrap();
+    assert_eq!(
+        (
+            cap.gpus_needed.as_deref(),
+            cap.gpus_free.as_deref(),
+            cap.gpus_short.as_deref()
+        ),
+        (Some("8"), Some("7"), Some("1"))
+    );
+    assert_eq!(
+        cap.free.get("nvidia.com/gpu").map(String::as_str),
+        Some("9")
+    );
 }
 
 #[test]

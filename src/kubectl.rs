@@ -1,0 +1,1181 @@
+//! `kubectl raygate`: the commands a platform engineer runs against a live
+//! cluster. The same commands are `raygate approve|pause|resume|queue|...`.
+//!
+//! Nothing here decides anything: approval is the merge patch of
+//! `spec.approve` that docs/upgradeplan.md describes, the queue order is
+//! [`crate::admission::ledger::order`] (the controller's), and `explain` /
+//! `fit` are the offline commands of [`crate::cli`] fed with live objects.
+//!
+//! Exit codes: 0 done; 1 invalid input, or the object does not allow it
+//! (not found, nothing to approve, another fingerprint pending); 2 usage;
+//! 3 no fit with `--fail-if-no-fit`; 4 the cluster could not be reached or
+//! refused the request (including a concurrent change of the plan).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Args, Subcommand, ValueEnum};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{LimitRange, Node, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::admission::GPU_RESOURCES;
+use crate::admission::ledger::{self, Candidate};
+use crate::capacity::{ClusterState, ResourceList};
+use crate::cli::{self, ExplainArgs, FitArgs, Old};
+use crate::controller::cache;
+use crate::kuberay::{self, RayCluster, RayService, UpgradeType};
+use crate::quantity::Quantity;
+use crate::upgradeplan::{Policy, UpgradePlan, UpgradePlanStatus};
+use crate::{Error, Result};
+
+/// The field manager of this command's writes, so `managedFields` shows who approved.
+pub const FIELD_MANAGER: &str = "kubectl-raygate";
+/// Where `pause` keeps the policy that `resume` restores.
+pub const PAUSED_POLICY_ANNOTATION: &str = "raygate.io/paused-policy";
+
+/// Exit code when the cluster could not be reached or refused the request.
+const EXIT_API: u8 = 4;
+/// Exit code of `fit --fail-if-no-fit` when the new cluster does not fit.
+const EXIT_NO_FIT: u8 = 3;
+/// Page size when listing pods: a large cluster's pods are never all in memory
+/// as received, only as slimmed for the fit.
+const PAGE: u32 = 500;
+
+/// kubectl's connection flags.
+#[derive(Args, Debug, Clone, Default)]
+pub struct KubeArgs {
+    /// Kubeconfig file (default: KUBECONFIG, then ~/.kube/config).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use (default: the current context).
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// Namespace (default: the context's namespace).
+    #[arg(short = 'n', long, value_name = "NS")]
+    pub namespace: Option<String>,
+}
+
+/// `-o` of the cluster commands, as kubectl spells it.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    #[default]
+    Text,
+    /// More columns (CPU and memory).
+    Wide,
+    Json,
+    Yaml,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Say what KubeRay will do with a RayService change. With --old, offline;
+    /// without it, against the live RayService and its RayCluster.
+    Explain {
+        #[command(flatten)]
+        args: ExplainArgs,
+        #[command(flatten)]
+        kube: KubeArgs,
+    },
+    /// Check whether a RayService's new cluster fits. With --state, offline;
+    /// without it, against the live nodes and pods. Exit 0 whether or not it
+    /// fits, unless --fail-if-no-fit.
+    Fit {
+        #[command(flatten)]
+        args: FitArgs,
+        /// Exit 3 when the new cluster does not fit (for CI gates).
+        #[arg(long)]
+        fail_if_no_fit: bool,
+        #[command(flatten)]
+        kube: KubeArgs,
+    },
+    /// Approve an UpgradePlan's pending change (policy Manual): sets
+    /// spec.approve to its fingerprint and prints what it approves.
+    Approve {
+        /// The UpgradePlan.
+        plan: String,
+        /// Approve only if this is the pending fingerprint (the one you reviewed).
+        #[arg(long, value_name = "FP")]
+        fingerprint: Option<String>,
+        #[command(flatten)]
+        kube: KubeArgs,
+    },
+    /// Pause an UpgradePlan: admit nothing until resumed (a running
+    /// transition is still tracked to its end).
+    Pause {
+        plan: String,
+        #[command(flatten)]
+        kube: KubeArgs,
+    },
+    /// Resume a paused UpgradePlan with the policy it had before `pause`.
+    Resume {
+        plan: String,
+        #[command(flatten)]
+        kube: KubeArgs,
+    },
+    /// The upgrades raygate is running and those waiting, in the order it
+    /// will consider them: priority, then waiting time.
+    Queue {
+        /// Every namespace.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+        #[command(flatten)]
+        kube: KubeArgs,
+    },
+    /// Print a shell completion script.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+/// Runs a command; `cli` is the binary's whole command line definition (for
+/// completion) and `bin` its name.
+pub async fn run(command: Command, cli: clap::Command, bin: &str) -> ExitCode {
+    let result = match command {
+        Command::Explain { args, kube } => explain(&args, &kube).await.map(|t| (t, 0)),
+        Command::Fit {
+            args,
+            fail_if_no_fit,
+            kube,
+        } => fit(&args, &kube).await.map(|o| {
+            let code = if fail_if_no_fit && !o.fits {
+                EXIT_NO_FIT
+            } else {
+                0
+            };
+            for w in &o.warnings {
+                say(&format!("{bin}: warning: {w}"));
+            }
+            (o.text, code)
+        }),
+        Command::Approve {
+            plan,
+            fingerprint,
+            kube,
+        } => approve(&kube, &plan, fingerprint.as_deref())
+            .await
+            .map(|t| (t, 0)),
+        Command::Pause { plan, kube } => pause(&kube, &plan).await.map(|t| (t, 0)),
+        Command::Resume { plan, kube } => resume(&kube, &plan).await.map(|t| (t, 0)),
+        Command::Queue {
+            all_namespaces,
+            output,
+            kube,
+        } => queue(&kube, all_namespaces, output).await.map(|t| (t, 0)),
+        Command::Completion { shell } => {
+            let mut cli = cli;
+            let mut buf = Vec::new();
+            clap_complete::generate(shell, &mut cli, bin, &mut buf);
+            Ok((String::from_utf8_lossy(&buf).into_owned(), 0))
+        }
+    };
+    match result {
+        Ok((text, code)) => emit(&text, ExitCode::from(code)),
+        Err(e) => {
+            say(&format!("{bin}: {e}"));
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}
+
+/// 1 for what the user can fix in the input, 4 for the cluster's answers.
+pub fn exit_code(e: &Error) -> u8 {
+    match e {
+        Error::Kube(kube::Error::Api(s)) if s.is_not_found() => 1,
+        Error::Kube(_) => EXIT_API,
+        _ => 1,
+    }
+}
+
+/// Writes the output; a closed stdout (`... | head`) is not a crash, unlike
+/// `print!`, which panics on it.
+pub fn emit(text: &str, code: ExitCode) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => code,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => code,
+        Err(e) => {
+            say(&format!("raygate: writing output: {e}"));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A line on stderr, ignoring a closed stderr (`eprintln!` would panic).
+pub fn say(line: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// A client as kubectl would build it, and the namespace to use.
+pub async fn connect(args: &KubeArgs) -> Result<(Client, String)> {
+    let options = kube::config::KubeConfigOptions {
+        context: args.context.clone(),
+        ..Default::default()
+    };
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| {
+                Error::invalid(format!("--kubeconfig {}", path.display()), e.to_string())
+            })?;
+            kube::Config::from_custom_kubeconfig(kc, &options)
+                .await
+                .map_err(|e| Error::invalid("kubeconfig", e.to_string()))?
+        }
+        None if args.context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| Error::invalid("kubeconfig", e.to_string()))?,
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| Error::invalid("kubernetes config", e.to_string()))?,
+    };
+    let ns = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| config.default_namespace.clone());
+    Ok((Client::try_from(config)?, ns))
+}
+
+fn not_found(e: kube::Error, what: String) -> Error {
+    match &e {
+        kube::Error::Api(s) if s.is_not_found() => Error::invalid(what, "not found"),
+        _ => Error::Kube(e),
+    }
+}
+
+async fn get_plan(api: &Api<UpgradePlan>, ns: &str, name: &str) -> Result<UpgradePlan> {
+    api.get(name)
+        .await
+        .map_err(|e| not_found(e, format!("upgradeplan {ns}/{name}")))
+}
+
+/// A merge patch of the plan, refused by the apiserver (409) if the plan
+/// changed since it was read, so what was printed is what was approved.
+async fn patch_plan(api: &Api<UpgradePlan>, plan: &UpgradePlan, mut patch: Value) -> Result<()> {
+    if let (Some(rv), Some(obj)) = (plan.resource_version(), patch.as_object_mut()) {
+        let meta = obj.entry("metadata").or_insert_with(|| json!({}));
+        if let Some(meta) = meta.as_object_mut() {
+            meta.insert("resourceVersion".into(), Value::String(rv));
+        }
+    }
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    api.patch(&plan.name_any(), &params, &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+// ------------------------------------------------------------ approve, pause
+
+async fn approve(kube: &KubeArgs, name: &str, want: Option<&str>) -> Result<String> {
+    let (client, ns) = connect(kube).await?;
+    let api: Api<UpgradePlan> = Api::namespaced(client, &ns);
+    let plan = get_plan(&api, &ns, name).await?;
+    let approval = approval(&plan, want)?;
+    if plan.spec.approve.as_deref() != Some(approval.fingerprint.as_str()) {
+        patch_plan(
+            &api,
+            &plan,
+            json!({"spec": {"approve": approval.fingerprint}}),
+        )
+        .await?;
+    }
+    Ok(approval.text)
+}
+
+/// What `approve` will write and say; refused when nothing (or something
+/// else than `want`) is pending.
+struct Approval {
+    fingerprint: String,
+    text: String,
+}
+
+fn approval(plan: &UpgradePlan, want: Option<&str>) -> Result<Approval> {
+    let what = format!(
+        "upgradeplan {}/{}",
+        plan.namespace().unwrap_or_default(),
+        plan.name_any()
+    );
+    let status = plan.status.clone().unwrap_or_default();
+    let Some(pending) = &status.pending_change else {
+        let why = match &status.admitted {
+            Some(a) => format!(
+                "nothing to approve: change {} is already admitted (phase {})",
+                a.fingerprint,
+                status.phase.as_str()
+            ),
+            None => format!(
+                "nothing to approve: no pending change (phase {})",
+                status.phase.as_str()
+            ),
+        };
+        return Err(Error::invalid(what, why));
+    };
+    if let Some(w) = want
+        && w != pending.fingerprint
+    {
+        return Err(Error::invalid(
+            what,
+            format!(
+                "the pending change is {}, not {w}: review it again (kubectl raygate explain)",
+                pending.fingerprint
+            ),
+        ));
+    }
+    let mut s = String::new();
+    let already = plan.spec.approve.as_deref() == Some(pending.fingerprint.as_str());
+    let verb = if already {
+        "Already approved"
+    } else {
+        "Approved"
+    };
+    cli::field(
+        &mut s,
+        &format!("{verb}:"),
+        &format!(
+            "change {} of {what} (RayService {})",
+            pending.fingerprint, plan.spec.ray_service_ref.name
+        ),
+    );
+    match plan.spec.policy {
+        Policy::Manual => {}
+        Policy::Auto => cli::field(
+            &mut s,
+            "Note:",
+            "policy is Auto: the change is admitted as soon as it fits, approved or not",
+        ),
+        Policy::Paused => cli::field(
+            &mut s,
+            "Note:",
+            "policy is Paused: nothing is admitted until `kubectl raygate resume`",
+        ),
+    }
+    cli::field(&mut s, "Phase:", status.phase.as_str());
+    if let Some(w) = &status.waiting_for {
+        cli::field(&mut s, "Waiting for:", w);
+    }
+    if let Some(cap) = &status.capacity {
+        if !cap.needed.is_empty() {
+            cli::field(&mut s, "Needs:", &resources(&cap.needed));
+        }
+        if !cap.available.is_empty() {
+            cli::field(&mut s, "Free for it:", &resources(&cap.available));
+        }
+        if !cap.shortfall.is_empty() {
+            cli::field(&mut s, "Short by:", &resources(&cap.shortfall));
+        }
+    }
+    s.push_str(&format!(
+        "\nChanges that need a new cluster ({}):\n",
+        pending.triggering_paths.len()
+    ));
+    for p in &pending.triggering_paths {
+        s.push_str(&format!("  {p}\n"));
+    }
+    Ok(Approval {
+        fingerprint: pending.fingerprint.clone(),
+        text: s,
+    })
+}
+
+fn resources(m: &BTreeMap<String, String>) -> String {
+    m.iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+async fn pause(kube: &KubeArgs, name: &str) -> Result<String> {
+    let (client, ns) = connect(kube).await?;
+    let api: Api<UpgradePlan> = Api::namespaced(client, &ns);
+    let plan = get_plan(&api, &ns, name).await?;
+    match pause_patch(&plan) {
+        None => Ok(format!("upgradeplan {ns}/{name} is already paused\n")),
+        Some(patch) => {
+            patch_plan(&api, &plan, patch).await?;
+            Ok(format!(
+                "upgradeplan {ns}/{name} paused (was {:?}); `resume` restores it\n",
+                plan.spec.policy
+            ))
+        }
+    }
+}
+
+/// The patch that pauses a plan, keeping its policy for `resume`.
+fn pause_patch(plan: &UpgradePlan) -> Option<Value> {
+    if plan.spec.policy == Policy::Paused {
+        return None;
+    }
+    Some(json!({
+        "metadata": {"annotations": {PAUSED_POLICY_ANNOTATION: format!("{:?}", plan.spec.policy)}},
+        "spec": {"policy": "Paused"},
+    }))
+}
+
+async fn resume(kube: &KubeArgs, name: &str) -> Result<String> {
+    let (client, ns) = connect(kube).await?;
+    let api: Api<UpgradePlan> = Api::namespaced(client, &ns);
+    let plan = get_plan(&api, &ns, name).await?;
+    match resume_patch(&plan) {
+        None => Ok(format!(
+            "upgradeplan {ns}/{name} is not paused (policy {:?})\n",
+            plan.spec.policy
+        )),
+        Some((policy, patch)) => {
+            patch_plan(&api, &plan, patch).await?;
+            Ok(format!(
+                "upgradeplan {ns}/{name} resumed (policy {policy})\n"
+            ))
+        }
+    }
+}
+
+/// The patch that restores the policy `pause` kept (`Auto` when it kept
+/// none or something unknown), and removes the note.
+fn resume_patch(plan: &UpgradePlan) -> Option<(&'static str, Value)> {
+    if plan.spec.policy != Policy::Paused {
+        return None;
+    }
+    let kept = plan.annotations().get(PAUSED_POLICY_ANNOTATION);
+    let policy = match kept.map(String::as_str) {
+        Some("Manual") => "Manual",
+        _ => "Auto",
+    };
+    Some((
+        policy,
+        json!({
+            "metadata": {"annotations": {PAUSED_POLICY_ANNOTATION: null}},
+            "spec": {"policy": policy},
+        }),
+    ))
+}
+
+// ------------------------------------------------------------------- queue
+
+/// One upgrade in the queue view.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueEntry {
+    /// 1-based place among the waiting upgrades; none for admitted ones.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<usize>,
+    pub namespace: String,
+    pub name: String,
+    pub ray_service: String,
+    pub phase: String,
+    pub priority: i32,
+    /// Since when the change has waited (waiting) or was admitted (admitted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+    /// What the new cluster requests.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub needs: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
+    /// Held in the ledger for an admitted upgrade until its pods are bound.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub reserved: BTreeMap<String, String>,
+}
+
+/// The queue: admitted upgrades first (they hold reservations), then the
+/// waiting ones in the controller's admission order.
+pub fn queue_entries(plans: &[UpgradePlan], now: Timestamp) -> Vec<QueueEntry> {
+    let mut admitted = vec![];
+    let mut waiting = vec![];
+    let mut by_key = BTreeMap::new();
+    for p in plans {
+        let Some(status) = &p.status else { continue };
+        let key = (p.namespace().unwrap_or_default(), p.name_any());
+        if let Some(a) = &status.admitted {
+            admitted.push(QueueEntry {
+                position: None,
+                since: Some(a.admitted_time.clone()),
+                fingerprint: Some(a.fingerprint.clone()),
+                needs: status
+                    .capacity
+                    .as_ref()
+                    .map(|c| c.needed.clone())
+                    .unwrap_or_default(),
+                reserved: status
+                    .capacity
+                    .as_ref()
+                    .map(|c| c.needed.clone())
+                    .unwrap_or_default(),
+                ..entry(p, status)
+            });
+        } else if let Some(c) = &status.pending_change {
+            waiting.push(Candidate {
+                namespace: key.0.clone(),
+                name: key.1.clone(),
+                priority: p.spec.priority,
+                waiting_since: c.detected_time.parse().unwrap_or(now),
+                pods: vec![],
+                headroom: ResourceList::new(),
+            });
+            by_key.insert(
+                key,
+                QueueEntry {
+                    since: Some(c.detected_time.clone()),
+                    fingerprint: Some(c.fingerprint.clone()),
+                    needs: status
+                        .capacity
+                        .as_ref()
+                        .map(|c| c.needed.clone())
+                        .unwrap_or_default(),
+                    ..entry(p, status)
+                },
+            );
+        }
+    }
+    admitted
+        .sort_by(|a, b| (&a.since, &a.namespace, &a.name).cmp(&(&b.since, &b.namespace, &b.name)));
+    ledger::order(&mut waiting);
+    let mut out = admitted;
+    for (i, c) in waiting.iter().enumerate() {
+        if let Some(mut e) = by_key.remove(&(c.namespace.clone(), c.name.clone())) {
+            e.position = Some(i + 1);
+            out.push(e);
+        }
+    }
+    out
+}
+
+fn entry(p: &UpgradePlan, status: &UpgradePlanStatus) -> QueueEntry {
+    QueueEntry {
+        position: None,
+        namespace: p.namespace().unwrap_or_default(),
+        name: p.name_any(),
+        ray_service: p.spec.ray_service_ref.name.clone(),
+        phase: status.phase.as_str().to_string(),
+        priority: p.spec.priority,
+        since: None,
+        fingerprint: None,
+        needs: BTreeMap::new(),
+        waiting_for: status.waiting_for.clone(),
+        reserved: BTreeMap::new(),
+    }
+}
+
+async fn queue(kube: &KubeArgs, all: bool, output: Format) -> Result<String> {
+    let (client, ns) = connect(kube).await?;
+    let api: Api<UpgradePlan> = if all {
+        Api::all(client)
+    } else {
+        Api::namespaced(client, &ns)
+    };
+    let plans = api.list(&ListParams::default()).await?.items;
+    let entries = queue_entries(&plans, Timestamp::now());
+    render_queue(&entries, all, output, Timestamp::now())
+}
+
+/// Sum of the accelerator resources of a map, `-` when there are none.
+fn gpus(m: &BTreeMap<String, String>) -> String {
+    sum_of(m, &GPU_RESOURCES)
+}
+
+fn sum_of(m: &BTreeMap<String, String>, names: &[&str]) -> String {
+    let mut total: Option<Quantity> = None;
+    for n in names {
+        if let Some(q) = m.get(*n).and_then(|v| Quantity::parse(v).ok()) {
+            total = Some(match total {
+                Some(t) => t.checked_add(&q).unwrap_or(t),
+                None => q,
+            });
+        }
+    }
+    total.map_or_else(|| "-".into(), |q| q.canonical())
+}
+
+fn age(since: Option<&str>, now: Timestamp) -> String {
+    let Some(t) = since.and_then(|s| s.parse::<Timestamp>().ok()) else {
+        return "-".into();
+    };
+    let secs = now.duration_since(t).as_secs().max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 2 * 3600 => format!("{}m", s / 60),
+        s if s < 48 * 3600 => format!("{}h{}m", s / 3600, s % 3600 / 60),
+        s => format!("{}d{}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
+pub fn render_queue(
+    entries: &[QueueEntry],
+    all: bool,
+    output: Format,
+    now: Timestamp,
+) -> Result<String> {
+    let structured = match output {
+        Format::Json => cli::Output::Json,
+        Format::Yaml => cli::Output::Yaml,
+        Format::Text | Format::Wide => cli::Output::Text,
+    };
+    if let Some(s) = structured.structured(&json!({"items": entries}))? {
+        return Ok(s);
+    }
+    if entries.is_empty() {
+        return Ok("No upgrades waiting or admitted.\n".into());
+    }
+    let wide = output == Format::Wide;
+    let mut head = vec!["#"];
+    if all {
+        head.push("NAMESPACE");
+    }
+    head.extend(["NAME", "PHASE", "PRIORITY", "WAITING", "GPUS NEEDED"]);
+    if wide {
+        head.extend(["CPU NEEDED", "MEMORY NEEDED"]);
+    }
+    head.extend(["RESERVED", "WAITING FOR"]);
+    if wide {
+        head.push("FINGERPRINT");
+    }
+    let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
+    for e in entries {
+        let mut r = vec![
+            e.position
+                .map_or_else(|| "admitted".into(), |p| p.to_string()),
+        ];
+        if all {
+            r.push(e.namespace.clone());
+        }
+        r.push(e.name.clone());
+        r.push(e.phase.clone());
+        r.push(e.priority.to_string());
+        r.push(if e.position.is_some() {
+            age(e.since.as_deref(), now)
+        } else {
+            "-".into()
+        });
+        r.push(gpus(&e.needs));
+        if wide {
+            r.push(sum_of(&e.needs, &["cpu"]));
+            r.push(sum_of(&e.needs, &["memory"]));
+        }
+        r.push(if wide {
+            match resources(&e.reserved) {
+                s if s.is_empty() => "-".into(),
+                s => s,
+            }
+        } else {
+            gpus(&e.reserved)
+        });
+        r.push(e.waiting_for.clone().unwrap_or_else(|| "-".into()));
+        if wide {
+            r.push(e.fingerprint.clone().unwrap_or_else(|| "-".into()));
+        }
+        rows.push(r);
+    }
+    Ok(columns(&rows))
+}
+
+/// kubectl's table: left-aligned columns, three spaces apart.
+fn columns(rows: &[Vec<String>]) -> String {
+    let n = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..n)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let mut line = String::new();
+        for (c, cell) in r.iter().enumerate() {
+            let w = widths.get(c).copied().unwrap_or(0);
+            line.push_str(&format!("{cell:<w$}   "));
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+// ------------------------------------------------------------- explain, fit
+
+/// Where the file's RayService lives: its own namespace, else `-n`/the context's.
+fn service_namespace(svc: &RayService, ns: &str) -> String {
+    svc.namespace()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| ns.to_string())
+}
+
+async fn live_service(client: &Client, ns: &str, name: &str) -> Result<Option<RayService>> {
+    Api::<RayService>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .map_err(Error::from)
+}
+
+/// The cluster KubeRay compares a spec with: the pending one while a
+/// transition runs, else the active one (as the controller does).
+fn compared_cluster(live: &RayService) -> Option<(String, &'static str)> {
+    let status = live.status.as_ref()?;
+    let name = |s: Option<&kuberay::RayServiceStatus>| {
+        s.and_then(|s| s.ray_cluster_name.clone())
+            .filter(|n| !n.is_empty())
+    };
+    name(status.pending_service_status.as_ref())
+        .map(|n| (n, "pending"))
+        .or_else(|| name(status.active_service_status.as_ref()).map(|n| (n, "active")))
+}
+
+/// Does raygate gate this RayService (own `spec.upgradeStrategy.type`)?
+fn gated_by_raygate(live: &RayService) -> bool {
+    crate::controller::gate::owned_by_us(live.metadata.managed_fields.as_deref().unwrap_or(&[]))
+}
+
+async fn explain(args: &ExplainArgs, kube: &KubeArgs) -> Result<String> {
+    if args.old.is_some() {
+        return cli::explain(args);
+    }
+    let version = cli::kuberay_version(&args.kuberay_version)?;
+    let mut new = cli::read_service(&args.new, version)?;
+    let (client, default_ns) = connect(kube).await?;
+    let ns = service_namespace(&new, &default_ns);
+    let name = new.name_any();
+    let Some(live) = live_service(&client, &ns, &name).await? else {
+        return created(args, &new, &format!("RayService {ns}/{name}"), version);
+    };
+    let Some((cluster, role)) = compared_cluster(&live) else {
+        return created(
+            args,
+            &new,
+            &format!("RayService {ns}/{name} (no cluster yet)"),
+            version,
+        );
+    };
+    let rc: RayCluster = Api::<RayCluster>::namespaced(client, &ns)
+        .get(&cluster)
+        .await
+        .map_err(|e| not_found(e, format!("RayCluster {ns}/{cluster} ({role})")))?;
+    let mut notes = vec![(
+        "Compared with:",
+        format!("RayCluster {ns}/{cluster} ({role}, live)"),
+    )];
+    // kubectl apply leaves raygate's gate in place when the file does not set
+    // it; what matters is what KubeRay does once raygate opens it.
+    let file_sets_gate = new
+        .spec
+        .upgrade_strategy
+        .as_ref()
+        .and_then(|u| u.type_.as_ref())
+        .is_some();
+    if !file_sets_gate && gated_by_raygate(&live) {
+        new.spec
+            .upgrade_strategy
+            .get_or_insert_with(Default::default)
+            .type_ = Some(UpgradeType::NewCluster);
+        notes.push((
+            "Gate:",
+            "raygate gates this RayService: a new cluster waits for its admission \
+             (kubectl raygate queue)"
+                .to_string(),
+        ));
+    } else if !file_sets_gate {
+        new.spec.upgrade_strategy = live.spec.upgrade_strategy.clone();
+    }
+    let label = format!("RayCluster {ns}/{cluster}");
+    cli::explain_against(
+        args,
+        &Old::Cluster(Box::new(rc)),
+        Path::new(&label),
+        &new,
+        &notes,
+    )
+}
+
+/// `explain` for a RayService that has no cluster yet: applying it creates one.
+fn created(
+    args: &ExplainArgs,
+    new: &RayService,
+    what: &str,
+    version: kuberay::KubeRayVersion,
+) -> Result<String> {
+    let (pods, requests) = cli::in_file(&args.new, cli::new_cluster_requests(new, version))?;
+    let requests = crate::capacity::canonical_map(&requests);
+    let out = json!({
+        "verdict": "Create",
+        "reason": format!("{what} does not exist: applying it creates its first RayCluster, which raygate does not hold"),
+        "newCluster": {"pods": pods, "requests": requests},
+    });
+    if let Some(s) = args.output.structured(&out)? {
+        return Ok(s);
+    }
+    let mut s = String::new();
+    cli::field(&mut s, "Verdict:", "Create");
+    cli::field(
+        &mut s,
+        "Why:",
+        &format!(
+            "{what} does not exist: applying it creates its first RayCluster, which raygate does not hold"
+        ),
+    );
+    cli::field(
+        &mut s,
+        "New spec:",
+        &format!("{pods} pods, requesting in total:"),
+    );
+    s.push_str(&format!("  {}\n", resources(&requests)));
+    Ok(s)
+}
+
+async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutcome> {
+    if let Some(path) = &args.state {
+        let mut o = cli::fit(args)?;
+        o.warnings = o
+            .warnings
+            .iter()
+            .map(|w| format!("{}: {w}", path.display()))
+            .collect();
+        return Ok(o);
+    }
+    let version = cli::kuberay_version(&args.kuberay_version)?;
+    let mut svc = cli::read_service(&args.new, version)?;
+    let (client, default_ns) = connect(kube).await?;
+    let ns = service_namespace(&svc, &default_ns);
+    let name = svc.name_any();
+    svc.metadata.namespace = Some(ns.clone());
+    let mut notes = vec![];
+    // The old side is the live service's active cluster.
+    match live_service(&client, &ns, &name).await? {
+        Some(live) => svc.status = live.status,
+        None => {
+            svc.status = None;
+            notes.push((
+                "Note:",
+                format!("RayService {ns}/{name} does not exist yet: no old cluster"),
+            ));
+        }
+    }
+    let mut headroom: ResourceList = args.headroom.iter().cloned().collect();
+    let plans: Api<UpgradePlan> = Api::namespaced(client.clone(), &ns);
+    let plans = plans.list(&ListParams::default()).await?.items;
+    if let Some(plan) = plans.iter().find(|p| p.spec.ray_service_ref.name == name) {
+        if headroom.is_empty() {
+            for (k, v) in &plan.spec.headroom {
+                let q = Quantity::parse_field(
+                    &format!("UpgradePlan {ns}/{} spec.headroom[{k}]", plan.name_any()),
+                    v,
+                )?;
+                headroom.insert(k.clone(), q);
+            }
+        }
+        notes.push((
+            "UpgradePlan:",
+            format!(
+                "{ns}/{} (policy {:?}, priority {})",
+                plan.name_any(),
+                plan.spec.policy,
+                plan.spec.priority
+            ),
+        ));
+    }
+    let state = live_state(&client).await?;
+    let reserved = reservations(&plans, &name);
+    if !reserved.is_empty() {
+        notes.push((
+            "Reserved:",
+            format!(
+                "by upgrades admitted in {ns} (not counted here; see `kubectl raygate queue`): {}",
+                resources(&reserved)
+            ),
+        ));
+    }
+    cli::fit_in(
+        args,
+        state,
+        Path::new("cluster state"),
+        &svc,
+        headroom,
+        &notes,
+    )
+}
+
+/// What admitted upgrades of other RayServices hold in the ledger, summed.
+fn reservations(plans: &[UpgradePlan], except: &str) -> BTreeMap<String, String> {
+    let mut total = ResourceList::new();
+    for p in plans
+        .iter()
+        .filter(|p| p.spec.ray_service_ref.name != except)
+    {
+        let Some(status) = p.status.as_ref() else {
+            continue;
+        };
+        if let (Some(_), Some(capacity)) = (&status.admitted, &status.capacity) {
+            let list: ResourceList = capacity
+                .needed
+                .iter()
+                .filter_map(|(k, v)| Quantity::parse(v).ok().map(|q| (k.clone(), q)))
+                .collect();
+            crate::capacity::add_into(&mut total, &list);
+        }
+    }
+    crate::capacity::canonical_map(&total)
+}
+
+/// Nodes, non-terminal pods and LimitRanges, slimmed as the controller caches
+/// them, page by page.
+async fn live_state(client: &Client) -> Result<ClusterState> {
+    let mut nodes: Vec<Node> = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    nodes.iter_mut().for_each(cache::slim_node);
+    let mut limit_ranges: Vec<LimitRange> = Api::<LimitRange>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    limit_ranges.iter_mut().for_each(cache::slim_limit_range);
+    let pods_api = Api::<Pod>::all(client.clone());
+    let mut pods = vec![];
+    let mut lp = ListParams::default()
+        .limit(PAGE)
+        .fields("status.phase!=Succeeded,status.phase!=Failed");
+    loop {
+        let page = pods_api.list(&lp).await?;
+        for mut p in page.items {
+            cache::slim_pod(&mut p);
+            pods.push(Arc::new(p));
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => lp = lp.continue_token(&c),
+            None => break,
+        }
+    }
+    if nodes.is_empty() {
+        return Err(Error::invalid("cluster state", "the cluster has no nodes"));
+    }
+    Ok(ClusterState {
+        nodes,
+        pods,
+        limit_ranges,
+        warnings: vec![],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upgradeplan::{Admission, CapacityStatus, PendingChange, Phase, UpgradePlanSpec};
+
+    fn plan(name: &str, priority: i32, status: Option<UpgradePlanStatus>) -> UpgradePlan {
+        let spec: UpgradePlanSpec = serde_json::from_value(
+            json!({"rayServiceRef": {"name": name}, "priority": priority, "policy": "Manual"}),
+        )
+        .unwrap();
+        let mut p = UpgradePlan::new(name, spec);
+        p.metadata.namespace = Some("ml".into());
+        p.status = status;
+        p
+    }
+
+    fn waiting(fp: &str, since: &str, gpus: &str) -> Option<UpgradePlanStatus> {
+        Some(UpgradePlanStatus {
+            phase: Phase::WaitingForCapacity,
+            waiting_for: Some(format!("capacity: nvidia.com/gpu {gpus}")),
+            pending_change: Some(PendingChange {
+                fingerprint: fp.into(),
+                triggering_paths: vec![
+                    "workerGroupSpecs[gpu].template.spec.containers[ray-worker].image".into(),
+                ],
+                detected_time: since.into(),
+            }),
+            capacity: Some(CapacityStatus {
+                needed: BTreeMap::from([
+                    ("nvidia.com/gpu".into(), gpus.into()),
+                    ("cpu".into(), "8".into()),
+                ]),
+                available: BTreeMap::from([("nvidia.com/gpu".into(), "2".into())]),
+                shortfall: BTreeMap::from([("nvidia.com/gpu".into(), "6".into())]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    fn now() -> Timestamp {
+        "2026-12-02T12:00:00Z".parse().unwrap()
+    }
+
+    #[test]
+    fn queue_lists_admitted_then_waiting_in_admission_order() {
+        let admitted = Some(UpgradePlanStatus {
+            phase: Phase::Admitted,
+            admitted: Some(Admission {
+                fingerprint: "aaa".into(),
+                admitted_time: "2026-12-02T11:59:00Z".into(),
+                ..Default::default()
+            }),
+            capacity: Some(CapacityStatus {
+                needed: BTreeMap::from([("nvidia.com/gpu".into(), "8".into())]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let plans = vec![
+            plan("late", 0, waiting("fp1", "2026-12-02T11:30:00Z", "8")),
+            plan("early", 0, waiting("fp2", "2026-12-02T11:00:00Z", "8")),
+            plan("urgent", 5, waiting("fp3", "2026-12-02T11:50:00Z", "16")),
+            plan("running", 0, admitted),
+            plan("idle", 0, Some(UpgradePlanStatus::default())),
+            plan("new", 0, None),
+        ];
+        let q = queue_entries(&plans, now());
+        let names: Vec<_> = q.iter().map(|e| (e.position, e.name.as_str())).collect();
+        assert_eq!(
+            names,
+            [
+                (None, "running"),
+                (Some(1), "urgent"),
+                (Some(2), "early"),
+                (Some(3), "late")
+            ]
+        );
+        assert_eq!(q[0].reserved["nvidia.com/gpu"], "8");
+        assert_eq!(q[1].needs["nvidia.com/gpu"], "16");
+        let text = render_queue(&q, false, Format::Text, now()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0].split_whitespace().collect::<Vec<_>>(),
+            [
+                "#", "NAME", "PHASE", "PRIORITY", "WAITING", "GPUS", "NEEDED", "RESERVED",
+                "WAITING", "FOR"
+            ]
+        );
+        assert!(
+            lines[1].starts_with("admitted   running   Admitted"),
+            "{text}"
+        );
+        assert_eq!(
+            lines[2].split_whitespace().collect::<Vec<_>>(),
+            [
+                "1",
+                "urgent",
+                "WaitingForCapacity",
+                "5",
+                "10m",
+                "16",
+                "-",
+                "capacity:",
+                "nvidia.com/gpu",
+                "16"
+            ]
+        );
+        assert!(lines[3].contains(" 60m "), "{text}");
+        let wide = render_queue(&q, true, Format::Wide, now()).unwrap();
+        assert!(wide.lines().next().unwrap().contains("NAMESPACE"), "{wide}");
+        assert!(wide.contains("nvidia.com/gpu 8"), "{wide}");
+        let v: Value =
+            serde_json::from_str(&render_queue(&q, false, Format::Json, now()).unwrap()).unwrap();
+        assert_eq!(v["items"][1]["name"], "urgent");
+        assert_eq!(v["items"][1]["position"], 1);
+        assert_eq!(v["items"][0].get("position"), None);
+    }
+
+    #[test]
+    fn an_empty_queue_says_so() {
+        let text = render_queue(&[], false, Format::Text, now()).unwrap();
+        assert_eq!(text, "No upgrades waiting or admitted.\n");
+    }
+
+    #[test]
+    fn approval_names_the_change_and_what_it_needs() {
+        let p = plan(
+            "chat",
+            0,
+            waiting("6aca5d208cb0", "2026-12-02T11:00:00Z", "8"),
+        );
+        let a = approval(&p, None).unwrap();
+        assert_eq!(a.fingerprint, "6aca5d208cb0");
+        assert!(
+            a.text
+                .starts_with("Approved:     change 6aca5d208cb0 of upgradeplan ml/chat"),
+            "{}",
+            a.text
+        );
+        assert!(
+            a.text.contains("Needs:        cpu 8, nvidia.com/gpu 8"),
+            "{}",
+            a.text
+        );
+        assert!(
+            a.text.contains("Short by:     nvidia.com/gpu 6"),
+            "{}",
+            a.text
+        );
+        assert!(
+            a.text
+                .contains("  workerGroupSpecs[gpu].template.spec.containers[ray-worker].image\n")
+        );
+        let err = approval(&p, Some("0123456789ab"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("the pending change is 6aca5d208cb0, not 0123456789ab"),
+            "{err}"
+        );
+        let idle = plan("chat", 0, None);
+        let err = approval(&idle, None).err().unwrap().to_string();
+        assert_eq!(
+            err,
+            "upgradeplan ml/chat: nothing to approve: no pending change (phase Idle)"
+        );
+    }
+
+    #[test]
+    fn pause_keeps_the_policy_and_resume_restores_it() {
+        let p = plan("chat", 0, None);
+        let patch = pause_patch(&p).unwrap();
+        assert_eq!(patch["spec"]["policy"], "Paused");
+        assert_eq!(
+            patch["metadata"]["annotations"][PAUSED_POLICY_ANNOTATION],
+            "Manual"
+        );
+        assert!(resume_patch(&p).is_none(), "not paused");
+        let mut paused = p.clone();
+        paused.spec.policy = Policy::Paused;
+        paused.metadata.annotations = Some(BTreeMap::from([(
+            PAUSED_POLICY_ANNOTATION.into(),
+            "Manual".into(),
+        )]));
+        assert!(pause_patch(&paused).is_none(), "already paused");
+        let (policy, patch) = resume_patch(&paused).unwrap();
+        assert_eq!(policy, "Manual");
+        assert_eq!(
+            patch["metadata"]["annotations"][PAUSED_POLICY_ANNOTATION],
+            Value::Null
+        );
+        paused.metadata.annotations = None;
+        assert_eq!(resume_patch(&paused).unwrap().0, "Auto");
+    }
+
+    #[test]
+    fn api_errors_exit_4_and_not_found_exits_1() {
+        let status = |code: u16, reason: &str| {
+            Error::Kube(kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                reason: reason.into(),
+                ..Default::default()
+            })))
+        };
+        assert_eq!(exit_code(&status(404, "NotFound")), 1);
+        assert_eq!(exit_code(&status(409, "Conflict")), 4);
+        assert_eq!(exit_code(&Error::invalid("x", "y")), 1);
+    }
+}
