@@ -11,14 +11,16 @@ use hyper::header::CONTENT_TYPE;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
 
-/// aiohttp's default `client_max_size` (1 MiB): Ray's dashboard refuses bigger bodies with 413.
-pub const MAX_BODY: usize = 1024 * 1024;
+/// Bounds memory. Ray's dashboard allows 100 MiB (`DASHBOARD_CLIENT_MAX_SIZE`, then 413), but
+/// KubeRay's bodies come from a RayService, which etcd caps at 1.5 MiB, so 2 MiB never refuses
+/// anything Ray would take from KubeRay.
+pub const MAX_BODY: usize = 2 * 1024 * 1024;
 /// Watches may lag the operator by a moment; a proxied request waits this long for the head
 /// to appear before failing like an unreachable host (KubeRay's client gives up after 2 s).
 const ROUTE_PATIENCE: Duration = Duration::from_millis(1000);
@@ -76,10 +78,10 @@ pub async fn serve(
                 let shared = shared.clone();
                 async move { Ok::<_, Infallible>(handle(&shared, req).await) }
             });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30))
-                .serve_connection(TokioIo::new(stream), svc);
+            // No header/idle timeout (hyper has none without a timer): an idle keep-alive
+            // connection stays until the operator closes it, so Go's transport never reuses
+            // one we closed (it would not retry a PUT on it).
+            let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
@@ -156,7 +158,7 @@ async fn proxied(
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            tracing::warn!(%method, host, port, path, "request body over 1 MiB refused");
+            tracing::warn!(%method, host, port, path, "request body over 2 MiB refused");
             return text(413, "413: Request Entity Too Large");
         }
         Err(e) => return text(400, format!("ray-head: reading the request body: {e}")),
