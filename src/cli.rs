@@ -52,7 +52,7 @@ pub struct ExplainArgs {
 
 #[derive(Args, Debug)]
 pub struct FitArgs {
-    /// Cluster state: the v1 List `kubectl get nodes,pods,limitranges -A -o yaml` prints.
+    /// Cluster state: the v1 List `kubectl get nodes,pods,limitranges,runtimeclasses -A -o yaml` prints.
     #[arg(long, value_name = "FILE")]
     pub state: PathBuf,
     /// The RayService whose new cluster must fit.

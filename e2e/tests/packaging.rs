@@ -891,6 +891,8 @@ fn check_rbac(cp: &ControlPlane, ns: &str, sa: &str) -> Result<()> {
         &["list", "nodes"],
         &["watch", "nodes"],
         &["list", "limitranges", "--all-namespaces"],
+        &["list", "runtimeclasses.node.k8s.io"],
+        &["watch", "runtimeclasses.node.k8s.io"],
         &["watch", "upgradeplans.raygate.io", "--all-namespaces"],
         &["patch", "upgradeplans.raygate.io", "-n", "ml-serving"],
         &[
@@ -926,6 +928,7 @@ fn check_rbac(cp: &ControlPlane, ns: &str, sa: &str) -> Result<()> {
         &["create", "pods", "-n", "ml-serving"],
         &["delete", "pods", "-n", "ml-serving"],
         &["patch", "nodes"],
+        &["create", "runtimeclasses.node.k8s.io"],
         &["delete", "upgradeplans.raygate.io", "-n", "ml-serving"],
         &["create", "upgradeplans.raygate.io", "-n", "ml-serving"],
         &["create", "leases.coordination.k8s.io", "-n", "default"],
