@@ -52,7 +52,9 @@ impl KubeRay {
         } else if KUBERAY_VERSIONS.contains(&s) {
             Ok(KubeRay::Version(s.to_string()))
         } else {
-            bail!("unknown KubeRay version {s:?} ({KUBERAY_VERSION_ENV}): one of {KUBERAY_VERSIONS:?} or none")
+            bail!(
+                "unknown KubeRay version {s:?} ({KUBERAY_VERSION_ENV}): one of {KUBERAY_VERSIONS:?} or none"
+            )
         }
     }
 
@@ -365,7 +367,10 @@ fn http_get(addr: &str, path: &str) -> Result<String> {
         bail!("GET http://{addr}{path}: {head}");
     }
     // ray-head may answer chunked; decode that simple form.
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         let mut rest = body;
         let mut decoded = String::new();
         while let Some((len, tail)) = rest.split_once("\r\n") {

@@ -59,11 +59,19 @@ fn ray_resource(kind: &str, plural: &str) -> ApiResource {
 }
 
 fn rs_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, &ray_resource("RayService", "rayservices"))
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &ray_resource("RayService", "rayservices"),
+    )
 }
 
 fn rc_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, &ray_resource("RayCluster", "rayclusters"))
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &ray_resource("RayCluster", "rayclusters"),
+    )
 }
 
 async fn get_json(api: &Api<DynamicObject>, name: &str) -> Result<Value> {
@@ -397,7 +405,10 @@ async fn rayservice_gets_a_running_cluster_and_serve_app_body(cp: &ControlPlane)
         "RayService"
     );
     assert_eq!(
-        Some(str_at(&rc, &["metadata", "annotations", "ray.io/kuberay-version"])),
+        Some(str_at(
+            &rc,
+            &["metadata", "annotations", "ray.io/kuberay-version"]
+        )),
         cp.kuberay_version()
     );
     assert_eq!(
@@ -854,7 +865,9 @@ async fn kubectl_reports_a_v1_36_server_and_the_pinned_kuberay_operator_runs_bod
     let log = std::fs::read_to_string(cp.log_dir().join("kuberay-operator.log"))?;
     let first = log.lines().next().unwrap_or_default();
     assert!(
-        first.contains(&format!("github.com/ray-project/kuberay/ray-operator@{version}")),
+        first.contains(&format!(
+            "github.com/ray-project/kuberay/ray-operator@{version}"
+        )),
         "{first}"
     );
     let client = cp.client().await?;
@@ -867,17 +880,23 @@ async fn kubectl_reports_a_v1_36_server_and_the_pinned_kuberay_operator_runs_bod
     }))?;
     let rcs = rc_api(&client, &ns);
     rcs.create(&PostParams::default(), &rc).await?;
-    let seen = wait_for("KubeRay to stamp its version on the head pod", T, || async {
-        let pods = pods_of(&client, &ns, "plain").await?;
-        let v = pods
-            .iter()
-            .map(|p| str_at(p, &["metadata", "annotations", "ray.io/kuberay-version"]).to_string())
-            .find(|v| !v.is_empty());
-        Ok(match v {
-            Some(v) => Check::Done(v),
-            None => Check::NotYet(format!("{} pods", pods.len())),
-        })
-    })
+    let seen = wait_for(
+        "KubeRay to stamp its version on the head pod",
+        T,
+        || async {
+            let pods = pods_of(&client, &ns, "plain").await?;
+            let v = pods
+                .iter()
+                .map(|p| {
+                    str_at(p, &["metadata", "annotations", "ray.io/kuberay-version"]).to_string()
+                })
+                .find(|v| !v.is_empty());
+            Ok(match v {
+                Some(v) => Check::Done(v),
+                None => Check::NotYet(format!("{} pods", pods.len())),
+            })
+        },
+    )
     .await?;
     assert_eq!(seen, version);
     Ok(())
