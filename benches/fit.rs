@@ -77,6 +77,7 @@ fn state() -> ClusterState {
         nodes,
         pods,
         limit_ranges: vec![lr],
+        runtime_classes: vec![],
         warnings: vec![],
     }
 }

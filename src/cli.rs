@@ -70,8 +70,8 @@ pub struct ExplainArgs {
 
 #[derive(Args, Debug)]
 pub struct FitArgs {
-    /// Cluster state: the v1 List `kubectl get nodes,pods,limitranges -A -o yaml` prints.
-    /// Without it, nodes, pods and LimitRanges are read from the cluster.
+    /// Cluster state: the v1 List `kubectl get nodes,pods,limitranges,runtimeclasses -A -o yaml` prints.
+    /// Without it, the state is read from the cluster.
     #[arg(long, value_name = "FILE")]
     pub state: Option<PathBuf>,
     /// The RayService whose new cluster must fit.

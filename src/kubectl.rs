@@ -960,10 +960,15 @@ async fn live_state(client: &Client) -> Result<ClusterState> {
     if nodes.is_empty() {
         return Err(Error::invalid("cluster state", "the cluster has no nodes"));
     }
+    let runtime_classes = Api::<k8s_openapi::api::node::v1::RuntimeClass>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
     Ok(ClusterState {
         nodes,
         pods,
         limit_ranges,
+        runtime_classes,
         warnings: vec![],
     })
 }

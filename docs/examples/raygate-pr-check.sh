@@ -7,7 +7,7 @@
 #   raygate-pr-check.sh BASE.yaml HEAD.yaml            # warn (exit 0)
 #   RAYGATE_CHECK=fail raygate-pr-check.sh BASE HEAD   # exit 1 on such a change
 #   RAYGATE_STATE=state.yaml ...                       # also `raygate fit` against a
-#       cluster state (`kubectl get nodes,pods,limitranges -A -o yaml`): exit 3 if it
+#       cluster state (`kubectl get nodes,pods,limitranges,runtimeclasses -A -o yaml`): exit 3 if it
 #       does not fit now
 #
 # Needs `raygate` (RAYGATE=/path/to/raygate) and `jq`. Prints one line a GitHub

@@ -21,8 +21,18 @@ pub struct Raygate {
 
 impl Raygate {
     /// Starts `raygate run` (found next to the test executable; build it with
-    /// `cargo build -p raygate`) and waits until it serves /readyz.
+    /// `cargo build -p raygate`) and waits until it serves /readyz. Unless
+    /// `extra_args` say otherwise, `--kuberay-version` is the control plane's
+    /// operator's, as a deployment sets it: raygate's rules depend on it.
     pub fn spawn(cp: &ControlPlane, extra_args: &[&str]) -> Result<Raygate> {
+        let version = cp
+            .kuberay_version()
+            .filter(|_| {
+                !extra_args
+                    .iter()
+                    .any(|a| a.starts_with("--kuberay-version"))
+            })
+            .map(|v| format!("--kuberay-version={v}"));
         let bin = crate::workspace_bin("raygate").context(
             "raygate binary not found next to the test executable: run `cargo build -p raygate` first",
         )?;
@@ -36,6 +46,7 @@ impl Raygate {
             .arg("--kubeconfig")
             .arg(cp.kubeconfig_path())
             .args(["--metrics-addr", "127.0.0.1:0", "--log-format", "text"])
+            .args(version.iter())
             .args(extra_args)
             .env(
                 "RUST_LOG",

@@ -1,5 +1,6 @@
 //! The shipped alert rules, evaluated by a real Prometheus scraping a real
-//! raygate during a stalled upgrade.
+//! raygate during an upgrade that stalls under the real KubeRay operator
+//! (its new cluster's Serve app fails in `ray-head`, the Ray stand-in).
 //!
 //! Only the rules' `for:` durations are shortened (minutes would make the test
 //! slow); expressions, labels and annotations are the shipped ones. Needs
@@ -12,11 +13,7 @@ use kube::api::{
 };
 use raygate_e2e::control_plane::repo_root;
 use raygate_e2e::json::str_at;
-use raygate_e2e::sim::kube::Resources;
-use raygate_e2e::{
-    Check, ControlPlane, FakeNode, KubeRaySim, KubeRaySimOptions, Raygate, create_namespace,
-    wait_for,
-};
+use raygate_e2e::{Check, ControlPlane, FakeNode, Raygate, create_namespace, wait_for};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -25,6 +22,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(120);
+/// ray-head's control annotation: the Serve application status it reports.
+const APP_STATUS: &str = "ray-head.e2e.raygate.dev/app-status";
 
 /// A Prometheus server on a free loopback port, killed on drop.
 struct Prometheus {
@@ -118,6 +117,7 @@ fn ray_service(image: &str) -> Value {
         "apiVersion": "ray.io/v1", "kind": "RayService",
         "metadata": {"name": "llm"},
         "spec": {
+            "rayClusterDeletionDelaySeconds": 2,
             "serveConfigV2": "applications:\n  - name: llm\n    import_path: serve_llm:app\n",
             "rayClusterConfig": {
                 "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [{
@@ -154,16 +154,6 @@ async fn a_stalled_upgrade_fires_the_stalled_alert_in_a_real_prometheus() {
             .await
             .expect("node");
     }
-    let _sim = KubeRaySim::spawn(
-        &cp,
-        KubeRaySimOptions {
-            namespace: Some(ns.clone()),
-            deletion_delay_override: Some(Duration::from_secs(2)),
-            binary: raygate_e2e::workspace_bin("kuberay-sim"),
-            ..Default::default()
-        },
-    )
-    .expect("kuberay-sim");
     let rg = Raygate::spawn(&cp, &[]).unwrap_or_else(|e| panic!("{e:#}"));
     let prom_dir = cp.log_dir().join("prometheus");
     std::fs::create_dir_all(&prom_dir).expect("dir");
@@ -186,11 +176,18 @@ async fn a_stalled_upgrade_fires_the_stalled_alert_in_a_real_prometheus() {
         .create(&PostParams::default(), &plan)
         .await
         .expect("create plan");
-    let services = Api::<DynamicObject>::namespaced_with(
-        client.clone(),
-        &ns,
-        &Resources::default().ray_service,
-    );
+    let ray = |kind: &str, plural: &str| {
+        Api::<DynamicObject>::namespaced_with(
+            client.clone(),
+            &ns,
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("ray.io", "v1", kind),
+                plural,
+            ),
+        )
+    };
+    let services = ray("RayService", "rayservices");
+    let clusters = ray("RayCluster", "rayclusters");
     let svc: DynamicObject =
         serde_json::from_value(ray_service("rayproject/ray:2.9.0-gpu")).expect("svc");
     services
@@ -218,8 +215,23 @@ async fn a_stalled_upgrade_fires_the_stalled_alert_in_a_real_prometheus() {
         "groupName": "gpu-workers", "replicas": 1, "minReplicas": 0, "maxReplicas": 2, "rayStartParams": {},
         "template": {"spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray:2.10.0-gpu",
             "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"nvidia.com/gpu": "4"}}}]}}}]}}});
-    // The new cluster comes up, but its Serve app fails (kuberay-sim's switch).
-    let failing = json!({"metadata": {"annotations": {"kuberay-sim.raygate.io/serve-status": "DEPLOY_FAILED"}}});
+    // The new cluster comes up, but its Serve app fails: ray-head reports
+    // DEPLOY_FAILED for every cluster of the RayService except the serving one,
+    // whose own annotation keeps it RUNNING.
+    let active = clusters
+        .list(&Default::default())
+        .await
+        .expect("list clusters")
+        .items
+        .into_iter()
+        .find_map(|c| c.metadata.name)
+        .expect("the serving cluster");
+    let running = json!({"metadata": {"annotations": {APP_STATUS: "RUNNING"}}});
+    clusters
+        .patch(&active, &PatchParams::default(), &Patch::Merge(&running))
+        .await
+        .expect("patch");
+    let failing = json!({"metadata": {"annotations": {APP_STATUS: "DEPLOY_FAILED"}}});
     services
         .patch("llm", &PatchParams::default(), &Patch::Merge(&failing))
         .await

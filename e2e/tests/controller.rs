@@ -1,5 +1,7 @@
-//! raygate end to end: the real operator binary against a real kube-apiserver,
-//! kube-scheduler and garbage collector, with kuberay-sim in KubeRay's place.
+//! raygate end to end: the raygate binary against Kubernetes v1.36 (apiserver,
+//! scheduler, garbage collector), kwok nodes and the real KubeRay operator of
+//! `RAYGATE_KUBERAY_VERSION` (v1.6.1 by default; `e2e/run-tests` runs this suite
+//! for v1.6.1 and v1.5.2), with `ray-head` answering as Ray.
 //!
 //! Every test starts its own control plane: Nodes are cluster-wide and each
 //! scenario depends on exact free capacity. Needs `e2e/setup` and
@@ -13,11 +15,7 @@ use kube::api::{
 };
 use raygate_e2e::control_plane::repo_root;
 use raygate_e2e::json::{arr_at, str_at};
-use raygate_e2e::sim::kube::Resources;
-use raygate_e2e::{
-    Check, ControlPlane, FakeNode, KubeRaySim, KubeRaySimOptions, Raygate, create_namespace,
-    wait_for,
-};
+use raygate_e2e::{Check, ControlPlane, FakeNode, Raygate, create_namespace, wait_for};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -27,7 +25,6 @@ const T: Duration = Duration::from_secs(120);
 struct Env {
     client: Client,
     ns: String,
-    _sim: KubeRaySim,
     rg: Raygate,
     // Dropped last: stops the control plane after the processes using it.
     cp: ControlPlane,
@@ -47,24 +44,8 @@ async fn env_with(gpu_nodes: &[u32], raygate_args: &[&str]) -> Env {
     for (i, gpus) in gpu_nodes.iter().enumerate() {
         add_node(&client, &format!("gpu-{i}"), *gpus).await;
     }
-    let sim = KubeRaySim::spawn(
-        &cp,
-        KubeRaySimOptions {
-            namespace: Some(ns.clone()),
-            deletion_delay_override: Some(Duration::from_secs(2)),
-            binary: Some(raygate_e2e::workspace_bin("kuberay-sim").expect("kuberay-sim binary")),
-            ..Default::default()
-        },
-    )
-    .expect("spawn kuberay-sim");
     let rg = Raygate::spawn(&cp, raygate_args).unwrap_or_else(|e| panic!("{e:#}"));
-    Env {
-        client,
-        ns,
-        _sim: sim,
-        rg,
-        cp,
-    }
+    Env { client, ns, rg, cp }
 }
 
 async fn add_node(client: &Client, name: &str, gpus: u32) {
@@ -85,12 +66,24 @@ fn plan_api(client: &Client, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), ns, &ar)
 }
 
+fn ray_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("ray.io", "v1", kind), plural)
+}
+
 fn rs_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, &Resources::default().ray_service)
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &ray_resource("RayService", "rayservices"),
+    )
 }
 
 fn rc_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, &Resources::default().ray_cluster)
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &ray_resource("RayCluster", "rayclusters"),
+    )
 }
 
 /// A GPU RayService: CPU head, one worker group of `replicas` × `gpus` GPUs, one Serve app.
@@ -505,13 +498,15 @@ async fn bad_inputs_give_a_clear_status_not_a_crash() {
         describe(&p)
     );
 
-    // A RayService KubeRay has not given a cluster yet (no KubeRay in this namespace).
-    let ns2 = create_namespace(&e.client, "rg-nokuberay")
-        .await
-        .expect("ns");
+    // A RayService KubeRay gives no cluster: the real operator refuses a head
+    // Service name set in a RayService (ValidateRayServiceSpec, v1.5 and v1.6).
+    let ns2 = create_namespace(&e.client, "rg-early").await.expect("ns");
     let api2 = plan_api(&e.client, &ns2);
     or_panic(create(&api2, plan("early", "early", json!({}))).await);
-    or_panic(create(&rs_api(&e.client, &ns2), ray_service("early", "img", 1, 1)).await);
+    let mut early = ray_service("early", "img", 1, 1);
+    early["spec"]["rayClusterConfig"]["headGroupSpec"]["headService"] =
+        json!({"metadata": {"name": "early-head"}});
+    or_panic(create(&rs_api(&e.client, &ns2), early).await);
     let p = or_panic(
         wait_for("plan Pending for the first cluster", T, || async {
             let p = get(&api2, "early").await?;

@@ -95,7 +95,7 @@ fn helms() -> Vec<PathBuf> {
     ]
 }
 
-/// A kubectl with kustomize v5 (the control plane's kubectl v1.20 has v2.0.3).
+/// A kubectl with kustomize v5, for the tests that start no control plane.
 fn kustomize_kubectl() -> PathBuf {
     let c = cache_dir();
     tool(
@@ -891,6 +891,8 @@ fn check_rbac(cp: &ControlPlane, ns: &str, sa: &str) -> Result<()> {
         &["list", "nodes"],
         &["watch", "nodes"],
         &["list", "limitranges", "--all-namespaces"],
+        &["list", "runtimeclasses.node.k8s.io"],
+        &["watch", "runtimeclasses.node.k8s.io"],
         &["watch", "upgradeplans.raygate.io", "--all-namespaces"],
         &["patch", "upgradeplans.raygate.io", "-n", "ml-serving"],
         &[
@@ -926,6 +928,7 @@ fn check_rbac(cp: &ControlPlane, ns: &str, sa: &str) -> Result<()> {
         &["create", "pods", "-n", "ml-serving"],
         &["delete", "pods", "-n", "ml-serving"],
         &["patch", "nodes"],
+        &["create", "runtimeclasses.node.k8s.io"],
         &["delete", "upgradeplans.raygate.io", "-n", "ml-serving"],
         &["create", "upgradeplans.raygate.io", "-n", "ml-serving"],
         &["create", "leases.coordination.k8s.io", "-n", "default"],
@@ -981,13 +984,13 @@ fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
     cp.install_crd_file(&crds)?;
     cp.install_crd_file(&root("charts/raygate/crds/raygate.io_upgradeplans.yaml"))?;
 
-    // The chart, as `helm install` would send it to a v1.20 cluster, monitors on.
+    // The chart, as `helm install` would send it to this v1.36 cluster, monitors on.
     let helm = &helms()[0];
     let objs = helm_template(
         helm,
         &[
             "--kube-version",
-            "1.20.2",
+            "1.36.3",
             "--set",
             "serviceMonitor.enabled=true,prometheusRule.enabled=true",
         ],
@@ -1006,14 +1009,9 @@ fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
         ],
     )?;
 
-    // config/default (kustomize v5) and its ServiceMonitor. policy/v1 needs 1.21+.
+    // config/default (kustomize v5) and its ServiceMonitor.
     let mut objs = kustomize("config/default");
     objs.extend(kustomize("config/prometheus"));
-    for o in &mut objs {
-        if kind(o) == "PodDisruptionBudget" {
-            o["apiVersion"] = json!("policy/v1beta1");
-        }
-    }
     let kust = write_manifest(scratch, "kustomize.yaml", &objs)?;
     kubectl(cp, &["apply", "-f", &kust.to_string_lossy()])
         .context("apply kubectl kustomize config/default")?;
@@ -1084,33 +1082,10 @@ fn get_json(cp: &ControlPlane, args: &[&str]) -> Result<Value> {
 /// everything it needs: caches sync, Lease, finalizer, status, gate, Events, release.
 fn run_operator_as_chart_service_account(cp: &ControlPlane, scratch: &Path) -> Result<()> {
     let sa = "rg-raygate";
-    let mut secret = String::new();
-    wait_until("the ServiceAccount token", || {
-        secret = kubectl(
-            cp,
-            &[
-                "-n",
-                RELEASE_NS,
-                "get",
-                "sa",
-                sa,
-                "-o",
-                "jsonpath={.secrets[0].name}",
-            ],
-        )?;
-        Ok(!secret.is_empty())
-    })?;
+    // A bound token from the TokenRequest API, as a projected token volume gets.
     let token = kubectl(
         cp,
-        &[
-            "-n",
-            RELEASE_NS,
-            "get",
-            "secret",
-            &secret,
-            "-o",
-            "go-template={{.data.token | base64decode}}",
-        ],
+        &["-n", RELEASE_NS, "create", "token", sa, "--duration=1h"],
     )?;
     let mut kc: Value = docs(&std::fs::read_to_string(cp.kubeconfig_path())?).remove(0);
     for u in kc["users"].as_array_mut().context("kubeconfig users")? {
@@ -1132,6 +1107,10 @@ fn run_operator_as_chart_service_account(cp: &ControlPlane, scratch: &Path) -> R
                 &format!("--metrics-addr=127.0.0.1:{port}"),
                 "--log-format=json",
                 "--leader-elect=true",
+                &format!(
+                    "--kuberay-version={}",
+                    cp.kuberay_version().unwrap_or("v1.6.1")
+                ),
                 &format!("--lease-namespace={RELEASE_NS}"),
                 "--lease-name=raygate-leader",
                 // Long enough that no renewal falls inside this short test: the

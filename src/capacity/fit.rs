@@ -29,7 +29,7 @@ use serde::Serialize;
 use super::node::{
     Amounts, Names, SkippedNode, add_amount, amount, capacity, node_name, to_list, total, units_of,
 };
-use super::requests::{pod_name, pod_requests_borrowed};
+use super::requests::{pod_name, pod_requests_borrowed, runtime_class_overhead};
 use super::scheduling::{
     REASON_TOO_MANY_PODS, Wording, aggregate_message, insufficient, static_filter,
 };
@@ -129,7 +129,13 @@ fn entry<'a>(
     state: &ClusterState,
     names: &mut Names,
 ) -> crate::Result<Entry<'a>> {
-    let req = units_of(&pod_requests_borrowed(pod, &state.limit_ranges)?, names);
+    let mut req = pod_requests_borrowed(pod, &state.limit_ranges)?;
+    for (k, v) in runtime_class_overhead(pod, &state.runtime_classes)? {
+        req.entry(k)
+            .and_modify(|a| *a = a.saturating_add(&v))
+            .or_insert(v);
+    }
+    let req = units_of(&req, names);
     let name = |i: usize| names.names.get(i).map(String::as_str).unwrap_or("");
     let of = |pred: &dyn Fn(&str) -> bool| -> i128 {
         req.iter()

@@ -2,7 +2,7 @@
 //!
 //! - [`requests`]: a pod's effective request, as the scheduler computes it
 //!   after the API server's defaulting and LimitRange admission.
-//! - [`state`]: the cluster as `kubectl get nodes,pods,limitranges -o yaml`.
+//! - [`state`]: the cluster as `kubectl get nodes,pods,limitranges,runtimeclasses -A -o yaml`.
 //! - [`node`]: which nodes are usable and what is free on each.
 //! - [`scheduling`]: node selector, required node affinity, taints.
 //! - [`fit`]: place the new cluster's pods by simulation and explain why not.

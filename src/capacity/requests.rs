@@ -11,14 +11,28 @@
 //!    defaulted) limit. Across several LimitRanges the first to set a
 //!    resource wins; within one, later items overwrite earlier ones.
 //!
-//! Then `PodRequests` from k8s.io/component-helpers/resource: max(app
-//! containers + sidecars, each regular init container + the sidecars started
-//! before it), plus `spec.overhead`. Pod-level `spec.resources` is ignored:
-//! it is alpha and off by default in Kubernetes 1.33.
+//! Then `PodRequests` from k8s.io/component-helpers/resource (v0.36), as
+//! kube-scheduler v1.36 calls it with its default feature gates:
+//!
+//! - per container, for a pod whose kubelet reports it (a pod resized in
+//!   place, `InPlacePodVerticalScaling`, GA): max(spec, `status.resources`,
+//!   `allocatedResources`), or max(status, allocated) when the resize is
+//!   Infeasible; regular init containers use their spec;
+//! - max(app containers + sidecars, each regular init container + the
+//!   sidecars started before it);
+//! - pod-level `spec.resources.requests` (`PodLevelResources`, beta, on since
+//!   1.34) replace that sum for cpu, memory and hugepages, after the API
+//!   server's defaulting of them from pod-level limits;
+//! - plus `spec.overhead` (set by RuntimeClass admission, see
+//!   [`runtime_class_overhead`] for pods not created yet).
+//!
+//! Not modelled: pod-level resize status (`status.allocatedResources` of the
+//! pod, not in the k8s-openapi v1_33 types raygate builds with).
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, LimitRange, Pod};
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, LimitRange, Pod};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 
 use super::ResourceList;
@@ -126,15 +140,124 @@ fn limit_range_defaults<'a>(
     Ok(out)
 }
 
-/// One container's request after defaulting and LimitRanger.
+/// One container's request after defaulting and LimitRanger, then what its
+/// kubelet reports for it (`status`, a pod resized in place).
 fn container_requests<'a>(
+    pod: &'a Pod,
+    list: &str,
+    c: &'a Container,
+    defaults: &Defaults<'a>,
+    status: Option<&'a ContainerStatus>,
+) -> crate::Result<Req<'a>> {
+    let spec = spec_requests(pod, list, c, defaults)?;
+    match status {
+        Some(cs) if cs.resources.is_some() => resized(pod, list, c, spec, cs),
+        _ => Ok(spec),
+    }
+}
+
+/// `determineEffectiveRequests`: the scheduler keeps the larger of what is
+/// asked, actuated and allocated until a resize is done, and ignores the
+/// spec once the kubelet has called the resize Infeasible.
+fn resized<'a>(
+    pod: &'a Pod,
+    list: &str,
+    c: &'a Container,
+    spec: Req<'a>,
+    cs: &'a ContainerStatus,
+) -> crate::Result<Req<'a>> {
+    let field = |what: &'static str| {
+        move || {
+            format!(
+                "pod {}: status.{list}Statuses[{}].{what}",
+                pod_name(pod),
+                c.name
+            )
+        }
+    };
+    let mut out = if resize_infeasible(pod) {
+        Req::new()
+    } else {
+        spec
+    };
+    if let Some(m) = cs.resources.as_ref().and_then(|r| r.requests.as_ref()) {
+        max(&mut out, &parse(field("resources.requests"), m)?);
+    }
+    if let Some(m) = &cs.allocated_resources {
+        max(&mut out, &parse(field("allocatedResources"), m)?);
+    }
+    Ok(out)
+}
+
+/// `IsPodResizeInfeasible`: the first PodResizePending condition decides.
+fn resize_infeasible(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodResizePending"))
+        .is_some_and(|c| c.reason.as_deref() == Some("Infeasible"))
+}
+
+fn status_of<'a>(
+    statuses: Option<&'a Vec<ContainerStatus>>,
+    name: &str,
+) -> Option<&'a ContainerStatus> {
+    statuses.and_then(|v| v.iter().find(|cs| cs.name == name))
+}
+
+/// Pod-level resources cover cpu, memory and hugepages only.
+fn pod_level_resource(name: &str) -> bool {
+    name == super::CPU || name == super::MEMORY || name.starts_with("hugepages-")
+}
+
+/// Pod-level requests after API defaulting (`defaultPodRequests`): with
+/// pod-level limits set, a missing cpu/memory request takes the containers'
+/// summed request, else the pod-level limit; hugepages take the limit.
+fn pod_level_requests<'a>(
+    pod: &'a Pod,
+    containers: impl Fn() -> crate::Result<Req<'a>>,
+) -> crate::Result<Req<'a>> {
+    let Some(res) = pod.spec.as_ref().and_then(|s| s.resources.as_ref()) else {
+        return Ok(Req::new());
+    };
+    let field =
+        |what: &'static str| move || format!("pod {}: spec.resources.{what}", pod_name(pod));
+    let mut requests = match &res.requests {
+        Some(m) => parse(field("requests"), m)?,
+        None => Req::new(),
+    };
+    if let Some(limits) = res.limits.as_ref().filter(|l| !l.is_empty()) {
+        let limits = parse(field("limits"), limits)?;
+        for (k, v) in containers()? {
+            if pod_level_resource(k) && !k.starts_with("hugepages-") {
+                requests.entry(k).or_insert(v);
+            }
+        }
+        for (k, v) in limits {
+            if pod_level_resource(k) {
+                requests.entry(k).or_insert(v);
+            }
+        }
+    }
+    requests.retain(|k, _| pod_level_resource(k));
+    Ok(requests)
+}
+
+/// A container's request from its spec, defaulted.
+fn spec_requests<'a>(
     pod: &Pod,
     list: &str,
     c: &'a Container,
     defaults: &Defaults<'a>,
 ) -> crate::Result<Req<'a>> {
     let field = |what: &'static str| {
-        move || format!("pod {}: {list}[{}].resources.{what}", pod_name(pod), c.name)
+        move || {
+            format!(
+                "pod {}: {list}s[{}].resources.{what}",
+                pod_name(pod),
+                c.name
+            )
+        }
     };
     let res = c.resources.as_ref();
     let mut limits = match res.and_then(|r| r.limits.as_ref()) {
@@ -173,30 +296,19 @@ pub(crate) fn pod_requests_borrowed<'a>(
         return Ok(Req::new());
     };
     let defaults = limit_range_defaults(pod, limit_ranges)?;
-    let mut total = Req::new();
-    for c in &spec.containers {
-        add(
-            &mut total,
-            &container_requests(pod, "containers", c, &defaults)?,
-        );
-    }
-    // Sidecars (restartPolicy: Always) run alongside the app containers and
-    // alongside every init container that starts after them.
-    let mut sidecars = Req::new();
-    let mut init_peak = Req::new();
-    for c in spec.init_containers.iter().flatten() {
-        let req = container_requests(pod, "initContainers", c, &defaults)?;
-        if c.restart_policy.as_deref() == Some("Always") {
-            add(&mut total, &req);
-            add(&mut sidecars, &req);
-            max(&mut init_peak, &sidecars);
-        } else {
-            let mut during = req;
-            add(&mut during, &sidecars);
-            max(&mut init_peak, &during);
-        }
-    }
-    max(&mut total, &init_peak);
+    let status = pod.status.as_ref();
+    let mut total = containers_requests(
+        pod,
+        &defaults,
+        status.and_then(|s| s.container_statuses.as_ref()),
+        status.and_then(|s| s.init_container_statuses.as_ref()),
+    )?;
+    // API defaulting of pod-level requests runs at decode time, before
+    // LimitRanger: it sees the containers' own requests only.
+    let pod_level = pod_level_requests(pod, || {
+        containers_requests(pod, &Defaults::default(), None, None)
+    })?;
+    total.extend(pod_level);
     if let Some(o) = &spec.overhead {
         add(
             &mut total,
@@ -205,6 +317,79 @@ pub(crate) fn pod_requests_borrowed<'a>(
     }
     total.retain(|_, q| !q.is_zero());
     Ok(total)
+}
+
+/// `AggregateContainerRequests`: app containers and sidecars add up; each
+/// regular init container runs with the sidecars started before it.
+fn containers_requests<'a>(
+    pod: &'a Pod,
+    defaults: &Defaults<'a>,
+    statuses: Option<&'a Vec<ContainerStatus>>,
+    init_statuses: Option<&'a Vec<ContainerStatus>>,
+) -> crate::Result<Req<'a>> {
+    let Some(spec) = &pod.spec else {
+        return Ok(Req::new());
+    };
+    let mut total = Req::new();
+    for c in &spec.containers {
+        let cs = status_of(statuses, &c.name);
+        add(
+            &mut total,
+            &container_requests(pod, "container", c, defaults, cs)?,
+        );
+    }
+    let mut sidecars = Req::new();
+    let mut init_peak = Req::new();
+    for c in spec.init_containers.iter().flatten() {
+        if c.restart_policy.as_deref() == Some("Always") {
+            let cs = status_of(init_statuses, &c.name);
+            let req = container_requests(pod, "initContainer", c, defaults, cs)?;
+            add(&mut total, &req);
+            add(&mut sidecars, &req);
+            max(&mut init_peak, &sidecars);
+        } else {
+            let mut during = container_requests(pod, "initContainer", c, defaults, None)?;
+            add(&mut during, &sidecars);
+            max(&mut init_peak, &during);
+        }
+    }
+    max(&mut total, &init_peak);
+    Ok(total)
+}
+
+/// What RuntimeClass admission sets as `spec.overhead` on a pod not created
+/// yet: its RuntimeClass's `overhead.podFixed`. Empty when the pod has an
+/// overhead already or names no RuntimeClass; a RuntimeClass missing from
+/// `runtime_classes` is an error, as admission rejects such a pod.
+pub fn runtime_class_overhead<'a>(
+    pod: &Pod,
+    runtime_classes: &'a [RuntimeClass],
+) -> crate::Result<Req<'a>> {
+    let Some(spec) = &pod.spec else {
+        return Ok(Req::new());
+    };
+    let Some(name) = spec.runtime_class_name.as_deref().filter(|n| !n.is_empty()) else {
+        return Ok(Req::new());
+    };
+    if spec.overhead.is_some() {
+        return Ok(Req::new());
+    }
+    let Some(rc) = runtime_classes
+        .iter()
+        .find(|rc| rc.metadata.name.as_deref() == Some(name))
+    else {
+        return Err(crate::Error::invalid(
+            format!("pod {}: spec.runtimeClassName", pod_name(pod)),
+            format!(
+                "RuntimeClass {name:?} not found (the apiserver rejects such a pod; \
+                 a state file must list runtimeclasses too)"
+            ),
+        ));
+    };
+    match rc.overhead.as_ref().and_then(|o| o.pod_fixed.as_ref()) {
+        Some(m) => parse(|| format!("runtimeclass {name}: overhead.podFixed"), m),
+        None => Ok(Req::new()),
+    }
 }
 
 /// The scheduler's effective request of `pod` (zero entries dropped).
@@ -391,6 +576,153 @@ mod tests {
             }}),
         );
         assert_eq!(reqs(&p, &lrs), m(&[("cpu", "100m"), ("memory", "1Gi")]));
+    }
+
+    #[test]
+    fn resized_pods_count_the_larger_of_spec_actuated_and_allocated() {
+        // Resized down from 4 to 1 cpu, not actuated yet: the scheduler keeps 4.
+        let mut v = json!({"metadata": {"name": "p"}, "spec": {
+        "nodeName": "n",
+        "initContainers": [
+            {"name": "init", "resources": {"requests": {"cpu": "2"}}},
+            {"name": "proxy", "restartPolicy": "Always",
+             "resources": {"requests": {"cpu": "500m"}}}
+        ],
+        "containers": [
+            {"name": "main", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
+            {"name": "side", "resources": {"requests": {"cpu": "1"}}}
+        ]},
+        "status": {
+            "containerStatuses": [
+                {"name": "main", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                 "resources": {"requests": {"cpu": "4", "memory": "512Mi"}},
+                 "allocatedResources": {"cpu": "3", "memory": "2Gi"}},
+                // No `resources` reported: its status is not read.
+                {"name": "side", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                 "allocatedResources": {"cpu": "8"}}
+            ],
+            "initContainerStatuses": [
+                {"name": "init", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                 "resources": {"requests": {"cpu": "16"}}},
+                {"name": "proxy", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                 "resources": {"requests": {"cpu": "1500m"}}}
+            ]
+        }});
+        // main max(1, 4, 3) cpu, max(1Gi, 512Mi, 2Gi); side 1; proxy max(0.5, 1.5);
+        // a regular init container's status is never read: max(4+1+1.5, 2+1.5).
+        assert_eq!(
+            reqs(&pod(v.clone()), &[]),
+            m(&[("cpu", "6500m"), ("memory", "2Gi")])
+        );
+        // Infeasible: a reporting container's spec (now 32 cpu) no longer counts,
+        // only actuated and allocated; the same 6.5 cpu as before.
+        v["status"]["conditions"] = json!([{"type": "PodResizePending", "status": "True",
+            "reason": "Infeasible"}]);
+        v["spec"]["containers"][0]["resources"]["requests"] =
+            json!({"cpu": "32", "memory": "64Gi"});
+        assert_eq!(
+            reqs(&pod(v.clone()), &[]),
+            m(&[("cpu", "6500m"), ("memory", "2Gi")])
+        );
+        // Deferred keeps the spec.
+        v["status"]["conditions"][0]["reason"] = json!("Deferred");
+        assert_eq!(
+            reqs(&pod(v), &[]),
+            m(&[("cpu", "34500m"), ("memory", "64Gi")])
+        );
+    }
+
+    #[test]
+    fn pod_level_requests_replace_cpu_and_memory_only() {
+        let p = pod(json!({"metadata": {"name": "p"}, "spec": {
+            "resources": {"requests": {"cpu": "3", "memory": "4Gi"}},
+            "containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                                            "limits": {"nvidia.com/gpu": "2"}}},
+                {"name": "b", "resources": {"requests": {"cpu": "1"}}}
+            ]
+        }}));
+        assert_eq!(
+            reqs(&p, &[]),
+            m(&[("cpu", "3"), ("memory", "4Gi"), ("nvidia.com/gpu", "2")])
+        );
+    }
+
+    #[test]
+    fn pod_level_requests_default_from_containers_then_pod_limits() {
+        // Limits only at pod level: cpu request from the containers' 1500m,
+        // memory (no container asks) from the pod limit.
+        let p = pod(json!({"metadata": {"name": "p"}, "spec": {
+            "resources": {"limits": {"cpu": "8", "memory": "16Gi"}},
+            "containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "1"}}},
+                {"name": "b", "resources": {"requests": {"cpu": "500m"}}}
+            ]
+        }}));
+        assert_eq!(reqs(&p, &[]), m(&[("cpu", "1500m"), ("memory", "16Gi")]));
+        // LimitRange defaults come after that defaulting: the pod level already
+        // has memory from its limit, the container default does not change it.
+        let lrs = [namespaced_lr(
+            "ray",
+            json!({}),
+            json!({"memory": "1Gi", "cpu": "100m"}),
+        )];
+        let p = pod(
+            json!({"metadata": {"name": "p", "namespace": "ray"}, "spec": {
+                "resources": {"limits": {"memory": "16Gi"}},
+                "containers": [{"name": "a"}]
+            }}),
+        );
+        assert_eq!(reqs(&p, &lrs), m(&[("cpu", "100m"), ("memory", "16Gi")]));
+        // Without pod-level limits nothing is defaulted; an unsupported resource
+        // at pod level is ignored.
+        let p = pod(json!({"metadata": {"name": "p"}, "spec": {
+            "resources": {"requests": {"memory": "2Gi", "nvidia.com/gpu": "8"}},
+            "containers": [{"name": "a", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]
+        }}));
+        assert_eq!(reqs(&p, &[]), m(&[("cpu", "1"), ("memory", "2Gi")]));
+    }
+
+    #[test]
+    fn runtime_class_overhead_for_pods_not_created_yet() {
+        let rcs: Vec<RuntimeClass> = vec![
+            serde_json::from_value(json!({"metadata": {"name": "kata"}, "handler": "kata",
+                "overhead": {"podFixed": {"cpu": "250m", "memory": "160Mi"}}}))
+            .unwrap(),
+            serde_json::from_value(json!({"metadata": {"name": "nvidia"}, "handler": "nvidia"}))
+                .unwrap(),
+        ];
+        let with = |rc: &str, overhead: Option<serde_json::Value>| {
+            let mut v = json!({"metadata": {"name": "w"}, "spec": {
+                "runtimeClassName": rc, "containers": []}});
+            if let Some(o) = overhead {
+                v["spec"]["overhead"] = o;
+            }
+            pod(v)
+        };
+        let o = |p: &Pod| {
+            canonical_map(
+                &runtime_class_overhead(p, &rcs)
+                    .unwrap()
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect(),
+            )
+        };
+        assert_eq!(
+            o(&with("kata", None)),
+            m(&[("cpu", "250m"), ("memory", "160Mi")])
+        );
+        assert!(o(&with("nvidia", None)).is_empty());
+        // Already admitted: its own overhead counts (in pod_requests), not again.
+        assert!(o(&with("kata", Some(json!({"cpu": "250m"})))).is_empty());
+        let err = runtime_class_overhead(&with("gvisor", None), &rcs)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("pod w: spec.runtimeClassName") && err.contains("\"gvisor\" not found"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,16 +1,19 @@
 //! The cluster snapshot the fit runs on.
 
 use k8s_openapi::api::core::v1::{LimitRange, Node, Pod};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use serde_json::Value;
 
-/// Nodes, pods and LimitRanges, as listed by
-/// `kubectl get nodes,pods,limitranges -A -o yaml` (converted to JSON).
+/// Nodes, pods, LimitRanges and RuntimeClasses, as listed by
+/// `kubectl get nodes,pods,limitranges,runtimeclasses -A -o yaml` (as JSON).
 #[derive(Clone, Debug, Default)]
 pub struct ClusterState {
     pub nodes: Vec<Node>,
     /// Shared, so the controller can hand its cached pods over without copying them.
     pub pods: Vec<std::sync::Arc<Pod>>,
     pub limit_ranges: Vec<LimitRange>,
+    /// For the overhead RuntimeClass admission gives pods not created yet.
+    pub runtime_classes: Vec<RuntimeClass>,
     /// What was ignored while reading, for the user to see.
     pub warnings: Vec<String>,
 }
@@ -80,6 +83,7 @@ impl ClusterState {
             "Node" => self.nodes.push(decode(path, value)?),
             "Pod" => self.pods.push(std::sync::Arc::new(decode(path, value)?)),
             "LimitRange" => self.limit_ranges.push(decode(path, value)?),
+            "RuntimeClass" => self.runtime_classes.push(decode(path, value)?),
             other => self.warnings.push(format!(
                 "ignored {path}: kind {other} ({})",
                 describe(&value)
@@ -104,13 +108,16 @@ mod tests {
                  "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": 2}}}]}},
                 {"apiVersion": "v1", "kind": "LimitRange",
                  "metadata": {"name": "lr", "namespace": "ray"}, "spec": {"limits": []}},
-                {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "ray"}}
+                {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "ray"}},
+                {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "kata"},
+                 "handler": "kata", "overhead": {"podFixed": {"cpu": "250m"}}}
             ]
         });
         let s = ClusterState::from_list(v).unwrap();
         assert_eq!(s.nodes.len(), 1);
         assert_eq!(s.pods.len(), 1);
         assert_eq!(s.limit_ranges.len(), 1);
+        assert_eq!(s.runtime_classes.len(), 1);
         assert_eq!(s.warnings, ["ignored input.items[3]: kind Service (ray/s)"]);
     }
 

@@ -129,6 +129,12 @@ pub fn slim_limit_range(lr: &mut LimitRange) {
     lr.metadata.managed_fields = None;
 }
 
+/// Only the overhead is read (for pods not created yet).
+pub fn slim_runtime_class(rc: &mut k8s_openapi::api::node::v1::RuntimeClass) {
+    rc.metadata.managed_fields = None;
+    rc.scheduling = None;
+}
+
 /// RayCluster specs are kept (the pending cluster's spec says what its pods
 /// will be); managedFields are not needed.
 pub fn slim_cluster(c: &mut DeserializeGuard<RayCluster>) {

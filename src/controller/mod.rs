@@ -20,6 +20,7 @@ use futures::channel::mpsc;
 use futures::{StreamExt, future};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{LimitRange, Node, Pod};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, Patch};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -233,6 +234,14 @@ pub async fn run(
         cache::slim_limit_range,
         |_: &LimitRange| None,
         |_: &LimitRange| vec![],
+        tx.clone(),
+    );
+    let runtime_classes = spawn_cache(
+        Api::<RuntimeClass>::all(client.clone()),
+        watcher::Config::default(),
+        cache::slim_runtime_class,
+        |_: &RuntimeClass| None,
+        |_: &RuntimeClass| vec![],
         tx,
     );
 
@@ -243,6 +252,10 @@ pub async fn run(
         ("Pods", pods.wait_until_ready().await.is_ok()),
         ("Nodes", nodes.wait_until_ready().await.is_ok()),
         ("LimitRanges", limit_ranges.wait_until_ready().await.is_ok()),
+        (
+            "RuntimeClasses",
+            runtime_classes.wait_until_ready().await.is_ok(),
+        ),
     ] {
         if !ready {
             return Err(Error::invalid(
@@ -269,6 +282,7 @@ pub async fn run(
             pods,
             nodes,
             limit_ranges,
+            runtime_classes,
         },
         metrics,
         settings,

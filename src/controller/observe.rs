@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{LimitRange, Node, Pod};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::ResourceExt;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -34,6 +35,7 @@ pub struct Stores {
     pub pods: Store<Pod>,
     pub nodes: Store<Node>,
     pub limit_ranges: Store<LimitRange>,
+    pub runtime_classes: Store<RuntimeClass>,
 }
 
 /// Admissions written but maybe not yet seen in the plan cache; the ledger
@@ -408,6 +410,12 @@ pub fn cluster_state(stores: &Stores) -> ClusterState {
             .state()
             .iter()
             .map(|l| l.as_ref().clone())
+            .collect(),
+        runtime_classes: stores
+            .runtime_classes
+            .state()
+            .iter()
+            .map(|r| r.as_ref().clone())
             .collect(),
         warnings: vec![],
     }
