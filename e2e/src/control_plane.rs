@@ -1,5 +1,7 @@
-//! A real local control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager)
-//! started through `e2e/control-plane`, or an existing one named by `RAYGATE_E2E_KUBECONFIG`.
+//! A real local control plane started through `e2e/control-plane`: etcd, kube-apiserver,
+//! kube-scheduler, kube-controller-manager (Kubernetes v1.36), kwok for the nodes and pod
+//! lifecycle, and (unless `KubeRay::None`) `ray-head` and the real KubeRay operator. Or an
+//! existing cluster named by `RAYGATE_E2E_KUBECONFIG`.
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Namespace;
@@ -14,9 +16,80 @@ use std::process::{Command, Output, Stdio};
 pub const REUSE_ENV: &str = "RAYGATE_E2E_KUBECONFIG";
 /// Path of the `control-plane` script, if not `<repo>/e2e/control-plane`.
 pub const SCRIPT_ENV: &str = "RAYGATE_E2E_CONTROL_PLANE";
+/// The ray-head binary `control-plane up` starts.
+pub const RAY_HEAD_ENV: &str = "RAYGATE_RAY_HEAD_BIN";
 
 const SETUP_HINT: &str = "run `e2e/setup` once to build the control-plane binaries (see e2e/README.md), \
 or set RAYGATE_E2E_KUBECONFIG to reuse a running cluster";
+
+/// Which KubeRay operator runs (env `RAYGATE_KUBERAY_VERSION`, default v1.6.1).
+pub const KUBERAY_VERSION_ENV: &str = "RAYGATE_KUBERAY_VERSION";
+/// The KubeRay versions `e2e/setup` builds.
+pub const KUBERAY_VERSIONS: [&str; 2] = ["v1.6.1", "v1.5.2"];
+
+/// The KubeRay operator of a control plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeRay {
+    /// The real operator built from `github.com/ray-project/kuberay/ray-operator@<version>`.
+    Version(String),
+    /// No operator and no ray-head (the CRDs of v1.6.1 are still installed).
+    None,
+}
+
+impl KubeRay {
+    /// `RAYGATE_KUBERAY_VERSION` (`v1.6.1`, `v1.5.2` or `none`), default v1.6.1.
+    pub fn from_env() -> Result<KubeRay> {
+        match std::env::var(KUBERAY_VERSION_ENV) {
+            Ok(v) if !v.is_empty() => KubeRay::parse(&v),
+            _ => Ok(KubeRay::Version(KUBERAY_VERSIONS[0].to_string())),
+        }
+    }
+
+    /// `v1.6.1`, `v1.5.2` or `none`.
+    pub fn parse(s: &str) -> Result<KubeRay> {
+        if s == "none" {
+            Ok(KubeRay::None)
+        } else if KUBERAY_VERSIONS.contains(&s) {
+            Ok(KubeRay::Version(s.to_string()))
+        } else {
+            bail!("unknown KubeRay version {s:?} ({KUBERAY_VERSION_ENV}): one of {KUBERAY_VERSIONS:?} or none")
+        }
+    }
+
+    /// The `--kuberay` argument of `control-plane up`.
+    pub fn arg(&self) -> &str {
+        match self {
+            KubeRay::Version(v) => v,
+            KubeRay::None => "none",
+        }
+    }
+}
+
+/// How to start a control plane.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub kuberay: KubeRay,
+    /// Install the KubeRay CRDs (without them no operator is started).
+    pub crds: bool,
+}
+
+impl Options {
+    /// The operator of `RAYGATE_KUBERAY_VERSION` (default v1.6.1), with its CRDs.
+    pub fn from_env() -> Result<Options> {
+        Ok(Options {
+            kuberay: KubeRay::from_env()?,
+            crds: true,
+        })
+    }
+
+    /// No KubeRay operator, no ray-head; the CRDs are installed.
+    pub fn without_kuberay() -> Options {
+        Options {
+            kuberay: KubeRay::None,
+            crds: true,
+        }
+    }
+}
 
 /// Handle on a control plane; stops it on drop if this handle started it.
 pub struct ControlPlane {
@@ -26,6 +99,7 @@ pub struct ControlPlane {
     owned: bool,
     started: bool,
     kubectl: Option<PathBuf>,
+    kuberay: KubeRay,
 }
 
 /// The repository root (parent of the `e2e` crate).
@@ -47,11 +121,22 @@ fn tail(bytes: &[u8], lines: usize) -> String {
 }
 
 impl ControlPlane {
+    /// Starts a fresh control plane with the KubeRay operator of `RAYGATE_KUBERAY_VERSION`
+    /// (default v1.6.1); see `start_with`.
+    pub fn start() -> Result<ControlPlane> {
+        ControlPlane::start_with(Options::from_env()?)
+    }
+
     /// Starts a fresh control plane in a new temporary directory (or reuses
     /// `RAYGATE_E2E_KUBECONFIG`). Processes are stopped when the handle drops, also when
-    /// startup fails half-way.
-    pub fn start() -> Result<ControlPlane> {
+    /// startup fails half-way or the test panics.
+    pub fn start_with(opts: Options) -> Result<ControlPlane> {
         let script = script_path();
+        let kuberay = if opts.crds {
+            opts.kuberay.clone()
+        } else {
+            KubeRay::None
+        };
         let dir = tempfile::Builder::new()
             .prefix("raygate-e2e-")
             .tempdir()
@@ -68,6 +153,7 @@ impl ControlPlane {
                 owned: false,
                 started: false,
                 kubectl: None,
+                kuberay,
             };
             cp.kubectl = cp.find_kubectl();
             return Ok(cp);
@@ -84,12 +170,25 @@ impl ControlPlane {
             owned: true,
             started: true,
             kubectl: None,
+            kuberay,
         };
         let dir_path = cp.cp_dir()?;
-        let out = Command::new(&cp.script)
-            .arg("up")
+        let mut cmd = Command::new(&cp.script);
+        cmd.arg("up")
             .arg("--dir")
             .arg(&dir_path)
+            .arg("--kuberay")
+            .arg(cp.kuberay.arg());
+        if !opts.crds {
+            cmd.arg("--no-crds");
+        }
+        // ray-head is a binary of this crate: cargo builds it next to the test executable.
+        if std::env::var_os(RAY_HEAD_ENV).is_none()
+            && let Some(b) = crate::workspace_bin("ray-head")
+        {
+            cmd.env(RAY_HEAD_ENV, b);
+        }
+        let out = cmd
             .stdin(Stdio::null())
             .output()
             .with_context(|| format!("run {} up", cp.script.display()))?;
@@ -136,6 +235,32 @@ impl ControlPlane {
         }
         let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("kubectl");
         p.is_file().then_some(p)
+    }
+
+    /// The KubeRay operator version running (`None`: no operator).
+    pub fn kuberay_version(&self) -> Option<&str> {
+        match &self.kuberay {
+            KubeRay::Version(v) => Some(v),
+            KubeRay::None => None,
+        }
+    }
+
+    /// `127.0.0.1:PORT` of ray-head (the operator's HTTP proxy and the `/_e2e/` API), if it runs.
+    pub fn ray_head_addr(&self) -> Option<String> {
+        let dir = self.cp_dir().ok()?;
+        let addr = std::fs::read_to_string(dir.join("ray-head.addr")).ok()?;
+        let addr = addr.trim();
+        (!addr.is_empty()).then(|| addr.to_string())
+    }
+
+    /// `GET /_e2e/clusters` of ray-head: what it saw per RayCluster (Serve config PUTs, last
+    /// config, application statuses).
+    pub fn ray_head_clusters(&self) -> Result<serde_json::Value> {
+        let addr = self
+            .ray_head_addr()
+            .context("no ray-head in this control plane")?;
+        let body = http_get(&addr, "/_e2e/clusters")?;
+        serde_json::from_str(&body).with_context(|| format!("ray-head /_e2e/clusters: {body}"))
     }
 
     /// The admin kubeconfig.
@@ -224,9 +349,49 @@ impl Drop for ControlPlane {
     }
 }
 
+/// A plain HTTP/1.1 GET to a loopback address; the body of a 200 answer.
+fn http_get(addr: &str, path: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).with_context(|| format!("connect {addr}"))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    if head.split_whitespace().nth(1) != Some("200") {
+        bail!("GET http://{addr}{path}: {head}");
+    }
+    // ray-head may answer chunked; decode that simple form.
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        let mut rest = body;
+        let mut decoded = String::new();
+        while let Some((len, tail)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(len.trim(), 16).context("bad chunk size")?;
+            if n == 0 || tail.len() < n {
+                break;
+            }
+            decoded.push_str(&tail[..n]);
+            rest = tail[n..].trim_start_matches("\r\n");
+        }
+        return Ok(decoded);
+    }
+    Ok(body.to_string())
+}
+
+/// Five random characters of the alphabet Kubernetes uses for generated names.
+pub fn rand_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    (0..5)
+        .map(|_| char::from(ALPHABET[rand::random_range(0..ALPHABET.len())]))
+        .collect()
+}
+
 /// Creates a namespace named `<prefix>-<random>` and returns its name.
 pub async fn create_namespace(client: &Client, prefix: &str) -> Result<String> {
-    let name = format!("{prefix}-{}", crate::sim::pods::rand_suffix());
+    let name = format!("{prefix}-{}", rand_suffix());
     let api: Api<Namespace> = Api::all(client.clone());
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
     api.create(&PostParams::default(), &ns)

@@ -1,19 +1,24 @@
-//! Fake Nodes (the kwok idea, our own code): Node objects with capacity and a Ready
-//! condition but no kubelet behind them, so the real kube-scheduler can bind pods to them.
-//!
-//! No node-lifecycle controller runs in the e2e control plane, so nothing ever marks these
-//! nodes NotReady or re-taints them: Ready needs no refreshing. The apiserver's
-//! `TaintNodesByCondition` admission plugin does add `node.kubernetes.io/not-ready` at
-//! creation; `create` removes it.
+//! Fake Nodes run by kwok: Node objects with capacity, labels and taints, annotated so that
+//! the control plane's kwok manages them (posts Ready, renews their lease, and runs the pods
+//! bound to them: Running/Ready, pod IPs, deletion). The real kube-scheduler binds pods to
+//! them; the real node-lifecycle controller removes the `not-ready` taint the apiserver's
+//! admission adds at creation once kwok reports Ready.
 
-use crate::json::now_rfc3339;
 use crate::sim::names::FAKE_NODE_LABEL;
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The annotation kwok selects its nodes by (`--manage-nodes-with-annotation-selector`).
+pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
+/// Its value.
+pub const KWOK_NODE_ANNOTATION_VALUE: &str = "fake";
+/// The taint admission puts on every new Node until it is Ready.
+pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 
 /// A node taint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,7 +120,7 @@ impl FakeNode {
             ("kubernetes.io/arch", "amd64"),
             ("beta.kubernetes.io/os", "linux"),
             ("beta.kubernetes.io/arch", "amd64"),
-            ("type", "kwok-like"),
+            ("type", "kwok"),
             (FAKE_NODE_LABEL, "true"),
         ] {
             l.insert(k.into(), json!(v));
@@ -141,9 +146,9 @@ impl FakeNode {
         )
     }
 
-    /// The status a kubelet would post: capacity = allocatable, Ready, node info.
+    /// The status a kubelet would report about its resources: capacity = allocatable. kwok
+    /// keeps them and adds conditions, addresses and node info.
     pub fn status_json(&self) -> Value {
-        let now = now_rfc3339();
         let mut resources = json!({
             "cpu": self.cpu,
             "memory": self.memory,
@@ -153,66 +158,54 @@ impl FakeNode {
         if self.gpu > 0 {
             resources[&self.gpu_resource] = json!(self.gpu.to_string());
         }
-        let cond = |t: &str, s: &str, reason: &str, msg: &str| {
-            json!({"type": t, "status": s, "reason": reason, "message": msg,
-                   "lastHeartbeatTime": now, "lastTransitionTime": now})
-        };
-        json!({"status": {
-            "capacity": resources,
-            "allocatable": resources,
-            "phase": "Running",
-            "conditions": [
-                cond("MemoryPressure", "False", "KubeletHasSufficientMemory", "fake node"),
-                cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "fake node"),
-                cond("PIDPressure", "False", "KubeletHasSufficientPID", "fake node"),
-                cond("Ready", "True", "KubeletReady", "fake node managed by raygate-e2e"),
-            ],
-            "addresses": [{"type": "Hostname", "address": self.name}],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
-            "nodeInfo": {
-                "machineID": self.name, "systemUUID": self.name, "bootID": self.name,
-                "kernelVersion": "fake", "osImage": "raygate-e2e fake node",
-                "containerRuntimeVersion": "fake://0", "kubeletVersion": "v1.20.2-fake",
-                "kubeProxyVersion": "v1.20.2-fake", "operatingSystem": "linux", "architecture": "amd64",
-            },
-        }})
+        json!({"capacity": resources, "allocatable": resources})
     }
 
-    /// Creates the node, sets its status and strips the admission-added not-ready taint.
-    pub async fn create(&self, client: &Client) -> Result<Node> {
-        let api: Api<Node> = Api::all(client.clone());
-        let node: Node = serde_json::from_value(json!({
+    /// The Node object, status included (the apiserver keeps a Node's status on create, so
+    /// kwok never sees it without its capacity).
+    pub fn object_json(&self) -> Value {
+        json!({
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {
                 "name": self.name,
                 "labels": self.labels_json(),
-                "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+                "annotations": {KWOK_NODE_ANNOTATION: KWOK_NODE_ANNOTATION_VALUE},
             },
             "spec": {"taints": self.taints_json()},
-        }))?;
+            "status": self.status_json(),
+        })
+    }
+
+    /// Creates the node and waits until kwok reports it Ready and the node-lifecycle
+    /// controller has removed the not-ready taint, so the scheduler can use it at once.
+    pub async fn create(&self, client: &Client) -> Result<Node> {
+        let api: Api<Node> = Api::all(client.clone());
+        let node: Node = serde_json::from_value(self.object_json())?;
         api.create(&PostParams::default(), &node)
             .await
             .with_context(|| format!("create node {}", self.name))?;
-        let pp = PatchParams::default();
-        api.patch_status(&self.name, &pp, &Patch::Merge(self.status_json()))
-            .await
-            .with_context(|| format!("set status of node {}", self.name))?;
-        // A merge patch replaces the whole taints list: exactly the user's taints remain.
-        let taints = if self.taints.is_empty() {
-            Value::Null
-        } else {
-            self.taints_json()
-        };
-        let node = api
-            .patch(
-                &self.name,
-                &pp,
-                &Patch::Merge(json!({"spec": {"taints": taints}})),
-            )
-            .await
-            .with_context(|| format!("set taints of node {}", self.name))?;
-        Ok(node)
+        let name = self.name.clone();
+        crate::wait_for(
+            &format!("node {name} Ready (kwok) and without the not-ready taint"),
+            Duration::from_secs(60),
+            || async {
+                let n = api.get(&name).await?;
+                let v = serde_json::to_value(&n)?;
+                let ready = crate::json::arr_at(&v, &["status", "conditions"])
+                    .iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                let tainted = crate::json::arr_at(&v, &["spec", "taints"])
+                    .iter()
+                    .any(|t| t["key"] == NOT_READY_TAINT);
+                Ok(if ready && !tainted {
+                    crate::Check::Done(n)
+                } else {
+                    crate::Check::NotYet(format!("ready={ready} not-ready-taint={tainted}"))
+                })
+            },
+        )
+        .await
     }
 }
 
@@ -248,9 +241,19 @@ mod tests {
     #[test]
     fn status_has_gpu_capacity() {
         let s = FakeNode::new("n").gpu(8).status_json();
-        assert_eq!(s["status"]["allocatable"]["nvidia.com/gpu"], "8");
-        assert_eq!(s["status"]["capacity"]["memory"], "256Gi");
+        assert_eq!(s["allocatable"]["nvidia.com/gpu"], "8");
+        assert_eq!(s["capacity"]["memory"], "256Gi");
         let s = FakeNode::new("n").status_json();
-        assert!(s["status"]["allocatable"].get("nvidia.com/gpu").is_none());
+        assert!(s["allocatable"].get("nvidia.com/gpu").is_none());
+    }
+
+    #[test]
+    fn object_is_managed_by_kwok() {
+        let o = FakeNode::new("n")
+            .taint(Taint::parse("gpu=true:NoSchedule").unwrap())
+            .object_json();
+        assert_eq!(o["metadata"]["annotations"][KWOK_NODE_ANNOTATION], "fake");
+        assert_eq!(o["spec"]["taints"][0]["key"], "gpu");
+        assert_eq!(o["status"]["allocatable"]["cpu"], "32");
     }
 }

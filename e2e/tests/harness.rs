@@ -1,25 +1,23 @@
-//! Proves the harness is real: a real kube-apiserver/kube-scheduler/controller-manager,
-//! fake nodes, and kuberay-sim driving RayService upgrades.
+//! Proves the harness is real: Kubernetes v1.36 (apiserver, scheduler, controller-manager),
+//! kwok nodes, and the real KubeRay operator (`RAYGATE_KUBERAY_VERSION`, default v1.6.1)
+//! driving RayService upgrades against `ray-head`, the Ray stand-in.
 //!
 //! Isolation: every test starts its own control plane (Nodes are cluster-wide, and several
-//! tests depend on exact capacity), and its own kuberay-sim restricted to the test's
-//! namespace. With `RAYGATE_E2E_KUBECONFIG` set, tests share that cluster instead; node
-//! names are unique per test and no test relies on other tests' nodes being absent, except
-//! that the "does not fit" test needs every node to have fewer than 16 GPUs.
+//! tests depend on exact capacity). With `RAYGATE_E2E_KUBECONFIG` set, tests share that
+//! cluster instead; node names are unique per test and no test relies on other tests' nodes
+//! being absent, except that the "does not fit" test needs every node to have fewer than
+//! 16 GPUs.
 //!
 //! Run: `e2e/setup` once, then `cargo test -p raygate-e2e --test harness`.
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Client;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use raygate_e2e::json::{arr_at, i64_at, str_at};
-use raygate_e2e::sim::conditions;
-use raygate_e2e::sim::kube::Resources;
-use raygate_e2e::sim::pods::rand_suffix;
-use raygate_e2e::{
-    Check, ControlPlane, FakeNode, KubeRaySim, KubeRaySimOptions, create_namespace, wait_for,
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
+use raygate_e2e::json::{arr_at, i64_at, str_at};
+use raygate_e2e::{Check, ControlPlane, FakeNode, create_namespace, rand_suffix, wait_for};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -36,17 +34,8 @@ fn or_panic(r: Result<()>) {
     }
 }
 
-fn sim(cp: &ControlPlane, ns: &str) -> KubeRaySim {
-    KubeRaySim::spawn(
-        cp,
-        KubeRaySimOptions {
-            namespace: Some(ns.to_string()),
-            binary: Some(env!("CARGO_BIN_EXE_kuberay-sim").into()),
-            ..KubeRaySimOptions::default()
-        },
-    )
-    .expect("spawn kuberay-sim")
-}
+/// ray-head's control annotation: the Serve application status it reports.
+const APP_STATUS: &str = "ray-head.e2e.raygate.dev/app-status";
 
 async fn nodes(client: &Client, specs: &[(&str, u32)]) -> Vec<String> {
     let tag = rand_suffix();
@@ -65,12 +54,16 @@ async fn nodes(client: &Client, specs: &[(&str, u32)]) -> Vec<String> {
     names
 }
 
+fn ray_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("ray.io", "v1", kind), plural)
+}
+
 fn rs_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, &Resources::default().ray_service)
+    Api::namespaced_with(client.clone(), ns, &ray_resource("RayService", "rayservices"))
 }
 
 fn rc_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, &Resources::default().ray_cluster)
+    Api::namespaced_with(client.clone(), ns, &ray_resource("RayCluster", "rayclusters"))
 }
 
 async fn get_json(api: &Api<DynamicObject>, name: &str) -> Result<Value> {
@@ -182,7 +175,9 @@ fn summary(rs: &Value) -> String {
 }
 
 fn cond_true(obj: &Value, ty: &str) -> bool {
-    conditions::is_true(arr_at(obj, &["status", "conditions"]), ty)
+    arr_at(obj, &["status", "conditions"])
+        .iter()
+        .any(|c| c["type"] == ty && c["status"] == "True")
 }
 
 /// Waits until the service has an active cluster, no pending one, and the app RUNNING.
@@ -214,7 +209,7 @@ async fn wait_serving(client: &Client, ns: &str, name: &str) -> Result<Value> {
     .await
 }
 
-/// Waits until the simulator has reconciled the current generation.
+/// Waits until the operator has reconciled the current generation.
 async fn wait_observed(client: &Client, ns: &str, name: &str) -> Result<Value> {
     let api = rs_api(client, ns);
     wait_for(&format!("RayService {name} observed"), T, || async {
@@ -296,7 +291,6 @@ async fn real_scheduler_binds_pods_that_fit_and_reports_insufficient_gpu_body(
 ) -> Result<()> {
     let client = cp.client().await?;
     let ns = create_namespace(&client, "sched").await?;
-    let _sim = sim(cp, &ns);
     nodes(&client, &[("gpu-a", 8), ("gpu-b", 8)]).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let pod = |name: &str, gpus: u32| -> Result<Pod> {
@@ -369,7 +363,6 @@ async fn rayservice_gets_a_running_cluster_and_serve_app() {
 async fn rayservice_gets_a_running_cluster_and_serve_app_body(cp: &ControlPlane) -> Result<()> {
     let client = cp.client().await?;
     let ns = create_namespace(&client, "first").await?;
-    let _sim = sim(cp, &ns);
     nodes(&client, &[("cpu", 0), ("gpu-a", 8)]).await;
     create_rs(
         &client,
@@ -404,8 +397,8 @@ async fn rayservice_gets_a_running_cluster_and_serve_app_body(cp: &ControlPlane)
         "RayService"
     );
     assert_eq!(
-        str_at(&rc, &["metadata", "annotations", "ray.io/kuberay-version"]),
-        "v1.7.0"
+        Some(str_at(&rc, &["metadata", "annotations", "ray.io/kuberay-version"])),
+        cp.kuberay_version()
     );
     assert_eq!(
         str_at(
@@ -495,7 +488,6 @@ async fn image_edit_upgrades_through_a_pending_cluster() {
 async fn image_edit_upgrades_through_a_pending_cluster_body(cp: &ControlPlane) -> Result<()> {
     let client = cp.client().await?;
     let ns = create_namespace(&client, "upgrade").await?;
-    let _sim = sim(cp, &ns);
     nodes(&client, &[("cpu", 0), ("gpu-a", 8), ("gpu-b", 8)]).await;
     create_rs(
         &client,
@@ -615,7 +607,6 @@ async fn replicas_edit_keeps_the_cluster_and_in_place_updates_scale_pods_body(
 ) -> Result<()> {
     let client = cp.client().await?;
     let ns = create_namespace(&client, "scale").await?;
-    let _sim = sim(cp, &ns);
     nodes(&client, &[("cpu", 0), ("gpu-a", 8), ("gpu-b", 8)]).await;
     create_rs(
         &client,
@@ -695,7 +686,6 @@ async fn upgrade_strategy_none_blocks_new_clusters_until_newcluster_body(
 ) -> Result<()> {
     let client = cp.client().await?;
     let ns = create_namespace(&client, "none").await?;
-    let _sim = sim(cp, &ns);
     nodes(&client, &[("cpu", 0), ("gpu-a", 8), ("gpu-b", 8)]).await;
     create_rs(
         &client,
@@ -770,7 +760,6 @@ async fn forced_serve_failure_stalls_the_upgrade() {
 async fn forced_serve_failure_stalls_the_upgrade_body(cp: &ControlPlane) -> Result<()> {
     let client = cp.client().await?;
     let ns = create_namespace(&client, "stall").await?;
-    let _sim = sim(cp, &ns);
     nodes(&client, &[("cpu", 0), ("gpu-a", 8), ("gpu-b", 8)]).await;
     create_rs(
         &client,
@@ -780,8 +769,17 @@ async fn forced_serve_failure_stalls_the_upgrade_body(cp: &ControlPlane) -> Resu
     .await?;
     let old = active_of(&wait_serving(&client, &ns, "llm").await?);
     let api = rs_api(&client, &ns);
+    // The active cluster keeps serving (its own annotation wins over the RayService's); the
+    // new cluster inherits the RayService's annotations (KubeRay copies them) and fails.
+    rc_api(&client, &ns)
+        .patch(
+            &old,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {APP_STATUS: "RUNNING"}}})),
+        )
+        .await?;
     let merge = json!({
-        "metadata": {"annotations": {"kuberay-sim.raygate.io/serve-status": "llm=DEPLOY_FAILED"}},
+        "metadata": {"annotations": {APP_STATUS: "DEPLOY_FAILED"}},
         "spec": {"rayClusterConfig": {"rayVersion": "2.10.0"}},
     });
     api.patch("llm", &PatchParams::default(), &Patch::Merge(merge))
@@ -822,5 +820,65 @@ async fn forced_serve_failure_stalls_the_upgrade_body(cp: &ControlPlane) -> Resu
     assert_eq!(active_of(&rs), old);
     assert!(cond_true(&rs, "UpgradeInProgress"));
     assert_eq!(pods_of(&client, &ns, &pending).await?.len(), 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn kubectl_reports_a_v1_36_server_and_the_pinned_kuberay_operator_runs() {
+    let cp = control_plane();
+    or_panic(kubectl_reports_a_v1_36_server_and_the_pinned_kuberay_operator_runs_body(&cp).await);
+}
+
+async fn kubectl_reports_a_v1_36_server_and_the_pinned_kuberay_operator_runs_body(
+    cp: &ControlPlane,
+) -> Result<()> {
+    let out = cp.kubectl(&["version", "-o", "json"])?;
+    anyhow::ensure!(
+        out.status.success(),
+        "kubectl version: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(str_at(&v, &["clientVersion", "gitVersion"]), "v1.36.3");
+    assert!(
+        str_at(&v, &["serverVersion", "gitVersion"]).starts_with("v1.36."),
+        "{v}"
+    );
+    assert_eq!(str_at(&v, &["serverVersion", "minor"]), "36");
+
+    // The operator is the binary built from the pinned module: `up` logs the module version
+    // (from `go version -m`), and the operator stamps its compiled-in version on clusters.
+    let version = cp
+        .kuberay_version()
+        .context("this test needs a KubeRay operator")?;
+    let log = std::fs::read_to_string(cp.log_dir().join("kuberay-operator.log"))?;
+    let first = log.lines().next().unwrap_or_default();
+    assert!(
+        first.contains(&format!("github.com/ray-project/kuberay/ray-operator@{version}")),
+        "{first}"
+    );
+    let client = cp.client().await?;
+    let ns = create_namespace(&client, "version").await?;
+    let rc: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": "plain"},
+        "spec": ray_service("x", "rayproject/ray:2.9.0", 0, json!({}))["spec"]["rayClusterConfig"].clone(),
+    }))?;
+    let rcs = rc_api(&client, &ns);
+    rcs.create(&PostParams::default(), &rc).await?;
+    let seen = wait_for("KubeRay to stamp its version on the head pod", T, || async {
+        let pods = pods_of(&client, &ns, "plain").await?;
+        let v = pods
+            .iter()
+            .map(|p| str_at(p, &["metadata", "annotations", "ray.io/kuberay-version"]).to_string())
+            .find(|v| !v.is_empty());
+        Ok(match v {
+            Some(v) => Check::Done(v),
+            None => Check::NotYet(format!("{} pods", pods.len())),
+        })
+    })
+    .await?;
+    assert_eq!(seen, version);
     Ok(())
 }
