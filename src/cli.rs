@@ -83,10 +83,7 @@ fn parse_headroom_item(item: &str) -> std::result::Result<(String, Quantity), St
     if k.is_empty() {
         return Err(format!("{item:?} has no resource name"));
     }
-    let q = Quantity::parse(v.trim()).map_err(|e| format!("{k}: {}", e.reason()))?;
-    if q.is_negative() {
-        return Err(format!("{k}: headroom {v:?} is negative"));
-    }
+    let q = Quantity::parse_amount(v.trim()).map_err(|e| format!("{k}: {}", e.reason()))?;
     Ok((k.to_string(), q))
 }
 
@@ -105,13 +102,36 @@ fn in_file<T>(path: &Path, r: Result<T>) -> Result<T> {
     })
 }
 
+/// The largest input file read (256 MiB): `kubectl get nodes,pods -A -o
+/// yaml` of a 100,000-pod cluster fits; an endless input (`/dev/zero`, a
+/// stuck pipe) stops with an error instead of growing until memory runs out.
+pub const MAX_INPUT_BYTES: u64 = 256 << 20;
+
+/// A file's text, refusing more than `max` bytes and invalid UTF-8.
+fn read_bounded(path: &Path, max: u64) -> Result<String> {
+    use std::io::Read;
+    let err = |reason: String| Error::Input {
+        path: shown(path),
+        reason,
+    };
+    let file = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
+    let mut bytes = Vec::new();
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| err(e.to_string()))?;
+    if bytes.len() as u64 > max {
+        return Err(err(format!(
+            "larger than {} MiB; raygate reads at most that much",
+            max >> 20
+        )));
+    }
+    String::from_utf8(bytes).map_err(|e| err(format!("not UTF-8 text: {e}")))
+}
+
 /// Every YAML/JSON document of a file (multi-document YAML accepted),
 /// null documents dropped; each must be an object.
 fn read_docs(path: &Path) -> Result<Vec<Value>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::Input {
-        path: shown(path),
-        reason: e.to_string(),
-    })?;
+    let text = read_bounded(path, MAX_INPUT_BYTES)?;
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text).map_err(|e| Error::Input {
         path: shown(path),
         reason: format!("not valid YAML: {e}"),

@@ -55,6 +55,17 @@ pub enum Error {
     #[error("leadership lost: {reason}")]
     LeadershipLost { reason: String },
 
+    /// A write refused because this replica cannot prove it still leads.
+    #[error("write fenced: {0}")]
+    Fenced(String),
+
+    /// An API call that did not finish within its bound.
+    #[error("{what}: no answer from the API server within {after:?}")]
+    Timeout {
+        what: String,
+        after: std::time::Duration,
+    },
+
     /// Adding or removing the plan's finalizer, or the work around it.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
@@ -77,7 +88,8 @@ impl Error {
             Error::Metrics(_) => "metrics",
             Error::Telemetry(_) => "telemetry",
             Error::Server { .. } => "server",
-            Error::Lease(_) | Error::LeadershipLost { .. } => "leader_election",
+            Error::Lease(_) | Error::LeadershipLost { .. } | Error::Fenced(_) => "leader_election",
+            Error::Timeout { .. } => "timeout",
             // The finalizer helper wraps whatever the reconcile failed on.
             Error::Finalizer(e) => match e.as_ref() {
                 kube::runtime::finalizer::Error::ApplyFailed(inner)

@@ -25,6 +25,100 @@ use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use crate::Error;
 use crate::server::Health;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Fencing for writes: every write first asks [`Fence::check`], which allows
+/// it only while the last confirmed renewal of our Lease is still valid by
+/// a margin, and is bounded by [`Fence::api_timeout`], shorter than that
+/// margin. So a write can neither start nor still be in flight once another
+/// replica may have taken over.
+#[derive(Debug)]
+pub struct Fence {
+    enabled: bool,
+    grace: Duration,
+    /// Milliseconds since the epoch until which writes are allowed.
+    until_ms: AtomicU64,
+}
+
+/// API timeout when leader election is off: nothing to fence, but a hung
+/// apiserver must still not hang a reconcile forever.
+const UNFENCED_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Fence {
+    /// No election: every write is allowed.
+    pub fn open() -> Fence {
+        Fence {
+            enabled: false,
+            grace: Duration::ZERO,
+            until_ms: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Election on: nothing is allowed until a renewal is confirmed.
+    pub fn closed(grace: Duration) -> Fence {
+        Fence {
+            enabled: true,
+            grace,
+            until_ms: AtomicU64::new(0),
+        }
+    }
+
+    pub fn for_config(cfg: &LeaderConfig) -> Fence {
+        if cfg.enabled {
+            Fence::closed(cfg.grace)
+        } else {
+            Fence::open()
+        }
+    }
+
+    /// Bound for one API call: a quarter of the grace (the watchdog stops
+    /// the work half a grace before expiry, so a call started just before
+    /// that ends a quarter grace before another replica can take over).
+    pub fn api_timeout(&self) -> Duration {
+        if self.enabled {
+            (self.grace / 4).max(Duration::from_millis(500))
+        } else {
+            UNFENCED_TIMEOUT
+        }
+    }
+
+    /// The Lease was confirmed ours until `valid_until`.
+    pub fn confirm(&self, valid_until: SystemTime) {
+        let stop = deadline(valid_until, self.grace);
+        let ms = stop
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.until_ms.fetch_max(ms, Ordering::AcqRel);
+    }
+
+    /// Leadership is over: refuse everything from now on.
+    pub fn revoke(&self) {
+        if self.enabled {
+            self.until_ms.store(0, Ordering::Release);
+        }
+    }
+
+    /// Ok while a write may start: it will end (see [`Fence::api_timeout`])
+    /// before the lease we last confirmed could be taken over.
+    pub fn check(&self) -> crate::Result<()> {
+        self.check_at(SystemTime::now())
+    }
+
+    fn check_at(&self, now: SystemTime) -> crate::Result<()> {
+        let until = self.until_ms.load(Ordering::Acquire);
+        let now_ms = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let margin = u64::try_from(self.api_timeout().as_millis()).unwrap_or(u64::MAX);
+        if !self.enabled || now_ms.saturating_add(margin) < until {
+            Ok(())
+        } else {
+            Err(Error::Fenced(
+                "the leader lease is not confirmed valid long enough for this write".into(),
+            ))
+        }
+    }
+}
 
 /// How this replica takes part in leader election.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,6 +227,7 @@ pub async fn run_as_leader<F, Fut>(
     client: kube::Client,
     cfg: LeaderConfig,
     health: Arc<Health>,
+    fence: Arc<Fence>,
     work: F,
 ) -> crate::Result<()>
 where
@@ -168,6 +263,7 @@ where
     );
     acquire(&manager).await;
     let acquired_at = SystemTime::now();
+    fence.confirm(acquired_at + cfg.lease_duration);
     health.set_leader(true);
     tracing::info!(identity = %cfg.identity, "acquired leadership");
 
@@ -177,6 +273,7 @@ where
         identity: cfg.identity.clone(),
         duration: cfg.lease_duration,
         grace: cfg.grace,
+        fence: fence.clone(),
     };
     let outcome = tokio::select! {
         biased;
@@ -184,6 +281,7 @@ where
         reason = lease.watchdog(earlier(acquired_at + cfg.lease_duration, cfg.grace)) => Err(reason),
         result = work() => Ok(result),
     };
+    fence.revoke();
     health.set_leader(false);
 
     match outcome {
@@ -241,6 +339,7 @@ struct LeaseWatch {
     identity: String,
     duration: Duration,
     grace: Duration,
+    fence: Arc<Fence>,
 }
 
 /// What one read of the Lease says about us.
@@ -324,12 +423,19 @@ impl LeaseWatch {
                 .min(self.grace / 4);
             match tokio::time::timeout(budget, self.api.get_opt(&self.name)).await {
                 Ok(Ok(Some(lease))) => match seen(&lease, &self.identity) {
-                    Seen::Ours(until) => valid_until = valid_until.max(until),
+                    Seen::Ours(until) => {
+                        valid_until = valid_until.max(until);
+                        self.fence.confirm(valid_until);
+                    }
                     Seen::Other(holder) => {
+                        self.fence.revoke();
                         return format!("lease {:?} is now held by {holder:?}", self.name);
                     }
                 },
-                Ok(Ok(None)) => return format!("lease {:?} was deleted", self.name),
+                Ok(Ok(None)) => {
+                    self.fence.revoke();
+                    return format!("lease {:?} was deleted", self.name);
+                }
                 Ok(Err(e)) => tracing::warn!(error = %e, "reading the leader lease"),
                 Err(_) => tracing::warn!(timeout = ?budget, "reading the leader lease timed out"),
             }
@@ -440,6 +546,27 @@ mod tests {
     }
 
     #[test]
+    fn fence_allows_writes_only_well_inside_the_confirmed_lease() {
+        let t = SystemTime::UNIX_EPOCH + secs(1_700_000_000);
+        let f = Fence::closed(secs(4));
+        assert_eq!(f.api_timeout(), secs(1));
+        assert!(f.check_at(t).is_err(), "nothing before a confirmed renewal");
+        f.confirm(t + secs(15));
+        // Writes stop half a grace (2 s) plus one API timeout (1 s) before expiry.
+        assert!(f.check_at(t + secs(11)).is_ok());
+        assert!(f.check_at(t + Duration::from_millis(12_001)).is_err());
+        // An older confirmation never shortens a newer one.
+        f.confirm(t + secs(5));
+        assert!(f.check_at(t + secs(11)).is_ok());
+        f.revoke();
+        assert!(f.check_at(t).is_err(), "revoked");
+        let open = Fence::open();
+        open.revoke();
+        assert!(open.check_at(t).is_ok(), "no election: never fenced");
+        assert_eq!(open.api_timeout(), secs(10));
+    }
+
+    #[test]
     fn reading_the_lease() {
         let t = SystemTime::UNIX_EPOCH + secs(1_700_000_000);
         assert_eq!(
@@ -469,10 +596,16 @@ mod tests {
             ..LeaderConfig::default()
         };
         let h = health.clone();
-        let result = run_as_leader(client, cfg, health.clone(), || async move {
-            assert!(h.is_leader(), "leader while working");
-            Err(Error::invalid("work", "boom"))
-        })
+        let result = run_as_leader(
+            client,
+            cfg,
+            health.clone(),
+            Arc::new(Fence::open()),
+            || async move {
+                assert!(h.is_leader(), "leader while working");
+                Err(Error::invalid("work", "boom"))
+            },
+        )
         .await;
         assert_eq!(result.unwrap_err().to_string(), "work: boom");
         assert!(!health.is_leader());
@@ -486,9 +619,12 @@ mod tests {
             grace: secs(30),
             ..LeaderConfig::default()
         };
-        let err = run_as_leader(client, cfg, Arc::new(Health::new()), || async { Ok(()) })
-            .await
-            .unwrap_err();
+        let fence = Arc::new(Fence::for_config(&cfg));
+        let err = run_as_leader(client, cfg, Arc::new(Health::new()), fence, || async {
+            Ok(())
+        })
+        .await
+        .unwrap_err();
         assert!(matches!(err, Error::Invalid { .. }), "{err}");
     }
 
@@ -520,6 +656,7 @@ mod tests {
                 client.clone(),
                 cfg(id),
                 health.clone(),
+                Arc::new(Fence::closed(secs(1))),
                 move || async move {
                     let _ = started_tx.send(Instant::now());
                     let _ = stop_rx.await;
@@ -617,10 +754,17 @@ mod tests {
         };
         let (leading_tx, leading) = tokio::sync::oneshot::channel::<()>();
         let health = Arc::new(Health::new());
-        let task = tokio::spawn(run_as_leader(client, cfg, health.clone(), || async move {
-            let _ = leading_tx.send(());
-            std::future::pending::<crate::Result<()>>().await
-        }));
+        let fence = Arc::new(Fence::for_config(&cfg));
+        let task = tokio::spawn(run_as_leader(
+            client,
+            cfg,
+            health.clone(),
+            fence,
+            || async move {
+                let _ = leading_tx.send(());
+                std::future::pending::<crate::Result<()>>().await
+            },
+        ));
         tokio::time::timeout(secs(10), leading)
             .await
             .unwrap()

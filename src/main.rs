@@ -7,13 +7,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 use tracing::{error, info};
 
 use raygate::cli::{self, ExplainArgs, FitArgs};
 use raygate::controller::{self, Settings};
 use raygate::kuberay::KubeRayVersion;
-use raygate::leader::{self, LeaderConfig};
+use raygate::leader::{self, Fence, LeaderConfig};
 use raygate::metrics::Metrics;
 use raygate::server::{self, Health};
 use raygate::telemetry::{self, LogFormat};
@@ -49,10 +49,34 @@ enum Command {
     },
     /// Print the UpgradePlan CustomResourceDefinition as YAML.
     Crd,
+    /// Give every gate back and remove raygate's finalizers, before
+    /// uninstalling raygate or taking namespaces out of its scope.
+    Release(ReleaseArgs),
 }
 
 #[derive(Args, Debug)]
-struct RunArgs {
+#[command(group(ArgGroup::new("scope").required(true).args(["all", "namespace"])))]
+struct ReleaseArgs {
+    #[command(flatten)]
+    kube: KubeArgs,
+    /// Every UpgradePlan in the cluster.
+    #[arg(long)]
+    all: bool,
+    /// Only the UpgradePlans of this namespace.
+    #[arg(short = 'n', long, value_name = "NS")]
+    namespace: Option<String>,
+    /// Stop the operator first: set this Deployment (NAMESPACE/NAME) to zero
+    /// replicas and wait until its pods are gone, so it cannot take the
+    /// gates again.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    scale_down: Option<String>,
+    /// How long to wait for the operator's pods to go (with --scale-down).
+    #[arg(long, default_value_t = 120, value_name = "SECONDS")]
+    wait_seconds: u64,
+}
+
+#[derive(Args, Debug)]
+struct KubeArgs {
     /// Kubeconfig file; without it, KUBECONFIG, ~/.kube/config or the
     /// in-cluster service account are used, in that order.
     #[arg(long, env = "RAYGATE_KUBECONFIG", value_name = "FILE")]
@@ -60,6 +84,12 @@ struct RunArgs {
     /// Kubeconfig context to use (default: the current context).
     #[arg(long, value_name = "NAME")]
     context: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    kube: KubeArgs,
     /// Namespace whose UpgradePlans to watch; repeat or comma-separate for
     /// several. Default: all namespaces. Pods and Nodes are always watched
     /// cluster-wide, since free capacity is cluster-wide.
@@ -93,6 +123,16 @@ struct RunArgs {
     /// or it stops acting (must be less than --lease-duration-seconds).
     #[arg(long, default_value_t = 5)]
     lease_grace_seconds: u64,
+    /// Ceiling on spec.priority: N for every namespace, NAMESPACE=N for one
+    /// (repeat or comma-separate). Tenants cannot jump the cluster-wide
+    /// queue above it. Default: no ceiling.
+    #[arg(
+        long,
+        env = "RAYGATE_MAX_PRIORITY",
+        value_delimiter = ',',
+        value_name = "[NS=]N"
+    )]
+    max_priority: Vec<String>,
     /// KubeRay release running in the cluster, whose rules raygate applies.
     #[arg(long, env = "RAYGATE_KUBERAY_VERSION", value_name = "X.Y", default_value_t = KubeRayVersion::latest())]
     kuberay_version: KubeRayVersion,
@@ -124,6 +164,10 @@ async fn main() -> ExitCode {
             Err(e) => fail(&e),
         },
         Command::Crd => match upgradeplan::crd_yaml() {
+            Ok(text) => emit(&text, ExitCode::SUCCESS),
+            Err(e) => fail(&e),
+        },
+        Command::Release(args) => match release(&args).await {
             Ok(text) => emit(&text, ExitCode::SUCCESS),
             Err(e) => fail(&e),
         },
@@ -163,7 +207,7 @@ fn fail(e: &Error) -> ExitCode {
     ExitCode::from(1)
 }
 
-async fn client(args: &RunArgs) -> Result<kube::Client> {
+async fn config(args: &KubeArgs) -> Result<kube::Config> {
     let options = kube::config::KubeConfigOptions {
         context: args.context.clone(),
         ..Default::default()
@@ -184,7 +228,43 @@ async fn client(args: &RunArgs) -> Result<kube::Client> {
             .await
             .map_err(|e| Error::invalid("kubernetes config", e.to_string()))?,
     };
+    Ok(config)
+}
+
+/// A client whose every call is bounded by `timeout`.
+fn bounded_client(mut config: kube::Config, timeout: Duration) -> Result<kube::Client> {
+    config.connect_timeout = Some(timeout);
+    config.read_timeout = Some(timeout);
+    config.write_timeout = Some(timeout);
     Ok(kube::Client::try_from(config)?)
+}
+
+async fn release(args: &ReleaseArgs) -> Result<String> {
+    let client = bounded_client(config(&args.kube).await?, Duration::from_secs(30))?;
+    if let Some(target) = &args.scale_down {
+        let (ns, name) = target
+            .split_once('/')
+            .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
+            .ok_or_else(|| {
+                Error::invalid("--scale-down", format!("{target:?} is not NAMESPACE/NAME"))
+            })?;
+        controller::release::scale_down(&client, ns, name, Duration::from_secs(args.wait_seconds))
+            .await?;
+    }
+    let done = controller::release::release(&client, args.namespace.as_deref()).await?;
+    let mut out = String::new();
+    for g in &done.gates {
+        out.push_str(&format!("gate given back: RayService {g}\n"));
+    }
+    for f in &done.finalizers {
+        out.push_str(&format!("finalizer removed: UpgradePlan {f}\n"));
+    }
+    out.push_str(&format!(
+        "released {} gates, removed {} finalizers\n",
+        done.gates.len(),
+        done.finalizers.len()
+    ));
+    Ok(out)
 }
 
 async fn shutdown_signal() {
@@ -223,7 +303,10 @@ async fn run(args: RunArgs) -> Result<()> {
             ),
         ));
     }
-    let client = client(&args).await?;
+    raygate::admission::priority::install(raygate::admission::priority::Ceilings::parse(
+        &args.max_priority,
+    )?);
+    let config = config(&args.kube).await?;
     let metrics = Arc::new(Metrics::new()?);
     let health = Arc::new(Health::default());
 
@@ -258,10 +341,14 @@ async fn run(args: RunArgs) -> Result<()> {
         lease_duration: Duration::from_secs(args.lease_duration_seconds),
         grace: Duration::from_secs(args.lease_grace_seconds),
     };
+    // Watches run for minutes; every other call is bounded by the fence.
+    let fence = Arc::new(Fence::for_config(&leader_cfg));
+    let watch = kube::Client::try_from(config.clone())?;
+    let writes = bounded_client(config, fence.api_timeout())?;
     let work = {
-        let (client, metrics, health) = (client.clone(), metrics.clone(), health.clone());
-        let rx = stop_rx.clone();
-        move || controller::run(client, settings, metrics, health, stopped(rx))
+        let (writes, metrics, health) = (writes.clone(), metrics.clone(), health.clone());
+        let (rx, fence) = (stop_rx.clone(), fence.clone());
+        move || controller::run(watch, writes, settings, metrics, health, fence, stopped(rx))
     };
     let signal = tokio::spawn({
         let tx = stop_tx.clone();
@@ -271,7 +358,7 @@ async fn run(args: RunArgs) -> Result<()> {
             let _ = tx.send(true);
         }
     });
-    let result = leader::run_as_leader(client, leader_cfg, health, work).await;
+    let result = leader::run_as_leader(writes, leader_cfg, health, fence, work).await;
     let _ = stop_tx.send(true);
     signal.abort();
     let _ = http.await;

@@ -71,6 +71,7 @@ enum ErrorKind {
     Suffix(String),
     Exponent(String),
     TooLarge,
+    Negative,
 }
 
 impl QuantityError {
@@ -87,6 +88,7 @@ impl QuantityError {
             ),
             ErrorKind::Exponent(s) => format!("exponent {s:?} is out of range"),
             ErrorKind::TooLarge => "value is too large to represent exactly".to_string(),
+            ErrorKind::Negative => "negative amounts of a resource are not valid".to_string(),
         }
     }
 
@@ -303,6 +305,30 @@ impl Quantity {
     /// Parses, naming the field in the error (`pod x: containers[y]...`).
     pub fn parse_field(field: &str, s: &str) -> crate::Result<Quantity> {
         Quantity::parse(s).map_err(|e| crate::Error::Quantity {
+            field: field.to_string(),
+            value: s.to_string(),
+            reason: e.reason(),
+        })
+    }
+
+    /// Parses an amount of a resource (a request, a limit, allocatable,
+    /// headroom): like [`Quantity::parse`], but a negative value, which the
+    /// apiserver refuses in those fields and which would make capacity
+    /// appear from nowhere, is an error too.
+    pub fn parse_amount(s: &str) -> Result<Quantity, QuantityError> {
+        let q = Quantity::parse(s)?;
+        if q.is_negative() {
+            return Err(QuantityError {
+                input: s.to_string(),
+                kind: ErrorKind::Negative,
+            });
+        }
+        Ok(q)
+    }
+
+    /// [`Quantity::parse_amount`], naming the field in the error.
+    pub fn parse_amount_field(field: &str, s: &str) -> crate::Result<Quantity> {
+        Quantity::parse_amount(s).map_err(|e| crate::Error::Quantity {
             field: field.to_string(),
             value: s.to_string(),
             reason: e.reason(),
@@ -987,5 +1013,22 @@ mod tests {
         assert!(serde_json::from_str::<Quantity>("true").is_err());
         let big: Quantity = serde_json::from_str("18446744073709551615").unwrap_or_default();
         assert_eq!(big.canonical(), "18446744073709551615");
+    }
+
+    #[test]
+    fn amounts_refuse_negative_values_but_not_negative_zero() {
+        let err = Quantity::parse_amount("-4").unwrap_err();
+        assert_eq!(err.reason(), "negative amounts of a resource are not valid");
+        assert!(Quantity::parse_amount("-0").unwrap().is_zero());
+        assert_eq!(
+            Quantity::parse_amount("4").unwrap(),
+            Quantity::from_units(4)
+        );
+        let e = Quantity::parse_amount_field("spec.headroom[nvidia.com/gpu]", "-1").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("spec.headroom[nvidia.com/gpu]: invalid quantity \"-1\""),
+            "{e}"
+        );
     }
 }

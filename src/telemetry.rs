@@ -76,15 +76,65 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    let base = tracing_subscriber::fmt::layer().with_writer(writer);
     match format {
-        LogFormat::Json => base
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .with_writer(writer)
             .json()
             .with_current_span(true)
             .with_span_list(false)
             .flatten_event(false)
             .boxed(),
-        LogFormat::Text => base.with_ansi(ansi).with_target(true).boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(Escaped(writer))
+            .with_ansi(ansi)
+            .with_target(true)
+            .boxed(),
+    }
+}
+
+/// Text lines with control characters escaped: names from the cluster
+/// (a RayService, a field manager) end up in log fields, and a newline or an
+/// escape sequence in one must not forge a log line or rewrite a terminal.
+/// JSON needs none of this: its encoder escapes them already.
+struct Escaped<W>(W);
+
+impl<'a, W: MakeWriter<'a>> MakeWriter<'a> for Escaped<W> {
+    type Writer = EscapedWriter<W::Writer>;
+    fn make_writer(&'a self) -> Self::Writer {
+        EscapedWriter(self.0.make_writer())
+    }
+}
+
+struct EscapedWriter<W>(W);
+
+/// One formatted event (the formatter writes each whole): every control
+/// character but the final newline becomes `\u{..}`, ANSI colouring
+/// excepted when it is ours (only written to a terminal).
+fn escape_line(buf: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(buf);
+    let (body, end) = match text.strip_suffix('\n') {
+        Some(b) => (b, "\n"),
+        None => (text.as_ref(), ""),
+    };
+    let mut out = String::with_capacity(body.len() + 1);
+    for c in body.chars() {
+        if c.is_control() && c != '\u{1b}' {
+            out.push_str(&c.escape_unicode().to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out.push_str(end);
+    out.into_bytes()
+}
+
+impl<W: std::io::Write> std::io::Write for EscapedWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write_all(&escape_line(buf))?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
     }
 }
 
@@ -156,6 +206,23 @@ mod tests {
         assert!(out.contains("phase changed phase=\"Upgrading\""), "{out}");
         assert!(!out.contains('\u{1b}'), "no ANSI escapes: {out:?}");
         assert!(serde_json::from_str::<serde_json::Value>(out.trim()).is_err());
+    }
+
+    #[test]
+    fn text_escapes_control_characters_so_lines_cannot_be_forged() {
+        let buf = Buf::default();
+        let subscriber = tracing_subscriber::registry()
+            .with(filter_from(Some("debug")).unwrap())
+            .with(layer(LogFormat::Text, buf.clone(), false));
+        tracing::subscriber::with_default(subscriber, || {
+            let forged = "llm\n2026-12-02T00:00:00Z  INFO raygate: gate released\u{7}";
+            tracing::info!(rayservice = %forged, "status updated");
+        });
+        let out = buf.text();
+        assert_eq!(out.lines().count(), 1, "{out:?}");
+        assert!(out.contains("llm\\u{a}2026"), "{out:?}");
+        assert!(out.contains("\\u{7}"), "{out:?}");
+        assert!(out.ends_with('\n'));
     }
 
     #[test]

@@ -14,8 +14,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// A Kubernetes quantity: plain or suffixed number, as `kubectl` accepts.
-const QUANTITY_PATTERN: &str =
-    r"^[+-]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?\d+))?$";
+/// Negative amounts are refused: no resource can be left free below zero.
+const QUANTITY_PATTERN: &str = r"^\+?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?\d+))?$";
+/// A DNS-1123 subdomain, as Kubernetes requires of object names.
+pub const DNS1123_SUBDOMAIN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 /// A Go-style duration of hours, minutes, seconds (`90s`, `1h30m`, `1.5h`).
 const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$";
 
@@ -72,6 +75,12 @@ const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$";
 #[serde(rename_all = "camelCase")]
 pub struct UpgradePlanSpec {
     /// The RayService (same namespace) whose upgrades this plan gates.
+    /// Immutable: to gate another RayService, create another plan (raygate
+    /// gives the first one's gate back when that plan is deleted).
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self == oldSelf",
+        "message": "rayServiceRef is immutable; create another UpgradePlan instead"
+    }]))]
     pub ray_service_ref: RayServiceRef,
 
     /// `Auto` admits a fitting upgrade; `Manual` admits only the change whose
@@ -100,10 +109,6 @@ pub struct UpgradePlanSpec {
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub stall_after: String,
 
-    /// What to do with a stalled transition.
-    #[serde(default)]
-    pub on_stall: OnStall,
-
     /// When set, upgrades are admitted only inside one of these windows (UTC).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub maintenance_windows: Vec<MaintenanceWindow>,
@@ -123,7 +128,7 @@ fn quantity_map_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RayServiceRef {
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS1123_SUBDOMAIN))]
     pub name: String,
 }
 
@@ -133,15 +138,6 @@ pub enum Policy {
     Auto,
     Manual,
     Paused,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
-pub enum OnStall {
-    /// Keep waiting and keep reporting.
-    #[default]
-    Hold,
-    /// Stop the transition and restore the previous state as far as KubeRay allows.
-    Abort,
 }
 
 /// A recurring window: starts whenever `schedule` (5-field cron, UTC) matches
@@ -213,6 +209,11 @@ impl Phase {
 pub struct UpgradePlanStatus {
     #[serde(default)]
     pub phase: Phase,
+    /// The RayService whose gate this plan holds. Recorded so that a plan
+    /// that stops governing it (its reference changed, another plan governs
+    /// it) gives that gate back first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ray_service: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Ready, CapacityAvailable, UpgradeAdmitted, Stalled, GateOverridden.
@@ -227,7 +228,8 @@ pub struct UpgradePlanStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_change: Option<PendingChange>,
     /// The change raygate let through; present from admission until the
-    /// transition ends. Its reservation is part of the cluster-wide ledger.
+    /// transition ends. While it is present, the new cluster's unbound pods
+    /// (rebuilt from the RayService spec) are part of the cluster-wide ledger.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admitted: Option<Admission>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -256,9 +258,6 @@ pub struct PendingChange {
 pub struct Admission {
     pub fingerprint: String,
     pub admitted_time: String,
-    /// Requests of the new cluster's pods, held in the ledger until they are bound.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub reservation: BTreeMap<String, String>,
     /// The active cluster when the upgrade was admitted: the one to retire.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_cluster: Option<String>,
@@ -342,7 +341,6 @@ mod tests {
         let spec: UpgradePlanSpec =
             serde_json::from_value(serde_json::json!({"rayServiceRef": {"name": "llm"}})).unwrap();
         assert_eq!(spec.policy, Policy::Auto);
-        assert_eq!(spec.on_stall, OnStall::Hold);
         assert_eq!(spec.stall_after, "30m");
         assert_eq!(spec.priority, 0);
     }
@@ -386,7 +384,7 @@ mod tests {
         for good in ["1", "500m", "1Gi", "1.5", "2e3", "8", ".5", "+1"] {
             assert!(quantity.is_match(good), "{good}");
         }
-        for bad in ["", "1 Gi", "Gi", "1KiB", "1.5.5", "0x10"] {
+        for bad in ["", "1 Gi", "Gi", "1KiB", "1.5.5", "0x10", "-4", "-0.5"] {
             assert!(!quantity.is_match(bad), "{bad}");
         }
         let duration = regex::Regex::new(DURATION_PATTERN).unwrap();
@@ -396,5 +394,28 @@ mod tests {
         for bad in ["", "30", "1d", "m", "1h 30m"] {
             assert!(!duration.is_match(bad), "{bad}");
         }
+        let dns = regex::Regex::new(DNS1123_SUBDOMAIN).unwrap();
+        for good in ["llm", "chat-v2", "a.b-c"] {
+            assert!(dns.is_match(good), "{good}");
+        }
+        for bad in ["", "LLM", "x\nforged log line", "-a", "a_b", "a..b"] {
+            assert!(!dns.is_match(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ray_service_ref_is_immutable_and_a_dns_name() {
+        let crd = serde_json::to_value(UpgradePlan::crd()).unwrap();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let r = &spec["properties"]["rayServiceRef"];
+        assert_eq!(
+            r["x-kubernetes-validations"][0]["rule"], "self == oldSelf",
+            "{r}"
+        );
+        assert_eq!(r["properties"]["name"]["pattern"], DNS1123_SUBDOMAIN, "{r}");
+        assert!(
+            spec["properties"].get("onStall").is_none(),
+            "onStall is gone"
+        );
     }
 }

@@ -1060,3 +1060,86 @@ fn closed_stdout_is_not_a_crash() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn negative_and_non_finite_amounts_are_invalid_input_with_the_field() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = std::fs::read_to_string(svc("")).expect("read fixture");
+    let gpu = "nvidia.com/gpu: 4\n";
+    assert!(base.contains(gpu), "fixture has {gpu}");
+    // The YAML reader refuses non-finite numbers itself, showing the line.
+    for (name, value, field, want) in [
+        (
+            "neg.yaml",
+            "nvidia.com/gpu: \"-4\"\n",
+            "resources.limits[nvidia.com/gpu]",
+            "negative amounts",
+        ),
+        (
+            "negnum.yaml",
+            "nvidia.com/gpu: -4\n",
+            "resources.limits[nvidia.com/gpu]",
+            "negative amounts",
+        ),
+        (
+            "inf.yaml",
+            "nvidia.com/gpu: .inf\n",
+            "nvidia.com/gpu: .inf",
+            "non-finite",
+        ),
+        (
+            "nan.yaml",
+            "nvidia.com/gpu: .nan\n",
+            "nvidia.com/gpu: .nan",
+            "non-finite",
+        ),
+    ] {
+        let bad = base.replacen(gpu, value, 1);
+        let path = tmp_file(&dir, name, bad.as_bytes());
+        let r = raygate(&[
+            "fit",
+            "--state",
+            &p(&fx("state-fits.yaml")),
+            "--new",
+            &p(&path),
+        ]);
+        assert_eq!(r.code, 1, "{name}: {}", r.stderr);
+        assert!(
+            r.stderr.contains(field) && r.stderr.contains(want),
+            "{name}: want {field:?} and {want:?}: {}",
+            r.stderr
+        );
+    }
+    let state = std::fs::read_to_string(fx("state-fits.yaml"))
+        .expect("read fixture")
+        .replacen("nvidia.com/gpu: '8'", "nvidia.com/gpu: '-8'", 1);
+    let path = tmp_file(&dir, "neg-state.yaml", state.as_bytes());
+    let r = raygate(&["fit", "--state", &p(&path), "--new", &p(&svc(""))]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("negative amounts"), "{}", r.stderr);
+    let r = raygate(&[
+        "fit",
+        "--state",
+        &p(&fx("state-fits.yaml")),
+        "--new",
+        &p(&svc("")),
+        "--headroom",
+        "nvidia.com/gpu=-4",
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("negative amounts"), "{}", r.stderr);
+}
+
+#[test]
+fn endless_input_stops_with_an_error_not_out_of_memory() {
+    let r = raygate(&["fit", "--state", "/dev/zero", "--new", &p(&svc(""))]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("/dev/zero") && r.stderr.contains("larger than 256 MiB"),
+        "{}",
+        r.stderr
+    );
+    let r = raygate(&["explain", "--old", "/dev/zero", "--new", &p(&svc(""))]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("larger than 256 MiB"), "{}", r.stderr);
+}

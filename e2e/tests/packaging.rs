@@ -1322,10 +1322,6 @@ fn upgradeplan_reference_mentions_every_crd_field() {
             &schema["properties"]["spec"]["properties"]["policy"],
         ),
         (
-            "onStall",
-            &schema["properties"]["spec"]["properties"]["onStall"],
-        ),
-        (
             "phase",
             &schema["properties"]["status"]["properties"]["phase"],
         ),

@@ -19,6 +19,7 @@
 //!    free capacity minus the ledger's reservations and the plan's headroom.
 
 pub mod ledger;
+pub mod priority;
 pub mod stall;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -32,8 +33,8 @@ use crate::capacity::FitReport;
 use crate::quantity::Quantity;
 use crate::schedule::{self, Window};
 use crate::upgradeplan::{
-    Admission, CapacityStatus, OnStall, PendingChange, Phase, Policy, TransitionRecord,
-    UpgradePlan, UpgradePlanStatus,
+    Admission, CapacityStatus, PendingChange, Phase, Policy, TransitionRecord, UpgradePlan,
+    UpgradePlanStatus,
 };
 
 /// The resource name shown in the GPU printer columns.
@@ -100,6 +101,9 @@ pub struct Inputs<'a> {
     pub pods: BTreeMap<String, Vec<&'a Pod>>,
     /// Whether the pending cluster reports itself ready.
     pub pending_ready: bool,
+    /// Fingerprint of the pending RayCluster's own spec, computed like the
+    /// change's; `None` while it is not in the cache (or unreadable).
+    pub pending_fingerprint: Option<String>,
     pub gate: GateFacts,
     /// Evaluates the fit of a change against free capacity and the ledger.
     pub fit: &'a dyn Fn(&ChangeFacts) -> crate::Result<FitReport>,
@@ -129,6 +133,12 @@ const REQUEUE_ACTIVE: Duration = Duration::from_secs(5);
 const REQUEUE_WAITING: Duration = Duration::from_secs(15);
 const REQUEUE_IDLE: Duration = Duration::from_secs(120);
 
+/// How long an admission may wait for KubeRay to name the new cluster before
+/// it is fitted again: capacity measured then may be gone by now (after a
+/// restart, or with KubeRay down), so an old admission never opens the gate
+/// on its own.
+pub const ADMISSION_TTL: Duration = Duration::from_secs(120);
+
 /// Parsed plan settings.
 struct Settings {
     stall_after: Duration,
@@ -138,7 +148,7 @@ struct Settings {
 fn settings(plan: &UpgradePlan) -> crate::Result<Settings> {
     let spec = &plan.spec;
     for (name, value) in &spec.headroom {
-        Quantity::parse_field(&format!("spec.headroom[{name}]"), value)?;
+        Quantity::parse_amount_field(&format!("spec.headroom[{name}]"), value)?;
     }
     let stall_after = schedule::parse_duration("spec.stallAfter", &spec.stall_after)?;
     let windows = spec
@@ -193,7 +203,6 @@ pub fn decide(inp: &Inputs<'_>) -> Decision {
                 .map(|c| c.fingerprint.clone())
                 .unwrap_or_default(),
             admitted_time: inp.now.to_string(),
-            reservation: BTreeMap::new(),
             from_cluster: svc.active_cluster.clone(),
             to_cluster: Some(pending.clone()),
         };
@@ -334,7 +343,6 @@ fn evaluate(mut b: Builder<'_>, inp: &Inputs<'_>, settings: &Settings) -> Decisi
     b.status.admitted = Some(Admission {
         fingerprint: change.fingerprint.clone(),
         admitted_time: inp.now.to_string(),
-        reservation: crate::capacity::canonical_map(&report.new_requests),
         from_cluster: b.status.active_cluster.clone(),
         to_cluster: None,
     });
@@ -399,6 +407,19 @@ fn track(
                 });
                 return evaluate(b, inp, settings);
             }
+            if running_for > ADMISSION_TTL {
+                b.status.admitted = None;
+                b.events.push(EventNote {
+                    warning: true,
+                    reason: "AdmissionExpired",
+                    note: format!(
+                        "KubeRay did not start change {} within {}; fitting it again",
+                        admitted.fingerprint,
+                        stall::human_duration(ADMISSION_TTL)
+                    ),
+                });
+                return evaluate(b, inp, settings);
+            }
             b.status.phase = Phase::Admitted;
             b.status.waiting_for = Some("KubeRay".into());
             b.status.message =
@@ -406,6 +427,43 @@ fn track(
             b.status.admitted = Some(admitted);
             b.gate = Some(Gate::Open);
             b.finish()
+        }
+        // KubeRay named a new cluster for an admission: adopt it only once
+        // its spec is known to be the admitted change.
+        (Some(pending), None) if !admitted.fingerprint.is_empty() => {
+            match inp.pending_fingerprint.as_deref() {
+                None => {
+                    b.status.admitted = Some(admitted);
+                    b.status.phase = Phase::Upgrading;
+                    b.status.waiting_for = Some("new cluster".into());
+                    b.status.message = Some(format!(
+                        "KubeRay named cluster {pending}; it is checked against the admitted change once it exists"
+                    ));
+                    b.finish()
+                }
+                Some(fp) if fp != admitted.fingerprint => {
+                    b.events.push(EventNote {
+                        warning: true,
+                        reason: "AdmissionMismatch",
+                        note: format!(
+                            "KubeRay built cluster {pending} from change {fp}, not from the admitted change {}; \
+                             admission withdrawn, the gate stays closed and the transition is tracked as unadmitted",
+                            admitted.fingerprint
+                        ),
+                    });
+                    let unadmitted = Admission {
+                        fingerprint: fp.to_string(),
+                        admitted_time: inp.now.to_string(),
+                        from_cluster: admitted.from_cluster.clone(),
+                        to_cluster: Some(pending.clone()),
+                    };
+                    track(b, inp, svc, settings, unadmitted)
+                }
+                Some(_) => {
+                    admitted.to_cluster = Some(pending.clone());
+                    track(b, inp, svc, settings, admitted)
+                }
+            }
         }
         // The new cluster exists or existed: the transition is under way.
         (Some(pending), _) => {
@@ -433,7 +491,7 @@ fn track(
                 running_for,
                 settings.stall_after,
             ) {
-                Some(s) => stalled(b, inp, s, &admitted),
+                Some(s) => stalled(b, s, &admitted),
                 None => {
                     b.status.phase = Phase::Upgrading;
                     b.status.waiting_for = Some(if inp.pending_ready {
@@ -520,25 +578,17 @@ fn ended(admitted: &Admission, outcome: &str, now: Timestamp, took: Duration) ->
     }
 }
 
-fn stalled(
-    mut b: Builder<'_>,
-    inp: &Inputs<'_>,
-    s: stall::Stall,
-    admitted: &Admission,
-) -> Decision {
+fn stalled(mut b: Builder<'_>, s: stall::Stall, admitted: &Admission) -> Decision {
     b.status.phase = Phase::Stalled;
     b.status.waiting_for = Some(s.reason.to_string());
     b.condition("Stalled", true, s.reason, &s.message);
-    let mut msg = format!("{}: {}", s.reason, s.message);
-    if inp.plan.spec.on_stall == OnStall::Abort {
-        // KubeRay v1 offers no way to cancel a pending cluster without
-        // rewriting its status or the RayService spec, both of which belong
-        // to others; the gate stays closed and the user is told how to revert.
-        msg.push_str(
-            "; onStall Abort: the gate stays closed and no further cluster is started; \
-             revert spec.rayClusterConfig to the active cluster's config to cancel",
-        );
-    }
+    // KubeRay cancels a pending cluster only when the RayService spec goes
+    // back to the active cluster's, and that spec belongs to the user: the
+    // gate stays closed and the message says how to cancel.
+    let msg = format!(
+        "{}: {}; the gate stays closed; to cancel, revert spec.rayClusterConfig to the active cluster's config",
+        s.reason, s.message
+    );
     b.status.message = Some(msg.clone());
     if b.prev.phase != Phase::Stalled {
         b.outcome = Some("stalled");

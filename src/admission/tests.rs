@@ -68,7 +68,8 @@ fn service(active: &str, pending: Option<&str>) -> Result<ServiceFacts, String> 
     })
 }
 
-/// Runs `decide` with a real fit against `st`.
+/// Runs `decide` with a real fit against `st`; a pending cluster, if any,
+/// was built from the change `change()` describes.
 fn run(
     p: &UpgradePlan,
     svc: Result<ServiceFacts, String>,
@@ -77,6 +78,20 @@ fn run(
     clusters: &[&str],
     pods: BTreeMap<String, Vec<&Pod>>,
     at: Timestamp,
+) -> Decision {
+    run_built_from(p, svc, ch, st, clusters, pods, at, Some("abc123def456"))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_built_from(
+    p: &UpgradePlan,
+    svc: Result<ServiceFacts, String>,
+    ch: Result<Option<ChangeFacts>, String>,
+    st: &ClusterState,
+    clusters: &[&str],
+    pods: BTreeMap<String, Vec<&Pod>>,
+    at: Timestamp,
+    pending_fingerprint: Option<&str>,
 ) -> Decision {
     let fit_fn = |c: &ChangeFacts| {
         fit(
@@ -103,6 +118,7 @@ fn run(
         clusters: clusters.iter().map(|s| s.to_string()).collect(),
         pods,
         pending_ready: false,
+        pending_fingerprint: pending_fingerprint.map(Into::into),
         gate: GateFacts::default(),
         fit: &fit_fn,
     })
@@ -209,10 +225,6 @@ fn an_upgrade_that_fits_is_admitted_and_opens_the_gate() {
     let adm = d.status.admitted.as_ref().unwrap();
     assert_eq!(adm.fingerprint, "abc123def456");
     assert_eq!(adm.from_cluster.as_deref(), Some("llm-a"));
-    assert_eq!(
-        adm.reservation.get("nvidia.com/gpu").map(String::as_str),
-        Some("16")
-    );
     assert_eq!(cond(&d.status, "UpgradeAdmitted").status, "True");
     assert_eq!(d.events.last().unwrap().reason, "Admitted");
 }
@@ -601,6 +613,7 @@ fn gate_override_is_reported_not_fought() {
         clusters: BTreeSet::from(["llm-a".to_string()]),
         pods: BTreeMap::new(),
         pending_ready: false,
+        pending_fingerprint: None,
         gate: GateFacts {
             value: Some("NewCluster".into()),
             overridden_by: Some("argocd-controller".into()),
@@ -614,11 +627,11 @@ fn gate_override_is_reported_not_fought() {
 }
 
 #[test]
-fn on_stall_abort_keeps_the_gate_closed_and_says_what_kuberay_allows() {
+fn a_stall_keeps_the_gate_closed_and_says_how_to_cancel() {
     let mut st = admitted_status();
     st.phase = Phase::Upgrading;
     let p = plan(
-        json!({"rayServiceRef": {"name": "llm"}, "onStall": "Abort", "stallAfter": "30m"}),
+        json!({"rayServiceRef": {"name": "llm"}, "stallAfter": "30m"}),
         Some(st),
     );
     let mut svc = service("llm-a", Some("llm-b")).unwrap();
@@ -638,8 +651,101 @@ fn on_stall_abort_keeps_the_gate_closed_and_says_what_kuberay_allows() {
         msg.starts_with("ServeNotHealthy: app llm DEPLOY_FAILED"),
         "{msg}"
     );
-    assert!(
-        msg.contains("onStall Abort") && msg.contains("revert spec.rayClusterConfig"),
-        "{msg}"
+    assert!(msg.contains("revert spec.rayClusterConfig"), "{msg}");
+}
+
+#[test]
+fn a_pending_cluster_built_from_another_change_is_not_adopted() {
+    let p = auto_plan(Some(admitted_status()));
+    let d = run_built_from(
+        &p,
+        service("llm-a", Some("llm-b")),
+        Ok(None),
+        &state(&[8]),
+        &["llm-a", "llm-b"],
+        BTreeMap::new(),
+        now(),
+        Some("0000other000"),
+    );
+    assert_eq!(d.gate, Some(Gate::Hold));
+    let adm = d.status.admitted.as_ref().unwrap();
+    assert_eq!(adm.fingerprint, "0000other000", "tracked as what it is");
+    assert_eq!(adm.to_cluster.as_deref(), Some("llm-b"));
+    let ev = d
+        .events
+        .iter()
+        .find(|e| e.reason == "AdmissionMismatch")
+        .unwrap();
+    assert!(ev.warning && ev.note.contains("abc123def456"), "{ev:?}");
+}
+
+#[test]
+fn a_pending_cluster_not_yet_readable_is_adopted_only_once_checked() {
+    let p = auto_plan(Some(admitted_status()));
+    let d = run_built_from(
+        &p,
+        service("llm-a", Some("llm-b")),
+        Ok(None),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+        None,
+    );
+    assert_eq!(
+        (d.status.phase, d.gate),
+        (Phase::Upgrading, Some(Gate::Hold))
+    );
+    assert_eq!(d.status.admitted.as_ref().unwrap().to_cluster, None);
+    let d = run(
+        &auto_plan(Some(d.status)),
+        service("llm-a", Some("llm-b")),
+        Ok(None),
+        &state(&[8]),
+        &["llm-a", "llm-b"],
+        BTreeMap::new(),
+        now(),
+    );
+    let adm = d.status.admitted.as_ref().unwrap();
+    assert_eq!(
+        (adm.fingerprint.as_str(), adm.to_cluster.as_deref()),
+        ("abc123def456", Some("llm-b"))
+    );
+    assert!(d.events.iter().all(|e| e.reason != "AdmissionMismatch"));
+}
+
+#[test]
+fn an_admission_kuberay_does_not_act_on_is_fitted_again() {
+    let p = auto_plan(Some(admitted_status()));
+    let later = now() + ADMISSION_TTL + Duration::from_secs(1);
+    // Capacity is gone by now: the old admission must not keep the gate open.
+    let d = run(
+        &p,
+        service("llm-a", None),
+        Ok(Some(change(vec![gpu_pod("w0", 8)]))),
+        &state(&[4]),
+        &["llm-a"],
+        BTreeMap::new(),
+        later,
+    );
+    assert_eq!(
+        (d.status.phase, d.gate),
+        (Phase::WaitingForCapacity, Some(Gate::Hold))
+    );
+    assert!(d.status.admitted.is_none());
+    assert!(d.events.iter().any(|e| e.reason == "AdmissionExpired"));
+    // Within the bound it stays admitted.
+    let d = run(
+        &p,
+        service("llm-a", None),
+        Ok(Some(change(vec![gpu_pod("w0", 8)]))),
+        &state(&[4]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now() + Duration::from_secs(60),
+    );
+    assert_eq!(
+        (d.status.phase, d.gate),
+        (Phase::Admitted, Some(Gate::Open))
     );
 }

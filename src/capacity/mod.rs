@@ -111,7 +111,7 @@ pub(crate) fn parse_resource_list_with(
     map: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
 ) -> crate::Result<ResourceList> {
     map.iter()
-        .map(|(k, v)| match Quantity::parse(&v.0) {
+        .map(|(k, v)| match Quantity::parse_amount(&v.0) {
             Ok(q) => Ok((k.clone(), q)),
             Err(e) => Err(crate::Error::Quantity {
                 field: format!("{}[{k}]", field()),

@@ -62,7 +62,7 @@ fn parse<'a>(
     map: &'a BTreeMap<String, K8sQuantity>,
 ) -> crate::Result<Req<'a>> {
     map.iter()
-        .map(|(k, v)| match Quantity::parse(&v.0) {
+        .map(|(k, v)| match Quantity::parse_amount(&v.0) {
             Ok(q) => Ok((k.as_str(), q)),
             Err(e) => Err(crate::Error::Quantity {
                 field: format!("{}[{k}]", field()),

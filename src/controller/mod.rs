@@ -8,8 +8,10 @@
 
 pub mod cache;
 pub mod gate;
+pub mod govern;
 pub mod observe;
 pub mod patch;
+pub mod release;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,9 +35,10 @@ use crate::admission::{self, Decision, Inputs};
 use crate::kuberay::{
     KubeRayVersion, LABEL_CLUSTER, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService,
 };
+use crate::leader::Fence;
 use crate::metrics::{Metrics, PlanObservation};
 use crate::server::Health;
-use crate::upgradeplan::{Phase, UpgradePlan};
+use crate::upgradeplan::{Phase, UpgradePlan, UpgradePlanStatus};
 use crate::{Error, Result};
 
 use observe::{Overlay, Stores};
@@ -54,9 +57,15 @@ pub struct Settings {
     pub instance: String,
 }
 
+/// How often gates no plan governs any more are looked for.
+const SWEEP_EVERY: Duration = Duration::from_secs(30);
+
 /// Shared by all reconciles.
 pub struct Context {
+    /// For writes: every call on it is bounded (see [`guarded`]).
     pub client: Client,
+    /// Every write asks it first.
+    pub fence: Arc<Fence>,
     pub stores: Stores,
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
@@ -134,15 +143,20 @@ where
     reader
 }
 
-/// Run the controller until shutdown.
+/// Run the controller until shutdown. `watch` serves the long-running
+/// watches; `client` (with short timeouts) every other call.
 pub async fn run(
+    watch: Client,
     client: Client,
     settings: Settings,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    fence: Arc<Fence>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
     let ns = settings.namespaces.clone();
+    let (watch, writes) = (watch, client);
+    let client = watch;
     let plans_api: Api<UpgradePlan> = api_for(&client, &ns);
     let controller = Controller::new(plans_api.clone(), watcher::Config::default().any_semantic())
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(200)));
@@ -245,8 +259,9 @@ pub async fn run(
         instance: Some(settings.instance.clone()),
     };
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
-        client,
+        recorder: Recorder::new(writes.clone(), reporter),
+        client: writes,
+        fence,
         stores: Stores {
             plans,
             services,
@@ -258,6 +273,18 @@ pub async fn run(
         metrics,
         settings,
         decisions: Mutex::new(Overlay::new()),
+    });
+    let sweeper = tokio::spawn({
+        let ctx = ctx.clone();
+        async move {
+            if ctx.stores.plans.wait_until_ready().await.is_err() {
+                return;
+            }
+            loop {
+                sweep_orphans(&ctx).await;
+                tokio::time::sleep(SWEEP_EVERY).await;
+            }
+        }
     });
     controller
         .reconcile_on(rx)
@@ -271,16 +298,89 @@ pub async fn run(
             future::ready(())
         })
         .await;
+    sweeper.abort();
     Ok(())
+}
+
+/// One write: refused unless this replica's lease is confirmed (fencing),
+/// and bounded so it cannot still be in flight when another replica may
+/// have taken over. The inner result is the API's answer.
+pub async fn guarded<T>(
+    fence: &Fence,
+    what: &str,
+    call: impl std::future::Future<Output = std::result::Result<T, kube::Error>>,
+) -> Result<std::result::Result<T, kube::Error>> {
+    fence.check()?;
+    let after = fence.api_timeout();
+    tokio::time::timeout(after, call)
+        .await
+        .map_err(|_| Error::Timeout {
+            what: what.to_string(),
+            after,
+        })
+}
+
+/// Give back the gate of `ns/name`. Only an existing RayService is
+/// patched: an apply would create one.
+async fn release_gate(ctx: &Context, ns: &str, name: &str) -> Result<()> {
+    let exists = ctx
+        .stores
+        .services
+        .get(&ObjectRef::new(name).within(ns))
+        .is_some();
+    if !exists {
+        return Ok(());
+    }
+    let services: gate::Services = Api::namespaced(ctx.client.clone(), ns);
+    match guarded(
+        &ctx.fence,
+        "giving back the gate",
+        gate::release(&services, name),
+    )
+    .await?
+    {
+        Ok(()) => {
+            info!(namespace = %ns, rayservice = %name, "gate released");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Gates raygate still holds on RayServices that no plan governs any more
+/// (a plan deleted after its finalizer was removed by hand, a reference
+/// edited while raygate was down) are given back.
+async fn sweep_orphans(ctx: &Context) {
+    let plans = ctx.stores.plans.state();
+    for svc in ctx.stores.services.state() {
+        let meta = match &svc.0 {
+            Ok(s) => &s.metadata,
+            Err(e) => &e.metadata,
+        };
+        let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) else {
+            continue;
+        };
+        let owned = gate::owned_by_us(meta.managed_fields.as_deref().unwrap_or(&[]));
+        if !owned || !in_scope(&ctx.settings, Some(ns)) || govern::governed(&plans, ns, name) {
+            continue;
+        }
+        warn!(namespace = %ns, rayservice = %name, "no UpgradePlan governs this RayService; giving its gate back");
+        if let Err(e) = release_gate(ctx, ns, name).await {
+            warn!(namespace = %ns, rayservice = %name, error = %e, "giving back an orphaned gate");
+        }
+    }
 }
 
 async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile_timer();
-    if !in_scope(&ctx.settings, plan.namespace().as_deref()) {
-        return Ok(Action::await_change());
-    }
+    ctx.fence.check()?;
     let ns = plan.namespace().unwrap_or_default();
     let api: Api<UpgradePlan> = Api::namespaced(ctx.client.clone(), &ns);
+    if !in_scope(&ctx.settings, plan.namespace().as_deref()) {
+        leave(&api, &plan, &ctx).await?;
+        return Ok(Action::await_change());
+    }
     finalizer(&api, FINALIZER, plan, |event| async {
         match event {
             Finalizer::Apply(p) => apply(&p, &ctx).await,
@@ -291,42 +391,45 @@ async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context>) -> Result<Action> 
     .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
+/// A plan outside the watched namespaces: raygate no longer governs it, so
+/// it gives the gate back and drops its finalizer (else the plan could
+/// never be deleted, and the RayService would stay held).
+async fn leave(api: &Api<UpgradePlan>, plan: &UpgradePlan, ctx: &Context) -> Result<()> {
+    if !plan.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(());
+    }
+    let ns = plan.namespace().unwrap_or_default();
+    if let Some(svc) = govern::gate_to_release(&ctx.stores.plans.state(), plan) {
+        release_gate(ctx, &ns, &svc).await?;
+    }
+    release::remove_finalizer(api, plan, &ctx.fence).await?;
+    info!(plan = %plan.name_any(), namespace = %ns, "plan outside the watched namespaces: gate given back, finalizer removed");
+    Ok(())
+}
+
 fn error_policy(plan: Arc<UpgradePlan>, err: &Error, ctx: Arc<Context>) -> Action {
     warn!(plan = %plan.name_any(), error = %err, "reconcile failed");
     ctx.metrics.reconcile_error(err.metric_label());
     Action::requeue(Duration::from_secs(10))
 }
 
-/// The plan was deleted: give the gate back so KubeRay behaves as without raygate.
+/// The plan was deleted: give the gate back so KubeRay behaves as without
+/// raygate, unless another plan governs that RayService now.
 async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     let ns = plan.namespace().unwrap_or_default();
-    let name = &plan.spec.ray_service_ref.name;
-    // Only an existing RayService is patched: an apply would create one.
-    let exists = ctx
-        .stores
-        .services
-        .get(&ObjectRef::new(name).within(&ns))
-        .is_some();
-    let services: gate::Services = Api::namespaced(ctx.client.clone(), &ns);
-    match if exists {
-        gate::release(&services, name).await
-    } else {
-        Ok(())
-    } {
-        Ok(()) => info!(plan = %plan.name_any(), rayservice = %name, "gate released"),
-        Err(kube::Error::Api(e)) if e.code == 404 => {}
-        Err(e) => return Err(e.into()),
+    if let Some(name) = govern::gate_to_release(&ctx.stores.plans.state(), plan) {
+        release_gate(ctx, &ns, &name).await?;
+        publish(
+            ctx,
+            plan,
+            None,
+            false,
+            "GateReleased",
+            format!("raygate no longer gates {name}"),
+        )
+        .await;
     }
     ctx.metrics.forget_plan(&ns, &plan.name_any());
-    publish(
-        ctx,
-        plan,
-        None,
-        false,
-        "GateReleased",
-        format!("raygate no longer gates {name}"),
-    )
-    .await;
     ctx.decisions.lock().await.remove(&(ns, plan.name_any()));
     Ok(Action::await_change())
 }
@@ -335,18 +438,72 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     let ns = plan.namespace().unwrap_or_default();
     let name = plan.name_any();
     let now = Timestamp::now();
+    let plans = ctx.stores.plans.state();
+    let soon = Action::requeue(Duration::from_secs(1));
+
+    // The reference was edited (an apiserver without CEL rules lets it):
+    // the gate of the RayService it named goes back first.
+    if let Some(old) = govern::recorded_elsewhere(plan) {
+        if let Some(target) = govern::gate_to_release(&plans, plan) {
+            release_gate(ctx, &ns, &target).await?;
+        }
+        ctx.decisions
+            .lock()
+            .await
+            .remove(&(ns.clone(), name.clone()));
+        if write_status(ctx, plan, &govern::handed_over_status(plan, &old)).await? {
+            publish(
+                ctx,
+                plan,
+                None,
+                false,
+                "GateReleased",
+                format!("rayServiceRef changed: raygate no longer gates {old}"),
+            )
+            .await;
+        }
+        return Ok(soon);
+    }
+    if let Some(governor) = govern::conflict_with(&plans, plan) {
+        let st = govern::conflict_status(plan, &governor, now);
+        if plan.status.as_ref() != Some(&st) && write_status(ctx, plan, &st).await? {
+            let note = st.message.clone().unwrap_or_default();
+            publish(ctx, plan, None, true, "Conflict", note).await;
+        }
+        return Ok(Action::requeue(Duration::from_secs(30)));
+    }
 
     let mut overlay = ctx.decisions.lock().await;
-    // The cache caught up with what we wrote: the overlay entry is no longer needed.
-    if plan.status.as_ref().is_some_and(|s| s.admitted.is_some()) {
-        overlay.remove(&(ns.clone(), name.clone()));
-    }
-    let (obs, decision, overridden) = decide_now(ctx, plan, &overlay, now);
-
-    let prev = plan.status.clone().unwrap_or_default();
-    if decision.status != prev {
-        write_status(ctx, plan, &decision).await?;
-    }
+    let mut current = plan.clone();
+    let mut attempts = 0;
+    let (plan, obs, decision, overridden, prev) = loop {
+        // The cache caught up with what we wrote: the overlay entry is no longer needed.
+        if current
+            .status
+            .as_ref()
+            .is_some_and(|s| s.admitted.is_some())
+        {
+            overlay.remove(&(ns.clone(), name.clone()));
+        }
+        let (obs, mut decision, overridden) = decide_now(ctx, &current, &overlay, now);
+        decision.status.ray_service = Some(obs.service_name.clone());
+        let prev = current.status.clone().unwrap_or_default();
+        if decision.status == prev || write_status(ctx, &current, &decision.status).await? {
+            break (current, obs, decision, overridden, prev);
+        }
+        // Someone wrote the plan since the cache saw it: decide again on
+        // what is there now, never re-apply a decision made on stale input.
+        attempts += 1;
+        if attempts == 2 {
+            return Ok(soon);
+        }
+        let api: Api<UpgradePlan> = Api::namespaced(ctx.client.clone(), &ns);
+        match guarded(&ctx.fence, "reading the UpgradePlan", api.get_opt(&name)).await?? {
+            Some(fresh) => current = fresh,
+            None => return Ok(Action::await_change()),
+        }
+    };
+    let plan = &plan;
     if let Some(admitted) = decision.status.admitted.clone() {
         overlay.insert((ns.clone(), name.clone()), admitted);
     } else {
@@ -359,7 +516,13 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
         let current = obs.gate.value.as_deref();
         if current != Some(gate.strategy()) || !obs.gate_owned_by_us {
             let services: gate::Services = Api::namespaced(ctx.client.clone(), &ns);
-            match gate::apply(&services, &obs.service_name, gate).await {
+            match guarded(
+                &ctx.fence,
+                "setting the gate",
+                gate::apply(&services, &obs.service_name, gate),
+            )
+            .await?
+            {
                 Ok(()) => {
                     info!(plan = %name, rayservice = %obs.service_name, gate = gate.strategy(), "gate set")
                 }
@@ -466,6 +629,7 @@ fn decide_now(
         clusters: obs.clusters.clone(),
         pods,
         pending_ready: obs.pending_ready,
+        pending_fingerprint: obs.pending_fingerprint.clone(),
         gate: obs.gate.clone(),
         fit: &fit,
     };
@@ -485,18 +649,43 @@ fn decide_now(
     (obs, decision, overridden)
 }
 
-async fn write_status(ctx: &Context, plan: &UpgradePlan, d: &Decision) -> Result<()> {
+/// The status write: a merge patch of what changed, made conditional on
+/// the resourceVersion the decision was based on.
+fn status_patch(plan: &UpgradePlan, status: &UpgradePlanStatus) -> Result<serde_json::Value> {
+    let old = serde_json::to_value(plan.status.clone().unwrap_or_default())?;
+    let new = serde_json::to_value(status)?;
+    let mut body = serde_json::json!({ "status": patch::merge_diff(&old, &new) });
+    if let Some(rv) = plan.resource_version() {
+        body["metadata"] = serde_json::json!({ "resourceVersion": rv });
+    }
+    Ok(body)
+}
+
+/// Writes the status; `false` when the plan changed since it was read
+/// (the apiserver refused the precondition).
+async fn write_status(
+    ctx: &Context,
+    plan: &UpgradePlan,
+    status: &UpgradePlanStatus,
+) -> Result<bool> {
     let ns = plan.namespace().unwrap_or_default();
     let name = plan.name_any();
     let api: Api<UpgradePlan> = Api::namespaced(ctx.client.clone(), &ns);
-    let old = serde_json::to_value(plan.status.clone().unwrap_or_default())?;
-    let new = serde_json::to_value(&d.status)?;
-    let patch = serde_json::json!({ "status": patch::merge_diff(&old, &new) });
-    api.patch_status(&name, &gate::merge_params(), &Patch::Merge(&patch))
-        .await?;
-    info!(plan = %name, namespace = %ns, phase = d.status.phase.as_str(),
-          waiting_for = d.status.waiting_for.as_deref().unwrap_or(""), "status updated");
-    Ok(())
+    let body = status_patch(plan, status)?;
+    let (params, patch) = (gate::merge_params(), Patch::Merge(&body));
+    let call = api.patch_status(&name, &params, &patch);
+    match guarded(&ctx.fence, "writing the UpgradePlan status", call).await? {
+        Ok(_) => {
+            info!(plan = %name, namespace = %ns, phase = status.phase.as_str(),
+                  waiting_for = status.waiting_for.as_deref().unwrap_or(""), "status updated");
+            Ok(true)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            debug!(plan = %name, namespace = %ns, "status changed since read; reading it again");
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn publish(
@@ -518,8 +707,14 @@ async fn publish(
         action: "Gate".into(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&ev, &plan.object_ref(&())).await {
-        warn!(error = %e, "failed to record event on plan");
+    if ctx.fence.check().is_err() {
+        return;
+    }
+    let bound = ctx.fence.api_timeout();
+    match tokio::time::timeout(bound, ctx.recorder.publish(&ev, &plan.object_ref(&()))).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e, "failed to record event on plan"),
+        Err(_) => warn!(timeout = ?bound, "recording an event on the plan timed out"),
     }
     let Some(svc_name) = service else { return };
     let ns = plan.namespace().unwrap_or_default();
@@ -528,9 +723,13 @@ async fn publish(
         .services
         .get(&ObjectRef::new(svc_name).within(&ns))
         && let Ok(svc) = &svc.0
-        && let Err(e) = ctx.recorder.publish(&ev, &svc.object_ref(&())).await
+        && ctx.fence.check().is_ok()
     {
-        warn!(error = %e, "failed to record event on RayService");
+        match tokio::time::timeout(bound, ctx.recorder.publish(&ev, &svc.object_ref(&()))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "failed to record event on RayService"),
+            Err(_) => warn!(timeout = ?bound, "recording an event on the RayService timed out"),
+        }
     }
 }
 
@@ -610,4 +809,39 @@ fn as_numbers(
                 .map(|q| (k.clone(), q.milli_value() as f64 / 1000.0))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn status_writes_are_conditional_on_the_version_decided_on() {
+        let mut plan: UpgradePlan = serde_json::from_value(json!({
+            "apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan",
+            "metadata": {"name": "p", "namespace": "ml", "resourceVersion": "42"},
+            "spec": {"rayServiceRef": {"name": "llm"}},
+            "status": {"phase": "Admitted", "admitted": {"fingerprint": "abc", "admittedTime": "t"}}
+        }))
+        .unwrap();
+        let status = UpgradePlanStatus {
+            phase: Phase::Idle,
+            ray_service: Some("llm".into()),
+            ..Default::default()
+        };
+        let body = status_patch(&plan, &status).unwrap();
+        assert_eq!(body["metadata"]["resourceVersion"], "42");
+        assert_eq!(
+            body["status"],
+            json!({"phase": "Idle", "admitted": null, "rayService": "llm"})
+        );
+        plan.metadata.resource_version = None;
+        assert!(
+            status_patch(&plan, &status)
+                .unwrap()
+                .get("metadata")
+                .is_none()
+        );
+    }
 }

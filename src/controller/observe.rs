@@ -49,6 +49,8 @@ pub struct Observation {
     pub clusters: BTreeSet<String>,
     pub pods: BTreeMap<String, Vec<Arc<Pod>>>,
     pub pending_ready: bool,
+    /// Fingerprint of the pending RayCluster's spec (see [`cluster_fingerprint`]).
+    pub pending_fingerprint: Option<String>,
     pub gate: GateFacts,
     /// Another manager that owns the gate field (not yet judged an override).
     pub gate_other_owner: Option<String>,
@@ -161,6 +163,7 @@ pub fn observe(stores: &Stores, plan: &UpgradePlan, version: KubeRayVersion) -> 
         clusters: BTreeSet::new(),
         pods: BTreeMap::new(),
         pending_ready: false,
+        pending_fingerprint: None,
         gate: GateFacts::default(),
         gate_other_owner: None,
         gate_owned_by_us: false,
@@ -219,6 +222,10 @@ pub fn observe(stores: &Stores, plan: &UpgradePlan, version: KubeRayVersion) -> 
         .and_then(|c| c.status.as_ref())
         .and_then(|s| s.state.as_deref())
         == Some("ready");
+    obs.pending_fingerprint = pending_cluster
+        .as_ref()
+        .and_then(|c| c.0.as_ref().ok())
+        .and_then(|c| cluster_fingerprint(c, version));
 
     // KubeRay compares the spec with the pending cluster when there is one.
     let base = pending_cluster.or_else(|| find(&active));
@@ -242,6 +249,15 @@ pub fn observe(stores: &Stores, plan: &UpgradePlan, version: KubeRayVersion) -> 
         pending_apps,
     });
     obs
+}
+
+/// The fingerprint a RayCluster's own spec has, computed as a change's is
+/// (muted fields left out), so it can be compared with an admitted one.
+fn cluster_fingerprint(c: &RayCluster, version: KubeRayVersion) -> Option<String> {
+    let spec = serde_json::to_value(&c.spec).ok()?;
+    let n = kuberay::normalize::normalize_cluster_spec(&spec, &version.rules(), "RayCluster spec")
+        .ok()?;
+    Some(kuberay::classify::fingerprint(&n.muted))
 }
 
 fn change_against(
@@ -360,7 +376,7 @@ pub fn queue(
         q.push(Candidate {
             namespace: ns,
             name: p.name_any(),
-            priority: p.spec.priority,
+            priority: crate::admission::priority::of(&p),
             waiting_since: waiting_since(&p, now),
             pods,
             headroom: headroom(&p),
@@ -369,7 +385,7 @@ pub fn queue(
     q.push(Candidate {
         namespace: me.namespace().unwrap_or_default(),
         name: me.name_any(),
-        priority: me.spec.priority,
+        priority: crate::admission::priority::of(me),
         waiting_since: waiting_since(me, now),
         pods: my_pods.to_vec(),
         headroom: headroom(me),

@@ -368,7 +368,7 @@ fn quantity_string(v: &Value, field: &str) -> crate::Result<String> {
             });
         }
     };
-    Ok(Quantity::parse_field(field, &s)?.canonical())
+    Ok(Quantity::parse_amount_field(field, &s)?.canonical())
 }
 
 fn field_name(what: &str, path: &[Seg]) -> String {

@@ -1,0 +1,178 @@
+//! `raygate release`: give every gate back and drop raygate's finalizers,
+//! so that raygate can be uninstalled without leaving a RayService held at
+//! `upgradeStrategy: None` or an UpgradePlan stuck Terminating.
+//!
+//! The operator must be stopped first (else it would add the finalizers
+//! again and re-apply the gates): with `--scale-down`, the command sets the
+//! operator's Deployment to zero replicas and waits until its pods are gone.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use super::{FINALIZER, gate, guarded};
+use crate::leader::Fence;
+use crate::upgradeplan::UpgradePlan;
+use crate::{Error, Result};
+
+/// Removes raygate's finalizer from `plan`, keeping the others; the patch
+/// is conditional on the resourceVersion read, so a concurrent change to the
+/// list is never overwritten.
+pub async fn remove_finalizer(
+    api: &Api<UpgradePlan>,
+    plan: &UpgradePlan,
+    fence: &Fence,
+) -> Result<()> {
+    if !plan.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(());
+    }
+    let rest: Vec<&String> = plan
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .collect();
+    let patch = json!({"metadata": {
+        "finalizers": rest,
+        "resourceVersion": plan.resource_version(),
+    }});
+    let (name, params, patch) = (
+        plan.name_any(),
+        PatchParams::default(),
+        Patch::Merge(&patch),
+    );
+    match guarded(
+        fence,
+        "removing the finalizer",
+        api.patch(&name, &params, &patch),
+    )
+    .await?
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What `raygate release` did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Released {
+    pub gates: Vec<String>,
+    pub finalizers: Vec<String>,
+}
+
+/// Stops the operator: `deployment` (in `ns`) to zero replicas, then waits
+/// until none of its pods is left (a pod that is still terminating may
+/// still write).
+pub async fn scale_down(client: &Client, ns: &str, deployment: &str, wait: Duration) -> Result<()> {
+    let fence = Fence::open();
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let patch = json!({"spec": {"replicas": 0}});
+    let d = guarded(
+        &fence,
+        "scaling the operator down",
+        api.patch(deployment, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await??;
+    let selector = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.match_labels.as_ref())
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| {
+            Error::invalid(
+                format!("deployment {ns}/{deployment}"),
+                "has no spec.selector.matchLabels",
+            )
+        })?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let start = Instant::now();
+    loop {
+        let left = guarded(
+            &fence,
+            "listing the operator's pods",
+            pods.list(&ListParams::default().labels(&selector)),
+        )
+        .await??
+        .items
+        .len();
+        if left == 0 {
+            return Ok(());
+        }
+        if start.elapsed() > wait {
+            return Err(Error::invalid(
+                format!("deployment {ns}/{deployment}"),
+                format!(
+                    "{left} pods still running after {wait:?}; stop the operator before releasing"
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Gives back every gate of the plans in `namespace` (all namespaces when
+/// `None`) and removes their finalizers.
+pub async fn release(client: &Client, namespace: Option<&str>) -> Result<Released> {
+    let fence = Fence::open();
+    let plans: Api<UpgradePlan> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let list = guarded(
+        &fence,
+        "listing UpgradePlans",
+        plans.list(&ListParams::default()),
+    )
+    .await??
+    .items;
+    let mut done = Released::default();
+    for plan in &list {
+        let ns = plan.namespace().unwrap_or_default();
+        let services: gate::Services = Api::namespaced(client.clone(), &ns);
+        let mut names = vec![plan.spec.ray_service_ref.name.clone()];
+        if let Some(recorded) = plan.status.as_ref().and_then(|s| s.ray_service.clone())
+            && !names.contains(&recorded)
+        {
+            names.push(recorded);
+        }
+        for name in names {
+            let found = guarded(
+                &fence,
+                "reading a RayService",
+                services.get_metadata_opt(&name),
+            )
+            .await??;
+            let Some(svc) = found else { continue };
+            if !gate::owned_by_us(svc.metadata.managed_fields.as_deref().unwrap_or(&[])) {
+                continue;
+            }
+            match guarded(
+                &fence,
+                "giving back the gate",
+                gate::release(&services, &name),
+            )
+            .await?
+            {
+                Ok(()) => done.gates.push(format!("{ns}/{name}")),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let api: Api<UpgradePlan> = Api::namespaced(client.clone(), &ns);
+        if plan.finalizers().iter().any(|f| f == FINALIZER) {
+            remove_finalizer(&api, plan, &fence).await?;
+            done.finalizers.push(format!("{ns}/{}", plan.name_any()));
+        }
+    }
+    Ok(done)
+}
