@@ -4,8 +4,9 @@
 //! [`Rules`]):
 //!
 //! 0. `validateRayService` (first thing in `Reconcile`): an invalid
-//!    `upgradeStrategy.type` (or incomplete `NewClusterWithIncrementalUpgrade` options)
-//!    fails the RayService and nothing is applied → `Held`.
+//!    `upgradeStrategy.type` (or incomplete `NewClusterWithIncrementalUpgrade` options),
+//!    or a cluster spec that fails [`validate::cluster_spec_error`], fails the RayService
+//!    and nothing is applied, not even the Serve config → `Held`, `rejected`.
 //! 1. `shouldUpdateCluster(active)` — skipped while the RayService has condition
 //!    `UpgradeInProgress`:
 //!    a. (v1.2.0+) the cluster's `ray.io/kuberay-version` annotation differs from the
@@ -40,6 +41,7 @@ use super::types::{
     CONDITION_ROLLBACK_IN_PROGRESS, CONDITION_UPGRADE_IN_PROGRESS, RayCluster, RayClusterSpec,
     RayService, UpgradeType, object_name,
 };
+use super::validate;
 use super::version::{BadGroupCountAnnotation, KubeRayVersion, Rules};
 
 /// What the change is compared against.
@@ -97,6 +99,9 @@ pub struct Classification {
     /// Why a needed new cluster is not created (only for `Held`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_reason: Option<String>,
+    /// KubeRay's validation rejects the new RayService: it applies nothing, not even the
+    /// Serve config (the verdict is then `Held`, or `NoChange` when nothing changed).
+    pub rejected: bool,
     /// Changed `rayClusterConfig` fields that drive the verdict (relative to
     /// `rayClusterConfig`).
     pub triggering_paths: Vec<String>,
@@ -479,6 +484,7 @@ pub fn classify_with(
     let mut c = Classification {
         verdict: Verdict::NoChange,
         held_reason: None,
+        rejected: false,
         triggering_paths: Vec::new(),
         exempt_paths,
         serve_config_paths: serve_paths,
@@ -509,7 +515,10 @@ pub fn classify_with(
     };
 
     // 0. validateRayService.
-    if let Some(invalid) = validate_upgrade(new, &rules, gate) {
+    let invalid = validate::cluster_spec_error(new, &new_n.full, &rules)
+        .or_else(|| validate_upgrade(new, &rules, gate));
+    if let Some(invalid) = invalid {
+        c.rejected = true;
         if any_cluster_change || serve_changed {
             c.verdict = Verdict::Held;
             c.triggering_paths = trig_paths;
@@ -1307,6 +1316,57 @@ mod tests {
             vec!["workerGroupSpecs[gpu-workers].priority"]
         );
         assert_eq!(run(&svc(), &new, "1.7").verdict, Verdict::NewCluster);
+    }
+
+    #[test]
+    fn validation_rejects_and_applies_nothing() {
+        // minReplicas > maxReplicas: v1.6 validation rejects the RayService, v1.5.2 mutes it.
+        let bad_bounds = edit(&svc(), |v| {
+            worker(v)["minReplicas"] = json!(50);
+            bump_image(v);
+        });
+        let c = run(&svc(), &bad_bounds, "1.6.1");
+        assert_eq!(c.verdict, Verdict::Held);
+        assert!(c.rejected);
+        assert!(c.held_reason.unwrap().contains("greater than maxReplicas"));
+        let c = run(&svc(), &bad_bounds, "1.5.2");
+        assert_eq!(c.verdict, Verdict::NewCluster);
+        assert!(!c.rejected);
+        // Worker-group suspend: the RayJobDeletionPolicy gate is off by default in v1.5.
+        let suspended = edit(&svc(), |v| worker(v)["suspend"] = json!(true));
+        let c = run(&svc(), &suspended, "1.5.2");
+        assert_eq!((c.verdict, c.rejected), (Verdict::Held, true));
+        // Rejected: the Serve config is not submitted either.
+        let serve_too = edit(&suspended, |v| {
+            v["spec"]["serveConfigV2"] = json!("applications: []\n");
+        });
+        let c = run(&svc(), &serve_too, "1.5.2");
+        assert_eq!((c.verdict, c.rejected), (Verdict::Held, true));
+        assert!(c.reason.contains("applies nothing"), "{}", c.reason);
+        let unchanged = run(&suspended, &suspended, "1.5.2");
+        assert_eq!(
+            (unchanged.verdict, unchanged.rejected),
+            (Verdict::NoChange, true)
+        );
+        assert!(!run(&svc(), &svc(), "1.5.2").rejected);
+    }
+
+    #[test]
+    fn auth_options_known_from_v1_5_2() {
+        let base = edit(&svc(), |v| cfg(v)["rayVersion"] = json!("2.52.0"));
+        let token = edit(&base, |v| cfg(v)["authOptions"] = json!({"mode": "token"}));
+        for (ver_s, verdict) in [
+            ("1.5.0", Verdict::NoChange),
+            ("1.5.2", Verdict::NewCluster),
+            ("1.6.1", Verdict::NewCluster),
+        ] {
+            let c = run(&base, &token, ver_s);
+            assert_eq!(c.verdict, verdict, "{ver_s}");
+        }
+        assert_eq!(
+            run(&base, &token, "1.5.0").ignored_paths,
+            vec!["authOptions"]
+        );
     }
 
     #[test]

@@ -7,12 +7,14 @@
 //! - [`diff`]: structural diff with readable, name-keyed paths.
 //! - [`classify`]: what KubeRay will do with a RayService change.
 //! - [`pods`]: the pods KubeRay will create for a cluster spec.
+//! - [`validate`]: the RayService validation that makes KubeRay reject a change.
 
 pub mod classify;
 pub mod diff;
 pub mod normalize;
 pub mod pods;
 pub mod types;
+pub mod validate;
 pub mod version;
 
 pub use classify::{Classification, ClassifyOptions, OldSide, Verdict, classify, classify_with};

@@ -246,6 +246,21 @@ pub struct Rules {
     /// `shouldPrepareNewCluster` returns false while the RayService has condition
     /// `RollbackInProgress` (v1.6.0+).
     pub rollback_blocks_new_cluster: bool,
+    /// `utils/validation.go` `ValidateRayClusterSpec` / `ValidateRayServiceSpec` checks that
+    /// raygate models (v1.5.0+; read at v1.5.0, v1.5.2, v1.6.0, v1.6.1): a RayService failing
+    /// them is rejected and KubeRay applies nothing, not even its Serve config. Worker-group
+    /// `suspend: true` with autoscaling, `headService.metadata.name` set, a negative
+    /// `rayClusterDeletionDelaySeconds`.
+    pub validates_cluster_spec: bool,
+    /// `minReplicas > maxReplicas` or a negative bound fails validation: v1.6.0+.
+    pub validates_replica_bounds: bool,
+    /// Default of the `RayJobDeletionPolicy` feature gate, without which a worker group
+    /// with `suspend: true` fails validation (`pkg/features/features.go`): Alpha/false in
+    /// v1.5, Beta/true in v1.6.0+.
+    pub job_deletion_policy_gate_default: bool,
+    /// `RayClusterSpec.authOptions` exists (v1.5.2, v1.6.0+; not in v1.5.0) and
+    /// `mode: token` requires `rayVersion` >= 2.52.0.
+    pub auth_options: bool,
     /// Fields of RayClusterSpec / HeadGroupSpec / WorkerGroupSpec this release's Go types
     /// know (`apis/ray/v1/raycluster_types.go`); others are pruned by the API server and
     /// dropped by Go's unmarshal, so they can never trigger anything.
@@ -276,6 +291,18 @@ const CLUSTER_1_3: &[&str] = &[
     "suspend",
     "managedBy",
     "gcsFaultToleranceOptions",
+];
+const CLUSTER_1_5_2: &[&str] = &[
+    "headGroupSpec",
+    "workerGroupSpecs",
+    "rayVersion",
+    "enableInTreeAutoscaling",
+    "autoscalerOptions",
+    "headServiceAnnotations",
+    "suspend",
+    "managedBy",
+    "gcsFaultToleranceOptions",
+    "authOptions",
 ];
 const CLUSTER_1_6: &[&str] = &[
     "headGroupSpec",
@@ -443,10 +470,16 @@ impl Rules {
                 ReplicaClamp::MinAboveMaxUsesMax
             },
             rollback_blocks_new_cluster: at_least(6, 0),
+            validates_cluster_spec: at_least(5, 0),
+            validates_replica_bounds: at_least(6, 0),
+            job_deletion_policy_gate_default: at_least(6, 0),
+            auth_options: at_least(5, 2),
             cluster_fields: if at_least(7, 0) {
                 CLUSTER_1_7
             } else if at_least(6, 0) {
                 CLUSTER_1_6
+            } else if at_least(5, 2) {
+                CLUSTER_1_5_2
             } else if at_least(3, 0) {
                 CLUSTER_1_3
             } else {
@@ -524,6 +557,14 @@ mod tests {
         assert!(r("1.4").desired_includes_num_of_hosts);
         assert_eq!(r("1.5").replica_clamp, ReplicaClamp::MinAboveMaxUsesMax);
         assert_eq!(r("1.6").replica_clamp, ReplicaClamp::DerefDefaults);
+        assert!(!r("1.5.0").cluster_fields.contains(&"authOptions"));
+        assert!(r("1.5.2").cluster_fields.contains(&"authOptions"));
+        assert!(!r("1.5.2").cluster_fields.contains(&"upgradeStrategy"));
+        assert!(r("1.6.1").cluster_fields.contains(&"authOptions"));
+        assert!(!r("1.5.2").validates_replica_bounds && r("1.6.0").validates_replica_bounds);
+        assert!(!r("1.5.2").job_deletion_policy_gate_default);
+        assert!(r("1.6.1").job_deletion_policy_gate_default);
+        assert!(!r("1.5.0").auth_options && r("1.5.2").auth_options);
         let json = serde_json::to_value(r("1.7")).unwrap();
         assert_eq!(json["version"], "v1.7.0");
         assert_eq!(json["muted"][0], "workerReplicas");
