@@ -286,8 +286,12 @@ async fn an_upgrade_that_does_not_fit_waits_until_a_node_is_added() {
         "4",
         "6 needed, 2 free: {cap}"
     );
-    assert_eq!(str_at(cap, &["gpusNeeded"]), "12");
+    // The columns compare: the new cluster's 6 against 2 free for it; the
+    // transition's peak (old + new) is kept beside them.
+    assert_eq!(str_at(cap, &["gpusNeeded"]), "6");
     assert_eq!(str_at(cap, &["gpusFree"]), "2");
+    assert_eq!(str_at(cap, &["gpusShort"]), "4");
+    assert_eq!(str_at(cap, &["gpusPeak"]), "12");
     assert_eq!(
         str_at(&p, &["status", "waitingFor"]),
         "capacity: nvidia.com/gpu 4"
