@@ -329,6 +329,8 @@ async fn an_upgrade_that_does_not_fit_waits_until_a_node_is_added() {
             "NEEDED",
             "GPUS",
             "FREE",
+            "GPUS",
+            "SHORT",
             "WAITING",
             "FOR",
             "AGE"
