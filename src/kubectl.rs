@@ -215,13 +215,15 @@ pub fn say(line: &str) {
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
-/// A client as kubectl would build it, and the namespace to use.
-pub async fn connect(args: &KubeArgs) -> Result<(Client, String)> {
+/// The client configuration kubectl would use: an explicit file, else the
+/// context asked for in the usual kubeconfig, else whatever is inferred
+/// (KUBECONFIG, ~/.kube/config, the in-cluster service account).
+pub async fn kube_config(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<kube::Config> {
     let options = kube::config::KubeConfigOptions {
-        context: args.context.clone(),
+        context: context.map(str::to_owned),
         ..Default::default()
     };
-    let config = match &args.kubeconfig {
+    Ok(match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| {
                 Error::invalid(format!("--kubeconfig {}", path.display()), e.to_string())
@@ -230,13 +232,18 @@ pub async fn connect(args: &KubeArgs) -> Result<(Client, String)> {
                 .await
                 .map_err(|e| Error::invalid("kubeconfig", e.to_string()))?
         }
-        None if args.context.is_some() => kube::Config::from_kubeconfig(&options)
+        None if context.is_some() => kube::Config::from_kubeconfig(&options)
             .await
             .map_err(|e| Error::invalid("kubeconfig", e.to_string()))?,
         None => kube::Config::infer()
             .await
             .map_err(|e| Error::invalid("kubernetes config", e.to_string()))?,
-    };
+    })
+}
+
+/// A client as kubectl would build it, and the namespace to use.
+pub async fn connect(args: &KubeArgs) -> Result<(Client, String)> {
+    let config = kube_config(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
     let ns = args
         .namespace
         .clone()

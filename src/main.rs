@@ -162,27 +162,7 @@ fn fail(e: &Error) -> ExitCode {
 }
 
 async fn config(args: &KubeArgs) -> Result<kube::Config> {
-    let options = kube::config::KubeConfigOptions {
-        context: args.context.clone(),
-        ..Default::default()
-    };
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| {
-                Error::invalid(format!("--kubeconfig {}", path.display()), e.to_string())
-            })?;
-            kube::Config::from_custom_kubeconfig(kc, &options)
-                .await
-                .map_err(|e| Error::invalid("kubeconfig", e.to_string()))?
-        }
-        None if args.context.is_some() => kube::Config::from_kubeconfig(&options)
-            .await
-            .map_err(|e| Error::invalid("kubeconfig", e.to_string()))?,
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| Error::invalid("kubernetes config", e.to_string()))?,
-    };
-    Ok(config)
+    kubectl::kube_config(args.kubeconfig.as_deref(), args.context.as_deref()).await
 }
 
 /// A client whose every call is bounded by `timeout`.
