@@ -105,6 +105,11 @@ impl Raygate {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// The operating-system process id (for /proc and signals).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL, as a crash or an OOM kill would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
