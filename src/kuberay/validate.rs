@@ -5,6 +5,10 @@
 //! `Ready=False, reason ValidationFailed`; v1.5: only a Warning event and a requeue) and
 //! nothing else runs, so no cluster is created or updated and no Serve config is
 //! submitted, whatever else changed.
+//!
+//! Read at v1.5.0, v1.5.2, v1.6.0 and v1.6.1 (v1.7.0 is taken to be v1.6.1's). Checks that
+//! the differential conformance test (`e2e/tests/conformance.rs`) found missing are marked
+//! with their corpus case.
 
 use serde_json::Value;
 
@@ -27,11 +31,50 @@ pub fn cluster_spec_error(new: &RayService, cluster: &Value, rules: &Rules) -> O
         .and_then(Value::as_array)
         .map(Vec::as_slice)
         .unwrap_or_default();
+    let head = cluster.get("headGroupSpec").unwrap_or(&Value::Null);
+    if let Some(e) = group_error("Head", head) {
+        return Some(e);
+    }
+    let head_env = head
+        .pointer("/template/spec/containers/0/env")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let env = |name: &str| {
+        head_env
+            .iter()
+            .find(|e| e.get("name").and_then(Value::as_str) == Some(name))
+            .map(|e| e.get("value").and_then(Value::as_str).unwrap_or(""))
+    };
+    let autoscaler_v2_env = env(AUTOSCALER_V2_ENV).is_some_and(|v| v == "1" || v == "true");
+    let autoscaler_v2 = autoscaling
+        && cluster
+            .pointer("/autoscalerOptions/version")
+            .and_then(Value::as_str)
+            .is_some_and(|v| v == "v2");
     for (i, g) in groups.iter().enumerate() {
         let name = g
             .get("groupName")
             .and_then(Value::as_str)
             .map_or_else(|| i.to_string(), str::to_string);
+        if let Some(e) = group_error(&name, g) {
+            return Some(e);
+        }
+        // c66-idle-timeout-without-v2.
+        if rules.validates_idle_timeout
+            && let Some(t) = g.get("idleTimeoutSeconds").and_then(Value::as_i64)
+        {
+            if t < 0 {
+                return Some(format!(
+                    "worker group {name}: idleTimeoutSeconds must be non-negative, got {t}"
+                ));
+            }
+            if !autoscaler_v2 && !autoscaler_v2_env {
+                return Some(format!(
+                    "worker group {name}: idleTimeoutSeconds is set, but autoscaler v2 is not enabled"
+                ));
+            }
+        }
         if rules.validates_replica_bounds {
             let min = g.get("minReplicas").and_then(Value::as_i64);
             let max = g.get("maxReplicas").and_then(Value::as_i64);
@@ -49,6 +92,75 @@ pub fn cluster_spec_error(new: &RayService, cluster: &Value, rules: &Rules) -> O
                 ));
             }
         }
+    }
+    let annotation = |k: &str| {
+        new.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(k))
+            .map(String::as_str)
+    };
+    let ft_options = cluster
+        .get("gcsFaultToleranceOptions")
+        .is_some_and(|o| !o.is_null());
+    if ft_options && annotation(FT_ENABLED_ANNOTATION).is_some_and(|v| !v.is_empty()) {
+        return Some(format!(
+            "{FT_ENABLED_ANNOTATION} annotation and GcsFaultToleranceOptions are both set"
+        ));
+    }
+    let gcs_ft = ft_options
+        || annotation(FT_ENABLED_ANNOTATION).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    // c68-redis-address-env.
+    if !gcs_ft && env(REDIS_ADDRESS_ENV).is_some() {
+        return Some(format!(
+            "{REDIS_ADDRESS_ENV} is set which implicitly enables GCS fault tolerance, but GcsFaultToleranceOptions is not set"
+        ));
+    }
+    let start_param = |k: &str| {
+        head.pointer(&format!("/rayStartParams/{k}"))
+            .and_then(Value::as_str)
+            .is_some_and(|v| !v.is_empty())
+    };
+    if ft_options {
+        let conflict = if start_param("redis-password") {
+            Some("`redis-password` in rayStartParams")
+        } else if env("REDIS_PASSWORD").is_some() {
+            Some("`REDIS_PASSWORD` env var in head Pod")
+        } else if env(REDIS_ADDRESS_ENV).is_some() {
+            Some("`RAY_REDIS_ADDRESS` env var in head Pod")
+        } else if annotation("ray.io/external-storage-namespace").is_some_and(|v| !v.is_empty()) {
+            Some("`ray.io/external-storage-namespace` annotation")
+        } else {
+            None
+        };
+        if let Some(what) = conflict {
+            return Some(format!(
+                "cannot set {what} when GcsFaultToleranceOptions is enabled"
+            ));
+        }
+    }
+    // c67-redis-username.
+    if start_param("redis-username") || env("REDIS_USERNAME").is_some() {
+        return Some(
+            "cannot set redis username in rayStartParams or environment variables - use GcsFaultToleranceOptions.RedisUsername instead"
+                .into(),
+        );
+    }
+    // c65-autoscaler-v2-env.
+    if !autoscaling && autoscaler_v2_env {
+        return Some(format!(
+            "environment variable {AUTOSCALER_V2_ENV} cannot be set when enableInTreeAutoscaling is false"
+        ));
+    }
+    if rules.validates_idle_timeout
+        && let Some(t) = cluster
+            .pointer("/autoscalerOptions/idleTimeoutSeconds")
+            .and_then(Value::as_i64)
+            .filter(|t| *t < 0)
+    {
+        return Some(format!(
+            "autoscalerOptions.idleTimeoutSeconds must be non-negative, got {t}"
+        ));
     }
     let suspended = groups
         .iter()
@@ -116,6 +228,95 @@ pub fn cluster_spec_error(new: &RayService, cluster: &Value, rules: &Rules) -> O
         ));
     }
     None
+}
+
+const AUTOSCALER_V2_ENV: &str = "RAY_enable_autoscaler_v2";
+const REDIS_ADDRESS_ENV: &str = "RAY_REDIS_ADDRESS";
+const FT_ENABLED_ANNOTATION: &str = "ray.io/ft-enabled";
+
+/// `validateRayGroupResources` and `validateRayGroupLabels` for one group (head or worker).
+fn group_error(name: &str, g: &Value) -> Option<String> {
+    let params = g.get("rayStartParams").and_then(Value::as_object);
+    let param = |k: &str| {
+        params
+            .and_then(|p| p.get(k))
+            .and_then(Value::as_str)
+            .is_some_and(|v| !v.is_empty())
+    };
+    // c64-group-resources-twice.
+    let start_resources = ["num-cpus", "num-gpus", "memory", "resources"]
+        .iter()
+        .any(|k| param(k));
+    let resources = g
+        .get("resources")
+        .and_then(Value::as_object)
+        .is_some_and(|r| !r.is_empty());
+    if start_resources && resources {
+        return Some(format!(
+            "resource fields should not be set in both rayStartParams and Resources for {name} group"
+        ));
+    }
+    // c63-ray-start-labels (the key alone, even with an empty value).
+    if params.is_some_and(|p| p.contains_key("labels")) {
+        return Some(format!(
+            "rayStartParams['labels'] is not supported for {name} group; please use the top-level Labels field instead"
+        ));
+    }
+    // c69-invalid-group-label.
+    for (k, v) in g
+        .get("labels")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        if !qualified_name(k) {
+            return Some(format!("invalid label key for {name} group: '{k}'"));
+        }
+        let v = v.as_str().unwrap_or("");
+        if !label_value(v) {
+            return Some(format!(
+                "invalid label value for key '{k}' in {name} group: '{v}'"
+            ));
+        }
+    }
+    None
+}
+
+/// `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`, at most 63 characters (label name/value).
+fn label_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// `IsValidLabelValue`: empty, or a label name.
+fn label_value(s: &str) -> bool {
+    s.is_empty() || label_name(s)
+}
+
+/// `IsQualifiedName`: `[prefix/]name`, prefix a DNS-1123 subdomain.
+fn qualified_name(s: &str) -> bool {
+    match s.split_once('/') {
+        None => label_name(s),
+        Some((prefix, name)) => {
+            let dns_label = |l: &str| {
+                let b = l.as_bytes();
+                let edge = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+                b.first().is_some_and(edge)
+                    && b.last().is_some_and(edge)
+                    && b.len() <= 63
+                    && b.iter().all(|c| edge(c) || *c == b'-')
+            };
+            !prefix.is_empty()
+                && prefix.len() <= 253
+                && prefix.split('.').all(dns_label)
+                && label_name(name)
+        }
+    }
 }
 
 /// `k8s.io/apimachinery/pkg/util/version.ParseGeneric`: `v?` then two or more
@@ -247,6 +448,75 @@ mod tests {
                 .unwrap()
                 .contains("rayClusterDeletionDelaySeconds")
         );
+    }
+
+    #[test]
+    fn group_resources_labels_and_head_env() {
+        let s = svc(json!({}));
+        let err = |c: Value, v: &str| cluster_spec_error(&s, &c, &rules(v));
+        let twice = json!({"workerGroupSpecs": [group(json!({
+            "rayStartParams": {"num-cpus": "1"}, "resources": {"CPU": "1"}}))]});
+        assert!(err(twice, "1.5.0").unwrap().contains("both rayStartParams"));
+        let one = json!({"workerGroupSpecs": [group(json!({"resources": {"CPU": "1"}}))]});
+        assert!(err(one, "1.6.1").is_none());
+        let labels_param = json!({"headGroupSpec": {"rayStartParams": {"labels": ""}}});
+        assert!(err(labels_param, "1.5.2").unwrap().contains("Head group"));
+        for (k, ok) in [
+            ("zone", true),
+            ("ray.io/zone", true),
+            ("a-b_c.d", true),
+            ("bad key", false),
+            ("Ray.io/zone", false),
+            ("/zone", false),
+            ("-zone", false),
+        ] {
+            let c = json!({"workerGroupSpecs": [group(json!({"labels": {k: "v"}}))]});
+            assert_eq!(err(c, "1.6.1").is_none(), ok, "{k}");
+        }
+        let bad_value = json!({"workerGroupSpecs": [group(json!({"labels": {"k": "a b"}}))]});
+        assert!(err(bad_value, "1.6.1").unwrap().contains("label value"));
+        let env = |name: &str, value: &str| {
+            json!({"headGroupSpec": {"template": {"spec": {"containers": [
+                {"name": "ray-head", "env": [{"name": name, "value": value}]}]}}}})
+        };
+        assert!(err(env("RAY_enable_autoscaler_v2", "1"), "1.5.0").is_some());
+        assert!(err(env("RAY_enable_autoscaler_v2", "0"), "1.5.0").is_none());
+        let mut auto = env("RAY_enable_autoscaler_v2", "true");
+        auto["enableInTreeAutoscaling"] = json!(true);
+        assert!(err(auto, "1.6.1").is_none());
+        assert!(err(env("RAY_REDIS_ADDRESS", "r:6379"), "1.5.2").is_some());
+        let mut ft = env("RAY_REDIS_ADDRESS", "r:6379");
+        ft["gcsFaultToleranceOptions"] = json!({"redisAddress": "r:6379"});
+        assert!(
+            err(ft, "1.6.1")
+                .unwrap()
+                .contains("GcsFaultToleranceOptions is enabled")
+        );
+        let ft_ok = json!({"gcsFaultToleranceOptions": {"redisAddress": "r:6379"}});
+        assert!(err(ft_ok, "1.6.1").is_none());
+        assert!(err(env("REDIS_USERNAME", "u"), "1.5.2").is_some());
+        let user = json!({"headGroupSpec": {"rayStartParams": {"redis-username": "u"}}});
+        assert!(err(user, "1.6.1").unwrap().contains("redis username"));
+        // Not modelled before v1.5.
+        assert!(err(env("RAY_REDIS_ADDRESS", "r:6379"), "1.4").is_none());
+    }
+
+    #[test]
+    fn idle_timeout_needs_autoscaler_v2_from_v1_6() {
+        let s = svc(json!({}));
+        let c = json!({"workerGroupSpecs": [group(json!({"idleTimeoutSeconds": 60}))]});
+        assert!(cluster_spec_error(&s, &c, &rules("1.5.2")).is_none());
+        assert!(
+            cluster_spec_error(&s, &c, &rules("1.6.0"))
+                .unwrap()
+                .contains("autoscaler v2")
+        );
+        let v2 = json!({"enableInTreeAutoscaling": true, "autoscalerOptions": {"version": "v2"},
+            "workerGroupSpecs": [group(json!({"idleTimeoutSeconds": 60}))]});
+        assert!(cluster_spec_error(&s, &v2, &rules("1.6.1")).is_none());
+        let negative = json!({"enableInTreeAutoscaling": true, "autoscalerOptions": {"version": "v2", "idleTimeoutSeconds": -1}});
+        assert!(cluster_spec_error(&s, &negative, &rules("1.6.1")).is_some());
+        assert!(cluster_spec_error(&s, &negative, &rules("1.5.2")).is_none());
     }
 
     #[test]

@@ -254,6 +254,10 @@ pub struct Rules {
     pub validates_cluster_spec: bool,
     /// `minReplicas > maxReplicas` or a negative bound fails validation: v1.6.0+.
     pub validates_replica_bounds: bool,
+    /// A worker group's `idleTimeoutSeconds` (negative, or set without autoscaler v2) and a
+    /// negative `autoscalerOptions.idleTimeoutSeconds` fail validation: v1.6.0+
+    /// (`validateWorkerGroupIdleTimeout`, read at v1.6.0 and v1.6.1; absent in v1.5.x).
+    pub validates_idle_timeout: bool,
     /// Default of the `RayJobDeletionPolicy` feature gate, without which a worker group
     /// with `suspend: true` fails validation (`pkg/features/features.go`): Alpha/false in
     /// v1.5, Beta/true in v1.6.0+.
@@ -472,6 +476,7 @@ impl Rules {
             rollback_blocks_new_cluster: at_least(6, 0),
             validates_cluster_spec: at_least(5, 0),
             validates_replica_bounds: at_least(6, 0),
+            validates_idle_timeout: at_least(6, 0),
             job_deletion_policy_gate_default: at_least(6, 0),
             auth_options: at_least(5, 2),
             cluster_fields: if at_least(7, 0) {
