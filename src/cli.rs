@@ -433,6 +433,9 @@ pub(crate) fn read_service(path: &Path, version: KubeRayVersion) -> Result<RaySe
 
 /// What the change is compared with.
 pub(crate) enum Old {
+    /// The live RayCluster KubeRay compares the spec with, and the live
+    /// RayService whose `serveConfigV2` KubeRay last submitted to it.
+    Live(Box<RayCluster>, Box<RayService>),
     Service(Box<RayService>),
     Cluster(Box<RayCluster>),
 }
@@ -470,14 +473,17 @@ pub(crate) fn explain_against(
         ..Default::default()
     };
     let side = match old {
-        Old::Cluster(c) => OldSide::RayCluster(c),
+        Old::Cluster(c) | Old::Live(c, _) => OldSide::RayCluster(c),
         Old::Service(s) => OldSide::RayService(s),
     };
     // The new side was checked on its own: what fails now is the old side.
-    let classification = in_file(
+    let mut classification = in_file(
         old_source,
         kuberay::classify_with(&side, new, version, &opts),
     )?;
+    if let Old::Live(_, live) = old {
+        classification = with_live_serve_config(classification, live, new);
+    }
     let pods = in_file(&args.new, plan(new, version))?;
     let requests = in_file(&args.new, sum_requests(&pods))?;
     let out = ExplainOutput {
@@ -497,10 +503,29 @@ pub(crate) fn explain_against(
             s + &explain_text(
                 &classification,
                 &out.new_cluster,
-                matches!(old, Old::Cluster(_)),
+                matches!(old, Old::Cluster(_) | Old::Live(..)),
             )
         }
     })
+}
+
+/// A RayCluster carries no Serve config: KubeRay compares `serveConfigV2`
+/// with what it last submitted, the live RayService's. The cluster decides
+/// the verdict; a Serve config change turns `NoChange` into `ServeConfigUpdate`.
+pub(crate) fn with_live_serve_config(
+    mut c: kuberay::Classification,
+    live: &RayService,
+    new: &RayService,
+) -> kuberay::Classification {
+    c.serve_config_paths = kuberay::classify::serve_config_changes(
+        live.spec.serve_config_v2.as_deref(),
+        new.spec.serve_config_v2.as_deref(),
+    );
+    if c.verdict == kuberay::Verdict::NoChange && !c.rejected && !c.serve_config_paths.is_empty() {
+        c.verdict = kuberay::Verdict::ServeConfigUpdate;
+        c.reason = "Only the Serve config changed: resubmitted to the running cluster.".into();
+    }
+    c
 }
 
 /// What the new cluster of a RayService requests in total, and how many pods it has.

@@ -862,7 +862,7 @@ async fn explain(args: &ExplainArgs, kube: &KubeArgs) -> Result<String> {
     cli::explain_against(
         args,
         version,
-        &Old::Cluster(Box::new(rc)),
+        &Old::Live(Box::new(rc), Box::new(live)),
         Path::new(&label),
         &new,
         &notes,
@@ -1009,7 +1009,9 @@ async fn plans_in(client: &Client, ns: &str) -> Result<Vec<UpgradePlan>> {
         .await
     {
         Ok(list) => Ok(list.items),
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(vec![]),
+        // An unknown resource type is the apiserver's plain "404 page not
+        // found", not a NotFound Status.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(vec![]),
         Err(e) => Err(e.into()),
     }
 }
@@ -1276,6 +1278,39 @@ mod tests {
         );
         paused.metadata.annotations = None;
         assert_eq!(resume_patch(&paused).unwrap().0, "Auto");
+    }
+
+    #[test]
+    fn a_serve_config_change_is_seen_against_the_live_rayservice() {
+        let svc = |route: &str| -> RayService {
+            serde_json::from_value(json!({
+                "apiVersion": "ray.io/v1", "kind": "RayService",
+                "metadata": {"name": "chat", "namespace": "ml"},
+                "spec": {
+                    "serveConfigV2": format!("applications:\n  - name: chat\n    import_path: a:b\n    route_prefix: {route}\n"),
+                    "rayClusterConfig": {
+                        "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [
+                            {"name": "ray-head", "image": "rayproject/ray:2.9.0"}]}}},
+                        "workerGroupSpecs": []
+                    }
+                }
+            }))
+            .unwrap()
+        };
+        let v = kuberay::KubeRayVersion::latest();
+        let (live, new) = (svc("/"), svc("/chat"));
+        // What the cluster side alone says: nothing changed.
+        let cluster_only = kuberay::classify(&kuberay::OldSide::RayService(&new), &new, v).unwrap();
+        assert_eq!(cluster_only.verdict, kuberay::Verdict::NoChange);
+        let c = cli::with_live_serve_config(cluster_only.clone(), &live, &new);
+        assert_eq!(c.verdict, kuberay::Verdict::ServeConfigUpdate);
+        assert_eq!(
+            c.serve_config_paths,
+            ["serveConfigV2.applications[chat].route_prefix"]
+        );
+        let same = cli::with_live_serve_config(cluster_only, &new, &new);
+        assert_eq!(same.verdict, kuberay::Verdict::NoChange);
+        assert!(same.serve_config_paths.is_empty());
     }
 
     #[test]
