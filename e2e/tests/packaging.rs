@@ -1163,15 +1163,32 @@ fn run_operator_as_chart_service_account(cp: &ControlPlane, scratch: &Path) -> R
         wait_until(
             "the gate (spec.upgradeStrategy.type by field manager raygate)",
             || {
+                // kubectl >= 1.21 hides managedFields unless asked.
                 let svc = kubectl(
                     cp,
-                    &["-n", "ml-serving", "get", "rayservice", "llm", "-o", "json"],
+                    &[
+                        "-n",
+                        "ml-serving",
+                        "get",
+                        "rayservice",
+                        "llm",
+                        "-o",
+                        "json",
+                        "--show-managed-fields",
+                    ],
                 )?;
                 let v: Value = serde_json::from_str(&svc)?;
-                let owned = v["metadata"]["managedFields"]
+                let managers: Vec<&str> = v["metadata"]["managedFields"]
                     .as_array()
-                    .is_some_and(|m| m.iter().any(|e| e["manager"] == "raygate"));
-                Ok(v["spec"]["upgradeStrategy"]["type"] == "None" && owned)
+                    .map(|m| m.iter().filter_map(|e| e["manager"].as_str()).collect())
+                    .unwrap_or_default();
+                if v["spec"]["upgradeStrategy"]["type"] == "None" && managers.contains(&"raygate") {
+                    return Ok(true);
+                }
+                bail!(
+                    "spec.upgradeStrategy {}, field managers {managers:?}",
+                    v["spec"]["upgradeStrategy"]
+                )
             },
         )?;
         let metrics = http_get(port, "/metrics").unwrap_or_default();
