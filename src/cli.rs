@@ -503,7 +503,7 @@ pub(crate) fn explain_against(
             s + &explain_text(
                 &classification,
                 &out.new_cluster,
-                matches!(old, Old::Cluster(_) | Old::Live(..)),
+                matches!(old, Old::Cluster(_)),
             )
         }
     })

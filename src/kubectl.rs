@@ -780,14 +780,14 @@ fn live_version(
             Ok(version) => (
                 version,
                 Some(format!(
-                    "{version} rules: the release that last wrote the RayCluster \
+                    "{version}, the release that last wrote the RayCluster \
                      (ray.io/kuberay-version)"
                 )),
             ),
             Err(_) => (
                 kuberay::KubeRayVersion::latest(),
                 Some(format!(
-                    "{} rules: the RayCluster's KubeRay {v} is not supported \
+                    "{}: the RayCluster's KubeRay {v} is not supported \
                      (--kuberay-version to choose)",
                     kuberay::KubeRayVersion::latest()
                 )),
@@ -830,11 +830,11 @@ async fn explain(args: &ExplainArgs, kube: &KubeArgs) -> Result<String> {
     let mut new = cli::read_service(&args.new, version)?;
     new.metadata.namespace = Some(ns.clone());
     let mut notes = vec![(
-        "Compared with:",
+        "Compared to:",
         format!("RayCluster {ns}/{cluster} ({role}, live)"),
     )];
     if let Some(n) = version_note {
-        notes.push(("KubeRay:", n));
+        notes.push(("Release:", n));
     }
     // kubectl apply leaves raygate's gate in place when the file does not set
     // it; what matters is what KubeRay does once raygate opens it.
@@ -945,7 +945,7 @@ async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutcome> {
     let mut svc = cli::read_service(&args.new, version)?;
     svc.metadata.namespace = Some(ns.clone());
     if let Some(n) = version_note {
-        notes.push(("KubeRay:", n));
+        notes.push(("Release:", n));
     }
     match live {
         Some(live) => svc.status = live.status,
@@ -1328,7 +1328,7 @@ mod tests {
         assert_eq!(v.to_string(), "v1.6.1");
         assert!(
             note.unwrap()
-                .starts_with("v1.6.1 rules: the release that last wrote")
+                .starts_with("v1.6.1, the release that last wrote")
         );
         let (v, note) = live_version(Some("1.5"), Some(&rc("v1.6.1"))).unwrap();
         assert_eq!((v.to_string(), note), ("v1.5.2".to_string(), None));
