@@ -57,9 +57,11 @@ pub struct ExplainArgs {
     #[arg(short = 'f', long, visible_alias = "filename", value_name = "FILE")]
     pub new: PathBuf,
     /// KubeRay release whose rules to apply (e.g. 1.7, v1.6.1). An
-    /// unsupported release is invalid input (exit 1).
-    #[arg(long, value_name = "X.Y", default_value_t = KubeRayVersion::latest().to_string())]
-    pub kuberay_version: String,
+    /// unsupported release is invalid input (exit 1). Default: the release
+    /// that stamped the live RayCluster (`ray.io/kuberay-version`) when
+    /// reading the cluster, else the newest.
+    #[arg(long, value_name = "X.Y")]
+    pub kuberay_version: Option<String>,
     /// Assume KubeRay runs with zero-downtime upgrades disabled
     /// (ENABLE_ZERO_DOWNTIME=false).
     #[arg(long)]
@@ -82,16 +84,21 @@ pub struct FitArgs {
     /// headroom applies when none is given.
     #[arg(long, value_name = "RESOURCE=QUANTITY", value_parser = parse_headroom_item)]
     pub headroom: Vec<(String, Quantity)>,
-    /// KubeRay release whose rules to apply (e.g. 1.7, v1.6.1).
-    #[arg(long, value_name = "X.Y", default_value_t = KubeRayVersion::latest().to_string())]
-    pub kuberay_version: String,
+    /// KubeRay release whose rules to apply (e.g. 1.7, v1.6.1). Default: the
+    /// release that stamped the live active RayCluster when reading the
+    /// cluster, else the newest.
+    #[arg(long, value_name = "X.Y")]
+    pub kuberay_version: Option<String>,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
 }
 
-/// `--kuberay-version` → a supported release, or invalid input.
-pub(crate) fn kuberay_version(s: &str) -> Result<KubeRayVersion> {
-    KubeRayVersion::parse(s).map_err(|e| Error::invalid("--kuberay-version", e.to_string()))
+/// `--kuberay-version` → a supported release, or invalid input; the newest
+/// when not given.
+pub(crate) fn kuberay_version(s: Option<&str>) -> Result<KubeRayVersion> {
+    s.map_or(Ok(KubeRayVersion::latest()), |s| {
+        KubeRayVersion::parse(s).map_err(|e| Error::invalid("--kuberay-version", e.to_string()))
+    })
 }
 
 /// One `--headroom RESOURCE=QUANTITY` (a usage error when malformed).
@@ -426,12 +433,15 @@ pub(crate) fn read_service(path: &Path, version: KubeRayVersion) -> Result<RaySe
 
 /// What the change is compared with.
 pub(crate) enum Old {
+    /// The live RayCluster KubeRay compares the spec with, and the live
+    /// RayService whose `serveConfigV2` KubeRay last submitted to it.
+    Live(Box<RayCluster>, Box<RayService>),
     Service(Box<RayService>),
     Cluster(Box<RayCluster>),
 }
 
 pub fn explain(args: &ExplainArgs) -> Result<String> {
-    let version = kuberay_version(&args.kuberay_version)?;
+    let version = kuberay_version(args.kuberay_version.as_deref())?;
     let Some(old_path) = &args.old else {
         return Err(Error::invalid(
             "--old",
@@ -445,32 +455,35 @@ pub fn explain(args: &ExplainArgs) -> Result<String> {
         Old::Service(Box::new(parse_as(old_path, old)?))
     };
     let new = read_service(&args.new, version)?;
-    explain_against(args, &old, old_path, &new, &[])
+    explain_against(args, version, &old, old_path, &new, &[])
 }
 
 /// `explain` once both sides are read; `old_source` names the old side in
 /// errors, `notes` are extra `label value` lines for the text output.
 pub(crate) fn explain_against(
     args: &ExplainArgs,
+    version: KubeRayVersion,
     old: &Old,
     old_source: &Path,
     new: &RayService,
     notes: &[(&str, String)],
 ) -> Result<String> {
-    let version = kuberay_version(&args.kuberay_version)?;
     let opts = kuberay::ClassifyOptions {
         zero_downtime_enabled: !args.zero_downtime_disabled,
         ..Default::default()
     };
     let side = match old {
-        Old::Cluster(c) => OldSide::RayCluster(c),
+        Old::Cluster(c) | Old::Live(c, _) => OldSide::RayCluster(c),
         Old::Service(s) => OldSide::RayService(s),
     };
     // The new side was checked on its own: what fails now is the old side.
-    let classification = in_file(
+    let mut classification = in_file(
         old_source,
         kuberay::classify_with(&side, new, version, &opts),
     )?;
+    if let Old::Live(_, live) = old {
+        classification = with_live_serve_config(classification, live, new);
+    }
     let pods = in_file(&args.new, plan(new, version))?;
     let requests = in_file(&args.new, sum_requests(&pods))?;
     let out = ExplainOutput {
@@ -494,6 +507,25 @@ pub(crate) fn explain_against(
             )
         }
     })
+}
+
+/// A RayCluster carries no Serve config: KubeRay compares `serveConfigV2`
+/// with what it last submitted, the live RayService's. The cluster decides
+/// the verdict; a Serve config change turns `NoChange` into `ServeConfigUpdate`.
+pub(crate) fn with_live_serve_config(
+    mut c: kuberay::Classification,
+    live: &RayService,
+    new: &RayService,
+) -> kuberay::Classification {
+    c.serve_config_paths = kuberay::classify::serve_config_changes(
+        live.spec.serve_config_v2.as_deref(),
+        new.spec.serve_config_v2.as_deref(),
+    );
+    if c.verdict == kuberay::Verdict::NoChange && !c.rejected && !c.serve_config_paths.is_empty() {
+        c.verdict = kuberay::Verdict::ServeConfigUpdate;
+        c.reason = "Only the Serve config changed: resubmitted to the running cluster.".into();
+    }
+    c
 }
 
 /// What the new cluster of a RayService requests in total, and how many pods it has.
@@ -694,7 +726,7 @@ pub(crate) fn read_state(path: &Path) -> Result<ClusterState> {
 }
 
 pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
-    let version = kuberay_version(&args.kuberay_version)?;
+    let version = kuberay_version(args.kuberay_version.as_deref())?;
     let Some(state_path) = &args.state else {
         return Err(Error::invalid(
             "--state",
@@ -704,20 +736,20 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
     let state = read_state(state_path)?;
     let svc = read_service(&args.new, version)?;
     let headroom: ResourceList = args.headroom.iter().cloned().collect();
-    fit_in(args, state, state_path, &svc, headroom, &[])
+    fit_in(args, version, state, state_path, &svc, headroom, &[])
 }
 
 /// `fit` once the state and the service are read. The service's status
 /// names its active cluster, whose pods are the old side.
 pub(crate) fn fit_in(
     args: &FitArgs,
+    version: KubeRayVersion,
     state: ClusterState,
     state_source: &Path,
     svc: &RayService,
     headroom: ResourceList,
     notes: &[(&str, String)],
 ) -> Result<FitOutcome> {
-    let version = kuberay_version(&args.kuberay_version)?;
     let pods = in_file(&args.new, plan(svc, version))?;
     let old_pods = old_cluster_pods(&state, svc);
     let old_requests = in_file(

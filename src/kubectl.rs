@@ -714,11 +714,27 @@ fn columns(rows: &[Vec<String>]) -> String {
 
 // ------------------------------------------------------------- explain, fit
 
-/// Where the file's RayService lives: its own namespace, else `-n`/the context's.
-fn service_namespace(svc: &RayService, ns: &str) -> String {
-    svc.namespace()
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| ns.to_string())
+/// Where the file's RayService lives: its own namespace, else `-n`/the
+/// context's. A file naming another namespace than an explicit `-n` is
+/// refused, as `kubectl apply` refuses it, so the answer is about the object
+/// the user is about to change.
+fn service_namespace(
+    svc: &RayService,
+    file: &Path,
+    explicit: Option<&str>,
+    default_ns: &str,
+) -> Result<String> {
+    match (svc.namespace().filter(|n| !n.is_empty()), explicit) {
+        (Some(own), Some(flag)) if own != flag => Err(Error::invalid(
+            file.display().to_string(),
+            format!(
+                "the namespace from the provided object {own:?} does not match the namespace \
+                 {flag:?}. You must pass '--namespace={own}' to perform this operation."
+            ),
+        )),
+        (Some(own), _) => Ok(own),
+        (None, flag) => Ok(flag.unwrap_or(default_ns).to_string()),
+    }
 }
 
 async fn live_service(client: &Client, ns: &str, name: &str) -> Result<Option<RayService>> {
@@ -746,22 +762,62 @@ fn gated_by_raygate(live: &RayService) -> bool {
     crate::controller::gate::owned_by_us(live.metadata.managed_fields.as_deref().unwrap_or(&[]))
 }
 
+/// The KubeRay release whose rules apply to a live RayCluster: `--kuberay-version`
+/// when given, else the release that last wrote the cluster (KubeRay stamps
+/// `ray.io/kuberay-version` and rewrites the active cluster when the operator's
+/// version changes, so it is the running operator's), else the newest. Judging a
+/// v1.6.1 cluster by v1.7.0's rules would predict that version rewrite.
+fn live_version(
+    flag: Option<&str>,
+    cluster: Option<&RayCluster>,
+) -> Result<(kuberay::KubeRayVersion, Option<String>)> {
+    if flag.is_some() {
+        return Ok((cli::kuberay_version(flag)?, None));
+    }
+    let stamped = cluster.and_then(|c| c.annotations().get(kuberay::ANNOTATION_KUBERAY_VERSION));
+    Ok(match stamped {
+        Some(v) => match kuberay::KubeRayVersion::parse(v) {
+            Ok(version) => (
+                version,
+                Some(format!(
+                    "{version}, the release that last wrote the RayCluster \
+                     (ray.io/kuberay-version)"
+                )),
+            ),
+            Err(_) => (
+                kuberay::KubeRayVersion::latest(),
+                Some(format!(
+                    "{}: the RayCluster's KubeRay {v} is not supported \
+                     (--kuberay-version to choose)",
+                    kuberay::KubeRayVersion::latest()
+                )),
+            ),
+        },
+        None => (kuberay::KubeRayVersion::latest(), None),
+    })
+}
+
 async fn explain(args: &ExplainArgs, kube: &KubeArgs) -> Result<String> {
     if args.old.is_some() {
         return cli::explain(args);
     }
-    let version = cli::kuberay_version(&args.kuberay_version)?;
-    let mut new = cli::read_service(&args.new, version)?;
+    // Read once for its name and namespace; again below with the live release's rules.
+    let first = cli::read_service(
+        &args.new,
+        cli::kuberay_version(args.kuberay_version.as_deref())?,
+    )?;
     let (client, default_ns) = connect(kube).await?;
-    let ns = service_namespace(&new, &default_ns);
-    let name = new.name_any();
+    let ns = service_namespace(&first, &args.new, kube.namespace.as_deref(), &default_ns)?;
+    let name = first.name_any();
     let Some(live) = live_service(&client, &ns, &name).await? else {
-        return created(args, &new, &format!("RayService {ns}/{name}"), version);
+        let (version, _) = live_version(args.kuberay_version.as_deref(), None)?;
+        return created(args, &first, &format!("RayService {ns}/{name}"), version);
     };
     let Some((cluster, role)) = compared_cluster(&live) else {
+        let (version, _) = live_version(args.kuberay_version.as_deref(), None)?;
         return created(
             args,
-            &new,
+            &first,
             &format!("RayService {ns}/{name} (no cluster yet)"),
             version,
         );
@@ -770,10 +826,16 @@ async fn explain(args: &ExplainArgs, kube: &KubeArgs) -> Result<String> {
         .get(&cluster)
         .await
         .map_err(|e| not_found(e, format!("RayCluster {ns}/{cluster} ({role})")))?;
+    let (version, version_note) = live_version(args.kuberay_version.as_deref(), Some(&rc))?;
+    let mut new = cli::read_service(&args.new, version)?;
+    new.metadata.namespace = Some(ns.clone());
     let mut notes = vec![(
-        "Compared with:",
+        "Compared to:",
         format!("RayCluster {ns}/{cluster} ({role}, live)"),
     )];
+    if let Some(n) = version_note {
+        notes.push(("Release:", n));
+    }
     // kubectl apply leaves raygate's gate in place when the file does not set
     // it; what matters is what KubeRay does once raygate opens it.
     let file_sets_gate = new
@@ -799,7 +861,8 @@ async fn explain(args: &ExplainArgs, kube: &KubeArgs) -> Result<String> {
     let label = format!("RayCluster {ns}/{cluster}");
     cli::explain_against(
         args,
-        &Old::Cluster(Box::new(rc)),
+        version,
+        &Old::Live(Box::new(rc), Box::new(live)),
         Path::new(&label),
         &new,
         &notes,
@@ -851,15 +914,40 @@ async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutcome> {
             .collect();
         return Ok(o);
     }
-    let version = cli::kuberay_version(&args.kuberay_version)?;
-    let mut svc = cli::read_service(&args.new, version)?;
+    let first = cli::read_service(
+        &args.new,
+        cli::kuberay_version(args.kuberay_version.as_deref())?,
+    )?;
     let (client, default_ns) = connect(kube).await?;
-    let ns = service_namespace(&svc, &default_ns);
-    let name = svc.name_any();
-    svc.metadata.namespace = Some(ns.clone());
+    let ns = service_namespace(&first, &args.new, kube.namespace.as_deref(), &default_ns)?;
+    let name = first.name_any();
     let mut notes = vec![];
-    // The old side is the live service's active cluster.
-    match live_service(&client, &ns, &name).await? {
+    // The old side is the live service's active cluster; its pods are the old
+    // side of the fit, its KubeRay release says which pods the new one gets.
+    let live = live_service(&client, &ns, &name).await?;
+    let active = match live.as_ref().and_then(|l| l.status.as_ref()) {
+        Some(status) => match status
+            .active_service_status
+            .as_ref()
+            .and_then(|a| a.ray_cluster_name.as_deref())
+            .filter(|n| !n.is_empty())
+        {
+            Some(c) => {
+                Api::<RayCluster>::namespaced(client.clone(), &ns)
+                    .get_opt(c)
+                    .await?
+            }
+            None => None,
+        },
+        None => None,
+    };
+    let (version, version_note) = live_version(args.kuberay_version.as_deref(), active.as_ref())?;
+    let mut svc = cli::read_service(&args.new, version)?;
+    svc.metadata.namespace = Some(ns.clone());
+    if let Some(n) = version_note {
+        notes.push(("Release:", n));
+    }
+    match live {
         Some(live) => svc.status = live.status,
         None => {
             svc.status = None;
@@ -870,8 +958,7 @@ async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutcome> {
         }
     }
     let mut headroom: ResourceList = args.headroom.iter().cloned().collect();
-    let plans: Api<UpgradePlan> = Api::namespaced(client.clone(), &ns);
-    let plans = plans.list(&ListParams::default()).await?.items;
+    let plans = plans_in(&client, &ns).await?;
     if let Some(plan) = plans.iter().find(|p| p.spec.ray_service_ref.name == name) {
         if headroom.is_empty() {
             for (k, v) in &plan.spec.headroom {
@@ -905,12 +992,28 @@ async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutcome> {
     }
     cli::fit_in(
         args,
+        version,
         state,
         Path::new("cluster state"),
         &svc,
         headroom,
         &notes,
     )
+}
+
+/// The UpgradePlans of a namespace; none where raygate's CRD is not
+/// installed (the fit is then the plain scheduler question).
+async fn plans_in(client: &Client, ns: &str) -> Result<Vec<UpgradePlan>> {
+    match Api::<UpgradePlan>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => Ok(list.items),
+        // An unknown resource type is the apiserver's plain "404 page not
+        // found", not a NotFound Status.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(vec![]),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// What admitted upgrades of other RayServices hold in the ledger, summed.
@@ -1175,6 +1278,104 @@ mod tests {
         );
         paused.metadata.annotations = None;
         assert_eq!(resume_patch(&paused).unwrap().0, "Auto");
+    }
+
+    #[test]
+    fn a_serve_config_change_is_seen_against_the_live_rayservice() {
+        let svc = |route: &str| -> RayService {
+            serde_json::from_value(json!({
+                "apiVersion": "ray.io/v1", "kind": "RayService",
+                "metadata": {"name": "chat", "namespace": "ml"},
+                "spec": {
+                    "serveConfigV2": format!("applications:\n  - name: chat\n    import_path: a:b\n    route_prefix: {route}\n"),
+                    "rayClusterConfig": {
+                        "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [
+                            {"name": "ray-head", "image": "rayproject/ray:2.9.0"}]}}},
+                        "workerGroupSpecs": []
+                    }
+                }
+            }))
+            .unwrap()
+        };
+        let v = kuberay::KubeRayVersion::latest();
+        let (live, new) = (svc("/"), svc("/chat"));
+        // What the cluster side alone says: nothing changed.
+        let cluster_only = kuberay::classify(&kuberay::OldSide::RayService(&new), &new, v).unwrap();
+        assert_eq!(cluster_only.verdict, kuberay::Verdict::NoChange);
+        let c = cli::with_live_serve_config(cluster_only.clone(), &live, &new);
+        assert_eq!(c.verdict, kuberay::Verdict::ServeConfigUpdate);
+        assert_eq!(
+            c.serve_config_paths,
+            ["serveConfigV2.applications[chat].route_prefix"]
+        );
+        let same = cli::with_live_serve_config(cluster_only, &new, &new);
+        assert_eq!(same.verdict, kuberay::Verdict::NoChange);
+        assert!(same.serve_config_paths.is_empty());
+    }
+
+    #[test]
+    fn a_live_cluster_is_judged_by_the_release_that_wrote_it() {
+        let rc = |v: &str| -> RayCluster {
+            serde_json::from_value(json!({
+                "apiVersion": "ray.io/v1", "kind": "RayCluster",
+                "metadata": {"name": "c", "annotations": {"ray.io/kuberay-version": v}},
+                "spec": {"workerGroupSpecs": []}
+            }))
+            .unwrap()
+        };
+        let latest = kuberay::KubeRayVersion::latest();
+        let (v, note) = live_version(None, Some(&rc("v1.6.1"))).unwrap();
+        assert_eq!(v.to_string(), "v1.6.1");
+        assert!(
+            note.unwrap()
+                .starts_with("v1.6.1, the release that last wrote")
+        );
+        let (v, note) = live_version(Some("1.5"), Some(&rc("v1.6.1"))).unwrap();
+        assert_eq!((v.to_string(), note), ("v1.5.2".to_string(), None));
+        let (v, note) = live_version(None, Some(&rc("v9.0.0"))).unwrap();
+        assert_eq!(v, latest);
+        assert!(note.unwrap().contains("v9.0.0 is not supported"));
+        assert_eq!(live_version(None, None).unwrap(), (latest, None));
+        assert!(live_version(Some("0.1"), None).is_err());
+    }
+
+    #[test]
+    fn the_files_namespace_must_match_an_explicit_namespace() {
+        let svc = |ns: Option<&str>| {
+            let mut s: RayService = serde_json::from_value(json!({
+                "apiVersion": "ray.io/v1", "kind": "RayService",
+                "metadata": {"name": "chat"}, "spec": {}
+            }))
+            .unwrap();
+            s.metadata.namespace = ns.map(str::to_owned);
+            s
+        };
+        let f = Path::new("svc.yaml");
+        assert_eq!(
+            service_namespace(&svc(None), f, None, "ctx").unwrap(),
+            "ctx"
+        );
+        assert_eq!(
+            service_namespace(&svc(None), f, Some("ml"), "ctx").unwrap(),
+            "ml"
+        );
+        assert_eq!(
+            service_namespace(&svc(Some("ml")), f, None, "ctx").unwrap(),
+            "ml"
+        );
+        assert_eq!(
+            service_namespace(&svc(Some("ml")), f, Some("ml"), "ctx").unwrap(),
+            "ml"
+        );
+        let err = service_namespace(&svc(Some("ml")), f, Some("dev"), "ctx")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(
+                "svc.yaml: the namespace from the provided object \"ml\" does not match"
+            ),
+            "{err}"
+        );
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //! Dockerfile and the docs that describe them, checked with the real tools and
 //! a real kube-apiserver.
 //!
-//! Tools come from `e2e/setup-tools` (promtool, hadolint, helm 3 and 4, a
-//! kubectl with a current kustomize); each test fails with a message naming
-//! that script when its tool is missing. Override a tool's path with
+//! Tools come from `e2e/setup-tools` (promtool, hadolint, helm 3 and 4) and
+//! `e2e/setup` (the control plane's kubectl v1.36, whose built-in kustomize
+//! renders config/); each test fails with a message naming the script when
+//! its tool is missing. Override a tool's path with
 //! `RAYGATE_PROMTOOL`, `RAYGATE_HADOLINT`, `RAYGATE_HELM`, `RAYGATE_HELM4` or
 //! `RAYGATE_KUSTOMIZE_KUBECTL`. The apiserver test needs `e2e/setup` (see
 //! e2e/README.md), like the harness tests.
@@ -95,15 +96,21 @@ fn helms() -> Vec<PathBuf> {
     ]
 }
 
-/// A kubectl with kustomize v5, for the tests that start no control plane.
+/// The control plane's kubectl (v1.36, with kustomize v5 built in), from
+/// `e2e/setup`; also for the tests that start no control plane.
 fn kustomize_kubectl() -> PathBuf {
-    let c = cache_dir();
-    tool(
-        "kubectl with kustomize v5",
-        "RAYGATE_KUSTOMIZE_KUBECTL",
-        &[c.join("bin/kubectl-v1.32")],
-        None,
-    )
+    let bin_dir = Command::new(root("e2e/control-plane"))
+        .arg("bin-dir")
+        .stdin(Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()).join("kubectl"));
+    let cached: Vec<PathBuf> = bin_dir.into_iter().collect();
+    if cached.is_empty() && std::env::var_os("RAYGATE_KUSTOMIZE_KUBECTL").is_none() {
+        panic!("the control plane's kubectl is not built: run `e2e/setup`");
+    }
+    tool("kubectl", "RAYGATE_KUSTOMIZE_KUBECTL", &cached, None)
 }
 
 fn run<I, S>(bin: &Path, args: I) -> Output
@@ -1156,15 +1163,32 @@ fn run_operator_as_chart_service_account(cp: &ControlPlane, scratch: &Path) -> R
         wait_until(
             "the gate (spec.upgradeStrategy.type by field manager raygate)",
             || {
+                // kubectl >= 1.21 hides managedFields unless asked.
                 let svc = kubectl(
                     cp,
-                    &["-n", "ml-serving", "get", "rayservice", "llm", "-o", "json"],
+                    &[
+                        "-n",
+                        "ml-serving",
+                        "get",
+                        "rayservice",
+                        "llm",
+                        "-o",
+                        "json",
+                        "--show-managed-fields",
+                    ],
                 )?;
                 let v: Value = serde_json::from_str(&svc)?;
-                let owned = v["metadata"]["managedFields"]
+                let managers: Vec<&str> = v["metadata"]["managedFields"]
                     .as_array()
-                    .is_some_and(|m| m.iter().any(|e| e["manager"] == "raygate"));
-                Ok(v["spec"]["upgradeStrategy"]["type"] == "None" && owned)
+                    .map(|m| m.iter().filter_map(|e| e["manager"].as_str()).collect())
+                    .unwrap_or_default();
+                if v["spec"]["upgradeStrategy"]["type"] == "None" && managers.contains(&"raygate") {
+                    return Ok(true);
+                }
+                bail!(
+                    "spec.upgradeStrategy {}, field managers {managers:?}",
+                    v["spec"]["upgradeStrategy"]
+                )
             },
         )?;
         let metrics = http_get(port, "/metrics").unwrap_or_default();
