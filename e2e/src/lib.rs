@@ -5,6 +5,7 @@
 pub mod bins;
 pub mod control_plane;
 pub mod fake_node;
+pub mod faults;
 pub mod json;
 pub mod process;
 pub mod quantity;
@@ -17,5 +18,5 @@ pub use bins::workspace_bin;
 pub use control_plane::{ControlPlane, KubeRay, Options, create_namespace, rand_suffix};
 pub use fake_node::{FakeNode, Taint};
 pub use process::{InProcessSim, KubeRaySim, KubeRaySimOptions};
-pub use raygate::Raygate;
+pub use raygate::{Raygate, Spawn};
 pub use wait::{Check, wait_for};
