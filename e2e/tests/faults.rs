@@ -729,3 +729,60 @@ async fn metrics_answer_only_tokens_allowed_to_get_metrics() {
         "config/rbac lets raygate review tokens:\n{logs}"
     );
 }
+
+/// Another field manager forces the gate open (`kubectl apply --server-side
+/// --force-conflicts`, a GitOps tool) on the held upgrade while the admitted one is under
+/// way: raygate reports it (GateOverridden, naming the manager) instead of fighting, and the
+/// admitted upgrade still completes with one cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_field_manager_forcing_the_gate_is_reported_and_the_rest_completes() {
+    let (cp, client) = control_plane(Options::from_env().expect("options")).await;
+    let rg = Raygate::spawn(&cp, &[]).unwrap_or_else(|e| panic!("{e:#}"));
+    let u = or_panic(start_upgrades(&client).await);
+    let force = json!({"apiVersion": "ray.io/v1", "kind": "RayService",
+        "metadata": {"name": HELD}, "spec": {"upgradeStrategy": {"type": "NewCluster"}}});
+    rs_api(&client, &u.ns)
+        .patch(
+            HELD,
+            &PatchParams::apply("gitops-sync").force(),
+            &Patch::Apply(&force),
+        )
+        .await
+        .expect("forced apply");
+    let api = plan_api(&client, &u.ns);
+    let cond = or_panic(
+        wait_for("GateOverridden on the held plan", T, || async {
+            let p = get(&api, HELD).await?;
+            let c = p["status"]["conditions"]
+                .as_array()
+                .and_then(|cs| {
+                    cs.iter()
+                        .find(|c| c["type"] == "GateOverridden" && c["status"] == "True")
+                })
+                .cloned();
+            Ok(match c {
+                Some(c) => Check::Done(c),
+                None => Check::NotYet(describe(&p)),
+            })
+        })
+        .await,
+    );
+    assert!(
+        str_at(&cond, &["message"]).contains("gitops-sync"),
+        "names the manager: {cond}"
+    );
+    // raygate does not take the field back.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(or_panic(gate(&client, &u.ns, HELD).await), "NewCluster");
+    let rcs = rc_api(&client, &u.ns);
+    for c in of(ADMITTED, &or_panic(clusters(&client, &u.ns).await)) {
+        or_panic(annotate(&rcs, &c, Some("RUNNING")).await);
+    }
+    or_panic(annotate(&rs_api(&client, &u.ns), ADMITTED, None).await);
+    or_panic(wait_phase(&client, &u.ns, ADMITTED, "Completed").await);
+    assert!(
+        or_panic(admissions(&client, &u.ns, ADMITTED).await) <= 1,
+        "admitted once"
+    );
+    assert!(!rg.logs().contains("panicked"), "{}", rg.logs());
+}
