@@ -30,17 +30,19 @@ use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(120);
 const LEASE: &str = "raygate-leader";
-/// Short leases so that takeovers happen within seconds: 4 s, renewed 2 s early.
-const LEASE_SECONDS: u64 = 4;
+/// Short leases so that takeovers happen within seconds: 8 s, renewed 4 s early, so every
+/// API call is bounded by 1 s (grace / 4). With 4 s / 2 s (0.5 s per call) a leader on a
+/// loaded 2-core machine lost its Lease to slow renewals with no fault injected.
+const LEASE_SECONDS: u64 = 8;
 const LEADER_ARGS: [&str; 8] = [
     "--leader-elect",
     "true",
     "--lease-namespace",
     "default",
     "--lease-duration-seconds",
-    "4",
+    "8",
     "--lease-grace-seconds",
-    "2",
+    "4",
 ];
 
 fn or_panic<T>(r: Result<T>) -> T {
@@ -274,7 +276,7 @@ async fn a_standby_waits_a_release_hands_over_and_a_stolen_lease_stops_the_leade
     or_panic(wait_phase(&client, &ns, "p0", "Error").await);
 
     // B stays a standby for several lease durations while A renews: not one write.
-    tokio::time::sleep(Duration::from_secs(3 * LEASE_SECONDS)).await;
+    tokio::time::sleep(Duration::from_secs(2 * LEASE_SECONDS)).await;
     assert_eq!(or_panic(holder(&client).await), a.id);
     let by_b = writes_by(&cp, &b.user);
     assert!(by_b.is_empty(), "the standby wrote:\n{}", show(&by_b));
@@ -323,11 +325,11 @@ async fn a_standby_waits_a_release_hands_over_and_a_stolen_lease_stops_the_leade
         noticed < Duration::from_secs(LEASE_SECONDS),
         "B stops within its lease duration: {noticed:?}"
     );
-    // B renews every lease-grace = 2 s and reads the Lease then: a write it decided just
+    // B renews every duration - grace and reads the Lease then: a write it decided just
     // before learning may land, none after it could have known.
     let known = stolen
         .checked_add(jiff::SignedDuration::from_secs(
-            i64::try_from(LEASE_SECONDS).unwrap_or(4),
+            i64::try_from(LEASE_SECONDS).unwrap_or(8),
         ))
         .expect("time");
     let late = writes_after(&cp, &b.user, known);
