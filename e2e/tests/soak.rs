@@ -5,7 +5,7 @@
 //! change must end.
 //!
 //! Reproducible: `RAYGATE_SOAK_SEED=N` replays a run (the seed is printed at the start and
-//! on failure); `RAYGATE_SOAK_STEPS` (default 25) and `RAYGATE_SOAK_SECONDS` (default 240)
+//! on failure); `RAYGATE_SOAK_STEPS` (default 80) and `RAYGATE_SOAK_SECONDS` (default 240)
 //! bound it. Needs `e2e/setup` and `cargo build --workspace --bins`.
 
 use anyhow::{Context, Result, bail};
@@ -366,7 +366,7 @@ impl World {
 
 async fn soak(seed: u64, rg: &mut Option<Raygate>, cp: &ControlPlane) -> Result<()> {
     let mut rng = Rng(seed);
-    let steps = env_num("RAYGATE_SOAK_STEPS", 25);
+    let steps = env_num("RAYGATE_SOAK_STEPS", 80);
     let budget = Duration::from_secs(env_num("RAYGATE_SOAK_SECONDS", 240));
     cp.install_crd_file(&repo_root().join("crds/raygate.io_upgradeplans.yaml"))?;
     let client = cp.client().await?;
