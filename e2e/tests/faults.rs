@@ -724,11 +724,35 @@ async fn metrics_answer_only_tokens_allowed_to_get_metrics() {
     assert_eq!(code(Some(admin.trim())).0, 200, "system:masters");
     assert_eq!(rg.get("/healthz").expect("healthz").0, 200);
     assert_eq!(rg.get("/readyz").expect("readyz").0, 200);
+    // The same ClusterRole (patch, no update) suffices for the finalizer and the status.
+    let client = cp.client().await.expect("client");
+    let ns = or_panic(create_namespace(&client, "rbac").await);
+    or_panic(orphan_plan(&client, &ns, "p").await);
+    let p = or_panic(wait_phase(&client, &ns, "p", "Error").await);
+    assert!(
+        p["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f == "raygate.io/release-gate")),
+        "finalizer added: {p}"
+    );
+    plan_api(&client, &ns)
+        .delete("p", &kube::api::DeleteParams::default())
+        .await
+        .expect("delete the plan");
+    or_panic(
+        wait_for("the plan to go (finalizer removed)", T, || async {
+            Ok(match plan_api(&client, &ns).get_opt("p").await? {
+                None => Check::Done(()),
+                Some(_) => Check::NotYet("still there".into()),
+            })
+        })
+        .await,
+    );
     assert!(rg.is_running(), "{}", rg.logs());
     let logs = rg.logs();
     assert!(
         !logs.contains("forbidden") && !logs.contains("Forbidden"),
-        "config/rbac lets raygate review tokens:\n{logs}"
+        "config/rbac is enough for raygate:\n{logs}"
     );
 }
 
