@@ -289,12 +289,18 @@ impl ControlPlane {
 
     /// The apiserver's port on 127.0.0.1.
     pub fn apiserver_port(&self) -> Result<u16> {
+        self.port("apiserver")
+    }
+
+    /// A component's port on 127.0.0.1, as `DIR/ports` lists it (`etcd`, `apiserver`, ...).
+    pub fn port(&self, component: &str) -> Result<u16> {
         let ports = std::fs::read_to_string(self.cp_dir()?.join("ports"))?;
+        let prefix = format!("{component}=");
         ports
             .lines()
-            .find_map(|l| l.strip_prefix("apiserver="))
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
             .and_then(|p| p.trim().parse().ok())
-            .context("no apiserver port in DIR/ports")
+            .with_context(|| format!("no {component} port in DIR/ports"))
     }
 
     /// `control-plane restart COMPONENT`: stops one component (`etcd`, `kube-apiserver`, ...)

@@ -261,3 +261,50 @@ pub fn service_account_kubeconfig(
     std::fs::write(&path, out)?;
     Ok(path)
 }
+
+/// Compacts etcd's history up to its current revision (etcd's v3 JSON gateway on the
+/// client port), so that watches resuming from an older resourceVersion get `410 Gone`
+/// and must relist. Returns the revision compacted at.
+pub fn etcd_compact(cp: &ControlPlane) -> Result<i64> {
+    let port = cp.port("etcd")?;
+    // Any key: the response header carries the store's current revision.
+    let range = etcd_post(port, "/v3/kv/range", r#"{"key":"AA==","limit":1}"#)?;
+    let revision: i64 = range
+        .pointer("/header/revision")
+        .and_then(|r| {
+            r.as_str()
+                .and_then(|s| s.parse().ok())
+                .or_else(|| r.as_i64())
+        })
+        .with_context(|| format!("no revision in {range}"))?;
+    etcd_post(
+        port,
+        "/v3/kv/compaction",
+        &format!(r#"{{"revision":"{revision}","physical":true}}"#),
+    )?;
+    Ok(revision)
+}
+
+fn etcd_post(port: u16, path: &str, body: &str) -> Result<Value> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let (head, rest) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    if head.split_whitespace().nth(1) != Some("200") {
+        bail!("etcd POST {path}: {head}\n{rest}");
+    }
+    // The gateway may answer chunked; the JSON object is what lies between the braces.
+    let json = rest
+        .find('{')
+        .zip(rest.rfind('}'))
+        .map(|(a, b)| &rest[a..=b])
+        .unwrap_or(rest);
+    serde_json::from_str(json).with_context(|| format!("etcd POST {path}: {rest}"))
+}

@@ -17,7 +17,8 @@ use kube::api::{
 };
 use raygate_e2e::control_plane::repo_root;
 use raygate_e2e::faults::{
-    AuditEvent, TcpProxy, audit_events, service_account_kubeconfig, service_account_user,
+    AuditEvent, TcpProxy, audit_events, etcd_compact, service_account_kubeconfig,
+    service_account_user,
 };
 use raygate_e2e::json::str_at;
 use raygate_e2e::{
@@ -579,9 +580,10 @@ async fn admissions(client: &Client, ns: &str, plan: &str) -> Result<usize> {
         .count())
 }
 
-/// The apiserver, then etcd, restarted while one upgrade is held and one is under way:
+/// The apiserver, then etcd, restarted while one upgrade is held and one is under way,
+/// then etcd's history compacted and the apiserver restarted again (watches get 410 Gone):
 /// raygate's watches break and relist; no hold is lost, nothing is admitted twice, no
-/// third cluster appears.
+/// third cluster appears, and what changed meanwhile is seen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apiserver_and_etcd_restarts_mid_upgrade_lose_no_hold_and_admit_nothing_twice() {
     let (cp, client) = control_plane(Options::from_env().expect("options")).await;
@@ -602,6 +604,17 @@ async fn apiserver_and_etcd_restarts_mid_upgrade_lose_no_hold_and_admit_nothing_
             "after restarting {component}"
         );
     }
+    // History compacted, then the apiserver restarted with a fresh watch cache: watches
+    // resuming from their old resourceVersion get 410 Gone and must relist. A plan created
+    // meanwhile must still be seen.
+    let revision = or_panic(etcd_compact(&cp));
+    or_panic(orphan_plan(&client, &u.ns, "after-compaction").await);
+    or_panic(
+        cp.restart("kube-apiserver")
+            .context("restart the apiserver"),
+    );
+    eprintln!("etcd compacted at revision {revision}, apiserver restarted");
+    or_panic(wait_phase(&client, &u.ns, "after-compaction", "Error").await);
     or_panic(check_upgrades_survived(&client, &u).await);
     assert_eq!(
         or_panic(admissions(&client, &u.ns, ADMITTED).await),
