@@ -4,7 +4,6 @@
 //! them; the real node-lifecycle controller removes the `not-ready` taint the apiserver's
 //! admission adds at creation once kwok reports Ready.
 
-use crate::sim::names::FAKE_NODE_LABEL;
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
@@ -12,6 +11,9 @@ use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+/// Label on every Node a test creates, so tests and humans can list (and clean up) them.
+pub const FAKE_NODE_LABEL: &str = "raygate.io/fake-node";
 
 /// The annotation kwok selects its nodes by (`--manage-nodes-with-annotation-selector`).
 pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";

@@ -1,22 +1,18 @@
 //! raygate's end-to-end harness: helpers to run tests against a real local control plane
 //! (Kubernetes v1.36, kwok nodes, the real KubeRay operator and `ray-head`, the Ray stand-in;
-//! see `e2e/README.md`), plus the old KubeRay stand-in `kuberay-sim` until every suite is ported.
+//! see `e2e/README.md`).
 
 pub mod bins;
 pub mod control_plane;
 pub mod fake_node;
 pub mod faults;
 pub mod json;
-pub mod process;
-pub mod quantity;
 pub mod ray_head;
 pub mod raygate;
-pub mod sim;
 pub mod wait;
 
 pub use bins::workspace_bin;
 pub use control_plane::{ControlPlane, KubeRay, Options, create_namespace, rand_suffix};
 pub use fake_node::{FakeNode, Taint};
-pub use process::{InProcessSim, KubeRaySim, KubeRaySimOptions};
 pub use raygate::{Raygate, Spawn};
 pub use wait::{Check, wait_for};

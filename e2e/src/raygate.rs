@@ -141,7 +141,7 @@ impl Raygate {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// The process id (for signals).
+    /// The operating-system process id (for /proc and signals).
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -664,3 +664,68 @@ async fn two_replicas_elect_one_leader_and_fail_over() {
     or_panic(bump_worker(&e, "llm", "rayproject/ray:2.10.0-gpu", None).await);
     or_panic(wait_phase(&e, "llm", "Completed").await);
 }
+
+/// Status is written by server-side apply; a status an older raygate wrote with merge
+/// patches (operation `Update`) is taken over, so a field it left behind is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_is_server_side_applied_and_a_merge_patched_one_is_taken_over() {
+    let e = env(&[8]).await;
+    or_panic(service_with_plan(&e, "llm", 1, 4, json!({})).await);
+    let api = plan_api(&e.client, &e.ns);
+    // What raygate 0.1 did: a merge patch of status under its field manager.
+    let old_style = json!({"status": {"pendingCluster": "stale-from-0.1"}});
+    let params = PatchParams {
+        field_manager: Some("raygate".into()),
+        ..Default::default()
+    };
+    or_panic(
+        api.patch_status("llm", &params, &Patch::Merge(&old_style))
+            .await
+            .map_err(Into::into),
+    );
+    let owners = |p: &DynamicObject| -> Vec<String> {
+        p.metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter(|m| m.manager.as_deref() == Some("raygate"))
+            .map(|m| {
+                format!(
+                    "{}/{}",
+                    m.operation.as_deref().unwrap_or(""),
+                    m.subresource.as_deref().unwrap_or("")
+                )
+            })
+            .collect()
+    };
+    let taken_over = wait_for(
+        "the stale status field removed by raygate's apply",
+        T,
+        || async {
+            let p = api.get("llm").await?;
+            let v = serde_json::to_value(&p)?;
+            let o = owners(&p);
+            Ok(
+                if v["status"].get("pendingCluster").is_none()
+                    && !o.iter().any(|m| m == "Update/status")
+                {
+                    Check::Done(o)
+                } else {
+                    Check::NotYet(format!(
+                        "pendingCluster={} owners={o:?}",
+                        v["status"]["pendingCluster"]
+                    ))
+                },
+            )
+        },
+    )
+    .await;
+    let o = or_panic(taken_over);
+    assert!(
+        o.iter().any(|m| m == "Apply/status"),
+        "raygate applies status: {o:?}"
+    );
+    let p = or_panic(get(&api, "llm").await);
+    assert_eq!(phase(&p), "Idle", "{}", describe(&p));
+    assert_eq!(or_panic(gate(&e, "llm").await), "None");
+}

@@ -466,8 +466,8 @@ async fn rayservice_gets_a_running_cluster_and_serve_app_body(cp: &ControlPlane)
         }
     }
 
-    // Deletion: KubeRay v1.5/v1.6 put no finalizer on a RayService (kuberay-sim, modelled on
-    // v1.7, did); the garbage collector removes its RayClusters (owner references) and their pods.
+    // Deletion: KubeRay v1.5/v1.6 put no finalizer on a RayService (our retired simulator,
+    // modelled on a reading of v1.7, did); the garbage collector removes its RayClusters (owner references) and their pods.
     assert!(
         arr_at(&rs, &["metadata", "finalizers"]).is_empty(),
         "{}",

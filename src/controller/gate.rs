@@ -78,14 +78,6 @@ pub async fn apply(api: &Services, name: &str, gate: Gate) -> Result<(), kube::E
 /// Give the field up (the plan was deleted): an apply without the field
 /// removes raygate's ownership, and the field itself when nobody else owns
 /// it, so KubeRay falls back to its default behaviour.
-/// Parameters for raygate's merge patches: recorded under its field manager too.
-pub fn merge_params() -> PatchParams {
-    PatchParams {
-        field_manager: Some(FIELD_MANAGER.to_string()),
-        ..Default::default()
-    }
-}
-
 pub async fn release(api: &Services, name: &str) -> Result<(), kube::Error> {
     let patch = json!({
         "apiVersion": "ray.io/v1",

@@ -21,7 +21,7 @@ use futures::{StreamExt, future};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{LimitRange, Node, Pod};
 use k8s_openapi::api::node::v1::RuntimeClass;
-use kube::api::{Api, Patch};
+use kube::api::{Api, Patch, PatchParams};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -663,20 +663,8 @@ fn decide_now(
     (obs, decision, overridden)
 }
 
-/// The status write: a merge patch of what changed, made conditional on
-/// the resourceVersion the decision was based on.
-fn status_patch(plan: &UpgradePlan, status: &UpgradePlanStatus) -> Result<serde_json::Value> {
-    let old = serde_json::to_value(plan.status.clone().unwrap_or_default())?;
-    let new = serde_json::to_value(status)?;
-    let mut body = serde_json::json!({ "status": patch::merge_diff(&old, &new) });
-    if let Some(rv) = plan.resource_version() {
-        body["metadata"] = serde_json::json!({ "resourceVersion": rv });
-    }
-    Ok(body)
-}
-
-/// Writes the status; `false` when the plan changed since it was read
-/// (the apiserver refused the precondition).
+/// Writes the status (see [`patch`]); `false` when the plan changed since it
+/// was read (the apiserver refused the precondition).
 async fn write_status(
     ctx: &Context,
     plan: &UpgradePlan,
@@ -685,9 +673,28 @@ async fn write_status(
     let ns = plan.namespace().unwrap_or_default();
     let name = plan.name_any();
     let api: Api<UpgradePlan> = Api::namespaced(ctx.client.clone(), &ns);
-    let body = status_patch(plan, status)?;
-    let (params, patch) = (gate::merge_params(), Patch::Merge(&body));
-    let call = api.patch_status(&name, &params, &patch);
+    if let Some(body) = patch::ownership_upgrade(plan) {
+        let params = PatchParams {
+            field_manager: Some(gate::FIELD_MANAGER.to_string()),
+            ..Default::default()
+        };
+        let merge = Patch::Merge(&body);
+        let call = api.patch(&name, &params, &merge);
+        return match guarded(&ctx.fence, "taking over the status fields", call).await? {
+            Ok(_) => {
+                info!(plan = %name, namespace = %ns, "status fields taken over by server-side apply");
+                Ok(false)
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(e) => Err(e.into()),
+        };
+    }
+    let body = patch::status_apply(plan, status)?;
+    // Forced: raygate alone writes status, and an apply that conflicted with
+    // a stray manager would leave the plan's status stuck.
+    let params = PatchParams::apply(gate::FIELD_MANAGER).force();
+    let apply = Patch::Apply(&body);
+    let call = api.patch_status(&name, &params, &apply);
     match guarded(&ctx.fence, "writing the UpgradePlan status", call).await? {
         Ok(_) => {
             info!(plan = %name, namespace = %ns, phase = status.phase.as_str(),
@@ -823,39 +830,4 @@ fn as_numbers(
                 .map(|q| (k.clone(), q.milli_value() as f64 / 1000.0))
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn status_writes_are_conditional_on_the_version_decided_on() {
-        let mut plan: UpgradePlan = serde_json::from_value(json!({
-            "apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan",
-            "metadata": {"name": "p", "namespace": "ml", "resourceVersion": "42"},
-            "spec": {"rayServiceRef": {"name": "llm"}},
-            "status": {"phase": "Admitted", "admitted": {"fingerprint": "abc", "admittedTime": "t"}}
-        }))
-        .unwrap();
-        let status = UpgradePlanStatus {
-            phase: Phase::Idle,
-            ray_service: Some("llm".into()),
-            ..Default::default()
-        };
-        let body = status_patch(&plan, &status).unwrap();
-        assert_eq!(body["metadata"]["resourceVersion"], "42");
-        assert_eq!(
-            body["status"],
-            json!({"phase": "Idle", "admitted": null, "rayService": "llm"})
-        );
-        plan.metadata.resource_version = None;
-        assert!(
-            status_patch(&plan, &status)
-                .unwrap()
-                .get("metadata")
-                .is_none()
-        );
-    }
 }
