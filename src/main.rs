@@ -52,9 +52,9 @@ struct ReleaseArgs {
     /// Every UpgradePlan in the cluster.
     #[arg(long)]
     all: bool,
-    /// Only the UpgradePlans of this namespace.
-    #[arg(short = 'n', long, value_name = "NS")]
-    namespace: Option<String>,
+    /// Only the UpgradePlans of these namespaces (repeat or comma-separate).
+    #[arg(short = 'n', long, value_name = "NS", value_delimiter = ',')]
+    namespace: Vec<String>,
     /// Stop the operator first: set this Deployment (NAMESPACE/NAME) to zero
     /// replicas and wait until its pods are gone, so it cannot take the
     /// gates again.
@@ -90,9 +90,17 @@ struct RunArgs {
         value_name = "NS"
     )]
     namespaces: Vec<String>,
-    /// Address for /metrics, /healthz and /readyz.
+    /// Address for /metrics.
     #[arg(long, env = "RAYGATE_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
+    /// Serve /metrics only to bearer tokens the API server accepts (TokenReview)
+    /// whose user may `get` the non-resource URL /metrics (SubjectAccessReview),
+    /// as kubebuilder operators do. `false` serves it to anyone: for local use.
+    #[arg(long, env = "RAYGATE_METRICS_SECURE", default_value_t = true, action = clap::ArgAction::Set)]
+    metrics_secure: bool,
+    /// Address for the kubelet probes /healthz and /readyz (never authenticated).
+    #[arg(long, env = "RAYGATE_HEALTH_ADDR", default_value = "0.0.0.0:8081")]
+    health_addr: SocketAddr,
     /// Log format: json (one object per line) or text.
     #[arg(long, env = "RAYGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
     log_format: LogFormat,
@@ -185,7 +193,17 @@ async fn release(args: &ReleaseArgs) -> Result<String> {
         controller::release::scale_down(&client, ns, name, Duration::from_secs(args.wait_seconds))
             .await?;
     }
-    let done = controller::release::release(&client, args.namespace.as_deref()).await?;
+    let scopes: Vec<Option<&str>> = if args.namespace.is_empty() {
+        vec![None]
+    } else {
+        args.namespace.iter().map(|ns| Some(ns.as_str())).collect()
+    };
+    let mut done = controller::release::Released::default();
+    for scope in scopes {
+        let one = controller::release::release(&client, scope).await?;
+        done.gates.extend(one.gates);
+        done.finalizers.extend(one.finalizers);
+    }
     let mut out = String::new();
     for g in &done.gates {
         out.push_str(&format!("gate given back: RayService {g}\n"));
@@ -245,14 +263,30 @@ async fn run(args: RunArgs) -> Result<()> {
     let health = Arc::new(Health::default());
 
     let (listener, addr) = server::bind(args.metrics_addr).await?;
-    info!(%addr, "serving /metrics, /healthz, /readyz");
+    let (health_listener, health_addr) = server::bind(args.health_addr).await?;
+    let auth = if args.metrics_secure {
+        // A scrape waits for at most two short reviews.
+        let client = bounded_client(config.clone(), Duration::from_secs(5))?;
+        Some(Arc::new(server::MetricsAuth::new(client)))
+    } else {
+        tracing::warn!("--metrics-secure=false: /metrics is served to anyone who can connect");
+        None
+    };
+    // `addr` last: the e2e harness reads it from the end of these lines.
+    info!(secure = args.metrics_secure, %addr, "serving /metrics");
+    info!(addr = %health_addr, "serving /healthz, /readyz");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
-    let http = tokio::spawn(server::serve_on(
+    let http = tokio::spawn(server::serve_metrics(
         listener,
         metrics.clone(),
+        auth,
+        stopped(stop_rx.clone()),
+    ));
+    let probes = tokio::spawn(server::serve_health(
+        health_listener,
         health.clone(),
         stopped(stop_rx.clone()),
     ));
@@ -296,5 +330,6 @@ async fn run(args: RunArgs) -> Result<()> {
     let _ = stop_tx.send(true);
     signal.abort();
     let _ = http.await;
+    let _ = probes.await;
     result
 }

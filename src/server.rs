@@ -1,24 +1,41 @@
-//! The operator's small HTTP server: Prometheus scrape and kubelet probes.
+//! The operator's small HTTP servers: Prometheus scrape and kubelet probes,
+//! on two ports so that probes stay open while /metrics is protected.
 //!
-//! - `GET /metrics`: [`Metrics::render`], `text/plain; version=0.0.4`.
-//! - `GET /healthz`: liveness, 200 `ok` as long as the process can answer.
-//!   It deliberately checks nothing else: a restart would not fix a slow
-//!   API server, it would only add load to it.
+//! - `GET /metrics` ([`serve_metrics`]): [`Metrics::render`],
+//!   `text/plain; version=0.0.4`. With [`MetricsAuth`] (the default,
+//!   `--metrics-secure`), as kubebuilder operators and kube-rbac-proxy do:
+//!   the bearer token is checked with a TokenReview, and the user it names
+//!   must be allowed `get` on the non-resource URL `/metrics` by a
+//!   SubjectAccessReview. No or an invalid token: 401; not allowed: 403.
+//! - `GET /healthz` ([`serve_health`]): liveness, 200 `ok` as long as the
+//!   process can answer. It deliberately checks nothing else: a restart
+//!   would not fix a slow API server, it would only add load to it.
 //! - `GET /readyz`: readiness, see [`Health::readiness`].
 //!
-//! Nothing here needs the Kubernetes API, so probes keep answering while
-//! the controller waits for leadership or for the API server.
+//! Probes need nothing from the Kubernetes API, so they keep answering
+//! while the controller waits for leadership or for the API server.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::authorization::v1::{
+    NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::Api;
+use kube::api::PostParams;
+use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
 use crate::metrics::{self, Metrics};
@@ -72,10 +89,144 @@ impl Health {
     }
 }
 
+/// What a scrape may see, decided from its bearer token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Access {
+    Allowed,
+    /// 401: no token, or one the API server does not accept.
+    Unauthenticated(String),
+    /// 403: a known user without `get` on `/metrics`.
+    Forbidden(String),
+}
+
+impl Access {
+    fn status(&self) -> StatusCode {
+        match self {
+            Access::Allowed => StatusCode::OK,
+            Access::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Access::Forbidden(_) => StatusCode::FORBIDDEN,
+        }
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header, if well formed.
+pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// How long a decision is reused: Prometheus scrapes every 15-60 s with the
+/// same token, and two API calls per scrape per replica are not worth it;
+/// a revoked permission takes effect within this bound.
+const AUTH_CACHE_TTL: Duration = Duration::from_secs(30);
+/// Bound on remembered tokens (a flood of random tokens must not grow memory).
+const AUTH_CACHE_MAX: usize = 256;
+
+/// Authentication and authorization of `/metrics` against the API server.
+pub struct MetricsAuth {
+    client: kube::Client,
+    cache: Mutex<HashMap<[u8; 32], (Instant, Access)>>,
+}
+
+impl MetricsAuth {
+    /// `client` should be bounded by a timeout: a scrape must not hang.
+    pub fn new(client: kube::Client) -> MetricsAuth {
+        MetricsAuth {
+            client,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The decision for this request's headers (cached per token).
+    pub async fn check(&self, headers: &HeaderMap) -> Access {
+        let Some(token) = bearer_token(headers) else {
+            return Access::Unauthenticated("no bearer token".into());
+        };
+        let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let now = Instant::now();
+        if let Ok(cache) = self.cache.lock()
+            && let Some((until, access)) = cache.get(&key)
+            && *until > now
+        {
+            return access.clone();
+        }
+        let access = match self.review(token).await {
+            Ok(a) => a,
+            Err(e) => {
+                // Not cached: the API server may answer the next scrape.
+                tracing::warn!(error = %e, "checking a /metrics token");
+                return Access::Unauthenticated(format!("token could not be checked: {e}"));
+            }
+        };
+        if let Ok(mut cache) = self.cache.lock() {
+            if cache.len() >= AUTH_CACHE_MAX {
+                cache.retain(|_, (until, _)| *until > now);
+                if cache.len() >= AUTH_CACHE_MAX {
+                    cache.clear();
+                }
+            }
+            cache.insert(key, (now + AUTH_CACHE_TTL, access.clone()));
+        }
+        access
+    }
+
+    async fn review(&self, token: &str) -> Result<Access, kube::Error> {
+        let reviews: Api<TokenReview> = Api::all(self.client.clone());
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_owned()),
+                ..TokenReviewSpec::default()
+            },
+            ..TokenReview::default()
+        };
+        let status = reviews
+            .create(&PostParams::default(), &review)
+            .await?
+            .status
+            .unwrap_or_default();
+        let user = match (status.authenticated, status.user) {
+            (Some(true), Some(user)) => user,
+            _ => {
+                return Ok(Access::Unauthenticated(
+                    status.error.unwrap_or_else(|| "token not accepted".into()),
+                ));
+            }
+        };
+        let name = user.username.clone().unwrap_or_default();
+        let sars: Api<SubjectAccessReview> = Api::all(self.client.clone());
+        let sar = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: user.username,
+                groups: user.groups,
+                uid: user.uid,
+                extra: user.extra,
+                non_resource_attributes: Some(NonResourceAttributes {
+                    path: Some("/metrics".into()),
+                    verb: Some("get".into()),
+                }),
+                ..SubjectAccessReviewSpec::default()
+            },
+            ..SubjectAccessReview::default()
+        };
+        let decision = sars
+            .create(&PostParams::default(), &sar)
+            .await?
+            .status
+            .unwrap_or_default();
+        Ok(if decision.allowed {
+            Access::Allowed
+        } else {
+            Access::Forbidden(format!("{name} may not get /metrics"))
+        })
+    }
+}
+
 #[derive(Clone)]
-struct AppState {
+struct MetricsState {
     metrics: Arc<Metrics>,
-    health: Arc<Health>,
+    auth: Option<Arc<MetricsAuth>>,
 }
 
 /// Binds `addr` (port 0 picks a free port) and returns the bound address.
@@ -89,28 +240,40 @@ pub async fn bind(addr: SocketAddr) -> crate::Result<(TcpListener, SocketAddr)> 
     Ok((listener, local))
 }
 
-/// Binds `addr` and serves until `shutdown` completes.
-pub async fn serve(
-    addr: SocketAddr,
+/// Serves `/metrics` on an already bound listener (from [`bind`]) until
+/// `shutdown` completes; `auth` None serves it to anyone (`--metrics-secure=false`).
+pub async fn serve_metrics(
+    listener: TcpListener,
     metrics: Arc<Metrics>,
+    auth: Option<Arc<MetricsAuth>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> crate::Result<()> {
+    let router = Router::new()
+        .route("/metrics", get(render_metrics))
+        .with_state(MetricsState { metrics, auth });
+    serve(listener, router, shutdown).await
+}
+
+/// Serves `/healthz` and `/readyz`, never authenticated (kubelet probes).
+pub async fn serve_health(
+    listener: TcpListener,
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> crate::Result<()> {
-    let (listener, _) = bind(addr).await?;
-    serve_on(listener, metrics, health, shutdown).await
+    let router = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(health);
+    serve(listener, router, shutdown).await
 }
 
-/// Serves on an already bound listener (from [`bind`]) until `shutdown`
-/// completes; in-flight requests are allowed to finish.
-pub async fn serve_on(
+async fn serve(
     listener: TcpListener,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
+    router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> crate::Result<()> {
     let local = listener.local_addr().ok();
-    tracing::info!(addr = ?local, "serving /metrics, /healthz, /readyz");
-    axum::serve(listener, router(AppState { metrics, health }))
+    axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(|source| crate::Error::Server {
@@ -126,15 +289,24 @@ fn server_error(addr: SocketAddr, source: std::io::Error) -> crate::Error {
     }
 }
 
-fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/metrics", get(render_metrics))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .with_state(state)
-}
-
-async fn render_metrics(State(s): State<AppState>) -> Response {
+async fn render_metrics(State(s): State<MetricsState>, headers: HeaderMap) -> Response {
+    if let Some(auth) = &s.auth {
+        let access = auth.check(&headers).await;
+        match &access {
+            Access::Allowed => {}
+            Access::Unauthenticated(why) | Access::Forbidden(why) => {
+                tracing::debug!(reason = %why, "/metrics refused");
+                let mut resp = (access.status(), format!("{why}\n")).into_response();
+                if access.status() == StatusCode::UNAUTHORIZED {
+                    resp.headers_mut().insert(
+                        header::WWW_AUTHENTICATE,
+                        header::HeaderValue::from_static("Bearer"),
+                    );
+                }
+                return resp;
+            }
+        }
+    }
     match s.metrics.render() {
         Ok(body) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response(),
         Err(e) => {
@@ -144,8 +316,8 @@ async fn render_metrics(State(s): State<AppState>) -> Response {
     }
 }
 
-async fn readyz(State(s): State<AppState>) -> (StatusCode, &'static str) {
-    match s.health.readiness() {
+async fn readyz(State(h): State<Arc<Health>>) -> (StatusCode, &'static str) {
+    match h.readiness() {
         Ok(text) => (StatusCode::OK, text),
         Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason),
     }
@@ -200,49 +372,92 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn endpoints_answer_and_shut_down() {
+    async fn endpoints_answer_on_their_ports_and_shut_down() {
         let metrics = Arc::new(Metrics::new().unwrap());
         let health = Arc::new(Health::new());
-        let (listener, addr) = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
-        assert_ne!(addr.port(), 0);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(serve_on(
-            listener,
+        let (m_listener, m_addr) = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let (h_listener, h_addr) = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        assert_ne!(m_addr.port(), 0);
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|v| *v).await;
+        };
+        let m_task = tokio::spawn(serve_metrics(
+            m_listener,
             metrics.clone(),
-            health.clone(),
-            async move {
-                let _ = stopped.await;
-            },
+            None,
+            until(stopped.clone()),
         ));
+        let h_task = tokio::spawn(serve_health(h_listener, health.clone(), until(stopped)));
 
-        let (code, head, body) = get(addr, "/metrics").await;
+        let (code, head, body) = get(m_addr, "/metrics").await;
         assert_eq!(code, 200);
         assert!(
             head.contains("content-type: text/plain; version=0.0.4"),
             "{head}"
         );
         assert!(body.contains("raygate_build_info{version=\""), "{body}");
+        assert_eq!(
+            get(m_addr, "/healthz").await.0,
+            404,
+            "probes on their own port"
+        );
 
-        let (code, _, body) = get(addr, "/healthz").await;
+        let (code, _, body) = get(h_addr, "/healthz").await;
         assert_eq!((code, body.as_str()), (200, "ok"));
+        assert_eq!(get(h_addr, "/metrics").await.0, 404);
 
         health.set_leader(true);
-        let (code, _, body) = get(addr, "/readyz").await;
+        let (code, _, body) = get(h_addr, "/readyz").await;
         assert_eq!((code, body.as_str()), (503, "caches not synced yet"));
         health.set_ready(true);
-        let (code, _, body) = get(addr, "/readyz").await;
+        let (code, _, body) = get(h_addr, "/readyz").await;
         assert_eq!((code, body.as_str()), (200, "ok"));
 
-        let (code, _, _) = get(addr, "/nope").await;
-        assert_eq!(code, 404);
+        stop.send(true).unwrap();
+        for task in [m_task, h_task] {
+            tokio::time::timeout(std::time::Duration::from_secs(5), task)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+        }
+        assert!(TcpStream::connect(m_addr).await.is_err(), "listener closed");
+    }
 
-        stop.send(()).unwrap();
-        tokio::time::timeout(std::time::Duration::from_secs(5), task)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        assert!(TcpStream::connect(addr).await.is_err(), "listener closed");
+    #[test]
+    fn bearer_tokens_are_read_from_the_authorization_header_only() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, v.parse().unwrap());
+            h
+        };
+        assert_eq!(bearer_token(&with("Bearer abc.def")), Some("abc.def"));
+        assert_eq!(bearer_token(&with("bearer  abc ")), Some("abc"));
+        assert_eq!(bearer_token(&with("Basic dXNlcjpwdw==")), None);
+        assert_eq!(bearer_token(&with("Bearer ")), None);
+        assert_eq!(bearer_token(&with("Bearer")), None);
+        assert_eq!(bearer_token(&HeaderMap::new()), None);
+        assert_eq!(Access::Allowed.status(), StatusCode::OK);
+        assert_eq!(
+            Access::Unauthenticated(String::new()).status(),
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            Access::Forbidden(String::new()).status(),
+            StatusCode::FORBIDDEN
+        );
+    }
+
+    #[tokio::test]
+    async fn a_scrape_without_a_token_is_refused_before_any_api_call() {
+        // A client that points nowhere: no token must not reach the API.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let auth = MetricsAuth::new(kube::Client::try_from(config).unwrap());
+        assert!(matches!(
+            auth.check(&HeaderMap::new()).await,
+            Access::Unauthenticated(_)
+        ));
     }
 
     #[tokio::test]

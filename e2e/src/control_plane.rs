@@ -133,6 +133,22 @@ impl ControlPlane {
     /// `RAYGATE_E2E_KUBECONFIG`). Processes are stopped when the handle drops, also when
     /// startup fails half-way or the test panics.
     pub fn start_with(opts: Options) -> Result<ControlPlane> {
+        ControlPlane::start_inner(opts, &[])
+    }
+
+    /// Like `start_with`, and the apiserver writes an audit log of every write request
+    /// (`up --audit-log`), read with [`ControlPlane::audit_log_path`]. Not with
+    /// `RAYGATE_E2E_KUBECONFIG`: a reused cluster has no audit log here.
+    pub fn start_audited(opts: Options) -> Result<ControlPlane> {
+        if std::env::var_os(REUSE_ENV).is_some() {
+            bail!(
+                "{REUSE_ENV} is set, but this test needs the apiserver's audit log of a control plane it starts"
+            );
+        }
+        ControlPlane::start_inner(opts, &["--audit-log"])
+    }
+
+    fn start_inner(opts: Options, up_args: &[&str]) -> Result<ControlPlane> {
         let script = script_path();
         let kuberay = if opts.crds {
             opts.kuberay.clone()
@@ -184,6 +200,7 @@ impl ControlPlane {
         if !opts.crds {
             cmd.arg("--no-crds");
         }
+        cmd.args(up_args);
         // ray-head is a binary of this crate: cargo builds it next to the test executable.
         if std::env::var_os(RAY_HEAD_ENV).is_none()
             && let Some(b) = crate::workspace_bin("ray-head")
@@ -263,6 +280,51 @@ impl ControlPlane {
             .context("no ray-head in this control plane")?;
         let body = http_get(&addr, "/_e2e/clusters")?;
         serde_json::from_str(&body).with_context(|| format!("ray-head /_e2e/clusters: {body}"))
+    }
+
+    /// `DIR/logs/audit.log` (JSON lines) of a control plane from [`ControlPlane::start_audited`].
+    pub fn audit_log_path(&self) -> Result<PathBuf> {
+        Ok(self.cp_dir()?.join("logs").join("audit.log"))
+    }
+
+    /// The apiserver's port on 127.0.0.1.
+    pub fn apiserver_port(&self) -> Result<u16> {
+        self.port("apiserver")
+    }
+
+    /// A component's port on 127.0.0.1, as `DIR/ports` lists it (`etcd`, `apiserver`, ...).
+    pub fn port(&self, component: &str) -> Result<u16> {
+        let ports = std::fs::read_to_string(self.cp_dir()?.join("ports"))?;
+        let prefix = format!("{component}=");
+        ports
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|p| p.trim().parse().ok())
+            .with_context(|| format!("no {component} port in DIR/ports"))
+    }
+
+    /// `control-plane restart COMPONENT`: stops one component (`etcd`, `kube-apiserver`, ...)
+    /// and starts it again on the same ports, returning once it is healthy.
+    pub fn restart(&self, component: &str) -> Result<()> {
+        if !self.owned {
+            bail!("cannot restart {component} of a reused cluster");
+        }
+        let out = Command::new(&self.script)
+            .arg("restart")
+            .arg("--dir")
+            .arg(self.cp_dir()?)
+            .arg(component)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("run {} restart", self.script.display()))?;
+        if !out.status.success() {
+            bail!(
+                "control-plane restart {component} failed ({}):\n{}",
+                out.status,
+                tail(&out.stderr, 30)
+            );
+        }
+        Ok(())
     }
 
     /// The admin kubeconfig.

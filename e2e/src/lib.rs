@@ -5,6 +5,7 @@
 pub mod bins;
 pub mod control_plane;
 pub mod fake_node;
+pub mod faults;
 pub mod json;
 pub mod ray_head;
 pub mod raygate;
@@ -13,5 +14,5 @@ pub mod wait;
 pub use bins::workspace_bin;
 pub use control_plane::{ControlPlane, KubeRay, Options, create_namespace, rand_suffix};
 pub use fake_node::{FakeNode, Taint};
-pub use raygate::Raygate;
+pub use raygate::{Raygate, Spawn};
 pub use wait::{Check, wait_for};

@@ -4,19 +4,36 @@ use crate::control_plane::ControlPlane;
 use anyhow::{Context, Result, bail};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
-/// A `raygate run` child process, killed on drop. Its metrics server binds a
-/// free loopback port, read back from its log.
+/// A `raygate run` child process, killed on drop. Its metrics and probe servers bind
+/// free loopback ports, read back from its log. Unless the arguments say otherwise,
+/// /metrics is served without authentication (`--metrics-secure=false`).
 pub struct Raygate {
     child: Child,
     log: PathBuf,
     metrics_addr: String,
+    health_addr: String,
+}
+
+/// The address at the end of the first log line containing `what`.
+fn logged_addr(logs: &str, what: &str) -> Option<String> {
+    logs.lines().find(|l| l.contains(what)).and_then(|l| {
+        let rest = l.rsplit("addr=").next()?;
+        let token = rest.split_whitespace().next()?;
+        Some(
+            token
+                .trim_start_matches("Some(")
+                .trim_end_matches(')')
+                .trim_matches('"')
+                .to_string(),
+        )
+    })
 }
 
 impl Raygate {
@@ -25,6 +42,22 @@ impl Raygate {
     /// `extra_args` say otherwise, `--kuberay-version` is the control plane's
     /// operator's, as a deployment sets it: raygate's rules depend on it.
     pub fn spawn(cp: &ControlPlane, extra_args: &[&str]) -> Result<Raygate> {
+        Raygate::spawn_with(cp, &Spawn::args(extra_args))
+    }
+
+    /// `spawn` with another kubeconfig (an identity of its own, a proxy) and environment
+    /// (e.g. `POD_NAME`, its Lease identity). Returns once it serves /readyz (a standby
+    /// replica is ready too).
+    pub fn spawn_with(cp: &ControlPlane, opts: &Spawn<'_>) -> Result<Raygate> {
+        let extra_args = opts.args;
+        let given = |flag: &str| extra_args.iter().any(|a| a.starts_with(flag));
+        let mut defaults: Vec<&str> = vec![];
+        if !given("--metrics-secure") {
+            defaults.push("--metrics-secure=false");
+        }
+        if !given("--health-addr") {
+            defaults.extend(["--health-addr", "127.0.0.1:0"]);
+        }
         let version = cp
             .kuberay_version()
             .filter(|_| {
@@ -44,14 +77,16 @@ impl Raygate {
         let child = Command::new(&bin)
             .arg("run")
             .arg("--kubeconfig")
-            .arg(cp.kubeconfig_path())
+            .arg(opts.kubeconfig.unwrap_or(cp.kubeconfig_path()))
             .args(["--metrics-addr", "127.0.0.1:0", "--log-format", "text"])
             .args(version.iter())
+            .args(&defaults)
             .args(extra_args)
             .env(
                 "RUST_LOG",
                 std::env::var("RAYGATE_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(opts.env.iter().copied())
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file)
@@ -61,21 +96,17 @@ impl Raygate {
             child,
             log,
             metrics_addr: String::new(),
+            health_addr: String::new(),
         };
         let start = Instant::now();
         loop {
-            if let Some(addr) = rg.logs().lines().find_map(|l| {
-                l.contains("serving /metrics")
-                    .then(|| l.split("addr=").nth(1))
-                    .flatten()
-                    .map(|a| {
-                        a.trim()
-                            .trim_start_matches("Some(")
-                            .trim_end_matches(')')
-                            .to_string()
-                    })
-            }) {
-                rg.metrics_addr = addr;
+            let logs = rg.logs();
+            if let (Some(m), Some(h)) = (
+                logged_addr(&logs, "serving /metrics"),
+                logged_addr(&logs, "serving /healthz"),
+            ) {
+                rg.metrics_addr = m;
+                rg.health_addr = h;
                 break;
             }
             if !rg.is_running() || start.elapsed() > Duration::from_secs(30) {
@@ -92,9 +123,14 @@ impl Raygate {
         Ok(rg)
     }
 
-    /// Where /metrics, /healthz and /readyz are served (`127.0.0.1:PORT`).
+    /// Where /metrics is served (`127.0.0.1:PORT`).
     pub fn metrics_addr(&self) -> &str {
         &self.metrics_addr
+    }
+
+    /// Where /healthz and /readyz are served (`127.0.0.1:PORT`).
+    pub fn health_addr(&self) -> &str {
+        &self.health_addr
     }
 
     pub fn logs(&self) -> String {
@@ -110,19 +146,60 @@ impl Raygate {
         self.child.id()
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, `TERM`, ...) with kill(1).
+    pub fn signal(&self, signal: &str) -> Result<()> {
+        let ok = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()?
+            .success();
+        if !ok {
+            bail!("kill -{signal} {} failed", self.child.id());
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the process to exit; its status, or None if still running.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if start.elapsed() >= timeout {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// SIGKILL, as a crash or an OOM kill would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
-    /// A plain HTTP/1.1 GET against the metrics server: (status, body).
+    /// A plain HTTP/1.1 GET: /healthz and /readyz to the probe server, anything else
+    /// to the metrics server: (status, body).
     pub fn get(&self, path: &str) -> Result<(u16, String)> {
-        let mut s = TcpStream::connect(&self.metrics_addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        self.get_with(path, None)
+    }
+
+    /// `get` with `Authorization: Bearer <token>`.
+    pub fn get_with(&self, path: &str, token: Option<&str>) -> Result<(u16, String)> {
+        let addr = if path.starts_with("/healthz") || path.starts_with("/readyz") {
+            &self.health_addr
+        } else {
+            &self.metrics_addr
+        };
+        let mut s = TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let auth = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
         write!(
             s,
-            "GET {path} HTTP/1.1\r\nHost: raygate\r\nConnection: close\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: raygate\r\n{auth}Connection: close\r\n\r\n"
         )?;
         let mut out = String::new();
         s.read_to_string(&mut out)?;
@@ -142,6 +219,26 @@ impl Raygate {
         match self.get("/metrics")? {
             (200, body) => Ok(body),
             (code, body) => bail!("/metrics answered {code}: {body}"),
+        }
+    }
+}
+
+/// How [`Raygate::spawn_with`] starts raygate.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Spawn<'a> {
+    /// Instead of the control plane's admin kubeconfig.
+    pub kubeconfig: Option<&'a Path>,
+    /// Extra environment variables.
+    pub env: &'a [(&'a str, &'a str)],
+    /// Extra `raygate run` arguments.
+    pub args: &'a [&'a str],
+}
+
+impl<'a> Spawn<'a> {
+    pub fn args(args: &'a [&'a str]) -> Spawn<'a> {
+        Spawn {
+            args,
+            ..Spawn::default()
         }
     }
 }

@@ -192,6 +192,20 @@ fn find<'a>(objs: &'a [Value], k: &str) -> &'a Value {
     found[0]
 }
 
+/// The one object of kind `k` named `n`.
+fn find_named<'a>(objs: &'a [Value], k: &str, n: &str) -> &'a Value {
+    let found: Vec<&Value> = objs
+        .iter()
+        .filter(|o| kind(o) == k && name(o) == n)
+        .collect();
+    assert_eq!(found.len(), 1, "expected exactly one {k} {n}");
+    found[0]
+}
+
+fn is_hook(v: &Value) -> bool {
+    v["metadata"]["annotations"]["helm.sh/hook"].is_string()
+}
+
 fn kinds(objs: &[Value]) -> BTreeSet<String> {
     objs.iter().map(|o| kind(o).to_string()).collect()
 }
@@ -205,7 +219,11 @@ fn helm_template(helm: &Path, extra: &[&str]) -> Vec<Value> {
         RELEASE_NS,
     ];
     args.extend_from_slice(extra);
+    // What `helm install` creates: hooks run later (uninstall_hook_* tests them).
     docs(&ok(helm, &args))
+        .into_iter()
+        .filter(|o| !is_hook(o))
+        .collect()
 }
 
 fn kustomize(dir: &str) -> Vec<Value> {
@@ -462,6 +480,7 @@ fn helm_chart_lints_and_renders_with_helm_3_and_4() {
             "Service",
             "Deployment",
             "PodDisruptionBudget",
+            "NetworkPolicy",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -514,7 +533,7 @@ fn helm_chart_lints_and_renders_with_helm_3_and_4() {
         assert_eq!(psc["seccompProfile"]["type"], "RuntimeDefault");
         assert_eq!(psc["runAsNonRoot"], true);
 
-        let role = find(&objs, "ClusterRole");
+        let role = find_named(&objs, "ClusterRole", "rg-raygate");
         assert_least_privilege(&role["rules"], &h);
         let lease_role = find(&objs, "Role");
         assert_eq!(lease_role["metadata"]["namespace"], RELEASE_NS);
@@ -546,7 +565,9 @@ fn helm_chart_lints_and_renders_with_helm_3_and_4() {
             "{h}: a PDB for 1 replica"
         );
         assert!(
-            !k.contains("Role"),
+            !objs
+                .iter()
+                .any(|o| kind(o) == "Role" && name(o).ends_with("-leader-election")),
             "{h}: a lease Role without leader election"
         );
         let args = strs(&container(find(&objs, "Deployment"))["args"]);
@@ -692,11 +713,14 @@ fn chart_and_config_copies_match_their_sources() {
     let lease_role = yaml("config/rbac/leader_election_role.yaml");
     assert_least_privilege(&cluster_role["rules"], "config/rbac/role.yaml");
     let kust = kustomize("config/default");
-    assert_eq!(find(&kust, "ClusterRole")["rules"], cluster_role["rules"]);
+    assert_eq!(
+        find_named(&kust, "ClusterRole", "raygate")["rules"],
+        cluster_role["rules"]
+    );
     for helm in helms() {
         let objs = helm_template(&helm, &[]);
         assert_eq!(
-            find(&objs, "ClusterRole")["rules"],
+            find_named(&objs, "ClusterRole", "rg-raygate")["rules"],
             cluster_role["rules"],
             "the chart's ClusterRole rules differ from config/rbac/role.yaml"
         );
@@ -909,13 +933,8 @@ fn check_rbac(cp: &ControlPlane, ns: &str, sa: &str) -> Result<()> {
             "-n",
             "ml-serving",
         ],
-        &[
-            "update",
-            "upgradeplans.raygate.io",
-            "--subresource=finalizers",
-            "-n",
-            "ml-serving",
-        ],
+        &["create", "tokenreviews.authentication.k8s.io"],
+        &["create", "subjectaccessreviews.authorization.k8s.io"],
         &["create", "events.events.k8s.io", "-n", "ml-serving"],
         &["patch", "events.events.k8s.io", "-n", "ml-serving"],
         &["create", "leases.coordination.k8s.io", "-n", ns],
@@ -937,6 +956,14 @@ fn check_rbac(cp: &ControlPlane, ns: &str, sa: &str) -> Result<()> {
         &["patch", "nodes"],
         &["create", "runtimeclasses.node.k8s.io"],
         &["delete", "upgradeplans.raygate.io", "-n", "ml-serving"],
+        &["update", "upgradeplans.raygate.io", "-n", "ml-serving"],
+        &[
+            "update",
+            "upgradeplans.raygate.io",
+            "--subresource=status",
+            "-n",
+            "ml-serving",
+        ],
         &["create", "upgradeplans.raygate.io", "-n", "ml-serving"],
         &["create", "leases.coordination.k8s.io", "-n", "default"],
         &["patch", "leases.coordination.k8s.io", "-n", "kube-system"],
@@ -1104,6 +1131,9 @@ fn run_operator_as_chart_service_account(cp: &ControlPlane, scratch: &Path) -> R
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
+    let health_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let log_path = cp.log_dir().join("raygate-packaging.log");
     let log = std::fs::File::create(&log_path)?;
     let _raygate = Child(
@@ -1112,6 +1142,8 @@ fn run_operator_as_chart_service_account(cp: &ControlPlane, scratch: &Path) -> R
             .arg(&kubeconfig)
             .args([
                 &format!("--metrics-addr=127.0.0.1:{port}"),
+                "--metrics-secure=false",
+                &format!("--health-addr=127.0.0.1:{health_port}"),
                 "--log-format=json",
                 "--leader-elect=true",
                 &format!(
@@ -1145,7 +1177,7 @@ fn run_operator_as_chart_service_account(cp: &ControlPlane, scratch: &Path) -> R
     }
     let r = (|| -> Result<()> {
         wait_until("/readyz", || {
-            Ok(http_get(port, "/readyz")
+            Ok(http_get(health_port, "/readyz")
                 .is_some_and(|r| r.lines().next().is_some_and(|l| l.contains(" 200 "))))
         })?;
         wait_until("the leader Lease", || {
@@ -1432,4 +1464,182 @@ fn pr_check_example_flags_new_gpu_clusters_only() {
         out.contains("does NOT fit") && out.contains("nvidia.com/gpu"),
         "{out}"
     );
+}
+
+// ---------------------------------------------------------------------------
+// uninstall: the chart's pre-delete hook
+
+/// What `helm uninstall` runs first: `raygate release` with the hook's own ServiceAccount
+/// and RBAC. Run here as the real binary with the rendered Job's arguments and that
+/// ServiceAccount's token against a real apiserver (there is no kubelet to run the Job):
+/// the operator is scaled to zero, raygate's gate is given back, its finalizer removed,
+/// and nothing else is touched.
+#[test]
+fn uninstall_hook_gives_every_gate_back_with_its_own_rbac() {
+    let helm = helms().remove(0);
+    let all = docs(&ok(
+        &helm,
+        &[
+            "template",
+            RELEASE,
+            "charts/raygate",
+            "--namespace",
+            RELEASE_NS,
+        ],
+    ));
+    let hooks: Vec<Value> = all.iter().filter(|o| is_hook(o)).cloned().collect();
+    let job = find(&hooks, "Job");
+    for o in &hooks {
+        let a = &o["metadata"]["annotations"];
+        assert_eq!(a["helm.sh/hook"], "pre-delete", "{} {}", kind(o), name(o));
+        assert_eq!(
+            a["helm.sh/hook-delete-policy"],
+            "before-hook-creation,hook-succeeded",
+            "{} {}",
+            kind(o),
+            name(o)
+        );
+    }
+    let spec = &job["spec"]["template"]["spec"];
+    let args: Vec<String> = strs(&spec["containers"][0]["args"])
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(args[0], "release", "{args:?}");
+    assert!(args.contains(&format!("--scale-down={RELEASE_NS}/rg-raygate")));
+    let sa = spec["serviceAccountName"]
+        .as_str()
+        .expect("hook SA")
+        .to_owned();
+    assert_ne!(sa, "rg-raygate", "the hook has its own ServiceAccount");
+    for r in hooks.iter().filter(|o| kind(o).ends_with("Role")) {
+        assert_least_privilege(&r["rules"], name(r));
+    }
+    // Its pod must not match the Deployment's selector (scale-down waits for those).
+    let selector = &find(&all, "Deployment")["spec"]["selector"]["matchLabels"];
+    let labels = &job["spec"]["template"]["metadata"]["labels"];
+    assert_ne!(
+        labels["app.kubernetes.io/name"], selector["app.kubernetes.io/name"],
+        "hook pod labels {labels} match the operator's selector {selector}"
+    );
+
+    let cp = ControlPlane::start_with(raygate_e2e::Options::without_kuberay())
+        .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));
+    let scratch = tempfile::tempdir().expect("scratch dir");
+    if let Err(e) = release_as_the_hook(&cp, scratch.path(), &helm, &hooks, &sa, &args) {
+        panic!("{e:#}");
+    }
+}
+
+fn release_as_the_hook(
+    cp: &ControlPlane,
+    scratch: &Path,
+    helm: &Path,
+    hooks: &[Value],
+    sa: &str,
+    args: &[String],
+) -> Result<()> {
+    for ns in [RELEASE_NS, "ml-serving"] {
+        kubectl(cp, &["create", "namespace", ns])?;
+    }
+    cp.install_crd_file(&root("charts/raygate/crds/raygate.io_upgradeplans.yaml"))?;
+    let chart = write_manifest(scratch, "chart.yaml", &helm_template(helm, &[]))?;
+    kubectl(cp, &["apply", "-f", &chart.to_string_lossy()])?;
+    let rbac: Vec<Value> = hooks.iter().filter(|o| kind(o) != "Job").cloned().collect();
+    let rbac = write_manifest(scratch, "hook-rbac.yaml", &rbac)?;
+    kubectl(cp, &["apply", "-f", &rbac.to_string_lossy()])?;
+
+    // What a stopped raygate leaves: its gate on the RayService, its finalizer on the plan,
+    // and another manager's finalizer that must stay.
+    for f in [
+        "config/samples/ray_v1_rayservice_llm_gpu.yaml",
+        "config/samples/raygate_v1alpha1_upgradeplan_auto.yaml",
+    ] {
+        kubectl(cp, &["apply", "-f", &root(f).to_string_lossy()])?;
+    }
+    let gate = scratch.join("gate.yaml");
+    std::fs::write(
+        &gate,
+        "apiVersion: ray.io/v1\nkind: RayService\nmetadata: {name: llm, namespace: ml-serving}\n\
+         spec: {upgradeStrategy: {type: None}}\n",
+    )?;
+    kubectl(
+        cp,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=raygate",
+            "-f",
+            &gate.to_string_lossy(),
+        ],
+    )?;
+    kubectl(
+        cp,
+        &[
+            "-n",
+            "ml-serving",
+            "patch",
+            "upgradeplan",
+            "llm",
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":["raygate.io/release-gate","example.com/keep"]}}"#,
+        ],
+    )?;
+
+    let token = kubectl(
+        cp,
+        &["-n", RELEASE_NS, "create", "token", sa, "--duration=1h"],
+    )?;
+    let mut kc: Value = docs(&std::fs::read_to_string(cp.kubeconfig_path())?).remove(0);
+    for u in kc["users"].as_array_mut().context("kubeconfig users")? {
+        u["user"] = json!({ "token": token.trim() });
+    }
+    let kubeconfig = scratch.join("hook.kubeconfig");
+    std::fs::write(&kubeconfig, serde_json::to_string(&kc)?)?;
+    let out = Command::new(raygate_bin())
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .stdin(Stdio::null())
+        .output()?;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() {
+        bail!(
+            "raygate {} failed as the hook's ServiceAccount:\n{said}",
+            args.join(" ")
+        );
+    }
+    if !said.contains("gate given back: RayService ml-serving/llm")
+        || !said.contains("finalizer removed: UpgradePlan ml-serving/llm")
+    {
+        bail!("raygate release said:\n{said}");
+    }
+    let d = get_json(cp, &["-n", RELEASE_NS, "deployment", "rg-raygate"])?;
+    if d["spec"]["replicas"] != 0 {
+        bail!("the operator was not scaled down: {}", d["spec"]);
+    }
+    let svc = get_json(cp, &["-n", "ml-serving", "rayservice", "llm"])?;
+    let managers: Vec<&str> = svc["metadata"]["managedFields"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|e| e["manager"].as_str()).collect())
+        .unwrap_or_default();
+    if svc["spec"]["upgradeStrategy"]["type"].is_string() || managers.contains(&"raygate") {
+        bail!(
+            "the gate is still there: {} (managers {managers:?})",
+            svc["spec"]["upgradeStrategy"]
+        );
+    }
+    let plan = get_json(cp, &["-n", "ml-serving", "upgradeplan", "llm"])?;
+    if strs(&plan["metadata"]["finalizers"]) != ["example.com/keep"] {
+        bail!(
+            "finalizers after release: {}",
+            plan["metadata"]["finalizers"]
+        );
+    }
+    Ok(())
 }

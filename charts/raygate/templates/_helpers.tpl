@@ -62,3 +62,32 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- fail (printf "logFormat must be json or text, not %q" .Values.logFormat) }}
 {{- end }}
 {{- end }}
+
+{{/* What `raygate release` needs per namespace: list the plans, drop raygate's finalizer
+from each (a merge patch), read each gated RayService and give its gate back (apply). */}}
+{{- define "raygate.releaseRules" -}}
+- apiGroups: ["raygate.io"]
+  resources: ["upgradeplans"]
+  verbs: ["list", "patch"]
+- apiGroups: ["ray.io"]
+  resources: ["rayservices"]
+  verbs: ["get", "patch"]
+{{- end }}
+
+{{/* What raygate writes where it gates: the plans' finalizer (a JSON patch, kube's
+finalizer helper) and status (a merge patch with a resourceVersion), the gate (server-side
+apply of spec.upgradeStrategy.type), and its Events. No update: nothing is replaced. */}}
+{{- define "raygate.writeRules" -}}
+- apiGroups: ["raygate.io"]
+  resources: ["upgradeplans"]
+  verbs: ["patch"]
+- apiGroups: ["raygate.io"]
+  resources: ["upgradeplans/status"]
+  verbs: ["patch"]
+- apiGroups: ["ray.io"]
+  resources: ["rayservices"]
+  verbs: ["patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}

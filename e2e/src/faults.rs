@@ -1,0 +1,310 @@
+//! Fault injection for e2e tests: a TCP proxy the test can black-hole, the apiserver's
+//! audit log (who wrote what, when) and per-replica ServiceAccount identities, so a test
+//! can tell which raygate replica made a write.
+
+use crate::control_plane::ControlPlane;
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A loopback TCP proxy to one address. `blackhole(true)` makes every connection, old and
+/// new, swallow what it is sent in both directions without closing: to the client the
+/// server hangs, as when a network path or an apiserver stops answering. `blackhole(false)`
+/// closes the connections that lost bytes, so clients reconnect to a working path.
+pub struct TcpProxy {
+    addr: SocketAddr,
+    state: Arc<ProxyState>,
+}
+
+struct ProxyState {
+    blackholed: AtomicBool,
+    stopped: AtomicBool,
+    conns: Mutex<Vec<TcpStream>>,
+}
+
+impl TcpProxy {
+    /// Listens on a free loopback port and forwards every connection to `target`.
+    pub fn start(target: SocketAddr) -> Result<TcpProxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").context("bind the proxy")?;
+        let addr = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let state = Arc::new(ProxyState {
+            blackholed: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            conns: Mutex::new(Vec::new()),
+        });
+        let st = state.clone();
+        std::thread::spawn(move || {
+            while !st.stopped.load(Ordering::Acquire) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        let _ = client.set_nonblocking(false);
+                        if let Ok(server) = TcpStream::connect(target) {
+                            st.pipe(client, server);
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        Ok(TcpProxy { addr, state })
+    }
+
+    /// Where clients connect (`127.0.0.1:PORT`).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// On: every byte is dropped, no connection is closed. Off: the connections that were
+    /// black-holed are closed (their streams lost bytes) and new ones work again.
+    pub fn blackhole(&self, on: bool) {
+        let was = self.state.blackholed.swap(on, Ordering::AcqRel);
+        if was && !on {
+            self.state.close_all();
+        }
+    }
+}
+
+impl ProxyState {
+    fn pipe(self: &Arc<Self>, client: TcpStream, server: TcpStream) {
+        let clones = [client.try_clone(), server.try_clone()];
+        if let Ok(mut conns) = self.conns.lock() {
+            conns.extend(clones.into_iter().flatten());
+        }
+        for (from, to) in [
+            (client.try_clone(), server.try_clone()),
+            (Ok(server), Ok(client)),
+        ] {
+            let (Ok(mut from), Ok(mut to)) = (from, to) else {
+                continue;
+            };
+            let st = self.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                loop {
+                    match from.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if st.blackholed.load(Ordering::Acquire) {
+                                continue;
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                let _ = to.shutdown(Shutdown::Both);
+                let _ = from.shutdown(Shutdown::Both);
+            });
+        }
+    }
+
+    fn close_all(&self) {
+        if let Ok(mut conns) = self.conns.lock() {
+            for c in conns.drain(..) {
+                let _ = c.shutdown(Shutdown::Both);
+            }
+        }
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.state.stopped.store(true, Ordering::Release);
+        self.state.close_all();
+    }
+}
+
+/// One write request as the apiserver's audit log records it (`ResponseComplete`).
+#[derive(Debug, Clone)]
+pub struct AuditEvent {
+    pub user: String,
+    pub verb: String,
+    pub resource: String,
+    pub subresource: String,
+    pub namespace: String,
+    pub name: String,
+    pub code: i64,
+    /// When the apiserver received the request.
+    pub received: jiff::Timestamp,
+    /// When it completed.
+    pub completed: jiff::Timestamp,
+}
+
+impl AuditEvent {
+    /// The write took effect (2xx).
+    pub fn succeeded(&self) -> bool {
+        (200..300).contains(&self.code)
+    }
+
+    fn from_json(v: &Value) -> Option<AuditEvent> {
+        let s = |path: &[&str]| {
+            path.iter()
+                .try_fold(v, |v, k| v.get(k))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let ts = |k: &str| v.get(k)?.as_str()?.parse::<jiff::Timestamp>().ok();
+        Some(AuditEvent {
+            user: s(&["user", "username"]),
+            verb: s(&["verb"]),
+            resource: s(&["objectRef", "resource"]),
+            subresource: s(&["objectRef", "subresource"]),
+            namespace: s(&["objectRef", "namespace"]),
+            name: s(&["objectRef", "name"]),
+            code: v.pointer("/responseStatus/code")?.as_i64()?,
+            received: ts("requestReceivedTimestamp")?,
+            completed: ts("stageTimestamp")?,
+        })
+    }
+}
+
+impl std::fmt::Display for AuditEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} {} {}{} {}/{} -> {} (received {}, completed {})",
+            self.user,
+            self.verb,
+            self.resource,
+            if self.subresource.is_empty() { "" } else { "/" },
+            self.subresource,
+            self.namespace,
+            self.name,
+            self.code,
+            self.received,
+            self.completed
+        )
+    }
+}
+
+/// Every complete event of an audit log written by `up --audit-log`.
+pub fn audit_events(path: &Path) -> Result<Vec<AuditEvent>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v.get("stage").and_then(Value::as_str) == Some("ResponseComplete"))
+        .filter_map(|v| AuditEvent::from_json(&v))
+        .collect())
+}
+
+/// The username the apiserver gives ServiceAccount `ns/name`.
+pub fn service_account_user(ns: &str, name: &str) -> String {
+    format!("system:serviceaccount:{ns}:{name}")
+}
+
+/// Creates ServiceAccount `ns/name`, binds it to ClusterRole `cluster_role` (unless None),
+/// requests a one-hour token for it and writes a kubeconfig with that token. `server`
+/// replaces the apiserver address (e.g. a [`TcpProxy`] in front of it).
+pub fn service_account_kubeconfig(
+    cp: &ControlPlane,
+    ns: &str,
+    name: &str,
+    cluster_role: Option<&str>,
+    server: Option<SocketAddr>,
+) -> Result<PathBuf> {
+    let run = |args: &[&str]| -> Result<String> {
+        let out = cp.kubectl(args)?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    run(&["create", "serviceaccount", name, "-n", ns])?;
+    if let Some(role) = cluster_role {
+        let binding = format!("{ns}-{name}-{role}");
+        let sa = format!("{ns}:{name}");
+        run(&[
+            "create",
+            "clusterrolebinding",
+            &binding,
+            "--clusterrole",
+            role,
+            "--serviceaccount",
+            &sa,
+        ])?;
+    }
+    let token = run(&["create", "token", name, "-n", ns, "--duration=1h"])?;
+    let admin = std::fs::read_to_string(cp.kubeconfig_path())?;
+    let mut out = String::new();
+    for line in admin.lines() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        if trimmed.starts_with("token:") {
+            out.push_str(&format!("{indent}token: {token}\n"));
+        } else if let (Some(addr), true) = (server, trimmed.starts_with("server:")) {
+            out.push_str(&format!("{indent}server: https://{addr}\n"));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    // Next to the admin kubeconfig, not in logs/ (archived when a test fails).
+    let dir = cp
+        .kubeconfig_path()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| cp.log_dir());
+    let path = dir.join(format!("kubeconfig-{ns}-{name}"));
+    std::fs::write(&path, out)?;
+    Ok(path)
+}
+
+/// Compacts etcd's history up to its current revision (etcd's v3 JSON gateway on the
+/// client port), so that watches resuming from an older resourceVersion get `410 Gone`
+/// and must relist. Returns the revision compacted at.
+pub fn etcd_compact(cp: &ControlPlane) -> Result<i64> {
+    let port = cp.port("etcd")?;
+    // Any key: the response header carries the store's current revision.
+    let range = etcd_post(port, "/v3/kv/range", r#"{"key":"AA==","limit":1}"#)?;
+    let revision: i64 = range
+        .pointer("/header/revision")
+        .and_then(|r| {
+            r.as_str()
+                .and_then(|s| s.parse().ok())
+                .or_else(|| r.as_i64())
+        })
+        .with_context(|| format!("no revision in {range}"))?;
+    etcd_post(
+        port,
+        "/v3/kv/compaction",
+        &format!(r#"{{"revision":"{revision}","physical":true}}"#),
+    )?;
+    Ok(revision)
+}
+
+fn etcd_post(port: u16, path: &str, body: &str) -> Result<Value> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let (head, rest) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    if head.split_whitespace().nth(1) != Some("200") {
+        bail!("etcd POST {path}: {head}\n{rest}");
+    }
+    // The gateway may answer chunked; the JSON object is what lies between the braces.
+    let json = rest
+        .find('{')
+        .zip(rest.rfind('}'))
+        .map(|(a, b)| &rest[a..=b])
+        .unwrap_or(rest);
+    serde_json::from_str(json).with_context(|| format!("etcd POST {path}: {rest}"))
+}

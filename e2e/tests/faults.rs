@@ -1,0 +1,827 @@
+//! Faults on the real control plane (Kubernetes v1.36, kwok, the real KubeRay operator):
+//! a stolen leader Lease, a black-holed apiserver connection, a leader frozen past its
+//! Lease while another replica takes over, apiserver and etcd restarts mid-upgrade, and a
+//! second field manager forcing the gate.
+//!
+//! Every replica talks to the apiserver as a ServiceAccount of its own and the apiserver
+//! writes an audit log of every write (`ControlPlane::start_audited`), so "the stale leader
+//! wrote nothing after the takeover" is read from the apiserver's own record, not from
+//! raygate's logs. Needs `e2e/setup` and `cargo build --workspace --bins`.
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::Client;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
+use raygate_e2e::control_plane::repo_root;
+use raygate_e2e::faults::{
+    AuditEvent, TcpProxy, audit_events, etcd_compact, service_account_kubeconfig,
+    service_account_user,
+};
+use raygate_e2e::json::str_at;
+use raygate_e2e::{
+    Check, ControlPlane, FakeNode, Options, Raygate, Spawn, create_namespace, wait_for,
+};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(120);
+const LEASE: &str = "raygate-leader";
+/// Short leases so that takeovers happen within seconds: 8 s, renewed 4 s early, so every
+/// API call is bounded by 1 s (grace / 4). With 4 s / 2 s (0.5 s per call) a leader on a
+/// loaded 2-core machine lost its Lease to slow renewals with no fault injected.
+const LEASE_SECONDS: u64 = 8;
+const LEADER_ARGS: [&str; 8] = [
+    "--leader-elect",
+    "true",
+    "--lease-namespace",
+    "default",
+    "--lease-duration-seconds",
+    "8",
+    "--lease-grace-seconds",
+    "4",
+];
+
+fn or_panic<T>(r: Result<T>) -> T {
+    r.unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The control plane (with audit log) and the UpgradePlan CRD.
+async fn control_plane(opts: Options) -> (ControlPlane, Client) {
+    let cp = ControlPlane::start_audited(opts)
+        .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));
+    cp.install_crd_file(&repo_root().join("crds/raygate.io_upgradeplans.yaml"))
+        .expect("install the UpgradePlan CRD");
+    let client = cp.client().await.expect("client");
+    (cp, client)
+}
+
+/// A replica: its own ServiceAccount (cluster-admin: RBAC is not what these tests are
+/// about) and its own Lease identity, optionally through `proxy`.
+struct Replica {
+    id: &'static str,
+    user: String,
+    kubeconfig: PathBuf,
+}
+
+impl Replica {
+    fn new(cp: &ControlPlane, id: &'static str, proxy: Option<&TcpProxy>) -> Replica {
+        let kubeconfig = or_panic(service_account_kubeconfig(
+            cp,
+            "default",
+            id,
+            Some("cluster-admin"),
+            proxy.map(TcpProxy::addr),
+        ));
+        Replica {
+            id,
+            user: service_account_user("default", id),
+            kubeconfig,
+        }
+    }
+
+    fn spawn(&self, cp: &ControlPlane) -> Raygate {
+        let env = [("POD_NAME", self.id)];
+        Raygate::spawn_with(
+            cp,
+            &Spawn {
+                kubeconfig: Some(&self.kubeconfig),
+                env: &env,
+                args: &LEADER_ARGS,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"))
+    }
+}
+
+async fn holder(client: &Client) -> Result<String> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let l = api.get_opt(LEASE).await?;
+    Ok(l.and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default())
+}
+
+async fn wait_holder(client: &Client, id: &str, timeout: Duration) -> Result<Duration> {
+    let start = Instant::now();
+    wait_for(&format!("lease held by {id}"), timeout, || async {
+        let h = holder(client).await?;
+        Ok(if h == id {
+            Check::Done(())
+        } else {
+            Check::NotYet(format!("holder {h:?}"))
+        })
+    })
+    .await?;
+    Ok(start.elapsed())
+}
+
+/// Gives the Lease to someone outside the protocol, as a misbehaving replica or a person
+/// with kubectl would: the holder learns it only from the Lease itself.
+async fn steal_lease(client: &Client) -> Result<jiff::Timestamp> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let patch = json!({"spec": {
+        "holderIdentity": "intruder",
+        "renewTime": MicroTime(now),
+        "acquireTime": MicroTime(now),
+        "leaseDurationSeconds": 600,
+    }});
+    api.patch(LEASE, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(jiff::Timestamp::now())
+}
+
+fn plan_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("raygate.io", "v1alpha1", "UpgradePlan"),
+        "upgradeplans",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+fn rs_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("ray.io", "v1", "RayService"),
+        "rayservices",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+fn rc_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("ray.io", "v1", "RayCluster"),
+        "rayclusters",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+fn plan(name: &str, service: &str) -> Value {
+    json!({"apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan", "metadata": {"name": name},
+           "spec": {"rayServiceRef": {"name": service}, "stallAfter": "10m"}})
+}
+
+async fn create(api: &Api<DynamicObject>, v: Value) -> Result<()> {
+    let obj: DynamicObject = serde_json::from_value(v)?;
+    api.create(&PostParams::default(), &obj).await?;
+    Ok(())
+}
+
+async fn get(api: &Api<DynamicObject>, name: &str) -> Result<Value> {
+    Ok(serde_json::to_value(api.get(name).await?)?)
+}
+
+fn phase(p: &Value) -> &str {
+    str_at(p, &["status", "phase"])
+}
+
+fn describe(p: &Value) -> String {
+    format!(
+        "phase={} waitingFor={:?} message={:?}",
+        phase(p),
+        str_at(p, &["status", "waitingFor"]),
+        str_at(p, &["status", "message"])
+    )
+}
+
+async fn wait_phase(client: &Client, ns: &str, plan: &str, want: &str) -> Result<Value> {
+    let api = plan_api(client, ns);
+    wait_for(
+        &format!("UpgradePlan {ns}/{plan} in phase {want}"),
+        T,
+        || async {
+            let p = get(&api, plan).await?;
+            Ok(if phase(&p) == want {
+                Check::Done(p)
+            } else {
+                Check::NotYet(describe(&p))
+            })
+        },
+    )
+    .await
+}
+
+/// A plan for a RayService that does not exist: the leader writes `Error` into its status,
+/// so each new one makes the leader write.
+async fn orphan_plan(client: &Client, ns: &str, name: &str) -> Result<()> {
+    create(
+        &plan_api(client, ns),
+        plan(name, &format!("missing-{name}")),
+    )
+    .await
+}
+
+/// The successful writes `user` made that the apiserver received at or after `after`.
+fn writes_after(cp: &ControlPlane, user: &str, after: jiff::Timestamp) -> Vec<AuditEvent> {
+    let path = or_panic(cp.audit_log_path());
+    or_panic(audit_events(&path))
+        .into_iter()
+        .filter(|e| e.user == user && e.succeeded() && e.received >= after)
+        .collect()
+}
+
+fn writes_by(cp: &ControlPlane, user: &str) -> Vec<AuditEvent> {
+    writes_after(cp, user, jiff::Timestamp::MIN)
+}
+
+/// When the Lease write that made `id`'s takeover happen completed (the apiserver's clock).
+fn takeover_at(cp: &ControlPlane, user: &str) -> jiff::Timestamp {
+    writes_by(cp, user)
+        .into_iter()
+        .find(|e| e.resource == "leases" && e.name == LEASE)
+        .map(|e| e.completed)
+        .unwrap_or_else(|| panic!("no Lease write by {user} in the audit log"))
+}
+
+fn show(events: &[AuditEvent]) -> String {
+    events
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn assert_lost_leadership(rg: &mut Raygate, within: Duration, what: &str) -> Duration {
+    let start = Instant::now();
+    let status = rg
+        .wait_exit(within)
+        .unwrap_or_else(|| panic!("{what}: raygate still running after {within:?}"));
+    let took = start.elapsed();
+    assert!(!status.success(), "{what}: exits non-zero, got {status}");
+    let logs = rg.logs();
+    assert!(
+        logs.contains("leadership lost"),
+        "{what}: says why it stopped:\n{logs}"
+    );
+    took
+}
+
+/// The Lease protocol between two replicas and a Lease taken away: a standby never writes
+/// while the leader renews; a leader stopped cleanly hands over within a lease duration;
+/// a leader whose Lease is taken stops, and writes nothing after it could have known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_waits_a_release_hands_over_and_a_stolen_lease_stops_the_leader() {
+    let (cp, client) = control_plane(Options::without_kuberay()).await;
+    let ns = or_panic(create_namespace(&client, "fault").await);
+    let a = Replica::new(&cp, "replica-a", None);
+    let b = Replica::new(&cp, "replica-b", None);
+
+    let mut ra = a.spawn(&cp);
+    or_panic(wait_holder(&client, a.id, T).await);
+    let rb = b.spawn(&cp);
+    or_panic(orphan_plan(&client, &ns, "p0").await);
+    or_panic(wait_phase(&client, &ns, "p0", "Error").await);
+
+    // B stays a standby for several lease durations while A renews: not one write.
+    tokio::time::sleep(Duration::from_secs(2 * LEASE_SECONDS)).await;
+    assert_eq!(or_panic(holder(&client).await), a.id);
+    let by_b = writes_by(&cp, &b.user);
+    assert!(by_b.is_empty(), "the standby wrote:\n{}", show(&by_b));
+    assert!(
+        writes_by(&cp, &a.user)
+            .iter()
+            .any(|e| e.resource == "upgradeplans" && e.subresource == "status"),
+        "the leader wrote p0's status"
+    );
+
+    // A clean stop releases the Lease: B takes over within about one lease duration.
+    let stopped = jiff::Timestamp::now();
+    or_panic(ra.signal("TERM"));
+    let status = ra.wait_exit(Duration::from_secs(30)).expect("A exits");
+    assert!(status.success(), "a clean stop exits 0: {status}");
+    let handover = or_panic(wait_holder(&client, b.id, T).await);
+    eprintln!("hand-over after SIGTERM: {handover:?}");
+    assert!(
+        handover < Duration::from_secs(2 * LEASE_SECONDS),
+        "{handover:?}"
+    );
+    let late = writes_after(&cp, &a.user, stopped);
+    assert!(
+        late.iter().all(|e| e.resource == "leases"),
+        "A wrote only its Lease release after SIGTERM:\n{}",
+        show(&late)
+    );
+    or_panic(orphan_plan(&client, &ns, "p1").await);
+    or_panic(wait_phase(&client, &ns, "p1", "Error").await);
+
+    // The Lease is taken from B outside the protocol. B learns it from the Lease and stops;
+    // new plans keep arriving meanwhile, so a B that went on would write.
+    let mut rb = rb;
+    let stolen = or_panic(steal_lease(&client).await);
+    let start = Instant::now();
+    let mut n = 2;
+    while rb.is_running() && start.elapsed() < Duration::from_secs(3 * LEASE_SECONDS) {
+        or_panic(orphan_plan(&client, &ns, &format!("p{n}")).await);
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let took = assert_lost_leadership(&mut rb, Duration::from_secs(5), "stolen lease");
+    let noticed = start.elapsed() + took;
+    eprintln!("stolen lease noticed after {noticed:?}");
+    assert!(
+        noticed < Duration::from_secs(LEASE_SECONDS),
+        "B stops within its lease duration: {noticed:?}"
+    );
+    // B renews every duration - grace and reads the Lease then: a write it decided just
+    // before learning may land, none after it could have known.
+    let known = stolen
+        .checked_add(jiff::SignedDuration::from_secs(
+            i64::try_from(LEASE_SECONDS).unwrap_or(8),
+        ))
+        .expect("time");
+    let late = writes_after(&cp, &b.user, known);
+    assert!(
+        late.is_empty(),
+        "writes by B after it must have known:\n{}",
+        show(&late)
+    );
+    assert_eq!(or_panic(holder(&client).await), "intruder");
+}
+
+/// The apiserver stops answering one replica (a TCP proxy in front of it swallows every
+/// byte, connections stay open): raygate must notice from its own clock, within its Lease,
+/// and stop, before another replica can take over; the other then leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_apiserver_stops_the_leader_before_its_lease_expires() {
+    let (cp, client) = control_plane(Options::without_kuberay()).await;
+    let ns = or_panic(create_namespace(&client, "fault").await);
+    let api = format!("127.0.0.1:{}", or_panic(cp.apiserver_port()));
+    let proxy = or_panic(TcpProxy::start(api.parse().expect("addr")));
+    let a = Replica::new(&cp, "replica-a", Some(&proxy));
+    let b = Replica::new(&cp, "replica-b", None);
+    let mut ra = a.spawn(&cp);
+    or_panic(wait_holder(&client, a.id, T).await);
+    let _rb = b.spawn(&cp);
+    or_panic(orphan_plan(&client, &ns, "p0").await);
+    or_panic(wait_phase(&client, &ns, "p0", "Error").await);
+
+    proxy.blackhole(true);
+    let cut = Instant::now();
+    let took = assert_lost_leadership(
+        &mut ra,
+        Duration::from_secs(3 * LEASE_SECONDS),
+        "black-holed apiserver",
+    );
+    eprintln!("black hole noticed after {took:?}");
+    let cut_elapsed = cut.elapsed();
+    // Its last renewal was before the cut, so its Lease ends within LEASE_SECONDS of it.
+    assert!(
+        cut_elapsed < Duration::from_secs(LEASE_SECONDS),
+        "stopped before its Lease could expire: {cut_elapsed:?}"
+    );
+    let waited = or_panic(wait_holder(&client, b.id, T).await);
+    eprintln!("B leads {waited:?} after A stopped");
+    or_panic(orphan_plan(&client, &ns, "p1").await);
+    or_panic(wait_phase(&client, &ns, "p1", "Error").await);
+    proxy.blackhole(false);
+    let took_over = takeover_at(&cp, &b.user);
+    let late = writes_after(&cp, &a.user, took_over);
+    assert!(
+        late.is_empty(),
+        "writes by A after B took over:\n{}",
+        show(&late)
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Faults in the middle of upgrades, with the real KubeRay operator.
+
+/// A GPU RayService: CPU head, one worker group of `replicas` x `gpus` GPUs, one Serve app.
+fn ray_service(name: &str, image: &str, replicas: i64, gpus: u32) -> Value {
+    json!({
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": {"name": name},
+        "spec": {
+            "rayClusterDeletionDelaySeconds": 2,
+            "serveConfigV2": "applications:\n  - name: llm\n    import_path: serve_llm:app\n    route_prefix: /\n",
+            "rayClusterConfig": {
+                "rayVersion": "2.9.0",
+                "headGroupSpec": {
+                    "rayStartParams": {"num-gpus": "0"},
+                    "template": {"spec": {"containers": [{
+                        "name": "ray-head", "image": "rayproject/ray:2.9.0",
+                        "resources": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}
+                    }]}}
+                },
+                "workerGroupSpecs": [{
+                    "groupName": "gpu-workers",
+                    "replicas": replicas, "minReplicas": 0, "maxReplicas": 8,
+                    "rayStartParams": {},
+                    "template": {"spec": {"containers": [{
+                        "name": "ray-worker", "image": image,
+                        "resources": {"requests": {"cpu": "4", "memory": "16Gi"},
+                                      "limits": {"nvidia.com/gpu": gpus.to_string()}}
+                    }]}}
+                }]
+            }
+        }
+    })
+}
+
+async fn add_node(client: &Client, name: &str, gpus: u32) {
+    FakeNode::new(name)
+        .cpu("32")
+        .memory("256Gi")
+        .gpu(gpus)
+        .create(client)
+        .await
+        .expect("create fake node");
+}
+
+async fn bump_worker(client: &Client, ns: &str, svc: &str, image: &str) -> Result<()> {
+    let rs = rs_api(client, ns);
+    let current = get(&rs, svc).await?;
+    let mut groups = current["spec"]["rayClusterConfig"]["workerGroupSpecs"].clone();
+    groups[0]["template"]["spec"]["containers"][0]["image"] = json!(image);
+    let patch = json!({"spec": {"rayClusterConfig": {"workerGroupSpecs": groups}}});
+    rs.patch(svc, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+async fn gate(client: &Client, ns: &str, svc: &str) -> Result<String> {
+    let rs = get(&rs_api(client, ns), svc).await?;
+    Ok(str_at(&rs, &["spec", "upgradeStrategy", "type"]).to_string())
+}
+
+async fn clusters(client: &Client, ns: &str) -> Result<BTreeSet<String>> {
+    let l = rc_api(client, ns).list(&ListParams::default()).await?;
+    Ok(l.items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect())
+}
+
+/// A held upgrade and an admitted one, both in flight, for a fault to land in.
+struct Upgrades {
+    ns: String,
+    /// The held service's clusters before the fault (it must keep exactly these).
+    held_clusters: BTreeSet<String>,
+}
+
+const HELD: &str = "held";
+const ADMITTED: &str = "admitted";
+const APP_STATUS: &str = "ray-head.e2e.raygate.dev/app-status";
+
+fn of(service: &str, clusters: &BTreeSet<String>) -> BTreeSet<String> {
+    let prefix = format!("{service}-");
+    clusters
+        .iter()
+        .filter(|c| c.starts_with(&prefix))
+        .cloned()
+        .collect()
+}
+
+async fn annotate(api: &Api<DynamicObject>, name: &str, value: Option<&str>) -> Result<()> {
+    let patch = json!({"metadata": {"annotations": {APP_STATUS: value}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Nodes: 3 x 8 GPUs. `admitted` (1 x 4 GPUs) is upgraded first and kept `Upgrading`:
+/// its new cluster's Serve app reports DEPLOYING (ray-head), so KubeRay does not switch
+/// over. Then `held` (2 x 4 GPUs) asks for 2 x 8: 16 GPUs with 8 free, so it waits.
+async fn start_upgrades(client: &Client) -> Result<Upgrades> {
+    for i in 0..3 {
+        add_node(client, &format!("gpu-{i}"), 8).await;
+    }
+    let ns = create_namespace(client, "fault").await?;
+    for (svc, replicas) in [(HELD, 2), (ADMITTED, 1)] {
+        create(&plan_api(client, &ns), plan(svc, svc)).await?;
+        create(
+            &rs_api(client, &ns),
+            ray_service(svc, "rayproject/ray:2.9.0-gpu", replicas, 4),
+        )
+        .await?;
+        wait_phase(client, &ns, svc, "Idle").await?;
+    }
+    // The running cluster stays RUNNING (its own annotation wins), new ones deploy forever.
+    let rcs = rc_api(client, &ns);
+    for c in of(ADMITTED, &clusters(client, &ns).await?) {
+        annotate(&rcs, &c, Some("RUNNING")).await?;
+    }
+    annotate(&rs_api(client, &ns), ADMITTED, Some("DEPLOYING")).await?;
+    bump_worker(client, &ns, ADMITTED, "rayproject/ray:2.10.0-gpu").await?;
+    wait_phase(client, &ns, ADMITTED, "Upgrading").await?;
+
+    let rs = rs_api(client, &ns);
+    let current = get(&rs, HELD).await?;
+    let mut groups = current["spec"]["rayClusterConfig"]["workerGroupSpecs"].clone();
+    groups[0]["template"]["spec"]["containers"][0]["image"] = json!("rayproject/ray:2.10.0-gpu");
+    groups[0]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] =
+        json!("8");
+    let patch = json!({"spec": {"rayClusterConfig": {"workerGroupSpecs": groups}}});
+    rs.patch(HELD, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    wait_phase(client, &ns, HELD, "WaitingForCapacity").await?;
+    let held_clusters = of(HELD, &clusters(client, &ns).await?);
+    Ok(Upgrades { ns, held_clusters })
+}
+
+/// After a fault: the held upgrade is still held (gate closed, its clusters unchanged);
+/// the admitted one, once its new cluster's app runs, ends `Completed` with one cluster
+/// and its gate closed.
+async fn check_upgrades_survived(client: &Client, u: &Upgrades) -> Result<()> {
+    let rcs = rc_api(client, &u.ns);
+    for c in of(ADMITTED, &clusters(client, &u.ns).await?) {
+        annotate(&rcs, &c, Some("RUNNING")).await?;
+    }
+    annotate(&rs_api(client, &u.ns), ADMITTED, None).await?;
+    let done = wait_phase(client, &u.ns, ADMITTED, "Completed").await?;
+    if str_at(&done, &["status", "lastTransition", "fingerprint"]).is_empty() {
+        bail!("no completed transition recorded: {}", describe(&done));
+    }
+    wait_for("one cluster for the admitted service", T, || async {
+        let n = of(ADMITTED, &clusters(client, &u.ns).await?).len();
+        Ok(if n == 1 {
+            Check::Done(())
+        } else {
+            Check::NotYet(format!("{n} clusters"))
+        })
+    })
+    .await?;
+    if gate(client, &u.ns, ADMITTED).await? != "None" {
+        bail!("the admitted service's gate was not closed after it completed");
+    }
+    let held = get(&plan_api(client, &u.ns), HELD).await?;
+    if phase(&held) != "WaitingForCapacity" {
+        bail!("the held upgrade is no longer held: {}", describe(&held));
+    }
+    if gate(client, &u.ns, HELD).await? != "None" {
+        bail!("the held upgrade's gate opened");
+    }
+    let held_now = of(HELD, &clusters(client, &u.ns).await?);
+    if held_now != u.held_clusters {
+        bail!(
+            "the held service's clusters changed: {held_now:?}, were {:?}",
+            u.held_clusters
+        );
+    }
+    Ok(())
+}
+
+/// Admission events for one plan: more than one per change means it was admitted twice.
+async fn admissions(client: &Client, ns: &str, plan: &str) -> Result<usize> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+    let l = api.list(&ListParams::default()).await?;
+    Ok(l.items
+        .iter()
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("UpgradePlan")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(plan)
+                && e.reason.as_deref() == Some("Admitted")
+        })
+        .count())
+}
+
+/// The apiserver, then etcd, restarted while one upgrade is held and one is under way,
+/// then etcd's history compacted and the apiserver restarted again (watches get 410 Gone):
+/// raygate's watches break and relist; no hold is lost, nothing is admitted twice, no
+/// third cluster appears, and what changed meanwhile is seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apiserver_and_etcd_restarts_mid_upgrade_lose_no_hold_and_admit_nothing_twice() {
+    let (cp, client) = control_plane(Options::from_env().expect("options")).await;
+    let mut rg = Raygate::spawn(&cp, &[]).unwrap_or_else(|e| panic!("{e:#}"));
+    let u = or_panic(start_upgrades(&client).await);
+    let before = or_panic(admissions(&client, &u.ns, ADMITTED).await);
+    for component in ["kube-apiserver", "etcd"] {
+        or_panic(
+            cp.restart(component)
+                .with_context(|| format!("restart {component}")),
+        );
+        // Let raygate notice and relist before the next fault.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let held = or_panic(get(&plan_api(&client, &u.ns), HELD).await);
+        assert_eq!(
+            phase(&held),
+            "WaitingForCapacity",
+            "after restarting {component}"
+        );
+    }
+    // History compacted, then the apiserver restarted with a fresh watch cache: watches
+    // resuming from their old resourceVersion get 410 Gone and must relist. A plan created
+    // meanwhile must still be seen.
+    let revision = or_panic(etcd_compact(&cp));
+    or_panic(orphan_plan(&client, &u.ns, "after-compaction").await);
+    or_panic(
+        cp.restart("kube-apiserver")
+            .context("restart the apiserver"),
+    );
+    eprintln!("etcd compacted at revision {revision}, apiserver restarted");
+    or_panic(wait_phase(&client, &u.ns, "after-compaction", "Error").await);
+    or_panic(check_upgrades_survived(&client, &u).await);
+    assert_eq!(
+        or_panic(admissions(&client, &u.ns, ADMITTED).await),
+        before,
+        "no second admission"
+    );
+    assert!(rg.is_running(), "raygate survived:\n{}", rg.logs());
+    assert!(!rg.logs().contains("panicked"), "{}", rg.logs());
+}
+
+/// A leader frozen (SIGSTOP) past its Lease while a second replica takes over, then
+/// resumed: the second one carries the upgrades on; the old one, once resumed, writes
+/// nothing (its fence has expired) and stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_frozen_past_its_lease_writes_nothing_after_the_takeover() {
+    let (cp, client) = control_plane(Options::from_env().expect("options")).await;
+    let a = Replica::new(&cp, "replica-a", None);
+    let b = Replica::new(&cp, "replica-b", None);
+    let mut ra = a.spawn(&cp);
+    or_panic(wait_holder(&client, a.id, T).await);
+    let _rb = b.spawn(&cp);
+    let u = or_panic(start_upgrades(&client).await);
+
+    or_panic(ra.signal("STOP"));
+    or_panic(wait_holder(&client, b.id, T).await);
+    // While A sleeps, work arrives that A would act on: a new plan.
+    or_panic(orphan_plan(&client, &u.ns, "while-frozen").await);
+    or_panic(wait_phase(&client, &u.ns, "while-frozen", "Error").await);
+    or_panic(ra.signal("CONT"));
+    assert_lost_leadership(&mut ra, Duration::from_secs(3 * LEASE_SECONDS), "resumed");
+    or_panic(check_upgrades_survived(&client, &u).await);
+    assert!(
+        or_panic(admissions(&client, &u.ns, ADMITTED).await) <= 1,
+        "admitted once"
+    );
+    let took_over = takeover_at(&cp, &b.user);
+    let late = writes_after(&cp, &a.user, took_over);
+    assert!(
+        late.is_empty(),
+        "writes by the stale leader after the takeover:\n{}",
+        show(&late)
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Hostile clients of raygate's own endpoints.
+
+/// `/metrics` with `--metrics-secure` (the default in a deployment): raygate, running as a
+/// ServiceAccount with exactly config/rbac's ClusterRole, checks each bearer token with the
+/// real apiserver (TokenReview, SubjectAccessReview): a token bound to the shipped
+/// metrics-reader role gets 200, another valid token 403, none or a forged one 401;
+/// the probes stay open on their own port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_answer_only_tokens_allowed_to_get_metrics() {
+    let cp = ControlPlane::start_with(Options::without_kuberay())
+        .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));
+    cp.install_crd_file(&repo_root().join("crds/raygate.io_upgradeplans.yaml"))
+        .expect("install the UpgradePlan CRD");
+    let kubectl = |args: &[&str]| -> String {
+        let out = cp.kubectl(args).expect("kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    for f in [
+        "config/rbac/role.yaml",
+        "config/rbac/metrics_reader_role.yaml",
+    ] {
+        kubectl(&["apply", "-f", &repo_root().join(f).to_string_lossy()]);
+    }
+    let raygate_kc = or_panic(service_account_kubeconfig(
+        &cp,
+        "default",
+        "raygate",
+        Some("raygate"),
+        None,
+    ));
+    let mut rg = Raygate::spawn_with(
+        &cp,
+        &Spawn {
+            kubeconfig: Some(&raygate_kc),
+            env: &[],
+            args: &["--metrics-secure=true"],
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    kubectl(&["create", "serviceaccount", "prometheus", "-n", "default"]);
+    kubectl(&[
+        "create",
+        "clusterrolebinding",
+        "prometheus-reads-raygate",
+        "--clusterrole",
+        "raygate-metrics-reader",
+        "--serviceaccount",
+        "default:prometheus",
+    ]);
+    kubectl(&["create", "serviceaccount", "tenant", "-n", "default"]);
+    let token = |sa: &str| kubectl(&["create", "token", sa, "-n", "default", "--duration=1h"]);
+    let (allowed, other) = (token("prometheus"), token("tenant"));
+
+    let code = |t: Option<&str>| rg.get_with("/metrics", t).expect("GET /metrics");
+    let (c, body) = code(Some(&allowed));
+    assert_eq!(c, 200, "metrics-reader token: {body}");
+    assert!(body.contains("raygate_build_info"), "{body}");
+    let (c, body) = code(Some(&other));
+    assert_eq!(c, 403, "a valid token without the role: {body}");
+    assert!(
+        body.contains("system:serviceaccount:default:tenant"),
+        "{body}"
+    );
+    assert_eq!(code(None).0, 401, "no token");
+    assert_eq!(code(Some("forged.token.value")).0, 401, "a forged token");
+    // The admin (system:masters) may read everything, /metrics included.
+    let admin =
+        std::fs::read_to_string(cp.kubeconfig_path().with_file_name("token")).expect("admin token");
+    assert_eq!(code(Some(admin.trim())).0, 200, "system:masters");
+    assert_eq!(rg.get("/healthz").expect("healthz").0, 200);
+    assert_eq!(rg.get("/readyz").expect("readyz").0, 200);
+    // The same ClusterRole (patch, no update) suffices for the finalizer and the status.
+    let client = cp.client().await.expect("client");
+    let ns = or_panic(create_namespace(&client, "rbac").await);
+    or_panic(orphan_plan(&client, &ns, "p").await);
+    let p = or_panic(wait_phase(&client, &ns, "p", "Error").await);
+    assert!(
+        p["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f == "raygate.io/release-gate")),
+        "finalizer added: {p}"
+    );
+    plan_api(&client, &ns)
+        .delete("p", &kube::api::DeleteParams::default())
+        .await
+        .expect("delete the plan");
+    or_panic(
+        wait_for("the plan to go (finalizer removed)", T, || async {
+            Ok(match plan_api(&client, &ns).get_opt("p").await? {
+                None => Check::Done(()),
+                Some(_) => Check::NotYet("still there".into()),
+            })
+        })
+        .await,
+    );
+    assert!(rg.is_running(), "{}", rg.logs());
+    let logs = rg.logs();
+    assert!(
+        !logs.contains("forbidden") && !logs.contains("Forbidden"),
+        "config/rbac is enough for raygate:\n{logs}"
+    );
+}
+
+/// Another field manager forces the gate open (`kubectl apply --server-side
+/// --force-conflicts`, a GitOps tool) on the held upgrade while the admitted one is under
+/// way: raygate reports it (GateOverridden, naming the manager) instead of fighting, and the
+/// admitted upgrade still completes with one cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_field_manager_forcing_the_gate_is_reported_and_the_rest_completes() {
+    let (cp, client) = control_plane(Options::from_env().expect("options")).await;
+    let rg = Raygate::spawn(&cp, &[]).unwrap_or_else(|e| panic!("{e:#}"));
+    let u = or_panic(start_upgrades(&client).await);
+    let force = json!({"apiVersion": "ray.io/v1", "kind": "RayService",
+        "metadata": {"name": HELD}, "spec": {"upgradeStrategy": {"type": "NewCluster"}}});
+    rs_api(&client, &u.ns)
+        .patch(
+            HELD,
+            &PatchParams::apply("gitops-sync").force(),
+            &Patch::Apply(&force),
+        )
+        .await
+        .expect("forced apply");
+    let api = plan_api(&client, &u.ns);
+    let cond = or_panic(
+        wait_for("GateOverridden on the held plan", T, || async {
+            let p = get(&api, HELD).await?;
+            let c = p["status"]["conditions"]
+                .as_array()
+                .and_then(|cs| {
+                    cs.iter()
+                        .find(|c| c["type"] == "GateOverridden" && c["status"] == "True")
+                })
+                .cloned();
+            Ok(match c {
+                Some(c) => Check::Done(c),
+                None => Check::NotYet(describe(&p)),
+            })
+        })
+        .await,
+    );
+    assert!(
+        str_at(&cond, &["message"]).contains("gitops-sync"),
+        "names the manager: {cond}"
+    );
+    // raygate does not take the field back.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(or_panic(gate(&client, &u.ns, HELD).await), "NewCluster");
+    let rcs = rc_api(&client, &u.ns);
+    for c in of(ADMITTED, &or_panic(clusters(&client, &u.ns).await)) {
+        or_panic(annotate(&rcs, &c, Some("RUNNING")).await);
+    }
+    or_panic(annotate(&rs_api(&client, &u.ns), ADMITTED, None).await);
+    or_panic(wait_phase(&client, &u.ns, ADMITTED, "Completed").await);
+    assert!(
+        or_panic(admissions(&client, &u.ns, ADMITTED).await) <= 1,
+        "admitted once"
+    );
+    assert!(!rg.logs().contains("panicked"), "{}", rg.logs());
+}
