@@ -65,7 +65,7 @@ fn state() -> ClusterState {
             } else {
                 0
             };
-            std::sync::Arc::new(pod(i, Some(format!("node-{n:05}")), gpus))
+            raygate::capacity::PodRecord::from_pod(&pod(i, Some(format!("node-{n:05}")), gpus))
         })
         .collect();
     let lr: LimitRange = serde_json::from_value(json!({
@@ -78,7 +78,7 @@ fn state() -> ClusterState {
         pods,
         limit_ranges: vec![lr],
         runtime_classes: vec![],
-        warnings: vec![],
+        ..Default::default()
     }
 }
 
@@ -95,8 +95,14 @@ fn request() -> FitRequest {
             .collect()
     };
     FitRequest {
-        pods: mk("new-worker", 200, 4),
-        reserved: mk("other-worker", 50, 2),
+        pods: mk("new-worker", 200, 4)
+            .into_iter()
+            .map(Into::into)
+            .collect(),
+        reserved: mk("other-worker", 50, 2)
+            .into_iter()
+            .map(Into::into)
+            .collect(),
         headroom: BTreeMap::from([("nvidia.com/gpu".to_string(), Quantity::from_units(16))]),
         old_requests: BTreeMap::new(),
     }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use futures::channel::mpsc;
 use futures::{StreamExt, future};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{LimitRange, Node, Pod};
+use k8s_openapi::api::core::v1::{LimitRange, Pod};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, Patch};
 use kube::core::DeserializeGuard;
@@ -33,9 +33,7 @@ use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
 use crate::admission::{self, Decision, Inputs};
-use crate::kuberay::{
-    KubeRayVersion, LABEL_CLUSTER, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService,
-};
+use crate::kuberay::{KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService};
 use crate::leader::Fence;
 use crate::metrics::{Metrics, PlanObservation};
 use crate::server::Health;
@@ -196,37 +194,25 @@ pub async fn run(
         tx.clone(),
     );
     // Pods map to plans through their cluster's origin label.
-    let (p, cl) = (plans.clone(), clusters.clone());
-    let pods = spawn_cache(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed"),
-        cache::slim_pod,
-        cache::pod_changes,
-        move |pod: &Pod| {
-            let (Some(ns), Some(cluster)) = (pod.namespace(), pod.labels().get(LABEL_CLUSTER))
-            else {
-                return vec![];
-            };
-            cl.get(&ObjectRef::new(cluster).within(&ns))
+    let (p, cl, tx_pods, tx_nodes) = (plans.clone(), clusters.clone(), tx.clone(), tx.clone());
+    let p_all = plans.clone();
+    let (capacity, capacity_ready) = cache::spawn_capacity_index(
+        client.clone(),
+        move |ns, cluster| {
+            let plans = cl
+                .get(&ObjectRef::new(cluster).within(ns))
                 .and_then(|c| cache::cluster_service(&c))
                 .map(|(ns, svc)| plans_for(&p, &ns, &svc))
-                .unwrap_or_default()
+                .unwrap_or_default();
+            for r in plans {
+                let _ = tx_pods.unbounded_send(r);
+            }
         },
-        tx.clone(),
-    );
-    let p = plans.clone();
-    let nodes = spawn_cache(
-        Api::<Node>::all(client.clone()),
-        watcher::Config::default(),
-        cache::slim_node,
-        cache::node_changes,
-        move |_: &Node| {
-            p.state()
-                .iter()
-                .map(|x| ObjectRef::from_obj(x.as_ref()))
-                .collect()
+        move || {
+            for x in p_all.state().iter() {
+                let _ = tx_nodes.unbounded_send(ObjectRef::from_obj(x.as_ref()));
+            }
         },
-        tx.clone(),
     );
     let limit_ranges = spawn_cache(
         Api::<LimitRange>::all(client.clone()),
@@ -249,8 +235,7 @@ pub async fn run(
     for (what, ready) in [
         ("RayServices", services.wait_until_ready().await.is_ok()),
         ("RayClusters", clusters.wait_until_ready().await.is_ok()),
-        ("Pods", pods.wait_until_ready().await.is_ok()),
-        ("Nodes", nodes.wait_until_ready().await.is_ok()),
+        ("Pods and Nodes", capacity_ready.wait().await),
         ("LimitRanges", limit_ranges.wait_until_ready().await.is_ok()),
         (
             "RuntimeClasses",
@@ -279,8 +264,8 @@ pub async fn run(
             plans,
             services,
             clusters,
-            pods,
-            nodes,
+            capacity,
+            pass: Default::default(),
             limit_ranges,
             runtime_classes,
         },
