@@ -687,9 +687,16 @@ pub(crate) fn read_state(path: &Path) -> Result<ClusterState> {
         path: shown(path),
         reason,
     };
-    let file = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
-    let state = ClusterState::read(file, capacity::state::MAX_STATE_BYTES)
-        .map_err(|e| err(e.to_string()))?;
+    let open = || std::fs::File::open(path).map_err(|e| err(e.to_string()));
+    let max = capacity::state::MAX_STATE_BYTES;
+    let state = match ClusterState::read(open()?, max) {
+        // JSON documents joined by `---` (a multi-document YAML file).
+        Err(e) if e.to_string().contains("trailing characters") && path.is_file() => {
+            ClusterState::read_as(open()?, max, Some(true))
+        }
+        other => other,
+    }
+    .map_err(|e| err(e.to_string()))?;
     if state.nodes.is_empty() {
         return Err(Error::Input {
             path: shown(path),

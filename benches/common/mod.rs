@@ -41,7 +41,11 @@ pub fn node(i: usize) -> Node {
 /// asks for a GPU; a third are Ray pods.
 pub fn pod_json(i: usize) -> Value {
     let n = i % NODES;
-    let gpus = if n.is_multiple_of(4) && i.is_multiple_of(3) { 1 } else { 0 };
+    let gpus = if n.is_multiple_of(4) && i.is_multiple_of(3) {
+        1
+    } else {
+        0
+    };
     let env: Vec<_> = (0..20)
         .map(|k| json!({"name": format!("VAR_{k}"), "value": format!("value-{i}-{k}")}))
         .collect();
@@ -140,10 +144,16 @@ pub fn worker(name: &str, gpus: u32) -> Pod {
 /// A 250-pod new cluster: a head and 249 one-GPU workers.
 pub fn new_cluster(prefix: &str) -> Vec<PodGroup> {
     let mut head = worker(&format!("{prefix}-head"), 0);
-    head.spec.as_mut().map(|s| s.node_selector = Some(BTreeMap::new()));
+    head.spec
+        .as_mut()
+        .map(|s| s.node_selector = Some(BTreeMap::new()));
     vec![
         PodGroup::from(head),
-        PodGroup::indexed(worker(&format!("{prefix}-gpu-worker-0"), 1), 249, format!("{prefix}-gpu-worker-")),
+        PodGroup::indexed(
+            worker(&format!("{prefix}-gpu-worker-0"), 1),
+            249,
+            format!("{prefix}-gpu-worker-"),
+        ),
     ]
 }
 

@@ -38,6 +38,16 @@ impl Pass {
     }
 }
 
+/// [`run`] on the controller's capacity index.
+pub fn run_on(
+    index: &crate::capacity::CapacityIndex,
+    rules: &ClusterState,
+    ledger: &[PodGroup],
+    queue: &[Candidate],
+) -> crate::Result<Pass> {
+    run(&index.capacity()?, rules, ledger, queue)
+}
+
 /// Runs the pass: `ledger` (unbound pods of admitted upgrades), then
 /// `queue` (already in admission order).
 pub(crate) fn run(

@@ -110,17 +110,23 @@ struct Bounded<R> {
     inner: R,
     left: u64,
     max: u64,
+    /// Set once the bound is hit: parsers may report I/O errors vaguely.
+    hit: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+fn too_large(max: u64) -> String {
+    format!(
+        "larger than {max} bytes ({} GiB), the bound on state files",
+        max >> 30
+    )
 }
 
 impl<R: std::io::Read> std::io::Read for Bounded<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
         if n as u64 > self.left {
-            return Err(std::io::Error::other(format!(
-                "larger than {} bytes ({} GiB), the bound on state files",
-                self.max,
-                self.max >> 30
-            )));
+            self.hit.set(true);
+            return Err(std::io::Error::other(too_large(self.max)));
         }
         self.left -= n as u64;
         Ok(n)
@@ -354,22 +360,44 @@ impl ClusterState {
     /// streams: pods go straight into records, so memory follows the
     /// cluster's size, not the file's. At most `max_bytes` are read.
     pub fn read(reader: impl std::io::Read, max_bytes: u64) -> crate::Result<ClusterState> {
+        Self::read_as(reader, max_bytes, None)
+    }
+
+    /// [`ClusterState::read`], as YAML when `yaml` says so, else as JSON
+    /// when the input starts with `{`. JSON documents joined by `---` are
+    /// YAML, not JSON: read them with `Some(true)`.
+    pub fn read_as(
+        reader: impl std::io::Read,
+        max_bytes: u64,
+        yaml: Option<bool>,
+    ) -> crate::Result<ClusterState> {
+        let hit = std::rc::Rc::new(std::cell::Cell::new(false));
         let mut reader = std::io::BufReader::with_capacity(
             1 << 16,
             Bounded {
                 inner: reader,
                 left: max_bytes,
                 max: max_bytes,
+                hit: hit.clone(),
             },
         );
+        let bounded = |e: crate::Error| {
+            if hit.get() {
+                crate::Error::invalid("input", too_large(max_bytes))
+            } else {
+                e
+            }
+        };
         let json = {
             use std::io::BufRead;
             let head = reader
                 .fill_buf()
                 .map_err(|e| crate::Error::invalid("input", e.to_string()))?;
-            head.iter()
-                .find(|b| !b.is_ascii_whitespace())
-                .is_some_and(|&b| b == b'{')
+            yaml != Some(true)
+                && head
+                    .iter()
+                    .find(|b| !b.is_ascii_whitespace())
+                    .is_some_and(|&b| b == b'{')
         };
         let mut state = ClusterState::default();
         if json {
@@ -382,7 +410,7 @@ impl ClusterState {
             }
             .deserialize(&mut de)
             .and_then(|()| de.end())
-            .map_err(|e| crate::Error::invalid("not valid JSON", e.to_string()))?;
+            .map_err(|e| bounded(crate::Error::invalid("not valid JSON", e.to_string())))?;
         } else {
             let budget = usize::try_from(max_bytes).unwrap_or(usize::MAX);
             let options = serde_saphyr::options! {
@@ -407,7 +435,7 @@ impl ClusterState {
                 .map(|(s, _)| s)
                 .unwrap_or_default();
             if let Some(e) = failed {
-                return Err(e);
+                return Err(bounded(e));
             }
         }
         Ok(state)
@@ -482,6 +510,50 @@ mod tests {
         assert_eq!(ClusterState::from_list(v).unwrap().nodes.len(), 1);
         let v = json!({"kind": "List", "items": null});
         assert!(ClusterState::from_list(v).unwrap().nodes.is_empty());
+    }
+
+    #[test]
+    fn streams_json_and_yaml_to_the_same_state() {
+        let list = json!({"apiVersion": "v1", "items": [
+            {"kind": "Node", "metadata": {"name": "n1"}},
+            {"kind": "Pod", "metadata": {"name": "p1", "namespace": "ray", "managedFields": [{"manager": "x"}]},
+             "spec": {"nodeName": "n1", "containers": [{"name": "c", "env": [{"name": "A"}],
+                 "resources": {"requests": {"cpu": "2"}}}]}},
+            {"kind": "Service", "metadata": {"name": "s", "namespace": "ray"}}
+        ], "kind": "List"});
+        let json_text = list.to_string();
+        let a = ClusterState::read(json_text.as_bytes(), 1 << 20).unwrap();
+        let yaml_text = serde_saphyr::to_string(&list).unwrap();
+        let b = ClusterState::read(yaml_text.as_bytes(), 1 << 20).unwrap();
+        for s in [&a, &b] {
+            assert_eq!(s.nodes.len(), 1);
+            assert_eq!(s.pods.len(), 1);
+            assert_eq!(
+                s.warnings,
+                ["ignored input.items[0].items[2]: kind Service (ray/s)"]
+            );
+        }
+        assert_eq!(a.pods, b.pods);
+        // Typed lists give kindless items their kind, even when `kind` comes last.
+        let typed = r#"{"items": [{"metadata": {"name": "a"}}], "kind": "PodList"}"#;
+        assert_eq!(
+            ClusterState::read(typed.as_bytes(), 1 << 20)
+                .unwrap()
+                .pods
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn the_size_bound_is_named() {
+        use std::io::Read;
+        let spaces = std::io::repeat(b' ').take(4 << 20);
+        let err = ClusterState::read(spaces, 1 << 20).unwrap_err().to_string();
+        assert!(
+            err.contains("1048576 bytes") && err.contains("bound on state files"),
+            "{err}"
+        );
     }
 
     #[test]
