@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use raygate::capacity::{CapacityIndex, ClusterState, PartialPod, PodGroup, PodRecord};
+use raygate::capacity::{CapacityIndex, ClusterState, PartialPod, PodGroup};
 use serde_json::{Value, json};
 
 pub const NODES: usize = 5_000;
@@ -144,9 +144,9 @@ pub fn worker(name: &str, gpus: u32) -> Pod {
 /// A 250-pod new cluster: a head and 249 one-GPU workers.
 pub fn new_cluster(prefix: &str) -> Vec<PodGroup> {
     let mut head = worker(&format!("{prefix}-head"), 0);
-    head.spec
-        .as_mut()
-        .map(|s| s.node_selector = Some(BTreeMap::new()));
+    if let Some(s) = head.spec.as_mut() {
+        s.node_selector = Some(BTreeMap::new());
+    }
     vec![
         PodGroup::from(head),
         PodGroup::indexed(

@@ -261,6 +261,9 @@ pub(crate) fn fit_on(
     ))
 }
 
+/// A pod's request in scheduler units, shared by the copies of a group.
+type Units = std::rc::Rc<[(usize, i128)]>;
+
 /// Where the undo log stood; see [`Placer::undo`].
 pub(crate) struct Mark {
     placed: usize,
@@ -281,7 +284,7 @@ pub(crate) struct Placer<'c, 'a> {
     /// Per placement signature: each node's static verdict, the feasible ones.
     statics: HashMap<String, (Vec<Option<usize>>, Vec<usize>)>,
     /// (node, request) of every pod placed, in order.
-    placed: Vec<(usize, std::rc::Rc<[(usize, i128)]>)>,
+    placed: Vec<(usize, Units)>,
     /// Keys handed out, for `name#2` on duplicates.
     seen: HashMap<String, usize>,
     seen_log: Vec<String>,
@@ -435,7 +438,7 @@ impl<'c, 'a> Placer<'c, 'a> {
                 .iter()
                 .find(|(r, _)| *r == e.dominant)
                 .map_or(0, |x| x.1);
-            let req: std::rc::Rc<[(usize, i128)]> = e.req.clone().into();
+            let req: Units = e.req.clone().into();
             let free = &mut self.free;
             let fits = |f: &Amounts| e.req.iter().all(|&(r, u)| amount(f, r) >= u);
             // Best fit: the feasible node that leaves the least of the

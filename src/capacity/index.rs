@@ -82,11 +82,14 @@ pub struct CapacityIndex {
     /// `namespace/name` → pod.
     pods: HashMap<Box<str>, Entry>,
     /// (namespace, `ray.io/cluster`) → keys of its pods.
-    by_cluster: HashMap<(Arc<str>, Arc<str>), HashSet<Box<str>>>,
+    by_cluster: HashMap<ClusterKey, HashSet<Box<str>>>,
     generation: u64,
     pod_epoch: u32,
     node_epoch: u32,
 }
+
+/// (namespace, `ray.io/cluster`).
+type ClusterKey = (Arc<str>, Arc<str>);
 
 fn flat_key(ns: &str, name: &str) -> Box<str> {
     format!("{ns}/{name}").into_boxed_str()
@@ -530,7 +533,7 @@ mod tests {
             json!({"cpu": cpu, "nvidia.com/gpu": gpu.to_string()}),
             node.as_deref(),
         );
-        p.metadata.namespace = Some(if i % 2 == 0 { "a" } else { "b" }.to_string());
+        p.metadata.namespace = Some(if i.is_multiple_of(2) { "a" } else { "b" }.to_string());
         if ray {
             p.metadata.labels = Some(BTreeMap::from([
                 ("ray.io/cluster".to_string(), format!("c{}", i % 3)),
@@ -561,7 +564,7 @@ mod tests {
 
     fn key_of(i: usize) -> (String, String) {
         (
-            if i % 2 == 0 { "a" } else { "b" }.to_string(),
+            if i.is_multiple_of(2) { "a" } else { "b" }.to_string(),
             format!("p{i}"),
         )
     }

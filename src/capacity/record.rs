@@ -241,7 +241,7 @@ impl PodBody {
                 name: Some(key.1.to_string()),
                 namespace: Some(key.0.to_string()),
                 labels: (!labels.is_empty()).then_some(labels),
-                deletion_timestamp: self.deleting.then(|| Time(jiff::Timestamp::UNIX_EPOCH)),
+                deletion_timestamp: self.deleting.then_some(Time(jiff::Timestamp::UNIX_EPOCH)),
                 ..Default::default()
             },
             spec: Some(PodSpec {

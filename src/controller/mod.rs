@@ -70,7 +70,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub settings: Settings,
     /// Decisions run one at a time so each sees the admissions before it;
-    /// the overlay holds admissions not yet seen in the plan cache.
+    /// the overlay holds admissions not yet seen in the plan cache (reserved
+    /// before their status is written). Never held across an API call.
     decisions: Mutex<Overlay>,
 }
 
@@ -472,24 +473,49 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
         return Ok(Action::requeue(Duration::from_secs(30)));
     }
 
-    let mut overlay = ctx.decisions.lock().await;
+    let key = (ns.clone(), name.clone());
     let mut current = plan.clone();
     let mut attempts = 0;
     let (plan, obs, decision, overridden, prev) = loop {
-        // The cache caught up with what we wrote: the overlay entry is no longer needed.
-        if current
-            .status
-            .as_ref()
-            .is_some_and(|s| s.admitted.is_some())
-        {
-            overlay.remove(&(ns.clone(), name.clone()));
-        }
-        let (obs, mut decision, overridden) = decide_now(ctx, &current, &overlay, now);
+        // Decide under the lock and reserve the admission there, so that a
+        // decision made while the status is written counts it; the lock is
+        // not held across the write.
+        let (obs, mut decision, overridden, reserved_before) = {
+            let mut overlay = ctx.decisions.lock().await;
+            // The cache caught up with what we wrote: the entry is no longer needed.
+            if current
+                .status
+                .as_ref()
+                .is_some_and(|s| s.admitted.is_some())
+            {
+                overlay.remove(&key);
+            }
+            let (obs, decision, overridden) = decide_now(ctx, &current, &overlay, now);
+            let before = match decision.status.admitted.clone() {
+                Some(admitted) => overlay.insert(key.clone(), admitted),
+                None => overlay.remove(&key),
+            };
+            (obs, decision, overridden, before)
+        };
         decision.status.ray_service = Some(obs.service_name.clone());
         let prev = current.status.clone().unwrap_or_default();
-        if decision.status == prev || write_status(ctx, &current, &decision.status).await? {
+        let written = if decision.status == prev {
+            Ok(true)
+        } else {
+            write_status(ctx, &current, &decision.status).await
+        };
+        if matches!(written, Ok(true)) {
             break (current, obs, decision, overridden, prev);
         }
+        // Not written: the reservation goes back to what it was.
+        {
+            let mut overlay = ctx.decisions.lock().await;
+            match reserved_before {
+                Some(a) => overlay.insert(key.clone(), a),
+                None => overlay.remove(&key),
+            };
+        }
+        written?;
         // Someone wrote the plan since the cache saw it: decide again on
         // what is there now, never re-apply a decision made on stale input.
         attempts += 1;
@@ -503,12 +529,6 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
         }
     };
     let plan = &plan;
-    if let Some(admitted) = decision.status.admitted.clone() {
-        overlay.insert((ns.clone(), name.clone()), admitted);
-    } else {
-        overlay.remove(&(ns.clone(), name.clone()));
-    }
-    drop(overlay);
 
     let mut requeue = decision.requeue;
     if let (Some(gate), None) = (decision.gate, &overridden) {
