@@ -187,11 +187,19 @@ impl CapacityIndex {
         }
     }
 
-    /// A pod was added or changed; returns what it was before.
+    /// A pod was added or changed; returns what it was before. A change of
+    /// nothing the record keeps (a pod IP, a container restart count) is
+    /// not a change of the cluster: the generation stays.
     pub fn apply_pod(&mut self, rec: PodRecord) -> Option<PodBody> {
-        self.generation += 1;
         let ns = self.strings.get(&rec.key.0);
         let key = flat_key(&ns, &rec.key.1);
+        if let Some(e) = self.pods.get_mut(&key)
+            && e.body == rec.body
+        {
+            e.epoch = self.pod_epoch;
+            return Some(e.body.clone());
+        }
+        self.generation += 1;
         let old = self.pods.remove(&key);
         if let Some(o) = &old {
             self.account(&o.body, -1);
@@ -250,8 +258,14 @@ impl CapacityIndex {
 
     /// A node was added or changed (already slimmed).
     pub fn apply_node(&mut self, node: Node) {
-        self.generation += 1;
         let name = self.strings.get(node_name(&node));
+        if let Some(slot) = self.nodes.get_mut(&name)
+            && slot.node.as_deref() == Some(&node)
+        {
+            slot.epoch = self.node_epoch;
+            return;
+        }
+        self.generation += 1;
         let skip = skip_reason(&node);
         let allocatable = allocatable_of(&node, &mut self.names).map_err(|e| e.to_string());
         let slot = self.nodes.entry(name).or_default();
@@ -656,6 +670,13 @@ mod tests {
             crate::capacity::canonical_map(&s.usable[0].free)["nvidia.com/gpu"],
             "6"
         );
+        let g1 = index.generation();
+        index.apply_pod(PodRecord::from_pod(&pod(
+            "x",
+            json!({"nvidia.com/gpu": "2"}),
+            Some("a"),
+        )));
+        assert_eq!(index.generation(), g1, "nothing the record keeps changed");
         assert!(index.delete_pod("default", "x").is_some());
         let s = index.node_free().unwrap();
         assert_eq!(
