@@ -61,11 +61,16 @@ impl Slot {
     }
 }
 
+/// A pod; its key (`namespace/name`) is the map's, not stored twice.
 #[derive(Debug)]
 struct Entry {
-    key: PodKey,
     body: PodBody,
     epoch: u32,
+}
+
+/// `namespace/name` back into its parts (names and namespaces have no `/`).
+fn split_key(key: &str) -> (&str, &str) {
+    key.split_once('/').unwrap_or(("", key))
 }
 
 /// The cluster's nodes and pods, aggregated per node.
@@ -212,11 +217,9 @@ impl CapacityIndex {
                 .or_default()
                 .insert(key.clone());
         }
-        let name = rec.key.1;
         self.pods.insert(
             key,
             Entry {
-                key: (ns, name),
                 body: rec.body,
                 epoch: self.pod_epoch,
             },
@@ -230,7 +233,7 @@ impl CapacityIndex {
         let old = self.pods.remove(&key)?;
         self.generation += 1;
         self.account(&old.body, -1);
-        let ns = old.key.0.clone();
+        let ns = self.strings.get(ns);
         self.unlink(&key, &old.body, &ns);
         Some(old.body)
     }
@@ -243,14 +246,15 @@ impl CapacityIndex {
     /// The relist is complete: pods it did not list are gone.
     pub fn end_pod_relist(&mut self) {
         let epoch = self.pod_epoch;
-        let gone: Vec<PodKey> = self
+        let gone: Vec<Box<str>> = self
             .pods
-            .values()
-            .filter(|e| e.epoch != epoch)
-            .map(|e| e.key.clone())
+            .iter()
+            .filter(|(_, e)| e.epoch != epoch)
+            .map(|(k, _)| k.clone())
             .collect();
-        for (ns, name) in gone {
-            self.delete_pod(&ns, &name);
+        for key in gone {
+            let (ns, name) = split_key(&key);
+            self.delete_pod(ns, name);
         }
         self.strings.prune();
         self.pods.shrink_to_fit();
@@ -348,15 +352,18 @@ impl CapacityIndex {
     }
 
     /// The pods of one RayCluster.
-    pub fn cluster_pods(&self, ns: &str, cluster: &str) -> Vec<(&PodKey, &PodBody)> {
-        let k: (Arc<str>, Arc<str>) = (Arc::from(ns), Arc::from(cluster));
-        let mut out: Vec<(&PodKey, &PodBody)> = self
+    pub fn cluster_pods(&self, ns: &str, cluster: &str) -> Vec<(PodKey, &PodBody)> {
+        let k: ClusterKey = (Arc::from(ns), Arc::from(cluster));
+        let mut out: Vec<(PodKey, &PodBody)> = self
             .by_cluster
             .get(&k)
             .into_iter()
             .flatten()
-            .filter_map(|key| self.pods.get(key))
-            .map(|e| (&e.key, &e.body))
+            .filter_map(|key| {
+                let e = self.pods.get(key)?;
+                let (ns, name) = split_key(key);
+                Some(((Arc::from(ns), Arc::from(name)), &e.body))
+            })
             .collect();
         out.sort_by(|a, b| a.0.1.cmp(&b.0.1));
         out

@@ -117,7 +117,7 @@ fn pods_by_cluster(
         let pods: Vec<Arc<Pod>> = index
             .cluster_pods(ns, c)
             .into_iter()
-            .map(|(key, body)| Arc::new(body.to_pod(key)))
+            .map(|(key, body)| Arc::new(body.to_pod(&key)))
             .collect();
         if !pods.is_empty() {
             out.insert(c.clone(), pods);
