@@ -419,6 +419,16 @@ fn plan(svc: &RayService, version: KubeRayVersion) -> Result<Vec<k8s_openapi::ap
     kuberay::planned_pods(&name, ns, svc.cluster_config()?, version)
 }
 
+/// [`plan`] as groups: what the fit places.
+fn plan_groups(svc: &RayService, version: KubeRayVersion) -> Result<Vec<capacity::PodGroup>> {
+    let name = format!(
+        "{}-next",
+        svc.metadata.name.as_deref().unwrap_or("rayservice")
+    );
+    let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+    kuberay::planned_groups(&name, ns, svc.cluster_config()?, version)
+}
+
 /// Parses a RayService manifest and checks it on its own (worker groups,
 /// every quantity, the pods it plans), so later errors cannot be its.
 pub(crate) fn read_service(path: &Path, version: KubeRayVersion) -> Result<RayService> {
@@ -657,10 +667,10 @@ fn explain_text(c: &Classification, new: &NewClusterSummary, old_is_cluster: boo
 /// Pods in the state that belong to the service's current cluster: the one
 /// its status names, or (for a manifest without status) KubeRay's naming
 /// pattern `<service>-<5 characters>`.
-fn old_cluster_pods<'a>(
-    state: &'a ClusterState,
+fn old_cluster_pods(
+    state: &ClusterState,
     svc: &RayService,
-) -> Vec<&'a k8s_openapi::api::core::v1::Pod> {
+) -> Vec<k8s_openapi::api::core::v1::Pod> {
     let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
     let name = svc.metadata.name.as_deref().unwrap_or_default();
     let active = svc
@@ -680,16 +690,16 @@ fn old_cluster_pods<'a>(
     state
         .pods
         .iter()
-        .map(|p| p.as_ref())
-        .filter(|p| p.metadata.namespace.as_deref().unwrap_or("default") == ns)
-        .filter(|p| !capacity::node::is_terminal(p))
         .filter(|p| {
-            p.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(kuberay::LABEL_CLUSTER))
-                .is_some_and(|c| matches(c))
+            (if p.key.0.is_empty() {
+                "default"
+            } else {
+                &*p.key.0
+            }) == ns
         })
+        .filter(|p| !p.is_terminal())
+        .filter(|p| p.body.cluster().is_some_and(matches))
+        .map(|p| p.body.to_pod(&p.key))
         .collect()
 }
 
@@ -703,15 +713,22 @@ pub struct FitOutcome {
 }
 
 pub(crate) fn read_state(path: &Path) -> Result<ClusterState> {
-    // Documents go in whole: a typed list (`NodeList`) gives its items their kind.
-    let docs = read_docs(path)?;
-    let state = ClusterState::from_list(
-        serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs}),
-    )
-    .map_err(|e| Error::Input {
+    // Streamed: a typed list (`NodeList`) gives its items their kind, and
+    // pods go straight into records (a dump of 150,000 pods is GiBs).
+    let err = |reason: String| Error::Input {
         path: shown(path),
-        reason: e.to_string(),
-    })?;
+        reason,
+    };
+    let open = || std::fs::File::open(path).map_err(|e| err(e.to_string()));
+    let max = capacity::state::MAX_STATE_BYTES;
+    let state = match ClusterState::read(open()?, max) {
+        // JSON documents joined by `---` (a multi-document YAML file).
+        Err(e) if e.to_string().contains("trailing characters") && path.is_file() => {
+            ClusterState::read_as(open()?, max, Some(true))
+        }
+        other => other,
+    }
+    .map_err(|e| err(e.to_string()))?;
     if state.nodes.is_empty() {
         return Err(Error::Input {
             path: shown(path),
@@ -750,11 +767,11 @@ pub(crate) fn fit_in(
     headroom: ResourceList,
     notes: &[(&str, String)],
 ) -> Result<FitOutcome> {
-    let pods = in_file(&args.new, plan(svc, version))?;
+    let pods = in_file(&args.new, plan_groups(svc, version))?;
     let old_pods = old_cluster_pods(&state, svc);
     let old_requests = in_file(
         state_source,
-        capacity::total_requests(old_pods.iter().copied(), &state.limit_ranges),
+        capacity::total_requests(old_pods.iter(), &state.limit_ranges),
     )?;
     // The new pods were checked with the manifest: what fails now is the state.
     let report = in_file(

@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::{Args, Subcommand, ValueEnum};
 use jiff::Timestamp;
@@ -1060,7 +1059,7 @@ async fn live_state(client: &Client) -> Result<ClusterState> {
         let page = pods_api.list(&lp).await?;
         for mut p in page.items {
             cache::slim_pod(&mut p);
-            pods.push(Arc::new(p));
+            pods.push(crate::capacity::PodRecord::from_pod(&p));
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) => lp = lp.continue_token(&c),
@@ -1079,7 +1078,7 @@ async fn live_state(client: &Client) -> Result<ClusterState> {
         pods,
         limit_ranges,
         runtime_classes,
-        warnings: vec![],
+        ..Default::default()
     })
 }
 

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::capacity::{ClusterState, FitRequest, ResourceList, fit};
+use crate::capacity::{CapacityIndex, ClusterState, FitRequest, PodGroup, ResourceList, fit};
 
 /// Labels KubeRay puts on every pod it creates for a cluster.
 const NODE_TYPE_LABEL: &str = "ray.io/node-type";
@@ -25,7 +25,7 @@ pub struct Candidate {
     pub name: String,
     pub priority: i32,
     pub waiting_since: Timestamp,
-    pub pods: Vec<Pod>,
+    pub pods: Vec<PodGroup>,
     pub headroom: ResourceList,
 }
 
@@ -52,24 +52,42 @@ pub fn order(queue: &mut [Candidate]) {
 /// Candidates ahead that do not fit do not block the ones behind them.
 pub fn reserved_for(
     state: &ClusterState,
-    ledger: &[Pod],
+    ledger: &[PodGroup],
     queue: &[Candidate],
     me: (&str, &str),
-) -> crate::Result<Vec<Pod>> {
+) -> crate::Result<Vec<PodGroup>> {
+    reserved_with(|r| fit(state, r), ledger, queue, me)
+}
+
+/// [`reserved_for`] on the controller's capacity index; `rules` holds the
+/// LimitRanges and RuntimeClasses.
+pub fn reserved_on(
+    index: &CapacityIndex,
+    rules: &ClusterState,
+    ledger: &[PodGroup],
+    queue: &[Candidate],
+    me: (&str, &str),
+) -> crate::Result<Vec<PodGroup>> {
+    reserved_with(|r| index.fit(rules, r), ledger, queue, me)
+}
+
+fn reserved_with(
+    fit: impl Fn(&FitRequest) -> crate::Result<crate::capacity::FitReport>,
+    ledger: &[PodGroup],
+    queue: &[Candidate],
+    me: (&str, &str),
+) -> crate::Result<Vec<PodGroup>> {
     let mut reserved = ledger.to_vec();
     for c in queue {
         if c.key() == me {
             break;
         }
-        let report = fit(
-            state,
-            &FitRequest {
-                pods: c.pods.clone(),
-                reserved: reserved.clone(),
-                headroom: c.headroom.clone(),
-                old_requests: ResourceList::new(),
-            },
-        )?;
+        let report = fit(&FitRequest {
+            pods: c.pods.clone(),
+            reserved: reserved.clone(),
+            headroom: c.headroom.clone(),
+            old_requests: ResourceList::new(),
+        })?;
         if report.fits {
             reserved.extend(c.pods.iter().cloned());
         }
@@ -80,7 +98,7 @@ pub fn reserved_for(
 /// The planned pods of an admitted cluster that the scheduler has not bound
 /// yet. Real pod names carry random suffixes, so pods are matched by kind
 /// (head, or worker of a group) and counted.
-pub fn unbound(planned: &[Pod], existing: &[&Pod]) -> Vec<Pod> {
+pub fn unbound(planned: &[PodGroup], existing: &[&Pod]) -> Vec<PodGroup> {
     let mut bound: BTreeMap<(String, String), usize> = BTreeMap::new();
     for p in existing {
         let is_bound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
@@ -90,17 +108,14 @@ pub fn unbound(planned: &[Pod], existing: &[&Pod]) -> Vec<Pod> {
     }
     planned
         .iter()
-        .filter(|p| {
-            let k = kind(p);
-            match bound.get_mut(&k) {
-                Some(n) if *n > 0 => {
-                    *n -= 1;
-                    false
-                }
-                _ => true,
-            }
+        .filter_map(|g| {
+            let n = bound.get_mut(&kind(&g.template)).map_or(0, |n| {
+                let take = (*n).min(g.count);
+                *n -= take;
+                take
+            });
+            (n < g.count).then(|| g.skip(n))
         })
-        .cloned()
         .collect()
 }
 
@@ -143,7 +158,7 @@ mod tests {
             name: name.into(),
             priority,
             waiting_since: since.parse().unwrap(),
-            pods,
+            pods: pods.into_iter().map(PodGroup::from).collect(),
             headroom: ResourceList::new(),
         }
     }
@@ -219,7 +234,7 @@ mod tests {
     #[test]
     fn ledger_pods_are_always_reserved() {
         let s = state(vec![node("n1", 8)]);
-        let ledger = vec![gpu_pod("x-w-0", "gpu", 8)];
+        let ledger = vec![PodGroup::from(gpu_pod("x-w-0", "gpu", 8))];
         let q = vec![cand(
             "a",
             0,
@@ -236,16 +251,19 @@ mod tests {
 
     #[test]
     fn bound_pods_leave_the_ledger_by_kind() {
-        let planned = vec![
+        let planned: Vec<PodGroup> = vec![
             gpu_pod("c-gpu-worker-0", "gpu", 8),
             gpu_pod("c-gpu-worker-1", "gpu", 8),
             gpu_pod("c-cpu-worker-0", "cpu", 0),
-        ];
+        ]
+        .into_iter()
+        .map(PodGroup::from)
+        .collect();
         let mut real = gpu_pod("c-gpu-worker-x7k2p", "gpu", 8);
         real.spec.as_mut().unwrap().node_name = Some("n1".into());
         let unbound_real = gpu_pod("c-gpu-worker-q9z1m", "gpu", 8);
         let left = unbound(&planned, &[&real, &unbound_real]);
-        let groups: Vec<_> = left.iter().map(|p| kind(p).1).collect();
+        let groups: Vec<_> = left.iter().map(|g| kind(&g.template).1).collect();
         assert_eq!(groups, ["gpu", "cpu"]);
     }
 }

@@ -19,6 +19,7 @@
 //!    free capacity minus the ledger's reservations and the plan's headroom.
 
 pub mod ledger;
+pub mod pass;
 pub mod priority;
 pub mod stall;
 
@@ -73,8 +74,8 @@ pub struct ServiceFacts {
 pub struct ChangeFacts {
     pub fingerprint: String,
     pub triggering_paths: Vec<String>,
-    /// The pods KubeRay will create for the new cluster.
-    pub new_pods: Vec<Pod>,
+    /// The pods KubeRay will create for the new cluster, as groups.
+    pub new_pods: Vec<crate::capacity::PodGroup>,
 }
 
 /// The gate as observed on the RayService.

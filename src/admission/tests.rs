@@ -56,7 +56,10 @@ fn change(pods: Vec<Pod>) -> ChangeFacts {
         triggering_paths: vec![
             "workerGroupSpecs[gpu].template.spec.containers[ray-worker].image".into(),
         ],
-        new_pods: pods,
+        new_pods: pods
+            .into_iter()
+            .map(crate::capacity::PodGroup::from)
+            .collect(),
     }
 }
 

@@ -27,7 +27,8 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
 use super::node::{
-    Amounts, Names, SkippedNode, add_amount, amount, capacity, node_name, to_list, total, units_of,
+    Amounts, Capacity, Names, SkippedNode, add_amount, amount, capacity, node_name, to_list, total,
+    units_of,
 };
 use super::requests::{pod_name, pod_requests_borrowed, runtime_class_overhead};
 use super::scheduling::{
@@ -37,14 +38,15 @@ use super::{
     CPU, MEMORY, PODS, ResourceList, from_scheduler_units, is_accelerator, scheduler_units, sum,
 };
 use crate::capacity::ClusterState;
+use crate::capacity::group::PodGroup;
 
 /// What to fit.
 #[derive(Clone, Debug, Default)]
 pub struct FitRequest {
-    /// The new cluster's pods (not created yet).
-    pub pods: Vec<Pod>,
+    /// The new cluster's pods (not created yet), as groups.
+    pub pods: Vec<PodGroup>,
     /// Pods of other admitted upgrades that are not bound yet.
-    pub reserved: Vec<Pod>,
+    pub reserved: Vec<PodGroup>,
     /// Cluster-wide amounts that must stay free.
     pub headroom: ResourceList,
     /// The old, still running cluster's total, only for `required`.
@@ -86,9 +88,12 @@ pub struct FitReport {
     pub skipped_nodes: Vec<SkippedNode>,
 }
 
-/// One pod to place.
-struct Entry<'a> {
+/// One group of identical pods to place (see [`super::group`]).
+pub(crate) struct Entry<'a> {
+    /// The first pod's key, for ordering.
     key: String,
+    /// Every pod's key, in placement order.
+    keys: Vec<String>,
     pod: &'a Pod,
     reserved: bool,
     req: Vec<(usize, i128)>,
@@ -144,8 +149,10 @@ fn entry<'a>(
     };
     let size = (of(&is_accelerator), of(&|n| n == CPU), of(&|n| n == MEMORY));
     let dominant = dominant(&req, names);
+    let key = pod_key(pod);
     Ok(Entry {
-        key: pod_key(pod),
+        keys: vec![key.clone()],
+        key,
         pod,
         reserved,
         req,
@@ -174,16 +181,36 @@ fn signature(pod: &Pod) -> String {
     .to_string()
 }
 
-/// Makes keys unique (`name`, `name#2`, …) so no placement is overwritten.
-fn dedupe_keys(entries: &mut [Entry<'_>]) {
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    for e in entries.iter_mut() {
-        let n = seen.entry(e.key.clone()).or_insert(0);
-        *n += 1;
-        if *n > 1 {
-            e.key = format!("{}#{}", e.key, n);
+/// The entry of a group: the template's request, evaluated once, and the
+/// keys of its pods (sorted, as single pods would be ordered), leaving out
+/// reserved pods already bound (they are counted on their node).
+fn group_entry<'a>(
+    g: &'a PodGroup,
+    reserved: bool,
+    state: &ClusterState,
+    names: &mut Names,
+    bound: &super::node::Bound<'_>,
+) -> crate::Result<Option<Entry<'a>>> {
+    let ns = g.template.metadata.namespace.clone().unwrap_or_default();
+    let mut keys = Vec::with_capacity(g.count);
+    for i in 0..g.count {
+        let name = g.name(i);
+        if reserved && !name.is_empty() && bound.contains(&ns, &name) {
+            continue;
         }
+        keys.push(match ns.as_str() {
+            "" => name,
+            ns => format!("{ns}/{name}"),
+        });
     }
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    keys.sort();
+    let mut e = entry(&g.template, reserved, state, names)?;
+    e.key = keys[0].clone();
+    e.keys = keys;
+    Ok(Some(e))
 }
 
 /// Knobs that do not change the answer, only how it is told.
@@ -204,153 +231,316 @@ pub fn fit_with(
     req: &FitRequest,
     opts: &FitOptions,
 ) -> crate::Result<FitReport> {
-    let cap = capacity(state)?;
-    let mut names = cap.names.clone();
+    fit_on(&capacity(state)?, state, req, opts)
+}
 
-    let mut reserved: Vec<Entry> = Vec::new();
-    for p in &req.reserved {
-        let id = (
-            p.metadata.namespace.clone().unwrap_or_default(),
-            p.metadata.name.clone().unwrap_or_default(),
-        );
-        if !id.1.is_empty() && cap.bound.contains(&id) {
-            continue;
+/// [`fit_with`] on capacity already computed (from scratch or read from the
+/// index); `rules` gives the LimitRanges and RuntimeClasses for new pods.
+pub(crate) fn fit_on(
+    cap: &Capacity<'_>,
+    rules: &ClusterState,
+    req: &FitRequest,
+    opts: &FitOptions,
+) -> crate::Result<FitReport> {
+    let mut p = Placer::new(cap, opts);
+    let reserved = p.entries(&req.reserved, true, rules, &cap.bound)?;
+    let new = p.entries(&req.pods, false, rules, &cap.bound)?;
+    let headroom = p.headroom(&req.headroom);
+    let reserved_total = Placer::total(&reserved);
+    let (mut placements, mut unplaced) = p.place(&reserved, &headroom);
+    let (pl, un) = p.place(&new, &headroom);
+    placements.extend(pl);
+    unplaced.extend(un);
+    Ok(p.report(
+        &new,
+        &reserved_total,
+        &headroom,
+        placements,
+        unplaced,
+        &req.old_requests,
+    ))
+}
+
+/// A pod's request in scheduler units, shared by the copies of a group.
+type Units = std::rc::Rc<[(usize, i128)]>;
+
+/// Where the undo log stood; see [`Placer::undo`].
+pub(crate) struct Mark {
+    placed: usize,
+    keys: usize,
+}
+
+/// Free capacity being placed on, with an undo log: one snapshot on which
+/// several fits are tried in turn, each kept or reverted in O(its pods).
+pub(crate) struct Placer<'c, 'a> {
+    cap: &'c Capacity<'a>,
+    wording: Wording,
+    names: Names,
+    free: Vec<Amounts>,
+    free_before: Amounts,
+    cluster_free: Amounts,
+    reason_text: Vec<String>,
+    reason_ids: HashMap<String, usize>,
+    /// Per placement signature: each node's static verdict, the feasible ones.
+    statics: HashMap<String, (Vec<Option<usize>>, Vec<usize>)>,
+    /// (node, request) of every pod placed, in order.
+    placed: Vec<(usize, Units)>,
+    /// Keys handed out, for `name#2` on duplicates.
+    seen: HashMap<String, usize>,
+    seen_log: Vec<String>,
+}
+
+impl<'c, 'a> Placer<'c, 'a> {
+    pub(crate) fn new(cap: &'c Capacity<'a>, opts: &FitOptions) -> Self {
+        let names = cap.names.clone();
+        let width = names.names.len();
+        let free: Vec<Amounts> = (0..cap.nodes.len())
+            .map(|n| {
+                let mut f = cap.free(n);
+                f.resize(width, 0);
+                f
+            })
+            .collect();
+        let mut free_before = total(free.iter().cloned());
+        free_before.resize(width, 0);
+        Placer {
+            cap,
+            wording: opts.wording,
+            names,
+            cluster_free: free_before.clone(),
+            free_before,
+            free,
+            reason_text: Vec::new(),
+            reason_ids: HashMap::new(),
+            statics: HashMap::new(),
+            placed: Vec::new(),
+            seen: HashMap::new(),
+            seen_log: Vec::new(),
         }
-        reserved.push(entry(p, true, state, &mut names)?);
     }
-    let mut new: Vec<Entry> = Vec::new();
-    for p in &req.pods {
-        new.push(entry(p, false, state, &mut names)?);
-    }
-    let mut headroom = Amounts::new();
-    for (k, q) in &req.headroom {
-        add_amount(&mut headroom, names.id(k), scheduler_units(k, q).max(0));
-    }
-    let width = names.names.len();
-    headroom.resize(width, 0);
 
-    let order = |a: &Entry, b: &Entry| b.size.cmp(&a.size).then_with(|| a.key.cmp(&b.key));
-    reserved.sort_by(order);
-    new.sort_by(order);
-    let mut entries: Vec<Entry> = reserved.into_iter().chain(new).collect();
-    dedupe_keys(&mut entries);
+    /// Entries for `groups`, sorted largest first, keys made unique.
+    pub(crate) fn entries<'g>(
+        &mut self,
+        groups: &'g [PodGroup],
+        reserved: bool,
+        rules: &ClusterState,
+        bound: &super::node::Bound<'_>,
+    ) -> crate::Result<Vec<Entry<'g>>> {
+        let mut out = Vec::new();
+        for g in groups {
+            if let Some(e) = group_entry(g, reserved, rules, &mut self.names, bound)? {
+                out.push(e);
+            }
+        }
+        out.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.key.cmp(&b.key)));
+        for e in out.iter_mut() {
+            for key in e.keys.iter_mut() {
+                let n = self.seen.entry(key.clone()).or_insert(0);
+                *n += 1;
+                let original = key.clone();
+                if *n > 1 {
+                    *key = format!("{key}#{n}");
+                }
+                self.seen_log.push(original);
+            }
+            e.key = e.keys.first().cloned().unwrap_or_default();
+        }
+        Ok(out)
+    }
 
-    let nodes = cap.usable.len();
-    let mut free: Vec<Amounts> = (0..nodes)
-        .map(|n| {
-            let mut f = cap.free(n);
-            f.resize(width, 0);
-            f
-        })
-        .collect();
-    let free_before = total(free.iter().cloned());
-    let mut cluster_free = free_before.clone();
-    cluster_free.resize(width, 0);
-    let mut new_total = Amounts::new();
-    let mut reserved_total = Amounts::new();
-    for e in &entries {
-        let t = if e.reserved {
-            &mut reserved_total
-        } else {
-            &mut new_total
-        };
-        for &(r, u) in &e.req {
-            add_amount(t, r, u);
+    pub(crate) fn headroom(&mut self, list: &ResourceList) -> Amounts {
+        let mut headroom = Amounts::new();
+        for (k, q) in list {
+            add_amount(
+                &mut headroom,
+                self.names.id(k),
+                scheduler_units(k, q).max(0),
+            );
+        }
+        headroom
+    }
+
+    /// The summed request of the entries.
+    pub(crate) fn total(entries: &[Entry<'_>]) -> Amounts {
+        let mut t = Amounts::new();
+        for e in entries {
+            let n = e.keys.len() as i128;
+            for &(r, u) in &e.req {
+                add_amount(&mut t, r, u.saturating_mul(n));
+            }
+        }
+        t
+    }
+
+    pub(crate) fn mark(&self) -> Mark {
+        Mark {
+            placed: self.placed.len(),
+            keys: self.seen_log.len(),
         }
     }
 
-    let mut reason_text: Vec<String> = Vec::new();
-    let mut reason_ids: HashMap<String, usize> = HashMap::new();
-    let mut statics: HashMap<String, Vec<Option<usize>>> = HashMap::new();
-    let mut placements = BTreeMap::new();
-    let mut unplaced = Vec::new();
+    /// Gives back what was placed (and the keys handed out) since `m`.
+    pub(crate) fn undo(&mut self, m: Mark) {
+        while self.placed.len() > m.placed {
+            let Some((n, req)) = self.placed.pop() else {
+                break;
+            };
+            for &(r, u) in req.iter() {
+                add_amount(&mut self.free[n], r, u);
+                add_amount(&mut self.cluster_free, r, u);
+            }
+        }
+        while self.seen_log.len() > m.keys {
+            let Some(k) = self.seen_log.pop() else { break };
+            if let Some(n) = self.seen.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    self.seen.remove(&k);
+                }
+            }
+        }
+    }
 
-    for e in &entries {
-        let verdicts = statics.entry(signature(e.pod)).or_insert_with(|| {
-            cap.usable
-                .iter()
-                .map(|&i| {
-                    static_filter(e.pod, &state.nodes[i], opts.wording)
-                        .err()
-                        .map(|r| {
+    /// Places every pod of `entries` in order (see the module docs); new
+    /// pods (not reserved) also keep the cluster-wide `headroom`.
+    pub(crate) fn place(
+        &mut self,
+        entries: &[Entry<'_>],
+        headroom: &Amounts,
+    ) -> (Vec<(String, String)>, Vec<Unplaced>) {
+        let mut placements = Vec::new();
+        let mut unplaced = Vec::new();
+        for e in entries {
+            let cap = self.cap;
+            let wording = self.wording;
+            let (reason_ids, reason_text) = (&mut self.reason_ids, &mut self.reason_text);
+            let (verdicts, feasible) = self.statics.entry(signature(e.pod)).or_insert_with(|| {
+                let verdicts: Vec<Option<usize>> = cap
+                    .nodes
+                    .iter()
+                    .map(|node| {
+                        static_filter(e.pod, node, wording).err().map(|r| {
                             *reason_ids.entry(r.clone()).or_insert_with(|| {
                                 reason_text.push(r);
                                 reason_text.len() - 1
                             })
                         })
-                })
-                .collect()
-        });
-        let dom_req = e
-            .req
-            .iter()
-            .find(|(r, _)| *r == e.dominant)
-            .map_or(0, |x| x.1);
-        let mut best: Option<(i128, usize)> = None;
-        for (n, verdict) in verdicts.iter().enumerate() {
-            if verdict.is_some() || !e.req.iter().all(|&(r, u)| amount(&free[n], r) >= u) {
-                continue;
-            }
-            let left = amount(&free[n], e.dominant) - dom_req;
-            if best.is_none_or(|(b, _)| left < b) {
-                best = Some((left, n));
-            }
-        }
-        let Some((_, n)) = best else {
-            let reason = explain(e, verdicts, &reason_text, &free, &names, &cap.skipped);
-            unplaced.push(Unplaced {
-                pod: e.key.clone(),
-                reason,
-                reserved: e.reserved,
+                    })
+                    .collect();
+                let feasible = (0..verdicts.len())
+                    .filter(|&n| verdicts[n].is_none())
+                    .collect();
+                (verdicts, feasible)
             });
-            continue;
-        };
-        if !e.reserved
-            && let Some(reason) = headroom_violation(e, &cluster_free, &headroom, &names)
-        {
-            unplaced.push(Unplaced {
-                pod: e.key.clone(),
-                reason,
-                reserved: false,
-            });
-            continue;
+            let dom_req = e
+                .req
+                .iter()
+                .find(|(r, _)| *r == e.dominant)
+                .map_or(0, |x| x.1);
+            let req: Units = e.req.clone().into();
+            let free = &mut self.free;
+            let fits = |f: &Amounts| e.req.iter().all(|&(r, u)| amount(f, r) >= u);
+            // Best fit: the feasible node that leaves the least of the
+            // dominant resource, first by name on ties. Once a pod of the
+            // group went to a node, that node stays the best while it fits
+            // (only its leftover went down): the next copy needs no scan.
+            let mut last: Option<usize> = None;
+            for (k, key) in e.keys.iter().enumerate() {
+                let chosen = match last.filter(|&n| fits(&free[n])) {
+                    Some(n) => Some(n),
+                    None => {
+                        let mut best: Option<(i128, usize)> = None;
+                        for &n in feasible.iter() {
+                            if !fits(&free[n]) {
+                                continue;
+                            }
+                            let left = amount(&free[n], e.dominant) - dom_req;
+                            if best.is_none_or(|(b, _)| left < b) {
+                                best = Some((left, n));
+                            }
+                        }
+                        best.map(|(_, n)| n)
+                    }
+                };
+                // The copies after a failure fail alike: nothing changed since.
+                let failure = match chosen {
+                    None => Some(explain(
+                        e,
+                        verdicts,
+                        reason_text,
+                        free,
+                        &self.names,
+                        &cap.skipped,
+                    )),
+                    Some(_) if !e.reserved => {
+                        headroom_violation(e, &self.cluster_free, headroom, &self.names)
+                    }
+                    Some(_) => None,
+                };
+                if let Some(reason) = failure {
+                    for key in &e.keys[k..] {
+                        unplaced.push(Unplaced {
+                            pod: key.clone(),
+                            reason: reason.clone(),
+                            reserved: e.reserved,
+                        });
+                    }
+                    break;
+                }
+                let Some(n) = chosen else { break };
+                for &(r, u) in &e.req {
+                    add_amount(&mut free[n], r, -u);
+                    add_amount(&mut self.cluster_free, r, -u);
+                }
+                self.placed.push((n, req.clone()));
+                placements.push((key.clone(), node_name(cap.nodes[n]).to_string()));
+                last = Some(n);
+            }
         }
-        for &(r, u) in &e.req {
-            add_amount(&mut free[n], r, -u);
-            add_amount(&mut cluster_free, r, -u);
-        }
-        placements.insert(
-            e.key.clone(),
-            node_name(&state.nodes[cap.usable[n]]).to_string(),
-        );
+        (placements, unplaced)
     }
 
-    let headroom_kept = (0..width).all(|r| amount(&cluster_free, r) >= amount(&headroom, r));
-    let mut shortfall = Amounts::new();
-    for r in 0..width {
-        let need = amount(&new_total, r)
-            .saturating_add(amount(&reserved_total, r))
-            .saturating_add(amount(&headroom, r))
-            .saturating_sub(amount(&free_before, r));
-        if need > 0 {
-            add_amount(&mut shortfall, r, need);
+    /// The answer for `new` placed after reservations totalling `reserved`.
+    pub(crate) fn report(
+        &self,
+        new: &[Entry<'_>],
+        reserved: &Amounts,
+        headroom: &Amounts,
+        placements: Vec<(String, String)>,
+        unplaced: Vec<Unplaced>,
+        old_requests: &ResourceList,
+    ) -> FitReport {
+        let width = self.names.names.len();
+        let new_total = Self::total(new);
+        let headroom_kept =
+            (0..width).all(|r| amount(&self.cluster_free, r) >= amount(headroom, r));
+        let mut shortfall = Amounts::new();
+        for r in 0..width {
+            let need = amount(&new_total, r)
+                .saturating_add(amount(reserved, r))
+                .saturating_add(amount(headroom, r))
+                .saturating_sub(amount(&self.free_before, r));
+            if need > 0 {
+                add_amount(&mut shortfall, r, need);
+            }
+        }
+        let new_requests = to_list(&new_total, &self.names);
+        FitReport {
+            fits: unplaced.is_empty() && headroom_kept,
+            required: sum(old_requests, &new_requests),
+            new_requests,
+            old_requests: old_requests.clone(),
+            reserved: to_list(reserved, &self.names),
+            headroom: to_list(headroom, &self.names),
+            allocatable: to_list(&total(self.cap.allocatable.iter().cloned()), &self.names),
+            free: to_list(&self.free_before, &self.names),
+            shortfall: to_list(&shortfall, &self.names),
+            unplaced,
+            placements: placements.into_iter().collect(),
+            skipped_nodes: self.cap.skipped.clone(),
         }
     }
-    let new_requests = to_list(&new_total, &names);
-    Ok(FitReport {
-        fits: unplaced.is_empty() && headroom_kept,
-        required: sum(&req.old_requests, &new_requests),
-        new_requests,
-        old_requests: req.old_requests.clone(),
-        reserved: to_list(&reserved_total, &names),
-        headroom: to_list(&headroom, &names),
-        allocatable: to_list(&total(cap.allocatable.iter().cloned()), &names),
-        free: to_list(&free_before, &names),
-        shortfall: to_list(&shortfall, &names),
-        unplaced,
-        placements,
-        skipped_nodes: cap.skipped,
-    })
 }
 
 /// Why no node took the pod, as the scheduler's aggregated message.
@@ -437,16 +627,23 @@ mod tests {
     fn state(nodes: Vec<Node>, pods: Vec<Pod>) -> ClusterState {
         ClusterState {
             nodes,
-            pods: pods.into_iter().map(std::sync::Arc::new).collect(),
+            pods: pods
+                .iter()
+                .map(crate::capacity::PodRecord::from_pod)
+                .collect(),
             ..Default::default()
         }
     }
 
     fn request(pods: Vec<Pod>) -> FitRequest {
         FitRequest {
-            pods,
+            pods: groups(pods),
             ..Default::default()
         }
+    }
+
+    fn groups(pods: Vec<Pod>) -> Vec<PodGroup> {
+        pods.into_iter().map(PodGroup::from).collect()
     }
 
     fn list(pairs: &[(&str, &str)]) -> ResourceList {
@@ -495,6 +692,32 @@ mod tests {
         // Same input, same answer.
         let again = fit(&s, &request(vec![gpu_pod("w-0", 8), gpu_pod("w-1", 8)])).unwrap();
         assert_eq!(again, r);
+    }
+
+    #[test]
+    fn a_group_places_like_its_copies() {
+        let s = state(
+            vec![gpu_node("a", 8), gpu_node("b", 8), gpu_node("c", 4)],
+            vec![pod("used", json!({"nvidia.com/gpu": "2"}), Some("b"))],
+        );
+        let mut t = gpu_pod("w-0", 2);
+        t.metadata.namespace = Some("ml".into());
+        let group = PodGroup::indexed(t, 11, "w-".into());
+        let one_by_one = FitRequest {
+            pods: groups(super::super::group::expand(std::slice::from_ref(&group))),
+            ..Default::default()
+        };
+        let grouped = FitRequest {
+            pods: vec![group],
+            ..Default::default()
+        };
+        let a = fit(&s, &one_by_one).unwrap();
+        let b = fit(&s, &grouped).unwrap();
+        assert_eq!(a, b);
+        assert!(!b.fits);
+        // 6 + 8 + 4 = 18 free GPUs: 9 pods of 2 placed, 2 left over.
+        assert_eq!(b.placements.len(), 9);
+        assert_eq!(b.unplaced.len(), 2);
     }
 
     #[test]
@@ -579,7 +802,7 @@ mod tests {
         let first = fit(&s, &request(vec![gpu_pod("one-0", 8)])).unwrap();
         assert!(first.fits);
         let mut second = request(vec![gpu_pod("two-0", 8), gpu_pod("two-1", 8)]);
-        second.reserved = vec![gpu_pod("one-0", 8)];
+        second.reserved = groups(vec![gpu_pod("one-0", 8)]);
         let r = fit(&s, &second).unwrap();
         assert!(!r.fits);
         assert_eq!(canonical_map(&r.reserved)["nvidia.com/gpu"], "8");
@@ -606,7 +829,7 @@ mod tests {
             )],
         );
         let mut again = request(vec![gpu_pod("two-0", 8)]);
-        again.reserved = vec![gpu_pod("one-0", 8)];
+        again.reserved = groups(vec![gpu_pod("one-0", 8)]);
         let r = fit(&bound, &again).unwrap();
         assert!(r.fits);
         assert!(r.reserved.is_empty());
@@ -617,7 +840,7 @@ mod tests {
     fn unplaceable_reservation_fails_the_fit() {
         let s = state(vec![gpu_node("a", 8)], vec![]);
         let mut req = request(vec![pod("tiny", json!({"cpu": "1"}), None)]);
-        req.reserved = vec![gpu_pod("r", 16)];
+        req.reserved = groups(vec![gpu_pod("r", 16)]);
         let r = fit(&s, &req).unwrap();
         assert!(!r.fits);
         assert_eq!(r.unplaced.len(), 1);
@@ -652,7 +875,7 @@ mod tests {
 
         // Reserved pods may already have eaten the headroom.
         let mut req = request(vec![pod("cpu-only", json!({"cpu": "1"}), None)]);
-        req.reserved = vec![gpu_pod("r", 8), gpu_pod("r2", 6)];
+        req.reserved = groups(vec![gpu_pod("r", 8), gpu_pod("r2", 6)]);
         req.headroom = list(&[("nvidia.com/gpu", "4")]);
         let r = fit(&s, &req).unwrap();
         assert!(r.unplaced.is_empty());

@@ -13,7 +13,10 @@
 //! answer matches the scheduler's even for odd values like `100u` cpu.
 
 pub mod fit;
+pub mod group;
+pub mod index;
 pub mod node;
+pub mod record;
 pub mod requests;
 pub mod scheduling;
 pub mod state;
@@ -23,7 +26,10 @@ use std::collections::BTreeMap;
 use crate::quantity::{Format, Quantity};
 
 pub use fit::{FitOptions, FitReport, FitRequest, Unplaced, fit, fit_with};
+pub use group::{MAX_PLANNED_PODS, PodGroup};
+pub use index::CapacityIndex;
 pub use node::{NodeFree, NodeSummary, SkippedNode, node_free};
+pub use record::{PartialPod, PodBody, PodKey, PodRecord};
 pub use requests::{pod_name, pod_requests, total_requests};
 pub use scheduling::Wording;
 pub use state::ClusterState;

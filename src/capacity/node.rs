@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 
-use super::requests::{Req, pod_requests_borrowed};
+use super::requests::Req;
 use super::{PODS, ResourceList, from_scheduler_units, parse_resource_list_with, scheduler_units};
 use crate::capacity::ClusterState;
 
@@ -158,19 +158,36 @@ pub(crate) fn to_list(v: &Amounts, names: &Names) -> ResourceList {
 
 /// The usable nodes as the fit simulation sees them.
 #[derive(Debug, Clone)]
-pub(crate) struct Capacity {
+pub(crate) struct Capacity<'a> {
     pub(crate) names: Names,
-    /// Indexes into `state.nodes`, sorted by node name.
-    pub(crate) usable: Vec<usize>,
+    /// Usable nodes, sorted by name.
+    pub(crate) nodes: Vec<&'a Node>,
     pub(crate) allocatable: Vec<Amounts>,
     pub(crate) requested: Vec<Amounts>,
     pub(crate) pods: Vec<usize>,
     pub(crate) skipped: Vec<SkippedNode>,
-    /// (namespace, name) of non-terminal pods bound to a usable node.
-    pub(crate) bound: std::collections::HashSet<(String, String)>,
+    pub(crate) bound: Bound<'a>,
 }
 
-impl Capacity {
+/// Which pods are bound to a usable node and counted there.
+#[derive(Debug, Clone)]
+pub(crate) enum Bound<'a> {
+    /// (namespace, name), from a from-scratch pass.
+    Set(std::collections::HashSet<(String, String)>),
+    /// Looked up in the incremental index.
+    Index(&'a super::index::CapacityIndex),
+}
+
+impl Bound<'_> {
+    pub(crate) fn contains(&self, ns: &str, name: &str) -> bool {
+        match self {
+            Bound::Set(s) => s.contains(&(ns.to_string(), name.to_string())),
+            Bound::Index(i) => i.counted_on_usable(ns, name),
+        }
+    }
+}
+
+impl Capacity<'_> {
     pub(crate) fn free(&self, n: usize) -> Amounts {
         let len = self.names.names.len();
         (0..len)
@@ -183,13 +200,36 @@ impl Capacity {
     }
 }
 
-pub(crate) fn capacity(state: &ClusterState) -> crate::Result<Capacity> {
+/// A node's allocatable in scheduler units.
+pub(crate) fn allocatable_of(node: &Node, names: &mut Names) -> crate::Result<Amounts> {
+    let mut a = Amounts::new();
+    if let Some(alloc) = node.status.as_ref().and_then(|s| s.allocatable.as_ref()) {
+        let field = || format!("node {}: status.allocatable", node_name(node));
+        for (k, q) in parse_resource_list_with(field, alloc)? {
+            add_amount(&mut a, names.id(&k), scheduler_units(&k, &q));
+        }
+    }
+    Ok(a)
+}
+
+/// The error a pod record kept when its request did not parse, as it was.
+pub(crate) fn record_error(message: &str) -> crate::Error {
+    match message.split_once(": ") {
+        Some((what, reason)) => crate::Error::invalid(what, reason),
+        None => crate::Error::invalid("pod", message),
+    }
+}
+
+/// The from-scratch computation: every pod, every time. The controller
+/// keeps [`super::index::CapacityIndex`] instead; this stays as the
+/// one-shot path (`raygate fit --state`) and as the index's test oracle.
+pub(crate) fn capacity(state: &ClusterState) -> crate::Result<Capacity<'_>> {
     let mut names = Names::default();
     names.id(PODS);
     let mut skipped = Vec::new();
-    let mut usable: Vec<usize> = Vec::new();
+    let mut usable: Vec<&Node> = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    for (i, node) in state.nodes.iter().enumerate() {
+    for node in &state.nodes {
         let name = node_name(node);
         if !seen.insert(name) {
             continue; // a duplicate listing of the same node
@@ -200,66 +240,57 @@ pub(crate) fn capacity(state: &ClusterState) -> crate::Result<Capacity> {
                 reason,
                 scheduler_reason: sched,
             }),
-            None => usable.push(i),
+            None => usable.push(node),
         }
     }
-    usable.sort_by(|&a, &b| node_name(&state.nodes[a]).cmp(node_name(&state.nodes[b])));
+    usable.sort_by(|a, b| node_name(a).cmp(node_name(b)));
     skipped.sort_by(|a, b| a.node.cmp(&b.node));
 
     let mut by_name: HashMap<&str, usize> = HashMap::with_capacity(usable.len());
     let mut allocatable = Vec::with_capacity(usable.len());
-    for (slot, &i) in usable.iter().enumerate() {
-        let node = &state.nodes[i];
+    for (slot, node) in usable.iter().enumerate() {
         by_name.insert(node_name(node), slot);
-        let mut a = Amounts::new();
-        if let Some(alloc) = node.status.as_ref().and_then(|s| s.allocatable.as_ref()) {
-            let field = || format!("node {}: status.allocatable", node_name(node));
-            for (k, q) in parse_resource_list_with(field, alloc)? {
-                add_amount(&mut a, names.id(&k), scheduler_units(&k, &q));
-            }
-        }
-        allocatable.push(a);
+        allocatable.push(allocatable_of(node, &mut names)?);
     }
 
     let mut requested = vec![Amounts::new(); usable.len()];
     let mut pods = vec![0usize; usable.len()];
     let mut bound = std::collections::HashSet::new();
     for pod in &state.pods {
-        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
-            continue; // not bound: holds nothing yet
+        let Some(node) = pod.body.holds() else {
+            continue; // not bound (holds nothing yet) or terminal
         };
         let Some(&slot) = by_name.get(node) else {
             continue; // bound to a skipped or unknown node
         };
-        if is_terminal(pod) {
-            continue;
-        }
-        for (r, u) in units_of(&pod_requests_borrowed(pod, &[])?, &mut names) {
-            add_amount(&mut requested[slot], r, u);
+        let units = pod.body.units_with_slot().map_err(|e| record_error(&e))?;
+        for (r, u) in units {
+            add_amount(&mut requested[slot], names.id(r), u);
         }
         pods[slot] += 1;
-        bound.insert((
-            pod.metadata.namespace.clone().unwrap_or_default(),
-            pod.metadata.name.clone().unwrap_or_default(),
-        ));
+        bound.insert((pod.key.0.to_string(), pod.key.1.to_string()));
     }
     Ok(Capacity {
         names,
-        usable,
+        nodes: usable,
         allocatable,
         requested,
         pods,
         skipped,
-        bound,
+        bound: Bound::Set(bound),
     })
 }
 
 /// Per-node capacity of the cluster; see the module docs.
 pub fn node_free(state: &ClusterState) -> crate::Result<NodeSummary> {
-    let cap = capacity(state)?;
-    let usable = (0..cap.usable.len())
+    summary(&capacity(state)?)
+}
+
+/// Per-node capacity from a computed [`Capacity`].
+pub(crate) fn summary(cap: &Capacity<'_>) -> crate::Result<NodeSummary> {
+    let usable = (0..cap.nodes.len())
         .map(|n| NodeFree {
-            node: node_name(&state.nodes[cap.usable[n]]).to_string(),
+            node: node_name(cap.nodes[n]).to_string(),
             allocatable: to_list(&cap.allocatable[n], &cap.names),
             requested: to_list(&cap.requested[n], &cap.names),
             free: {
@@ -280,7 +311,7 @@ pub fn node_free(state: &ClusterState) -> crate::Result<NodeSummary> {
         .collect();
     Ok(NodeSummary {
         usable,
-        skipped: cap.skipped,
+        skipped: cap.skipped.clone(),
     })
 }
 
@@ -329,7 +360,7 @@ pub(crate) mod tests {
     fn state(nodes: Vec<Node>, pods: Vec<Pod>) -> ClusterState {
         ClusterState {
             nodes,
-            pods: pods.into_iter().map(std::sync::Arc::new).collect(),
+            pods: pods.iter().map(super::super::PodRecord::from_pod).collect(),
             ..Default::default()
         }
     }

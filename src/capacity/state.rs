@@ -1,21 +1,25 @@
 //! The cluster snapshot the fit runs on.
 
-use k8s_openapi::api::core::v1::{LimitRange, Node, Pod};
+use k8s_openapi::api::core::v1::{LimitRange, Node};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use serde_json::Value;
+
+use super::record::{PartialPod, PodRecord, Strings};
 
 /// Nodes, pods, LimitRanges and RuntimeClasses, as listed by
 /// `kubectl get nodes,pods,limitranges,runtimeclasses -A -o yaml` (as JSON).
 #[derive(Clone, Debug, Default)]
 pub struct ClusterState {
     pub nodes: Vec<Node>,
-    /// Shared, so the controller can hand its cached pods over without copying them.
-    pub pods: Vec<std::sync::Arc<Pod>>,
+    /// Pods as the capacity model reads them.
+    pub pods: Vec<PodRecord>,
     pub limit_ranges: Vec<LimitRange>,
     /// For the overhead RuntimeClass admission gives pods not created yet.
     pub runtime_classes: Vec<RuntimeClass>,
     /// What was ignored while reading, for the user to see.
     pub warnings: Vec<String>,
+    /// Shares namespace and node names between pod records.
+    pub strings: Strings,
 }
 
 fn describe(item: &Value) -> String {
@@ -81,7 +85,10 @@ impl ClusterState {
         }
         match kind.as_str() {
             "Node" => self.nodes.push(decode(path, value)?),
-            "Pod" => self.pods.push(std::sync::Arc::new(decode(path, value)?)),
+            "Pod" => {
+                let pod: PartialPod = decode(path, value)?;
+                self.pods.push(pod.to_record(&mut self.strings));
+            }
             "LimitRange" => self.limit_ranges.push(decode(path, value)?),
             "RuntimeClass" => self.runtime_classes.push(decode(path, value)?),
             other => self.warnings.push(format!(
@@ -90,6 +97,380 @@ impl ClusterState {
             )),
         }
         Ok(())
+    }
+}
+
+/// The most bytes a state file may have. A `kubectl get -o json` dump of a
+/// cluster at Kubernetes' scalability limit (150,000 pods) is a few GiB; the
+/// file is read as it streams, so the bound is on time, not memory.
+pub const MAX_STATE_BYTES: u64 = 16 << 30;
+
+/// Refuses to read past `left` bytes, naming the bound.
+struct Bounded<R> {
+    inner: R,
+    left: u64,
+    max: u64,
+    /// Set once the bound is hit: parsers may report I/O errors vaguely.
+    hit: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+fn too_large(max: u64) -> String {
+    format!(
+        "larger than {max} bytes ({} GiB), the bound on state files",
+        max >> 30
+    )
+}
+
+impl<R: std::io::Read> std::io::Read for Bounded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n as u64 > self.left {
+            self.hit.set(true);
+            return Err(std::io::Error::other(too_large(self.max)));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+/// One item of a list, as the parser hands it over.
+trait StateItem: serde::de::DeserializeOwned {
+    /// Adds the item; gives it back (as a value) when it has no kind and
+    /// the list's kind is not known yet.
+    fn add_to(
+        self,
+        state: &mut ClusterState,
+        path: &str,
+        default_kind: Option<&str>,
+    ) -> crate::Result<Option<Value>>;
+}
+
+impl StateItem for Value {
+    fn add_to(
+        self,
+        state: &mut ClusterState,
+        path: &str,
+        default_kind: Option<&str>,
+    ) -> crate::Result<Option<Value>> {
+        if self.get("kind").is_none() && default_kind.is_none() && self.is_object() {
+            return Ok(Some(self));
+        }
+        state.add(self, path, default_kind)?;
+        Ok(None)
+    }
+}
+
+/// Kind and name, read past everything else.
+#[derive(serde::Deserialize)]
+struct Sniff {
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    metadata: Option<SniffMeta>,
+}
+
+#[derive(serde::Deserialize)]
+struct SniffMeta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+}
+
+/// JSON items stay text until their kind is known: a pod is then parsed
+/// straight into the partial type, skipping what the capacity model does
+/// not read, with no intermediate tree.
+impl StateItem for Box<serde_json::value::RawValue> {
+    fn add_to(
+        self,
+        state: &mut ClusterState,
+        path: &str,
+        default_kind: Option<&str>,
+    ) -> crate::Result<Option<Value>> {
+        let text = self.get();
+        let sniff: Sniff =
+            serde_json::from_str(text).map_err(|e| crate::Error::invalid(path, e.to_string()))?;
+        let what = || {
+            let m = sniff.metadata.as_ref();
+            match (
+                m.and_then(|m| m.namespace.as_deref()),
+                m.and_then(|m| m.name.as_deref()),
+            ) {
+                (Some(ns), Some(n)) => format!("{path} ({ns}/{n})"),
+                (None, Some(n)) => format!("{path} ({n})"),
+                _ => format!("{path} (<unnamed>)"),
+            }
+        };
+        let kind = sniff.kind.as_deref().or(default_kind);
+        let bad = |e: serde_json::Error| crate::Error::invalid(what(), e.to_string());
+        match kind {
+            Some("Pod") => {
+                let pod: PartialPod = serde_json::from_str(text).map_err(bad)?;
+                state.pods.push(pod.to_record(&mut state.strings));
+            }
+            Some("Node") => state.nodes.push(serde_json::from_str(text).map_err(bad)?),
+            Some("LimitRange") => state
+                .limit_ranges
+                .push(serde_json::from_str(text).map_err(bad)?),
+            Some("RuntimeClass") => state
+                .runtime_classes
+                .push(serde_json::from_str(text).map_err(bad)?),
+            _ => {
+                let v: Value = serde_json::from_str(text).map_err(bad)?;
+                return v.add_to(state, path, default_kind);
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// One document, read as it streams: a `List`'s items are added one by one;
+/// any other object is kept whole (it is one object).
+struct Doc<'s, I> {
+    state: &'s mut ClusterState,
+    path: String,
+    item: std::marker::PhantomData<I>,
+}
+
+impl<'de, I: StateItem> serde::de::DeserializeSeed<'de> for Doc<'_, I> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+fn custom<E: serde::de::Error>(e: crate::Error) -> E {
+    E::custom(e.to_string())
+}
+
+impl<'de, I: StateItem> serde::de::Visitor<'de> for Doc<'_, I> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a Kubernetes object or List")
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_none<E: serde::de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut rest = serde_json::Map::new();
+        let mut kind: Option<String> = None;
+        let mut had_items = false;
+        let mut kindless: Vec<(String, Value)> = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "items" => {
+                    had_items = true;
+                    let item_kind = kind.as_deref().and_then(|k| k.strip_suffix("List"));
+                    map.next_value_seed(Items::<I> {
+                        state: &mut *self.state,
+                        path: &self.path,
+                        kind: item_kind.filter(|k| !k.is_empty()).map(str::to_string),
+                        kindless: &mut kindless,
+                        item: std::marker::PhantomData,
+                    })?;
+                }
+                _ => {
+                    let v: Value = map.next_value()?;
+                    if key == "kind" {
+                        kind = v.as_str().map(str::to_string);
+                    }
+                    rest.insert(key, v);
+                }
+            }
+        }
+        let is_list = kind.as_deref().is_some_and(|k| k.ends_with("List"));
+        if had_items && is_list {
+            let item_kind = kind
+                .as_deref()
+                .and_then(|k| k.strip_suffix("List"))
+                .filter(|k| !k.is_empty());
+            for (path, v) in kindless {
+                self.state.add(v, &path, item_kind).map_err(custom)?;
+            }
+            return Ok(());
+        }
+        if had_items {
+            return Err(custom(crate::Error::invalid(
+                format!("{} ({})", self.path, describe(&Value::Object(rest))),
+                "object has no kind",
+            )));
+        }
+        self.state
+            .add(Value::Object(rest), &self.path, None)
+            .map_err(custom)
+    }
+}
+
+struct Items<'s, I> {
+    state: &'s mut ClusterState,
+    path: &'s str,
+    kind: Option<String>,
+    kindless: &'s mut Vec<(String, Value)>,
+    item: std::marker::PhantomData<I>,
+}
+
+impl<'de, I: StateItem> serde::de::DeserializeSeed<'de> for Items<'_, I> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de, I: StateItem> serde::de::Visitor<'de> for Items<'_, I> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of items")
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_none<E: serde::de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut i = 0usize;
+        while let Some(item) = seq.next_element::<I>()? {
+            let path = format!("{}.items[{i}]", self.path);
+            if let Some(v) = item
+                .add_to(self.state, &path, self.kind.as_deref())
+                .map_err(custom)?
+            {
+                self.kindless.push((path, v));
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+}
+
+impl ClusterState {
+    /// Reads a state file (`kubectl get nodes,pods,limitranges,runtimeclasses
+    /// -A -o json` or `-o yaml`, several YAML documents allowed) as it
+    /// streams: pods go straight into records, so memory follows the
+    /// cluster's size, not the file's. At most `max_bytes` are read.
+    pub fn read(reader: impl std::io::Read, max_bytes: u64) -> crate::Result<ClusterState> {
+        Self::read_as(reader, max_bytes, None)
+    }
+
+    /// [`ClusterState::read`], as YAML when `yaml` says so, else as JSON
+    /// when the input starts with `{`. JSON documents joined by `---` are
+    /// YAML, not JSON: read them with `Some(true)`.
+    pub fn read_as(
+        reader: impl std::io::Read,
+        max_bytes: u64,
+        yaml: Option<bool>,
+    ) -> crate::Result<ClusterState> {
+        let hit = std::rc::Rc::new(std::cell::Cell::new(false));
+        let mut reader = std::io::BufReader::with_capacity(
+            1 << 16,
+            Bounded {
+                inner: reader,
+                left: max_bytes,
+                max: max_bytes,
+                hit: hit.clone(),
+            },
+        );
+        let bounded = |e: crate::Error| {
+            if hit.get() {
+                crate::Error::invalid("input", too_large(max_bytes))
+            } else {
+                e
+            }
+        };
+        let json = {
+            use std::io::BufRead;
+            let head = reader
+                .fill_buf()
+                .map_err(|e| crate::Error::invalid("input", e.to_string()))?;
+            yaml != Some(true)
+                && head
+                    .iter()
+                    .find(|b| !b.is_ascii_whitespace())
+                    .is_some_and(|&b| b == b'{')
+        };
+        let mut state = ClusterState::default();
+        if json {
+            use serde::de::DeserializeSeed;
+            let mut de = serde_json::Deserializer::from_reader(reader);
+            Doc::<Box<serde_json::value::RawValue>> {
+                state: &mut state,
+                path: "input.items[0]".to_string(),
+                item: std::marker::PhantomData,
+            }
+            .deserialize(&mut de)
+            .and_then(|()| de.end())
+            .map_err(|e| bounded(crate::Error::invalid("not valid JSON", e.to_string())))?;
+        } else {
+            let budget = usize::try_from(max_bytes).unwrap_or(usize::MAX);
+            let options = serde_saphyr::options! {
+                budget: serde_saphyr::budget! {
+                    max_reader_input_bytes: None,
+                    max_events: budget,
+                    max_nodes: budget,
+                    max_total_scalar_bytes: budget,
+                    max_documents: 1 << 20,
+                },
+            };
+            YAML_STATE.with(|cell| *cell.borrow_mut() = Some((state, 0)));
+            let mut failed = None;
+            for doc in serde_saphyr::read_with_options::<_, DocOf>(&mut reader, options) {
+                if let Err(e) = doc {
+                    failed = Some(crate::Error::invalid("not valid YAML", e.to_string()));
+                    break;
+                }
+            }
+            state = YAML_STATE
+                .with(|cell| cell.borrow_mut().take())
+                .map(|(s, _)| s)
+                .unwrap_or_default();
+            if let Some(e) = failed {
+                return Err(bounded(e));
+            }
+        }
+        Ok(state)
+    }
+}
+
+thread_local! {
+    /// The state a YAML read adds to, and how many documents it has seen:
+    /// the YAML document iterator only builds owned values, so each
+    /// document's [`Doc`] finds its state here.
+    static YAML_STATE: std::cell::RefCell<Option<(ClusterState, usize)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// A YAML document, added to [`YAML_STATE`] as it streams.
+struct DocOf;
+
+impl<'de> serde::Deserialize<'de> for DocOf {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::DeserializeSeed;
+        YAML_STATE.with(|cell| {
+            let mut cell = cell.borrow_mut();
+            let Some((state, docs)) = cell.as_mut() else {
+                return Err(serde::de::Error::custom("no state to read into"));
+            };
+            let path = format!("input.items[{docs}]");
+            *docs += 1;
+            Doc::<Value> {
+                state,
+                path,
+                item: std::marker::PhantomData,
+            }
+            .deserialize(d)
+        })?;
+        Ok(DocOf)
     }
 }
 
@@ -129,6 +510,50 @@ mod tests {
         assert_eq!(ClusterState::from_list(v).unwrap().nodes.len(), 1);
         let v = json!({"kind": "List", "items": null});
         assert!(ClusterState::from_list(v).unwrap().nodes.is_empty());
+    }
+
+    #[test]
+    fn streams_json_and_yaml_to_the_same_state() {
+        let list = json!({"apiVersion": "v1", "items": [
+            {"kind": "Node", "metadata": {"name": "n1"}},
+            {"kind": "Pod", "metadata": {"name": "p1", "namespace": "ray", "managedFields": [{"manager": "x"}]},
+             "spec": {"nodeName": "n1", "containers": [{"name": "c", "env": [{"name": "A"}],
+                 "resources": {"requests": {"cpu": "2"}}}]}},
+            {"kind": "Service", "metadata": {"name": "s", "namespace": "ray"}}
+        ], "kind": "List"});
+        let json_text = list.to_string();
+        let a = ClusterState::read(json_text.as_bytes(), 1 << 20).unwrap();
+        let yaml_text = serde_saphyr::to_string(&list).unwrap();
+        let b = ClusterState::read(yaml_text.as_bytes(), 1 << 20).unwrap();
+        for s in [&a, &b] {
+            assert_eq!(s.nodes.len(), 1);
+            assert_eq!(s.pods.len(), 1);
+            assert_eq!(
+                s.warnings,
+                ["ignored input.items[0].items[2]: kind Service (ray/s)"]
+            );
+        }
+        assert_eq!(a.pods, b.pods);
+        // Typed lists give kindless items their kind, even when `kind` comes last.
+        let typed = r#"{"items": [{"metadata": {"name": "a"}}], "kind": "PodList"}"#;
+        assert_eq!(
+            ClusterState::read(typed.as_bytes(), 1 << 20)
+                .unwrap()
+                .pods
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn the_size_bound_is_named() {
+        use std::io::Read;
+        let spaces = std::io::repeat(b' ').take(4 << 20);
+        let err = ClusterState::read(spaces, 1 << 20).unwrap_err().to_string();
+        assert!(
+            err.contains("1048576 bytes") && err.contains("bound on state files"),
+            "{err}"
+        );
     }
 
     #[test]

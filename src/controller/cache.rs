@@ -17,7 +17,16 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use kube::core::DeserializeGuard;
 
-use crate::capacity::pod_requests;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+use futures::{StreamExt, future};
+use kube::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use tracing::warn;
+
+use crate::capacity::record::PodPhase;
+use crate::capacity::{CapacityIndex, PartialPod, PodBody, pod_requests};
 use crate::kuberay::{LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService};
 
 /// Label prefix KubeRay uses; other pod labels are dropped from the cache.
@@ -243,6 +252,179 @@ pub fn node_changes(n: &Node) -> Option<u64> {
         spec.and_then(|s| s.unschedulable),
         n.metadata.labels.clone(),
     )))
+}
+
+/// The capacity index, shared by its two watchers (writers) and the
+/// reconciles (readers). A std lock: it is never held across an await.
+pub type SharedIndex = Arc<RwLock<CapacityIndex>>;
+
+/// Reads the index; a poisoned lock (a writer panicked) is an error, not a
+/// panic in every reconcile after it.
+pub fn read_index(index: &SharedIndex) -> crate::Result<RwLockReadGuard<'_, CapacityIndex>> {
+    index
+        .read()
+        .map_err(|_| crate::Error::invalid("capacity index", "poisoned by a panic"))
+}
+
+/// What wakes a Ray pod's plan: bound, phase, scheduling conditions, deletion.
+fn wake_key(b: &PodBody) -> (Option<&str>, PodPhase, Vec<(bool, &str)>, bool) {
+    let conds = b
+        .ray
+        .as_ref()
+        .map(|r| r.conditions.iter().map(|c| (c.ready, &*c.status)).collect())
+        .unwrap_or_default();
+    (b.node.as_deref(), b.phase, conds, b.deleting)
+}
+
+/// Whether a pod event should wake the plan of the pod's cluster.
+fn pod_wakes(old: Option<&PodBody>, new: Option<&PodBody>) -> Option<(String, String)> {
+    let b = new.or(old)?;
+    let cluster = b.cluster()?.to_string();
+    let changed = match (old, new) {
+        (Some(o), Some(n)) => wake_key(o) != wake_key(n),
+        _ => true,
+    };
+    changed.then_some((String::new(), cluster))
+}
+
+/// Both watchers have listed once.
+#[derive(Clone)]
+pub struct IndexReady(tokio::sync::watch::Receiver<u8>);
+
+impl IndexReady {
+    pub async fn wait(mut self) -> bool {
+        self.0.wait_for(|n| *n >= 2).await.is_ok()
+    }
+}
+
+/// Starts the pod and node watchers that keep the capacity index: pods as
+/// [`PartialPod`]s, so only what the capacity model reads is parsed. Ray pod
+/// changes wake their plan through `wake` (namespace, cluster); node
+/// changes that matter ([`node_changes`]) wake every plan (`wake_all`).
+pub fn spawn_capacity_index(
+    client: kube::Client,
+    wake: impl Fn(&str, &str) + Send + 'static,
+    wake_all: impl Fn() + Send + 'static,
+) -> (SharedIndex, IndexReady) {
+    let index: SharedIndex = Arc::new(RwLock::new(CapacityIndex::new()));
+    let (ready_tx, ready_rx) = tokio::sync::watch::channel(0u8);
+    let ready_tx = Arc::new(ready_tx);
+
+    let pods = watcher(
+        Api::<PartialPod>::all(client.clone()),
+        watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed"),
+    )
+    .default_backoff();
+    let (idx, ready) = (index.clone(), ready_tx.clone());
+    let mut listed = false;
+    tokio::spawn(pods.for_each(move |ev| {
+        let woken = match ev {
+            Ok(ev) => match idx.write() {
+                Ok(mut i) => pod_event(&mut i, ev, &ready, &mut listed),
+                Err(_) => None,
+            },
+            Err(e) => {
+                warn!(kind = "Pod", error = %e, "watch error");
+                None
+            }
+        };
+        if let Some((ns, cluster)) = woken {
+            wake(&ns, &cluster);
+        }
+        future::ready(())
+    }));
+
+    let nodes = watcher(Api::<Node>::all(client), watcher::Config::default()).default_backoff();
+    let (idx, ready) = (index.clone(), ready_tx);
+    let mut seen: HashMap<String, Option<u64>> = HashMap::new();
+    let mut listed = false;
+    tokio::spawn(nodes.for_each(move |ev| {
+        let wakes = match ev {
+            Ok(ev) => match idx.write() {
+                Ok(mut i) => node_event(&mut i, ev, &ready, &mut seen, &mut listed),
+                Err(_) => false,
+            },
+            Err(e) => {
+                warn!(kind = "Node", error = %e, "watch error");
+                false
+            }
+        };
+        if wakes {
+            wake_all();
+        }
+        future::ready(())
+    }));
+    (index, IndexReady(ready_rx))
+}
+
+fn pod_event(
+    index: &mut CapacityIndex,
+    ev: watcher::Event<PartialPod>,
+    ready: &tokio::sync::watch::Sender<u8>,
+    listed: &mut bool,
+) -> Option<(String, String)> {
+    match ev {
+        watcher::Event::Init => {
+            index.begin_pod_relist();
+            None
+        }
+        watcher::Event::InitDone => {
+            index.end_pod_relist();
+            if !std::mem::replace(listed, true) {
+                ready.send_modify(|n| *n += 1);
+            }
+            None
+        }
+        watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+            let rec = index.record(&p);
+            let ns = rec.key.0.to_string();
+            let new = rec.body.clone();
+            let old = index.apply_pod(rec);
+            pod_wakes(old.as_ref(), Some(&new)).map(|(_, c)| (ns, c))
+        }
+        watcher::Event::Delete(p) => {
+            let ns = p.metadata.namespace.clone().unwrap_or_default();
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let old = index.delete_pod(&ns, &name);
+            pod_wakes(old.as_ref(), None).map(|(_, c)| (ns, c))
+        }
+    }
+}
+
+fn node_event(
+    index: &mut CapacityIndex,
+    ev: watcher::Event<Node>,
+    ready: &tokio::sync::watch::Sender<u8>,
+    seen: &mut HashMap<String, Option<u64>>,
+    listed: &mut bool,
+) -> bool {
+    match ev {
+        watcher::Event::Init => {
+            index.begin_node_relist();
+            false
+        }
+        watcher::Event::InitDone => {
+            index.end_node_relist();
+            if !std::mem::replace(listed, true) {
+                ready.send_modify(|n| *n += 1);
+            }
+            true
+        }
+        watcher::Event::Apply(mut n) | watcher::Event::InitApply(mut n) => {
+            slim_node(&mut n);
+            let key = node_changes(&n);
+            let name = n.metadata.name.clone().unwrap_or_default();
+            let changed = seen.insert(name, key) != Some(key);
+            index.apply_node(n);
+            changed
+        }
+        watcher::Event::Delete(n) => {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            seen.remove(&name);
+            index.delete_node(&name);
+            true
+        }
+    }
 }
 
 /// The RayService a RayCluster belongs to (KubeRay's origin label).

@@ -19,7 +19,7 @@ use std::time::Duration;
 use futures::channel::mpsc;
 use futures::{StreamExt, future};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{LimitRange, Node, Pod};
+use k8s_openapi::api::core::v1::{LimitRange, Pod};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::DeserializeGuard;
@@ -33,9 +33,7 @@ use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
 use crate::admission::{self, Decision, Inputs};
-use crate::kuberay::{
-    KubeRayVersion, LABEL_CLUSTER, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService,
-};
+use crate::kuberay::{KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService};
 use crate::leader::Fence;
 use crate::metrics::{Metrics, PlanObservation};
 use crate::server::Health;
@@ -72,7 +70,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub settings: Settings,
     /// Decisions run one at a time so each sees the admissions before it;
-    /// the overlay holds admissions not yet seen in the plan cache.
+    /// the overlay holds admissions not yet seen in the plan cache (reserved
+    /// before their status is written). Never held across an API call.
     decisions: Mutex<Overlay>,
 }
 
@@ -196,37 +195,25 @@ pub async fn run(
         tx.clone(),
     );
     // Pods map to plans through their cluster's origin label.
-    let (p, cl) = (plans.clone(), clusters.clone());
-    let pods = spawn_cache(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed"),
-        cache::slim_pod,
-        cache::pod_changes,
-        move |pod: &Pod| {
-            let (Some(ns), Some(cluster)) = (pod.namespace(), pod.labels().get(LABEL_CLUSTER))
-            else {
-                return vec![];
-            };
-            cl.get(&ObjectRef::new(cluster).within(&ns))
+    let (p, cl, tx_pods, tx_nodes) = (plans.clone(), clusters.clone(), tx.clone(), tx.clone());
+    let p_all = plans.clone();
+    let (capacity, capacity_ready) = cache::spawn_capacity_index(
+        client.clone(),
+        move |ns, cluster| {
+            let plans = cl
+                .get(&ObjectRef::new(cluster).within(ns))
                 .and_then(|c| cache::cluster_service(&c))
                 .map(|(ns, svc)| plans_for(&p, &ns, &svc))
-                .unwrap_or_default()
+                .unwrap_or_default();
+            for r in plans {
+                let _ = tx_pods.unbounded_send(r);
+            }
         },
-        tx.clone(),
-    );
-    let p = plans.clone();
-    let nodes = spawn_cache(
-        Api::<Node>::all(client.clone()),
-        watcher::Config::default(),
-        cache::slim_node,
-        cache::node_changes,
-        move |_: &Node| {
-            p.state()
-                .iter()
-                .map(|x| ObjectRef::from_obj(x.as_ref()))
-                .collect()
+        move || {
+            for x in p_all.state().iter() {
+                let _ = tx_nodes.unbounded_send(ObjectRef::from_obj(x.as_ref()));
+            }
         },
-        tx.clone(),
     );
     let limit_ranges = spawn_cache(
         Api::<LimitRange>::all(client.clone()),
@@ -249,8 +236,7 @@ pub async fn run(
     for (what, ready) in [
         ("RayServices", services.wait_until_ready().await.is_ok()),
         ("RayClusters", clusters.wait_until_ready().await.is_ok()),
-        ("Pods", pods.wait_until_ready().await.is_ok()),
-        ("Nodes", nodes.wait_until_ready().await.is_ok()),
+        ("Pods and Nodes", capacity_ready.wait().await),
         ("LimitRanges", limit_ranges.wait_until_ready().await.is_ok()),
         (
             "RuntimeClasses",
@@ -279,8 +265,8 @@ pub async fn run(
             plans,
             services,
             clusters,
-            pods,
-            nodes,
+            capacity,
+            pass: Default::default(),
             limit_ranges,
             runtime_classes,
         },
@@ -487,24 +473,49 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
         return Ok(Action::requeue(Duration::from_secs(30)));
     }
 
-    let mut overlay = ctx.decisions.lock().await;
+    let key = (ns.clone(), name.clone());
     let mut current = plan.clone();
     let mut attempts = 0;
     let (plan, obs, decision, overridden, prev) = loop {
-        // The cache caught up with what we wrote: the overlay entry is no longer needed.
-        if current
-            .status
-            .as_ref()
-            .is_some_and(|s| s.admitted.is_some())
-        {
-            overlay.remove(&(ns.clone(), name.clone()));
-        }
-        let (obs, mut decision, overridden) = decide_now(ctx, &current, &overlay, now);
+        // Decide under the lock and reserve the admission there, so that a
+        // decision made while the status is written counts it; the lock is
+        // not held across the write.
+        let (obs, mut decision, overridden, reserved_before) = {
+            let mut overlay = ctx.decisions.lock().await;
+            // The cache caught up with what we wrote: the entry is no longer needed.
+            if current
+                .status
+                .as_ref()
+                .is_some_and(|s| s.admitted.is_some())
+            {
+                overlay.remove(&key);
+            }
+            let (obs, decision, overridden) = decide_now(ctx, &current, &overlay, now);
+            let before = match decision.status.admitted.clone() {
+                Some(admitted) => overlay.insert(key.clone(), admitted),
+                None => overlay.remove(&key),
+            };
+            (obs, decision, overridden, before)
+        };
         decision.status.ray_service = Some(obs.service_name.clone());
         let prev = current.status.clone().unwrap_or_default();
-        if decision.status == prev || write_status(ctx, &current, &decision.status).await? {
+        let written = if decision.status == prev {
+            Ok(true)
+        } else {
+            write_status(ctx, &current, &decision.status).await
+        };
+        if matches!(written, Ok(true)) {
             break (current, obs, decision, overridden, prev);
         }
+        // Not written: the reservation goes back to what it was.
+        {
+            let mut overlay = ctx.decisions.lock().await;
+            match reserved_before {
+                Some(a) => overlay.insert(key.clone(), a),
+                None => overlay.remove(&key),
+            };
+        }
+        written?;
         // Someone wrote the plan since the cache saw it: decide again on
         // what is there now, never re-apply a decision made on stale input.
         attempts += 1;
@@ -518,12 +529,6 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
         }
     };
     let plan = &plan;
-    if let Some(admitted) = decision.status.admitted.clone() {
-        overlay.insert((ns.clone(), name.clone()), admitted);
-    } else {
-        overlay.remove(&(ns.clone(), name.clone()));
-    }
-    drop(overlay);
 
     let mut requeue = decision.requeue;
     if let (Some(gate), None) = (decision.gate, &overridden) {

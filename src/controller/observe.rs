@@ -5,22 +5,25 @@
 //! reservations other plans hold. The decision itself stays in
 //! [`crate::admission`].
 
+use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{LimitRange, Node, Pod};
+use k8s_openapi::api::core::v1::{LimitRange, Pod};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::ResourceExt;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::admission::ledger::{self, Candidate};
+use crate::admission::pass::{self, Pass};
 use crate::admission::{ChangeFacts, GateFacts, ServiceFacts};
-use crate::capacity::{self, ClusterState, FitReport, FitRequest, ResourceList};
-use crate::kuberay::{
-    self, KubeRayVersion, LABEL_CLUSTER, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService,
+use crate::capacity::{
+    self, CapacityIndex, ClusterState, FitReport, FitRequest, PodGroup, ResourceList,
 };
+use crate::kuberay::{self, KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService};
 use crate::quantity::Quantity;
 use crate::upgradeplan::{Admission, Phase, UpgradePlan};
 
@@ -32,8 +35,10 @@ pub struct Stores {
     pub plans: Store<UpgradePlan>,
     pub services: Store<DeserializeGuard<RayService>>,
     pub clusters: Store<DeserializeGuard<RayCluster>>,
-    pub pods: Store<Pod>,
-    pub nodes: Store<Node>,
+    /// Nodes and pods, aggregated per node (see [`crate::capacity::index`]).
+    pub capacity: super::cache::SharedIndex,
+    /// The last admission pass (see [`current_pass`]).
+    pub pass: PassCache,
     pub limit_ranges: Store<LimitRange>,
     pub runtime_classes: Store<RuntimeClass>,
 }
@@ -105,14 +110,17 @@ fn pods_by_cluster(
     names: &BTreeSet<String>,
 ) -> BTreeMap<String, Vec<Arc<Pod>>> {
     let mut out: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
-    for p in stores.pods.state() {
-        if p.metadata.namespace.as_deref() != Some(ns) {
-            continue;
-        }
-        if let Some(c) = p.labels().get(LABEL_CLUSTER)
-            && names.contains(c)
-        {
-            out.entry(c.clone()).or_default().push(p.clone());
+    let Ok(index) = super::cache::read_index(&stores.capacity) else {
+        return out;
+    };
+    for c in names {
+        let pods: Vec<Arc<Pod>> = index
+            .cluster_pods(ns, c)
+            .into_iter()
+            .map(|(key, body)| Arc::new(body.to_pod(&key)))
+            .collect();
+        if !pods.is_empty() {
+            out.insert(c.clone(), pods);
         }
     }
     out
@@ -129,10 +137,10 @@ fn with_gate_open(svc: &RayService) -> RayService {
 
 /// The pods KubeRay will create for the service's new cluster, named after
 /// `<service>-next` (the real name is random and not known yet).
-fn new_cluster_pods(svc: &RayService, version: KubeRayVersion) -> crate::Result<Vec<Pod>> {
+fn new_cluster_pods(svc: &RayService, version: KubeRayVersion) -> crate::Result<Vec<PodGroup>> {
     let ns = svc.namespace().unwrap_or_default();
     let name = format!("{}-next", svc.name_any());
-    kuberay::planned_pods(&name, &ns, svc.cluster_config()?, version)
+    kuberay::planned_groups(&name, &ns, svc.cluster_config()?, version)
 }
 
 /// A cluster name the RayService status gives (empty means none).
@@ -292,16 +300,17 @@ fn admission_of(plan: &UpgradePlan, overlay: &Overlay) -> Option<Admission> {
         .or_else(|| overlay.get(&key).cloned())
 }
 
-/// Unbound pods of every other plan's admitted upgrade.
+/// Unbound pods of every other plan's admitted upgrade (every plan's
+/// with `me` = `None`).
 pub fn ledger_pods(
     stores: &Stores,
-    me: &UpgradePlan,
+    me: Option<&UpgradePlan>,
     overlay: &Overlay,
     version: KubeRayVersion,
-) -> Vec<Pod> {
+) -> Vec<PodGroup> {
     let mut out = vec![];
     for p in stores.plans.state() {
-        if same_plan(&p, me) {
+        if me.is_some_and(|me| same_plan(&p, me)) {
             continue;
         }
         let Some(adm) = admission_of(&p, overlay) else {
@@ -324,7 +333,7 @@ pub fn ledger_pods(
             .and_then(|n| clusters.iter().find(|c| &guard_name(c) == n))
             .and_then(|c| c.0.as_ref().ok());
         let planned = match pending_cluster {
-            Some(c) => kuberay::planned_pods(&c.name_any(), &ns, &c.spec, version),
+            Some(c) => kuberay::planned_groups(&c.name_any(), &ns, &c.spec, version),
             None => new_cluster_pods(svc, version),
         };
         let Ok(planned) = planned else { continue };
@@ -348,17 +357,17 @@ fn headroom(plan: &UpgradePlan) -> ResourceList {
         .collect()
 }
 
-/// Other plans waiting for capacity, plus `me`, in admission order.
+/// Other plans waiting for capacity, plus `me` (with its pods), in
+/// admission order.
 pub fn queue(
     stores: &Stores,
-    me: &UpgradePlan,
-    my_pods: &[Pod],
+    me: Option<(&UpgradePlan, &[PodGroup])>,
     version: KubeRayVersion,
 ) -> Vec<Candidate> {
     let now = Timestamp::now();
     let mut q = vec![];
     for p in stores.plans.state() {
-        if same_plan(&p, me) {
+        if me.is_some_and(|(me, _)| same_plan(&p, me)) {
             continue;
         }
         let Some(status) = p.status.as_ref() else {
@@ -384,27 +393,24 @@ pub fn queue(
             headroom: headroom(&p),
         });
     }
-    q.push(Candidate {
-        namespace: me.namespace().unwrap_or_default(),
-        name: me.name_any(),
-        priority: crate::admission::priority::of(me),
-        waiting_since: waiting_since(me, now),
-        pods: my_pods.to_vec(),
-        headroom: headroom(me),
-    });
+    if let Some((me, my_pods)) = me {
+        q.push(Candidate {
+            namespace: me.namespace().unwrap_or_default(),
+            name: me.name_any(),
+            priority: crate::admission::priority::of(me),
+            waiting_since: waiting_since(me, now),
+            pods: my_pods.to_vec(),
+            headroom: headroom(me),
+        });
+    }
     ledger::order(&mut q);
     q
 }
 
+/// The rules new pods are admitted with (LimitRanges, RuntimeClasses);
+/// nodes and pods are read from the capacity index.
 pub fn cluster_state(stores: &Stores) -> ClusterState {
     ClusterState {
-        nodes: stores
-            .nodes
-            .state()
-            .iter()
-            .map(|n| n.as_ref().clone())
-            .collect(),
-        pods: stores.pods.state(),
         limit_ranges: stores
             .limit_ranges
             .state()
@@ -417,11 +423,75 @@ pub fn cluster_state(stores: &Stores) -> ClusterState {
             .iter()
             .map(|r| r.as_ref().clone())
             .collect(),
-        warnings: vec![],
+        ..Default::default()
     }
 }
 
+/// The last admission pass and what it was computed on.
+pub type PassCache = Arc<std::sync::Mutex<Option<(u64, Arc<Pass>)>>>;
+
+/// A digest of everything the pass reads: the index's generation, every
+/// plan, RayService and RayCluster version, the admissions not yet cached.
+/// Order-independent, as the stores are unordered.
+fn world_key(stores: &Stores, generation: u64, overlay: &Overlay) -> u64 {
+    fn h<T: Hash>(t: T) -> u64 {
+        let mut s = DefaultHasher::new();
+        t.hash(&mut s);
+        s.finish()
+    }
+    let mut key = h(("generation", generation));
+    for p in stores.plans.state() {
+        let m = &p.metadata;
+        key = key.wrapping_add(h(("plan", &m.namespace, &m.name, &m.resource_version)));
+    }
+    for s in stores.services.state() {
+        let m = match &s.0 {
+            Ok(s) => &s.metadata,
+            Err(e) => &e.metadata,
+        };
+        key = key.wrapping_add(h(("svc", &m.namespace, &m.name, &m.resource_version)));
+    }
+    for c in stores.clusters.state() {
+        let m = match &c.0 {
+            Ok(c) => &c.metadata,
+            Err(e) => &e.metadata,
+        };
+        key = key.wrapping_add(h(("rc", &m.namespace, &m.name, &m.resource_version)));
+    }
+    for (k, a) in overlay {
+        key = key.wrapping_add(h(("overlay", k, &a.fingerprint, &a.to_cluster)));
+    }
+    key
+}
+
+/// The admission pass for the world as it is now: computed once per change
+/// of it (see [`crate::admission::pass`]), then read by every reconcile.
+fn current_pass(
+    stores: &Stores,
+    index: &CapacityIndex,
+    rules: &ClusterState,
+    overlay: &Overlay,
+    version: KubeRayVersion,
+) -> crate::Result<Arc<Pass>> {
+    let key = world_key(stores, index.generation(), overlay);
+    if let Ok(cached) = stores.pass.lock()
+        && let Some((k, pass)) = cached.as_ref()
+        && *k == key
+    {
+        return Ok(pass.clone());
+    }
+    let ledger = ledger_pods(stores, None, overlay, version);
+    let q = queue(stores, None, version);
+    let pass = Arc::new(pass::run(&index.capacity()?, rules, &ledger, &q)?);
+    if let Ok(mut cached) = stores.pass.lock() {
+        *cached = Some((key, pass.clone()));
+    }
+    Ok(pass)
+}
+
 /// Fit of `change` for `me`, with the ledger and the queue ahead reserved.
+/// A plan waiting for capacity reads its result from the admission pass;
+/// any other (a first decision, an admission fitted again) is fitted alone.
 pub fn evaluate_fit(
     stores: &Stores,
     state: &ClusterState,
@@ -431,13 +501,30 @@ pub fn evaluate_fit(
     change: &ChangeFacts,
     old_pods: &[Arc<Pod>],
 ) -> crate::Result<FitReport> {
-    let ledger = ledger_pods(stores, me, overlay, version);
-    let q = queue(stores, me, &change.new_pods, version);
     let key = (me.namespace().unwrap_or_default(), me.name_any());
-    let reserved = ledger::reserved_for(state, &ledger, &q, (&key.0, &key.1))?;
+    let index = super::cache::read_index(&stores.capacity)?;
     let old_requests =
         capacity::total_requests(old_pods.iter().map(|p| p.as_ref()), &state.limit_ranges)?;
-    capacity::fit(
+    let waiting = me
+        .status
+        .as_ref()
+        .is_some_and(|s| s.phase == Phase::WaitingForCapacity && s.admitted.is_none())
+        && !overlay.contains_key(&key);
+    if waiting {
+        let pass = current_pass(stores, &index, state, overlay, version)?;
+        if let Some(result) = pass.get(&key.0, &key.1) {
+            let mut report = result.clone().map_err(|e| {
+                crate::Error::invalid(format!("UpgradePlan {}/{}", key.0, key.1), e)
+            })?;
+            report.required = capacity::sum(&old_requests, &report.new_requests);
+            report.old_requests = old_requests;
+            return Ok(report);
+        }
+    }
+    let ledger = ledger_pods(stores, Some(me), overlay, version);
+    let q = queue(stores, Some((me, &change.new_pods)), version);
+    let reserved = ledger::reserved_on(&index, state, &ledger, &q, (&key.0, &key.1))?;
+    index.fit(
         state,
         &FitRequest {
             pods: change.new_pods.clone(),

@@ -18,7 +18,10 @@ pub mod validate;
 pub mod version;
 
 pub use classify::{Classification, ClassifyOptions, OldSide, Verdict, classify, classify_with};
-pub use pods::{PlanOptions, desired_worker_pods, planned_pods, planned_pods_with};
+pub use pods::{
+    PlanOptions, desired_worker_pods, planned_groups, planned_groups_with, planned_pods,
+    planned_pods_with,
+};
 pub use types::{
     ANNOTATION_HASH, ANNOTATION_KUBERAY_VERSION, ANNOTATION_NUM_WORKER_GROUPS, LABEL_CLUSTER,
     LABEL_GROUP, LABEL_NODE_TYPE, LABEL_ORIGINATED_FROM_CR_NAME, LABEL_ORIGINATED_FROM_CRD,

@@ -35,6 +35,7 @@ use super::types::{
     LABEL_NODE_TYPE, RayClusterSpec, WorkerGroupSpec,
 };
 use super::version::{KubeRayVersion, ReplicaClamp, Rules};
+use crate::capacity::group::{MAX_PLANNED_PODS, PodGroup};
 
 /// Name of the injected autoscaler sidecar (`common.AutoscalerContainerName`).
 pub const AUTOSCALER_CONTAINER: &str = "autoscaler";
@@ -232,6 +233,35 @@ pub fn planned_pods_with(
     version: KubeRayVersion,
     opts: &PlanOptions,
 ) -> crate::Result<Vec<Pod>> {
+    let groups = planned_groups_with(cluster_name, namespace, spec, version, opts)?;
+    Ok(crate::capacity::group::expand(&groups))
+}
+
+/// The pods of [`planned_pods`] as groups (head, then one per worker
+/// group), refused above [`MAX_PLANNED_PODS`] in total.
+pub fn planned_groups(
+    cluster_name: &str,
+    namespace: &str,
+    spec: &RayClusterSpec,
+    version: KubeRayVersion,
+) -> crate::Result<Vec<PodGroup>> {
+    planned_groups_with(
+        cluster_name,
+        namespace,
+        spec,
+        version,
+        &PlanOptions::default(),
+    )
+}
+
+/// [`planned_groups`] with operator settings.
+pub fn planned_groups_with(
+    cluster_name: &str,
+    namespace: &str,
+    spec: &RayClusterSpec,
+    version: KubeRayVersion,
+    opts: &PlanOptions,
+) -> crate::Result<Vec<PodGroup>> {
     let rules = version.rules();
     let what = format!("RayCluster {namespace}/{cluster_name}");
     if spec.suspend == Some(true) {
@@ -274,13 +304,14 @@ pub fn planned_pods_with(
         "head",
         HEAD_GROUP_LABEL_VALUE,
     );
-    pods.push(make_pod(
+    pods.push(PodGroup::from(make_pod(
         format!("{}-head", lower_prefix(cluster_name)),
         namespace,
         template,
         labels,
         head_spec,
-    ));
+    )));
+    let mut total: i64 = 1;
 
     // Workers.
     for (gi, group) in spec.worker_group_specs.iter().flatten().enumerate() {
@@ -328,15 +359,28 @@ pub fn planned_pods_with(
         };
         let labels = pod_labels(template, group_level, cluster_name, "worker", name);
         let prefix = lower_prefix(&format!("{cluster_name}-{name}"));
-        for i in 0..count {
-            pods.push(make_pod(
-                format!("{prefix}-worker-{i}"),
-                namespace,
-                template,
-                labels.clone(),
-                worker_spec.clone(),
+        total = total.saturating_add(count);
+        if total > MAX_PLANNED_PODS {
+            return Err(crate::Error::invalid(
+                &what,
+                format!(
+                    "{total} or more pods planned, more than the {MAX_PLANNED_PODS} raygate \
+                     places for one cluster"
+                ),
             ));
         }
+        let worker = make_pod(
+            format!("{prefix}-worker-0"),
+            namespace,
+            template,
+            labels,
+            worker_spec,
+        );
+        pods.push(PodGroup::indexed(
+            worker,
+            usize::try_from(count).unwrap_or(0),
+            format!("{prefix}-worker-"),
+        ));
     }
     Ok(pods)
 }

@@ -1,0 +1,121 @@
+//! Planned pods as groups: one template and a count, never K copies.
+//!
+//! A worker group of 100,000 replicas is one `Pod` and a number here; the
+//! fit computes its request and its feasible nodes once per group and
+//! places the copies arithmetically. [`MAX_PLANNED_PODS`] bounds how many
+//! pods one plan may ask raygate to place, so no RayService can make the
+//! operator allocate or compute without bound.
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::requests::pod_name;
+
+/// The most pods raygate places for one new cluster. Above it the plan is
+/// an `Error` (see docs/upgradeplan.md): placing copy by copy costs time and
+/// a placement entry per pod, and no GPU upgrade that needs a capacity gate
+/// is that large.
+pub const MAX_PLANNED_PODS: i64 = 10_000;
+
+/// How the pods of a group are named.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GroupNames {
+    /// A group of one: the template's own name.
+    Own,
+    /// `{prefix}{start + i}` (KubeRay's `<cluster>-<group>-worker-` style).
+    Indexed { prefix: String, start: usize },
+}
+
+/// `count` identical pods.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodGroup {
+    pub template: Pod,
+    pub count: usize,
+    pub names: GroupNames,
+}
+
+impl From<Pod> for PodGroup {
+    fn from(template: Pod) -> PodGroup {
+        PodGroup {
+            template,
+            count: 1,
+            names: GroupNames::Own,
+        }
+    }
+}
+
+impl PodGroup {
+    /// `count` pods named `{prefix}0`, `{prefix}1`, ….
+    pub fn indexed(template: Pod, count: usize, prefix: String) -> PodGroup {
+        PodGroup {
+            template,
+            count,
+            names: GroupNames::Indexed { prefix, start: 0 },
+        }
+    }
+
+    /// The name of pod `i` of the group.
+    pub fn name(&self, i: usize) -> String {
+        match &self.names {
+            GroupNames::Own => pod_name(&self.template),
+            GroupNames::Indexed { prefix, start } => format!("{prefix}{}", start + i),
+        }
+    }
+
+    /// The group without its first `n` pods.
+    pub fn skip(&self, n: usize) -> PodGroup {
+        let n = n.min(self.count);
+        let names = match &self.names {
+            GroupNames::Own => GroupNames::Own,
+            GroupNames::Indexed { prefix, start } => GroupNames::Indexed {
+                prefix: prefix.clone(),
+                start: start + n,
+            },
+        };
+        PodGroup {
+            template: self.template.clone(),
+            count: self.count - n,
+            names,
+        }
+    }
+
+    /// The pods, one by one (for callers that need them; bounded by the
+    /// cap on planned pods).
+    pub fn pods(&self) -> impl Iterator<Item = Pod> + '_ {
+        (0..self.count).map(|i| {
+            let mut p = self.template.clone();
+            if matches!(self.names, GroupNames::Indexed { .. }) {
+                p.metadata.name = Some(self.name(i));
+            }
+            p
+        })
+    }
+}
+
+/// The pods of all groups.
+pub fn expand(groups: &[PodGroup]) -> Vec<Pod> {
+    groups.iter().flat_map(PodGroup::pods).collect()
+}
+
+/// How many pods the groups hold.
+pub fn count(groups: &[PodGroup]) -> usize {
+    groups.iter().map(|g| g.count).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_index_and_survive_skipping() {
+        let mut t = Pod::default();
+        t.metadata.name = Some("c-gpu-worker-0".into());
+        let g = PodGroup::indexed(t, 3, "c-gpu-worker-".into());
+        assert_eq!(g.name(2), "c-gpu-worker-2");
+        let rest = g.skip(1);
+        assert_eq!(rest.count, 2);
+        let names: Vec<_> = rest.pods().map(|p| p.metadata.name.unwrap()).collect();
+        assert_eq!(names, ["c-gpu-worker-1", "c-gpu-worker-2"]);
+        assert_eq!(count(&[g.clone(), rest]), 5);
+        assert_eq!(expand(&[g]).len(), 3);
+    }
+}

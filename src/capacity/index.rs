@@ -1,0 +1,694 @@
+//! Per-node capacity kept up to date from watch events, so that free
+//! capacity is a read, not a scan of every pod.
+//!
+//! As kube-scheduler keeps `NodeInfo.Requested`: each pod event subtracts
+//! the pod's previous contribution from its node and adds the new one, in
+//! scheduler units, with the request parsed once when the event arrives
+//! ([`PodRecord`]). Every change bumps a generation counter (the index's
+//! and the node's), so a decision made on one generation can be reused
+//! until the cluster changes.
+//!
+//! A relist (the watch restarted) updates records in place and then drops
+//! those it did not see, so memory never holds two copies of the cluster.
+//!
+//! [`super::node::capacity`] computes the same from scratch; a property
+//! test checks the two agree on any sequence of events.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+
+use super::node::{
+    Amounts, Bound, Capacity, Names, SkippedNode, add_amount, allocatable_of, node_name,
+    record_error, skip_reason,
+};
+use super::record::{PartialPod, PodBody, PodRecord, ResName, Strings};
+use super::{PODS, PodKey};
+
+#[derive(Debug)]
+struct Slot {
+    /// `None` while pods name a node the index has not seen (or no more).
+    node: Option<Arc<Node>>,
+    skip: Option<(String, &'static str)>,
+    allocatable: Result<Amounts, String>,
+    requested: Amounts,
+    pods: usize,
+    /// Counted pods whose request did not parse.
+    broken: usize,
+    generation: u64,
+    epoch: u32,
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Slot {
+            node: None,
+            skip: None,
+            allocatable: Ok(Amounts::new()),
+            requested: Amounts::new(),
+            pods: 0,
+            broken: 0,
+            generation: 0,
+            epoch: 0,
+        }
+    }
+}
+
+impl Slot {
+    fn usable(&self) -> bool {
+        self.node.is_some() && self.skip.is_none()
+    }
+}
+
+/// A pod; its key (`namespace/name`) is the map's, not stored twice.
+#[derive(Debug)]
+struct Entry {
+    body: PodBody,
+    epoch: u32,
+}
+
+/// `namespace/name` back into its parts (names and namespaces have no `/`).
+fn split_key(key: &str) -> (&str, &str) {
+    key.split_once('/').unwrap_or(("", key))
+}
+
+/// The cluster's nodes and pods, aggregated per node.
+#[derive(Debug, Default)]
+pub struct CapacityIndex {
+    names: Names,
+    /// [`ResName`] → id in `names`.
+    local: Vec<usize>,
+    strings: Strings,
+    nodes: HashMap<Arc<str>, Slot>,
+    /// Usable node names, sorted; and the skipped ones with why.
+    usable: Vec<Arc<str>>,
+    skipped: Vec<SkippedNode>,
+    /// `namespace/name` → pod.
+    pods: HashMap<Box<str>, Entry>,
+    /// (namespace, `ray.io/cluster`) → keys of its pods.
+    by_cluster: HashMap<ClusterKey, HashSet<Box<str>>>,
+    generation: u64,
+    pod_epoch: u32,
+    node_epoch: u32,
+}
+
+/// (namespace, `ray.io/cluster`).
+type ClusterKey = (Arc<str>, Arc<str>);
+
+fn flat_key(ns: &str, name: &str) -> Box<str> {
+    format!("{ns}/{name}").into_boxed_str()
+}
+
+impl CapacityIndex {
+    pub fn new() -> CapacityIndex {
+        let mut i = CapacityIndex::default();
+        i.names.id(PODS);
+        i
+    }
+
+    /// Changes with every event that changes capacity or a Ray pod.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// A node's generation: the index's generation at its last change.
+    pub fn node_generation(&self, node: &str) -> Option<u64> {
+        self.nodes.get(node).map(|s| s.generation)
+    }
+
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// The record for a watched pod, sharing this index's strings.
+    pub fn record(&mut self, pod: &PartialPod) -> PodRecord {
+        pod.to_record(&mut self.strings)
+    }
+
+    fn local(&mut self, r: ResName) -> usize {
+        let i = r.index();
+        if self.local.len() <= i {
+            self.local.resize(i + 1, usize::MAX);
+        }
+        if self.local[i] == usize::MAX {
+            self.local[i] = self.names.id(r.as_str());
+        }
+        self.local[i]
+    }
+
+    /// Adds (`sign` 1) or takes away (`sign` -1) a pod's share of its node.
+    fn account(&mut self, body: &PodBody, sign: i128) {
+        let Some(node) = body.holds() else { return };
+        let units: Vec<(usize, i128)> = match &body.requests {
+            Ok(u) => u
+                .iter()
+                .filter(|(r, _)| r.as_str() != PODS)
+                .map(|&(r, u)| (r, i128::from(u)))
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|(r, u)| (self.local(r), u))
+                .collect(),
+            Err(_) => vec![],
+        };
+        let pods_id = self.local_pods();
+        let generation = self.generation;
+        let slot = match self.nodes.get_mut(node) {
+            Some(s) => s,
+            None => {
+                let name = self.strings.get(node);
+                let epoch = self.node_epoch;
+                self.nodes.entry(name).or_insert_with(|| Slot {
+                    epoch,
+                    ..Default::default()
+                })
+            }
+        };
+        slot.generation = generation;
+        if body.requests.is_err() {
+            slot.broken = slot.broken.saturating_add_signed(sign as isize);
+            return;
+        }
+        for (r, u) in units {
+            add_amount(&mut slot.requested, r, sign * u);
+        }
+        add_amount(&mut slot.requested, pods_id, sign);
+        slot.pods = slot.pods.saturating_add_signed(sign as isize);
+    }
+
+    fn local_pods(&mut self) -> usize {
+        self.names.id(PODS)
+    }
+
+    fn unlink(&mut self, key: &str, body: &PodBody, ns: &Arc<str>) {
+        if let Some(c) = &body.ray {
+            let k = (ns.clone(), c.cluster.clone());
+            if let Some(set) = self.by_cluster.get_mut(&k) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.by_cluster.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// A pod was added or changed; returns what it was before. A change of
+    /// nothing the record keeps (a pod IP, a container restart count) is
+    /// not a change of the cluster: the generation stays.
+    pub fn apply_pod(&mut self, rec: PodRecord) -> Option<PodBody> {
+        let ns = self.strings.get(&rec.key.0);
+        let key = flat_key(&ns, &rec.key.1);
+        if let Some(e) = self.pods.get_mut(&key)
+            && e.body == rec.body
+        {
+            e.epoch = self.pod_epoch;
+            return Some(e.body.clone());
+        }
+        self.generation += 1;
+        let old = self.pods.remove(&key);
+        if let Some(o) = &old {
+            self.account(&o.body, -1);
+            self.unlink(&key, &o.body, &ns);
+        }
+        self.account(&rec.body, 1);
+        if let Some(c) = &rec.body.ray {
+            self.by_cluster
+                .entry((ns.clone(), c.cluster.clone()))
+                .or_default()
+                .insert(key.clone());
+        }
+        self.pods.insert(
+            key,
+            Entry {
+                body: rec.body,
+                epoch: self.pod_epoch,
+            },
+        );
+        old.map(|o| o.body)
+    }
+
+    /// A pod was deleted; returns what it was.
+    pub fn delete_pod(&mut self, ns: &str, name: &str) -> Option<PodBody> {
+        let key = flat_key(ns, name);
+        let old = self.pods.remove(&key)?;
+        self.generation += 1;
+        self.account(&old.body, -1);
+        let ns = self.strings.get(ns);
+        self.unlink(&key, &old.body, &ns);
+        Some(old.body)
+    }
+
+    /// The pod watch restarted: records seen from now on are current.
+    pub fn begin_pod_relist(&mut self) {
+        self.pod_epoch = self.pod_epoch.wrapping_add(1);
+    }
+
+    /// The relist is complete: pods it did not list are gone.
+    pub fn end_pod_relist(&mut self) {
+        let epoch = self.pod_epoch;
+        let gone: Vec<Box<str>> = self
+            .pods
+            .iter()
+            .filter(|(_, e)| e.epoch != epoch)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in gone {
+            let (ns, name) = split_key(&key);
+            self.delete_pod(ns, name);
+        }
+        self.strings.prune();
+        self.pods.shrink_to_fit();
+    }
+
+    /// A node was added or changed (already slimmed).
+    pub fn apply_node(&mut self, node: Node) {
+        let name = self.strings.get(node_name(&node));
+        if let Some(slot) = self.nodes.get_mut(&name)
+            && slot.node.as_deref() == Some(&node)
+        {
+            slot.epoch = self.node_epoch;
+            return;
+        }
+        self.generation += 1;
+        let skip = skip_reason(&node);
+        let allocatable = allocatable_of(&node, &mut self.names).map_err(|e| e.to_string());
+        let slot = self.nodes.entry(name).or_default();
+        slot.node = Some(Arc::new(node));
+        slot.skip = skip;
+        slot.allocatable = allocatable;
+        slot.generation = self.generation;
+        slot.epoch = self.node_epoch;
+        self.reorder();
+    }
+
+    /// A node was deleted. Its pods stay counted under its name, as they
+    /// are until their own delete events arrive.
+    pub fn delete_node(&mut self, name: &str) {
+        self.generation += 1;
+        let generation = self.generation;
+        let mut drop_slot = false;
+        if let Some(slot) = self.nodes.get_mut(name) {
+            slot.node = None;
+            slot.skip = None;
+            slot.allocatable = Ok(Amounts::new());
+            slot.generation = generation;
+            drop_slot = slot.pods == 0 && slot.broken == 0;
+        }
+        if drop_slot {
+            self.nodes.remove(name);
+        }
+        self.reorder();
+    }
+
+    pub fn begin_node_relist(&mut self) {
+        self.node_epoch = self.node_epoch.wrapping_add(1);
+    }
+
+    pub fn end_node_relist(&mut self) {
+        let epoch = self.node_epoch;
+        let gone: Vec<Arc<str>> = self
+            .nodes
+            .iter()
+            .filter(|(_, s)| s.node.is_some() && s.epoch != epoch)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in gone {
+            self.delete_node(&n);
+        }
+    }
+
+    fn reorder(&mut self) {
+        let mut usable: Vec<Arc<str>> = self
+            .nodes
+            .iter()
+            .filter(|(_, s)| s.usable())
+            .map(|(n, _)| n.clone())
+            .collect();
+        usable.sort();
+        let mut skipped: Vec<SkippedNode> = self
+            .nodes
+            .iter()
+            .filter(|(_, s)| s.node.is_some())
+            .filter_map(|(n, s)| {
+                s.skip.as_ref().map(|(reason, sched)| SkippedNode {
+                    node: n.to_string(),
+                    reason: reason.clone(),
+                    scheduler_reason: sched,
+                })
+            })
+            .collect();
+        skipped.sort_by(|a, b| a.node.cmp(&b.node));
+        self.usable = usable;
+        self.skipped = skipped;
+    }
+
+    /// Whether `ns/name` is counted on a usable node.
+    pub(crate) fn counted_on_usable(&self, ns: &str, name: &str) -> bool {
+        self.pods
+            .get(&*flat_key(ns, name))
+            .and_then(|e| e.body.holds())
+            .and_then(|n| self.nodes.get(n))
+            .is_some_and(Slot::usable)
+    }
+
+    /// The pods of one RayCluster.
+    pub fn cluster_pods(&self, ns: &str, cluster: &str) -> Vec<(PodKey, &PodBody)> {
+        let k: ClusterKey = (Arc::from(ns), Arc::from(cluster));
+        let mut out: Vec<(PodKey, &PodBody)> = self
+            .by_cluster
+            .get(&k)
+            .into_iter()
+            .flatten()
+            .filter_map(|key| {
+                let e = self.pods.get(key)?;
+                let (ns, name) = split_key(key);
+                Some(((Arc::from(ns), Arc::from(name)), &e.body))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.1.cmp(&b.0.1));
+        out
+    }
+
+    /// Free capacity, read from the aggregates: O(nodes), not O(pods).
+    pub(crate) fn capacity(&self) -> crate::Result<Capacity<'_>> {
+        let mut nodes = Vec::with_capacity(self.usable.len());
+        let mut allocatable = Vec::with_capacity(self.usable.len());
+        let mut requested = Vec::with_capacity(self.usable.len());
+        let mut pods = Vec::with_capacity(self.usable.len());
+        for name in &self.usable {
+            let Some(slot) = self.nodes.get(name) else {
+                continue;
+            };
+            let Some(node) = slot.node.as_deref() else {
+                continue;
+            };
+            match &slot.allocatable {
+                Ok(a) => allocatable.push(a.clone()),
+                Err(e) => return Err(record_error(e)),
+            }
+            nodes.push(node);
+            requested.push(slot.requested.clone());
+            pods.push(slot.pods);
+        }
+        if self.usable.iter().any(|n| {
+            self.nodes
+                .get(n)
+                .is_some_and(|s| s.allocatable.is_ok() && s.broken > 0)
+        }) {
+            let bad = self.pods.values().find_map(|e| match &e.body.requests {
+                Err(msg)
+                    if e.body
+                        .holds()
+                        .and_then(|n| self.nodes.get(n))
+                        .is_some_and(Slot::usable) =>
+                {
+                    Some(msg.clone())
+                }
+                _ => None,
+            });
+            if let Some(msg) = bad {
+                return Err(record_error(&msg));
+            }
+        }
+        Ok(Capacity {
+            names: self.names.clone(),
+            nodes,
+            allocatable,
+            requested,
+            pods,
+            skipped: self.skipped.clone(),
+            bound: Bound::Index(self),
+        })
+    }
+
+    /// [`super::fit`] on this index's free capacity; `rules` gives the
+    /// LimitRanges and RuntimeClasses new pods are admitted with.
+    pub fn fit(
+        &self,
+        rules: &super::ClusterState,
+        req: &super::FitRequest,
+    ) -> crate::Result<super::FitReport> {
+        super::fit::fit_on(&self.capacity()?, rules, req, &Default::default())
+    }
+
+    /// Per-node capacity, as [`super::node_free`] gives it.
+    pub fn node_free(&self) -> crate::Result<super::NodeSummary> {
+        super::node::summary(&self.capacity()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capacity::ClusterState;
+    use crate::capacity::node::capacity;
+    use crate::capacity::node::tests::{node, pod};
+    use k8s_openapi::api::core::v1::Pod;
+    use proptest::prelude::*;
+    use serde_json::json;
+    use std::collections::BTreeMap;
+
+    /// What the index should equal: the same objects, from scratch.
+    struct Model {
+        nodes: BTreeMap<String, Node>,
+        pods: BTreeMap<(String, String), Pod>,
+    }
+
+    fn oracle(m: &Model) -> ClusterState {
+        ClusterState {
+            nodes: m.nodes.values().cloned().collect(),
+            pods: m.pods.values().map(PodRecord::from_pod).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn check(index: &CapacityIndex, m: &Model) -> Result<(), TestCaseError> {
+        let state = oracle(m);
+        let want = capacity(&state);
+        let got = index.capacity();
+        match (want, got) {
+            (Ok(w), Ok(g)) => {
+                prop_assert_eq!(
+                    crate::capacity::node::summary(&w).unwrap(),
+                    crate::capacity::node::summary(&g).unwrap()
+                );
+                for (ns, name) in m.pods.keys() {
+                    prop_assert_eq!(w.bound.contains(ns, name), g.bound.contains(ns, name));
+                }
+            }
+            (Err(_), Err(_)) => {}
+            (w, g) => prop_assert!(
+                false,
+                "oracle {:?} index {:?}",
+                w.map(|_| ()),
+                g.map(|_| ())
+            ),
+        }
+        Ok(())
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Pod {
+            i: usize,
+            node: Option<usize>,
+            phase: usize,
+            cpu: u32,
+            gpu: u32,
+            ray: bool,
+            bad: bool,
+        },
+        DeletePod(usize),
+        Node {
+            i: usize,
+            ready: bool,
+            cordoned: bool,
+            gpu: u32,
+            bad: bool,
+        },
+        DeleteNode(usize),
+        /// Relist: keep pods whose bit is set, then drop the rest.
+        Relist(u16),
+        NodeRelist(u8),
+    }
+
+    const PHASES: [Option<&str>; 5] = [
+        None,
+        Some("Pending"),
+        Some("Running"),
+        Some("Succeeded"),
+        Some("Failed"),
+    ];
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0..12usize, proptest::option::of(0..5usize), 0..5usize, 0..4000u32, 0..3u32, any::<bool>(), proptest::bool::weighted(0.05))
+                .prop_map(|(i, node, phase, cpu, gpu, ray, bad)| Op::Pod { i, node, phase, cpu, gpu, ray, bad }),
+            1 => (0..12usize).prop_map(Op::DeletePod),
+            2 => (0..5usize, proptest::bool::weighted(0.8), proptest::bool::weighted(0.2), 0..9u32, proptest::bool::weighted(0.05))
+                .prop_map(|(i, ready, cordoned, gpu, bad)| Op::Node { i, ready, cordoned, gpu, bad }),
+            1 => (0..5usize).prop_map(Op::DeleteNode),
+            1 => any::<u16>().prop_map(Op::Relist),
+            1 => any::<u8>().prop_map(Op::NodeRelist),
+        ]
+    }
+
+    fn make_pod(
+        i: usize,
+        node: Option<usize>,
+        phase: usize,
+        cpu: u32,
+        gpu: u32,
+        ray: bool,
+        bad: bool,
+    ) -> Pod {
+        let name = format!("p{i}");
+        let node = node.map(|n| format!("n{n}"));
+        let cpu = if bad {
+            "1.1.1".to_string()
+        } else {
+            format!("{cpu}m")
+        };
+        let mut p = pod(
+            &name,
+            json!({"cpu": cpu, "nvidia.com/gpu": gpu.to_string()}),
+            node.as_deref(),
+        );
+        p.metadata.namespace = Some(if i.is_multiple_of(2) { "a" } else { "b" }.to_string());
+        if ray {
+            p.metadata.labels = Some(BTreeMap::from([
+                ("ray.io/cluster".to_string(), format!("c{}", i % 3)),
+                ("ray.io/group".to_string(), "gpu".to_string()),
+            ]));
+        }
+        if let Some(ph) = PHASES[phase] {
+            p.status = Some(serde_json::from_value(json!({"phase": ph})).unwrap());
+        }
+        p
+    }
+
+    fn make_node(i: usize, ready: bool, cordoned: bool, gpu: u32, bad: bool) -> Node {
+        let cpu = if bad { "x" } else { "4" };
+        let mut n = node(
+            &format!("n{i}"),
+            json!({"cpu": cpu, "nvidia.com/gpu": gpu.to_string(), "pods": "5"}),
+            json!({}),
+        );
+        if !ready {
+            n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+        }
+        if cordoned {
+            n.spec = Some(serde_json::from_value(json!({"unschedulable": true})).unwrap());
+        }
+        n
+    }
+
+    fn key_of(i: usize) -> (String, String) {
+        (
+            if i.is_multiple_of(2) { "a" } else { "b" }.to_string(),
+            format!("p{i}"),
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+        #[test]
+        fn the_index_equals_the_from_scratch_oracle(ops in proptest::collection::vec(op(), 1..60)) {
+            let mut index = CapacityIndex::new();
+            let mut m = Model { nodes: BTreeMap::new(), pods: BTreeMap::new() };
+            for op in ops {
+                match op {
+                    Op::Pod { i, node, phase, cpu, gpu, ray, bad } => {
+                        let p = make_pod(i, node, phase, cpu, gpu, ray, bad);
+                        index.apply_pod(PodRecord::from_pod(&p));
+                        m.pods.insert(key_of(i), p);
+                    }
+                    Op::DeletePod(i) => {
+                        let (ns, name) = key_of(i);
+                        let had = m.pods.remove(&key_of(i)).is_some();
+                        prop_assert_eq!(index.delete_pod(&ns, &name).is_some(), had);
+                    }
+                    Op::Node { i, ready, cordoned, gpu, bad } => {
+                        let n = make_node(i, ready, cordoned, gpu, bad);
+                        index.apply_node(n.clone());
+                        m.nodes.insert(format!("n{i}"), n);
+                    }
+                    Op::DeleteNode(i) => {
+                        index.delete_node(&format!("n{i}"));
+                        m.nodes.remove(&format!("n{i}"));
+                    }
+                    Op::Relist(mask) => {
+                        index.begin_pod_relist();
+                        m.pods.retain(|(_, name), _| {
+                            let i: usize = name[1..].parse().unwrap();
+                            mask & (1 << i) != 0
+                        });
+                        for p in m.pods.values() {
+                            index.apply_pod(PodRecord::from_pod(p));
+                        }
+                        index.end_pod_relist();
+                    }
+                    Op::NodeRelist(mask) => {
+                        index.begin_node_relist();
+                        m.nodes.retain(|name, _| {
+                            let i: usize = name[1..].parse().unwrap();
+                            mask & (1 << i) != 0
+                        });
+                        for n in m.nodes.values() {
+                            index.apply_node(n.clone());
+                        }
+                        index.end_node_relist();
+                    }
+                }
+                check(&index, &m)?;
+                prop_assert_eq!(index.pod_count(), m.pods.len());
+            }
+            // Ray pods are found by cluster.
+            for c in 0..3 {
+                for ns in ["a", "b"] {
+                    let got: Vec<String> = index.cluster_pods(ns, &format!("c{c}")).iter().map(|(k, _)| k.1.to_string()).collect();
+                    let mut want: Vec<String> = m.pods.iter()
+                        .filter(|((pns, _), p)| pns == ns && p.metadata.labels.as_ref().and_then(|l| l.get("ray.io/cluster")) == Some(&format!("c{c}")))
+                        .map(|((_, n), _)| n.clone()).collect();
+                    want.sort();
+                    prop_assert_eq!(got, want);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn free_capacity_is_a_read_and_generations_move() {
+        let mut index = CapacityIndex::new();
+        index.apply_node(node(
+            "a",
+            json!({"cpu": "8", "nvidia.com/gpu": "8"}),
+            json!({}),
+        ));
+        let g0 = index.node_generation("a").unwrap();
+        index.apply_pod(PodRecord::from_pod(&pod(
+            "x",
+            json!({"nvidia.com/gpu": "2"}),
+            Some("a"),
+        )));
+        assert!(index.node_generation("a").unwrap() > g0);
+        let s = index.node_free().unwrap();
+        assert_eq!(
+            crate::capacity::canonical_map(&s.usable[0].free)["nvidia.com/gpu"],
+            "6"
+        );
+        let g1 = index.generation();
+        index.apply_pod(PodRecord::from_pod(&pod(
+            "x",
+            json!({"nvidia.com/gpu": "2"}),
+            Some("a"),
+        )));
+        assert_eq!(index.generation(), g1, "nothing the record keeps changed");
+        assert!(index.delete_pod("default", "x").is_some());
+        let s = index.node_free().unwrap();
+        assert_eq!(
+            crate::capacity::canonical_map(&s.usable[0].free)["nvidia.com/gpu"],
+            "8"
+        );
+    }
+}
