@@ -25,6 +25,18 @@ const T: Duration = Duration::from_secs(120);
 /// ray-head's control annotation: the Serve application status it reports.
 const APP_STATUS: &str = "ray-head.e2e.raygate.dev/app-status";
 
+/// Prometheus' configuration: the shipped rules, one scrape job for raygate's
+/// `/metrics` at `target` (as the chart's ServiceMonitor: `honorLabels`). When
+/// `/metrics` needs credentials, they go in this job (`authorization:`).
+fn prometheus_config(target: &str) -> String {
+    format!(
+        "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+         rule_files: [alerts.yaml]\n\
+         scrape_configs:\n  - job_name: raygate\n    honor_labels: true\n    \
+         static_configs: [{{targets: ['{target}']}}]\n"
+    )
+}
+
 /// A Prometheus server on a free loopback port, killed on drop.
 struct Prometheus {
     child: Child,
@@ -48,14 +60,7 @@ impl Prometheus {
             .collect::<Vec<_>>()
             .join("\n");
         std::fs::write(dir.join("alerts.yaml"), fast)?;
-        std::fs::write(
-            dir.join("prometheus.yml"),
-            format!(
-                "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
-                 rule_files: [alerts.yaml]\n\
-                 scrape_configs:\n  - job_name: raygate\n    honor_labels: true\n    static_configs: [{{targets: ['{scrape}']}}]\n"
-            ),
-        )?;
+        std::fs::write(dir.join("prometheus.yml"), prometheus_config(scrape))?;
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let addr = format!("127.0.0.1:{port}");
         let log = dir.join("prometheus.log");
