@@ -13,9 +13,17 @@
 //! and agree with what the case was designed to show: each case sits on the edge, so a model
 //! that forgets the feature gets the other verdict.
 //!
-//! Run: `e2e/setup`, `cargo build -p raygate`, then `cargo test -p raygate-e2e --test scheduler`.
+//! What the harness has to do for resizes, as a kubelet would: kwok reports no container
+//! `resources` in status, and the apiserver refuses to resize a running pod without them
+//! ("Pod running on node without support for resize"), so the test writes them first; a
+//! pod-level resize also needs the node to declare `InPlacePodLevelResourcesVerticalScaling`
+//! in `status.declaredFeatures` (the `NodeDeclaredFeatures` admission plugin, beta in v1.36).
+//!
+//! Run: `e2e/setup`, `cargo build -p raygate`, then `cargo test -p raygate-e2e --test scheduler`
+//! (about 1.5 min on 2 cores).
 
 use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
@@ -36,6 +44,8 @@ const RUNTIME_CLASS: &str = "sandboxed";
 const OVERHEAD_CPU: &str = "500m";
 const OVERHEAD_MEMORY: &str = "64Mi";
 const IMAGE: &str = "rayproject/ray:2.46.0";
+/// The feature a node declares for pod-level in-place resize.
+const POD_LEVEL_RESIZE: &str = "InPlacePodLevelResourcesVerticalScaling";
 
 /// How the kubelet reports an in-place resize of a running pod's first container, written
 /// to its status after the spec was changed through the `resize` subresource.
@@ -52,8 +62,17 @@ enum Resize {
 
 struct Existing {
     spec: Value,
-    /// New cpu request of container 0 through the `resize` subresource, and the status.
-    resize: Option<(&'static str, Resize)>,
+    resize: Option<ResizeTo>,
+}
+
+/// A resize through the `resize` subresource: the new cpu request of container `app`, or
+/// of the pod (`spec.resources`, `InPlacePodLevelResourcesVerticalScaling`, beta in v1.36),
+/// and what the kubelet reports about it.
+#[derive(Clone, Copy)]
+struct ResizeTo {
+    pod_level: bool,
+    cpu: &'static str,
+    how: Resize,
 }
 
 struct Case {
@@ -133,7 +152,11 @@ fn cases() -> Vec<Case> {
     };
     let resized = |to: &'static str, r: Resize, from: &str| Existing {
         spec: json!({"containers": [container("app", from)]}),
-        resize: Some((to, r)),
+        resize: Some(ResizeTo {
+            pod_level: false,
+            cpu: to,
+            how: r,
+        }),
     };
     vec![
         Case {
@@ -270,6 +293,25 @@ fn cases() -> Vec<Case> {
             binds: true,
         },
         Case {
+            id: "pod-level-resized-refused",
+            why: "pod-level request resized 3 -> 2, allocated but still running with 3: the scheduler keeps 3; 3 + 1.5 > 4",
+            node_cpu: "4",
+            existing: vec![Existing {
+                spec: json!({
+                    "resources": {"requests": {"cpu": "3"}},
+                    "containers": [container("app", "1")],
+                }),
+                resize: Some(ResizeTo {
+                    pod_level: true,
+                    cpu: "2",
+                    how: Resize::Accepted { actuated: "3" },
+                }),
+            }],
+            head: head("1500m"),
+            workers: vec![],
+            binds: false,
+        },
+        Case {
             id: "resized-up-deferred-refused",
             why: "resized 1 -> 3, Deferred: the scheduler already reserves 3; 3 + 1.5 > 4",
             node_cpu: "4",
@@ -347,7 +389,12 @@ async fn create_existing(pods: &Api<DynamicObject>, c: &Case) -> Result<()> {
 }
 
 /// Waits until kwok runs the pod, then resizes it and writes the status the kubelet would.
-async fn resize_existing(cp: &ControlPlane, pods: &Api<DynamicObject>, c: &Case) -> Result<()> {
+async fn resize_existing(
+    cp: &ControlPlane,
+    client: &Client,
+    pods: &Api<DynamicObject>,
+    c: &Case,
+) -> Result<()> {
     for (i, e) in c.existing.iter().enumerate() {
         let name = format!("{}-running-{i}", c.id);
         let pod = wait_for(&format!("pod {name} Running"), T, || async {
@@ -363,9 +410,16 @@ async fn resize_existing(cp: &ControlPlane, pods: &Api<DynamicObject>, c: &Case)
             )
         })
         .await?;
-        let Some((to, how)) = e.resize else { continue };
+        let Some(ResizeTo {
+            pod_level,
+            cpu: to,
+            how,
+        }) = e.resize
+        else {
+            continue;
+        };
         let ns = str_at(&pod, &["metadata", "namespace"]).to_string();
-        let from = pod
+        let container_cpu = pod
             .pointer("/spec/containers/0/resources/requests/cpu")
             .and_then(Value::as_str)
             .unwrap_or("")
@@ -373,9 +427,34 @@ async fn resize_existing(cp: &ControlPlane, pods: &Api<DynamicObject>, c: &Case)
         // kwok reports no container `resources`; the apiserver only resizes pods whose
         // kubelet does ("Pod running on node without support for resize"), so report them
         // first, as a v1.36 kubelet does for a running container.
-        write_app_status(pods, &name, &pod, &from, &from, vec![]).await?;
-        let patch = json!({"spec": {"containers": [{"name": "app", "resources": {"requests": {"cpu": to}}}]}});
-        let out = cp.kubectl(&[
+        write_status(
+            pods,
+            &name,
+            &pod,
+            &container_cpu,
+            &container_cpu,
+            None,
+            vec![],
+        )
+        .await?;
+        let patch = if pod_level {
+            // The NodeDeclaredFeatures admission plugin wants the node to declare the
+            // feature, as a v1.36 kubelet with the gate on does in its status.
+            let nodes: Api<DynamicObject> =
+                Api::all_with(client.clone(), &ApiResource::erase::<Node>(&()));
+            nodes
+                .patch_status(
+                    c.id,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"declaredFeatures": [POD_LEVEL_RESIZE]}})),
+                )
+                .await
+                .with_context(|| format!("declare {POD_LEVEL_RESIZE} on node {}", c.id))?;
+            json!({"spec": {"resources": {"requests": {"cpu": to}}}})
+        } else {
+            json!({"spec": {"containers": [{"name": "app", "resources": {"requests": {"cpu": to}}}]}})
+        };
+        let args = [
             "patch",
             "pod",
             &name,
@@ -387,12 +466,17 @@ async fn resize_existing(cp: &ControlPlane, pods: &Api<DynamicObject>, c: &Case)
             "strategic",
             "-p",
             &patch.to_string(),
-        ])?;
-        ensure!(
-            out.status.success(),
-            "kubectl patch pod {name} --subresource resize: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        ];
+        // The admission plugin reads nodes from an informer: retry while it catches up.
+        wait_for(&format!("resize of pod {name}"), T, || async {
+            let out = cp.kubectl(&args)?;
+            Ok(if out.status.success() {
+                Check::Done(())
+            } else {
+                Check::NotYet(String::from_utf8_lossy(&out.stderr).into_owned())
+            })
+        })
+        .await?;
         let mut conditions = Vec::new();
         let (actuated, allocated) = match how {
             Resize::Accepted { actuated } => {
@@ -407,19 +491,34 @@ async fn resize_existing(cp: &ControlPlane, pods: &Api<DynamicObject>, c: &Case)
                 (old, old)
             }
         };
-        write_app_status(pods, &name, &pod, actuated, allocated, conditions).await?;
+        if pod_level {
+            write_status(
+                pods,
+                &name,
+                &pod,
+                &container_cpu,
+                &container_cpu,
+                Some((actuated, allocated)),
+                conditions,
+            )
+            .await?;
+        } else {
+            write_status(pods, &name, &pod, actuated, allocated, None, conditions).await?;
+        }
     }
     Ok(())
 }
 
-/// Writes container `app`'s `resources.requests.cpu` (actuated) and `allocatedResources.cpu`
-/// into the pod's status, plus extra conditions, as the kubelet reports them.
-async fn write_app_status(
+/// Writes what the kubelet reports: container `app`'s `resources.requests.cpu` (actuated)
+/// and `allocatedResources.cpu`, the pod's own when it has pod-level resources, and extra
+/// conditions.
+async fn write_status(
     pods: &Api<DynamicObject>,
     name: &str,
     pod: &Value,
     actuated: &str,
     allocated: &str,
+    pod_level: Option<(&str, &str)>,
     extra_conditions: Vec<Value>,
 ) -> Result<()> {
     let mut statuses = arr_at(pod, &["status", "containerStatuses"]).to_vec();
@@ -431,13 +530,18 @@ async fn write_app_status(
             s["allocatedResources"] = json!({"cpu": allocated, "memory": "128Mi"});
         }
     }
+    let mut status = json!({"containerStatuses": statuses, "conditions": conditions});
+    if let Some((actuated, allocated)) = pod_level {
+        status["resources"] = json!({"requests": {"cpu": actuated}});
+        status["allocatedResources"] = json!({"cpu": allocated});
+    }
     pods.patch_status(
         name,
         &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"containerStatuses": statuses, "conditions": conditions}})),
+        &Patch::Merge(json!({ "status": status })),
     )
     .await
-    .with_context(|| format!("write the container status of {name}"))?;
+    .with_context(|| format!("write the status of {name}"))?;
     Ok(())
 }
 
@@ -536,7 +640,7 @@ async fn body(cp: &ControlPlane) -> Result<()> {
         create_existing(&pods, c).await?;
     }
     for c in &cases {
-        resize_existing(cp, &pods, c).await?;
+        resize_existing(cp, &client, &pods, c).await?;
     }
 
     // What raygate sees: the state as kubectl prints it.

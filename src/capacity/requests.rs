@@ -22,12 +22,12 @@
 //!   sidecars started before it);
 //! - pod-level `spec.resources.requests` (`PodLevelResources`, beta, on since
 //!   1.34) replace that sum for cpu, memory and hugepages, after the API
-//!   server's defaulting of them from pod-level limits;
+//!   server's defaulting of them from pod-level limits; for a pod whose
+//!   kubelet reports pod-level `status.resources`
+//!   (`InPlacePodLevelResourcesVerticalScaling`, beta, on since 1.36), the
+//!   same max(spec, actuated, allocated) as for containers;
 //! - plus `spec.overhead` (set by RuntimeClass admission, see
 //!   [`runtime_class_overhead`] for pods not created yet).
-//!
-//! Not modelled: pod-level resize status (`status.allocatedResources` of the
-//! pod, not in the k8s-openapi v1_33 types raygate builds with).
 
 use std::collections::BTreeMap;
 
@@ -240,6 +240,27 @@ fn pod_level_requests<'a>(
         }
     }
     requests.retain(|k, _| pod_level_resource(k));
+    // `PodRequests`: a pod resized in place at pod level counts what its kubelet
+    // reports as well (e2e/tests/scheduler.rs `pod-level-resized-refused`).
+    if let Some(status) = pod.status.as_ref().filter(|s| s.resources.is_some())
+        && !requests.is_empty()
+    {
+        let field = |what: &'static str| move || format!("pod {}: status.{what}", pod_name(pod));
+        let mut reported = Req::new();
+        if let Some(m) = status.resources.as_ref().and_then(|r| r.requests.as_ref()) {
+            max(&mut reported, &parse(field("resources.requests"), m)?);
+        }
+        if let Some(m) = &status.allocated_resources {
+            max(&mut reported, &parse(field("allocatedResources"), m)?);
+        }
+        let infeasible = resize_infeasible(pod);
+        for (k, v) in requests.iter_mut() {
+            let r = reported.get(k).cloned().unwrap_or_else(Quantity::zero);
+            if infeasible || r > *v {
+                *v = r;
+            }
+        }
+    }
     Ok(requests)
 }
 
@@ -645,6 +666,37 @@ mod tests {
         assert_eq!(
             reqs(&p, &[]),
             m(&[("cpu", "3"), ("memory", "4Gi"), ("nvidia.com/gpu", "2")])
+        );
+    }
+
+    #[test]
+    fn pod_level_resize_counts_what_the_kubelet_reports() {
+        let resized = |spec_cpu: &str, conditions: serde_json::Value| {
+            pod(json!({"metadata": {"name": "p"}, "spec": {
+                "resources": {"requests": {"cpu": spec_cpu, "memory": "1Gi"}},
+                "containers": [{"name": "a", "resources": {"requests": {"cpu": "1"}}}]
+            }, "status": {
+                "resources": {"requests": {"cpu": "3", "memory": "1Gi"}},
+                "allocatedResources": {"cpu": "2", "memory": "512Mi"},
+                "conditions": conditions
+            }}))
+        };
+        // Resized 3 -> 2, still running with 3: the scheduler keeps 3.
+        assert_eq!(
+            reqs(&resized("2", json!([])), &[]),
+            m(&[("cpu", "3"), ("memory", "1Gi")])
+        );
+        // Resized 3 -> 4, pending: the spec counts.
+        assert_eq!(
+            reqs(&resized("4", json!([])), &[]),
+            m(&[("cpu", "4"), ("memory", "1Gi")])
+        );
+        // Infeasible: the spec no longer counts, only actuated and allocated.
+        let infeasible =
+            json!([{"type": "PodResizePending", "status": "True", "reason": "Infeasible"}]);
+        assert_eq!(
+            reqs(&resized("4", infeasible), &[]),
+            m(&[("cpu", "3"), ("memory", "1Gi")])
         );
     }
 
