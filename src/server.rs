@@ -176,7 +176,7 @@ impl MetricsAuth {
         let reviews: Api<TokenReview> = Api::all(self.client.clone());
         let review = TokenReview {
             spec: TokenReviewSpec {
-                token: Some(token.to_owned()),
+                token: token.to_owned(),
                 ..TokenReviewSpec::default()
             },
             ..TokenReview::default()
