@@ -118,4 +118,36 @@ mod tests {
         assert_eq!(count(&[g.clone(), rest]), 5);
         assert_eq!(expand(&[g]).len(), 3);
     }
+
+    fn spec(groups: usize, replicas: i32) -> crate::kuberay::RayClusterSpec {
+        let workers: Vec<serde_json::Value> = (0..groups)
+            .map(|g| {
+                serde_json::json!({"groupName": format!("g{g}"), "replicas": replicas,
+                    "minReplicas": replicas, "maxReplicas": replicas,
+                    "template": {"spec": {"containers": [{"name": "w", "image": "ray",
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "headGroupSpec": {"template": {"spec": {"containers": [{"name": "h", "image": "ray"}]}}},
+            "workerGroupSpecs": workers}))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_cap_refuses_before_anything_is_built() {
+        let v = crate::kuberay::KubeRayVersion::default();
+        let err = crate::kuberay::planned_groups("huge", "ml", &spec(20, 100_000), v)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("more than the 10000 raygate places for one cluster"),
+            "{err}"
+        );
+        // At the cap: one head and 9,999 workers, as two groups.
+        let groups = crate::kuberay::planned_groups("big", "ml", &spec(1, 9_999), v).unwrap();
+        assert_eq!(groups.len(), 2);
+        assert_eq!(count(&groups) as i64, MAX_PLANNED_PODS);
+        assert_eq!(groups[1].name(9_998), "big-g0-worker-9998");
+    }
 }
