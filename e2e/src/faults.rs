@@ -132,9 +132,9 @@ pub struct AuditEvent {
     pub name: String,
     pub code: i64,
     /// When the apiserver received the request.
-    pub received: jiff::Timestamp,
+    pub received: k8s_openapi::jiff::Timestamp,
     /// When it completed.
-    pub completed: jiff::Timestamp,
+    pub completed: k8s_openapi::jiff::Timestamp,
 }
 
 impl AuditEvent {
@@ -151,7 +151,12 @@ impl AuditEvent {
                 .unwrap_or_default()
                 .to_string()
         };
-        let ts = |k: &str| v.get(k)?.as_str()?.parse::<jiff::Timestamp>().ok();
+        let ts = |k: &str| {
+            v.get(k)?
+                .as_str()?
+                .parse::<k8s_openapi::jiff::Timestamp>()
+                .ok()
+        };
         Some(AuditEvent {
             user: s(&["user", "username"]),
             verb: s(&["verb"]),

@@ -122,7 +122,7 @@ async fn wait_holder(client: &Client, id: &str, timeout: Duration) -> Result<Dur
 
 /// Gives the Lease to someone outside the protocol, as a misbehaving replica or a person
 /// with kubectl would: the holder learns it only from the Lease itself.
-async fn steal_lease(client: &Client) -> Result<jiff::Timestamp> {
+async fn steal_lease(client: &Client) -> Result<k8s_openapi::jiff::Timestamp> {
     let api: Api<Lease> = Api::namespaced(client.clone(), "default");
     let now = k8s_openapi::jiff::Timestamp::now();
     let patch = json!({"spec": {
@@ -133,7 +133,7 @@ async fn steal_lease(client: &Client) -> Result<jiff::Timestamp> {
     }});
     api.patch(LEASE, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
-    Ok(jiff::Timestamp::now())
+    Ok(k8s_openapi::jiff::Timestamp::now())
 }
 
 fn plan_api(client: &Client, ns: &str) -> Api<DynamicObject> {
@@ -216,7 +216,11 @@ async fn orphan_plan(client: &Client, ns: &str, name: &str) -> Result<()> {
 }
 
 /// The successful writes `user` made that the apiserver received at or after `after`.
-fn writes_after(cp: &ControlPlane, user: &str, after: jiff::Timestamp) -> Vec<AuditEvent> {
+fn writes_after(
+    cp: &ControlPlane,
+    user: &str,
+    after: k8s_openapi::jiff::Timestamp,
+) -> Vec<AuditEvent> {
     let path = or_panic(cp.audit_log_path());
     or_panic(audit_events(&path))
         .into_iter()
@@ -225,11 +229,11 @@ fn writes_after(cp: &ControlPlane, user: &str, after: jiff::Timestamp) -> Vec<Au
 }
 
 fn writes_by(cp: &ControlPlane, user: &str) -> Vec<AuditEvent> {
-    writes_after(cp, user, jiff::Timestamp::MIN)
+    writes_after(cp, user, k8s_openapi::jiff::Timestamp::MIN)
 }
 
 /// When the Lease write that made `id`'s takeover happen completed (the apiserver's clock).
-fn takeover_at(cp: &ControlPlane, user: &str) -> jiff::Timestamp {
+fn takeover_at(cp: &ControlPlane, user: &str) -> k8s_openapi::jiff::Timestamp {
     writes_by(cp, user)
         .into_iter()
         .find(|e| e.resource == "leases" && e.name == LEASE)
@@ -289,7 +293,7 @@ async fn a_standby_waits_a_release_hands_over_and_a_stolen_lease_stops_the_leade
     );
 
     // A clean stop releases the Lease: B takes over within about one lease duration.
-    let stopped = jiff::Timestamp::now();
+    let stopped = k8s_openapi::jiff::Timestamp::now();
     or_panic(ra.signal("TERM"));
     let status = ra.wait_exit(Duration::from_secs(30)).expect("A exits");
     assert!(status.success(), "a clean stop exits 0: {status}");
@@ -329,7 +333,7 @@ async fn a_standby_waits_a_release_hands_over_and_a_stolen_lease_stops_the_leade
     // B renews every duration - grace and reads the Lease then: a write it decided just
     // before learning may land, none after it could have known.
     let known = stolen
-        .checked_add(jiff::SignedDuration::from_secs(
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(
             i64::try_from(LEASE_SECONDS).unwrap_or(8),
         ))
         .expect("time");

@@ -125,6 +125,16 @@ async fn add_node(client: &Client, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Deletes a pod that may already be gone: the pod garbage collector removes the pods of
+/// a deleted node.
+async fn delete_pod(pods: &Api<Pod>, name: &str) -> Result<()> {
+    match pods.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 struct World {
     client: Client,
     ns: String,
@@ -216,7 +226,7 @@ impl World {
                     self.competing.push(name.clone());
                     format!("competing pod {name} (4 GPUs)")
                 } else if let Some(name) = self.competing.pop() {
-                    pods.delete(&name, &DeleteParams::default()).await?;
+                    delete_pod(&pods, &name).await?;
                     format!("competing pod {name} deleted")
                 } else {
                     "nothing".into()
@@ -313,7 +323,7 @@ impl World {
     async fn settle(&mut self) -> Result<()> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.other_ns);
         for name in self.competing.drain(..) {
-            pods.delete(&name, &DeleteParams::default()).await?;
+            delete_pod(&pods, &name).await?;
         }
         let nodes: Api<Node> = Api::all(self.client.clone());
         for n in &self.nodes {
