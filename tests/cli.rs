@@ -572,9 +572,9 @@ fn fit_gpu_shortfall() {
     for u in &unplaced {
         assert_eq!(
             u["reason"],
-            "0/7 nodes are available: 1 node(s) had taint {dedicated: training}, that the pod \
-             didn't tolerate, 1 node(s) were not ready, 1 node(s) were unschedulable, \
-             2 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node affinity."
+            "0/7 nodes are available: 1 node(s) had untolerated taint {dedicated: training}, \
+             1 node(s) were not ready, 1 node(s) were unschedulable, \
+             2 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node affinity/selector."
         );
     }
     assert_eq!(
@@ -602,7 +602,7 @@ fn fit_fragmentation() {
         v["unplaced"],
         json!([{
             "pod": "inference/llm-chat-next-gpu-a100-worker-0",
-            "reason": "0/6 nodes are available: 2 node(s) didn't match Pod's node affinity, 4 Insufficient nvidia.com/gpu.",
+            "reason": "0/6 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, 4 Insufficient nvidia.com/gpu.",
             "reserved": false,
         }])
     );

@@ -640,12 +640,19 @@ fn helm_chart_lints_and_renders_with_helm_3_and_4() {
         );
         assert!(String::from_utf8_lossy(&out.stderr).contains("leaderElection.enabled"));
 
-        // Kubernetes 1.20 has no policy/v1.
-        let objs = helm_template(&helm, &["--kube-version", "1.20.2"]);
-        assert_eq!(
-            find(&objs, "PodDisruptionBudget")["apiVersion"],
-            "policy/v1beta1"
+        // The CRD's CEL rules need 1.29+: older clusters are refused up front.
+        let out = run(
+            &helm,
+            [
+                "template",
+                "x",
+                "charts/raygate",
+                "--kube-version",
+                "1.28.0",
+            ],
         );
+        assert!(!out.status.success(), "{h}: rendered for Kubernetes 1.28");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("kubeVersion"));
         let objs = helm_template(&helm, &["--kube-version", "1.29.0"]);
         assert_eq!(
             find(&objs, "PodDisruptionBudget")["apiVersion"],

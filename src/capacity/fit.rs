@@ -220,7 +220,7 @@ pub struct FitOptions {
 }
 
 /// Places every pod; see the module docs for the rules. Reasons use the
-/// default [`Wording`] (v1.20); see [`fit_with`].
+/// default [`Wording`] (current releases); see [`fit_with`].
 pub fn fit(state: &ClusterState, req: &FitRequest) -> crate::Result<FitReport> {
     fit_with(state, req, &FitOptions::default())
 }
@@ -947,17 +947,17 @@ mod tests {
         if let Some(spec) = p.spec.as_mut() {
             spec.node_selector = Some(BTreeMap::from([("pool".to_string(), "gpu".to_string())]));
         }
-        let r = fit(&s, &request(vec![p.clone()])).unwrap();
+        let old = FitOptions {
+            wording: Wording::V1_20,
+        };
+        let r = fit_with(&s, &request(vec![p.clone()]), &old).unwrap();
         assert_eq!(
             r.unplaced[0].reason,
             "0/5 nodes are available: 1 node(s) didn't match Pod's node affinity, \
              1 node(s) had taint {dedicated: infer}, that the pod didn't tolerate, \
              1 node(s) were unschedulable, 2 Insufficient nvidia.com/gpu."
         );
-        let current = FitOptions {
-            wording: Wording::Current,
-        };
-        let r2 = fit_with(&s, &request(vec![p]), &current).unwrap();
+        let r2 = fit(&s, &request(vec![p])).unwrap();
         assert_eq!(
             r2.unplaced[0].reason,
             "0/5 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, \

@@ -3,7 +3,8 @@
 //! affinity), run in the scheduler's plugin order, first failure reported.
 //!
 //! Messages follow the scheduler's wording, which changed over releases;
-//! [`Wording`] picks the release family (default: v1.20, the e2e cluster's).
+//! [`Wording`] picks the release family (default: current releases, 1.33-1.36, as the e2e
+//! cluster's v1.36 scheduler says them).
 
 use std::collections::BTreeMap;
 
@@ -19,14 +20,14 @@ pub const REASON_TOO_MANY_PODS: &str = "Too many pods";
 /// Which kube-scheduler release family's messages to produce.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Wording {
-    /// v1.20 (checked against its source): `node(s) had taint {k: v}, that
+    /// v1.20 and older (checked against its source): `node(s) had taint {k: v}, that
     /// the pod didn't tolerate`, `node(s) didn't match Pod's node affinity`,
     /// `node(s) didn't match the requested hostname`.
-    #[default]
     V1_20,
-    /// Current releases (1.33): `node(s) had untolerated taint {k: v}`,
+    /// Current releases (1.33-1.36): `node(s) had untolerated taint {k: v}`,
     /// `node(s) didn't match Pod's node affinity/selector`,
     /// `node(s) didn't match the requested node name`.
+    #[default]
     Current,
 }
 
