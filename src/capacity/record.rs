@@ -413,6 +413,11 @@ pub struct PartialStatus {
     pub container_statuses: Option<Vec<PartialContainerStatus>>,
     #[serde(default)]
     pub init_container_statuses: Option<Vec<PartialContainerStatus>>,
+    /// Pod-level resources the kubelet reports after an in-place resize.
+    #[serde(default)]
+    pub resources: Option<ResourceRequirements>,
+    #[serde(default)]
+    pub allocated_resources: Option<BTreeMap<String, K8sQuantity>>,
 }
 
 /// The metadata a pod record needs; the rest (managedFields, annotations,
@@ -527,6 +532,8 @@ impl PartialPod {
                 .init_container_statuses
                 .as_ref()
                 .map(|v| v.iter().map(container_status).collect()),
+            resources: s.resources.clone(),
+            allocated_resources: s.allocated_resources.clone(),
             ..Default::default()
         });
         Pod {
@@ -609,6 +616,31 @@ mod tests {
             units,
             BTreeMap::from([("cpu", 3100), ("nvidia.com/gpu", 4)])
         );
+    }
+
+    #[test]
+    fn a_pod_resized_at_pod_level_counts_what_its_kubelet_reports() {
+        // Resized 3 -> 2 at pod level, still running with 3: the scheduler keeps 3
+        // (e2e/tests/scheduler.rs `pod-level-resized-refused`), on both parse paths.
+        let v = json!({"metadata": {"name": "p", "namespace": "ml"},
+            "spec": {"nodeName": "n1", "resources": {"requests": {"cpu": "2"}},
+                "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]},
+            "status": {"phase": "Running",
+                "resources": {"requests": {"cpu": "3"}}, "allocatedResources": {"cpu": "2"}}});
+        let pod: Pod = serde_json::from_value(v.clone()).unwrap();
+        let partial: PartialPod = serde_json::from_value(v).unwrap();
+        let a = PodRecord::from_pod(&pod);
+        assert_eq!(a, partial.to_record(&mut Strings::default()));
+        let cpu: Vec<i64> = a
+            .body
+            .requests
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|(r, _)| r.as_str() == "cpu")
+            .map(|(_, u)| *u)
+            .collect();
+        assert_eq!(cpu, [3000]);
     }
 
     #[test]
