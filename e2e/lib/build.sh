@@ -12,7 +12,7 @@ GO_MIN_MINOR=26
 K8S_VERSION=v1.36.3
 ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
-KUBERAY_VERSIONS=(v1.6.1 v1.5.2)
+KUBERAY_VERSIONS=(v1.6.2 v1.5.2)
 K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 TOOLS=(kubernetes etcd kwok "${KUBERAY_VERSIONS[@]/#/kuberay-}")
 

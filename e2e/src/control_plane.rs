@@ -22,22 +22,22 @@ pub const RAY_HEAD_ENV: &str = "RAYGATE_RAY_HEAD_BIN";
 const SETUP_HINT: &str = "run `e2e/setup` once to build the control-plane binaries (see e2e/README.md), \
 or set RAYGATE_E2E_KUBECONFIG to reuse a running cluster";
 
-/// Which KubeRay operator runs (env `RAYGATE_KUBERAY_VERSION`, default v1.6.1).
+/// Which KubeRay operator runs (env `RAYGATE_KUBERAY_VERSION`, default v1.6.2).
 pub const KUBERAY_VERSION_ENV: &str = "RAYGATE_KUBERAY_VERSION";
 /// The KubeRay versions `e2e/setup` builds.
-pub const KUBERAY_VERSIONS: [&str; 2] = ["v1.6.1", "v1.5.2"];
+pub const KUBERAY_VERSIONS: [&str; 2] = ["v1.6.2", "v1.5.2"];
 
 /// The KubeRay operator of a control plane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KubeRay {
     /// The real operator built from `github.com/ray-project/kuberay/ray-operator@<version>`.
     Version(String),
-    /// No operator and no ray-head (the CRDs of v1.6.1 are still installed).
+    /// No operator and no ray-head (the CRDs of v1.6.2 are still installed).
     None,
 }
 
 impl KubeRay {
-    /// `RAYGATE_KUBERAY_VERSION` (`v1.6.1`, `v1.5.2` or `none`), default v1.6.1.
+    /// `RAYGATE_KUBERAY_VERSION` (`v1.6.2`, `v1.5.2` or `none`), default v1.6.2.
     pub fn from_env() -> Result<KubeRay> {
         match std::env::var(KUBERAY_VERSION_ENV) {
             Ok(v) if !v.is_empty() => KubeRay::parse(&v),
@@ -45,7 +45,7 @@ impl KubeRay {
         }
     }
 
-    /// `v1.6.1`, `v1.5.2` or `none`.
+    /// `v1.6.2`, `v1.5.2` or `none`.
     pub fn parse(s: &str) -> Result<KubeRay> {
         if s == "none" {
             Ok(KubeRay::None)
@@ -76,7 +76,7 @@ pub struct Options {
 }
 
 impl Options {
-    /// The operator of `RAYGATE_KUBERAY_VERSION` (default v1.6.1), with its CRDs.
+    /// The operator of `RAYGATE_KUBERAY_VERSION` (default v1.6.2), with its CRDs.
     pub fn from_env() -> Result<Options> {
         Ok(Options {
             kuberay: KubeRay::from_env()?,
@@ -124,7 +124,7 @@ fn tail(bytes: &[u8], lines: usize) -> String {
 
 impl ControlPlane {
     /// Starts a fresh control plane with the KubeRay operator of `RAYGATE_KUBERAY_VERSION`
-    /// (default v1.6.1); see `start_with`.
+    /// (default v1.6.2); see `start_with`.
     pub fn start() -> Result<ControlPlane> {
         ControlPlane::start_with(Options::from_env()?)
     }

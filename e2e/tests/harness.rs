@@ -1,5 +1,5 @@
 //! Proves the harness is real: Kubernetes v1.36 (apiserver, scheduler, controller-manager),
-//! kwok nodes, and the real KubeRay operator (`RAYGATE_KUBERAY_VERSION`, default v1.6.1)
+//! kwok nodes, and the real KubeRay operator (`RAYGATE_KUBERAY_VERSION`, default v1.6.2)
 //! driving RayService upgrades against `ray-head`, the Ray stand-in.
 //!
 //! Isolation: every test starts its own control plane (Nodes are cluster-wide, and several

@@ -1155,7 +1155,7 @@ fn run_operator_as_chart_service_account(cp: &ControlPlane, scratch: &Path) -> R
                 "--leader-elect=true",
                 &format!(
                     "--kuberay-version={}",
-                    cp.kuberay_version().unwrap_or("v1.6.1")
+                    cp.kuberay_version().unwrap_or("v1.6.2")
                 ),
                 &format!("--lease-namespace={RELEASE_NS}"),
                 "--lease-name=raygate-leader",

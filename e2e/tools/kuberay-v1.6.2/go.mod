@@ -1,9 +1,9 @@
-// Builds the KubeRay operator (ray-operator/v1.6.1) from its Go module.
-module raygate.dev/e2e/tools/kuberay-v1.6.1
+// Builds the KubeRay operator (ray-operator/v1.6.2) from its Go module.
+module raygate.dev/e2e/tools/kuberay-v1.6.2
 
 go 1.26.0
 
-require github.com/ray-project/kuberay/ray-operator v1.6.1
+require github.com/ray-project/kuberay/ray-operator v1.6.2
 
 require (
 	github.com/Masterminds/semver/v3 v3.4.0 // indirect
