@@ -214,3 +214,24 @@ fn explain_text(c: &Classification, new: &NewClusterSummary, old_is_cluster: boo
     quantity_rows(&mut s, &new.requests);
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_sections_are_left_out_and_quantities_right_aligned() {
+        let mut s = String::new();
+        path_list(&mut s, "Triggering changes", &[]);
+        assert_eq!(s, "");
+        path_list(&mut s, "Triggering changes", &["a.b".into()]);
+        assert_eq!(s, "Triggering changes (1):\n  a.b\n");
+        let mut s = String::new();
+        let rows = BTreeMap::from([
+            ("cpu".to_string(), "64500m".to_string()),
+            ("nvidia.com/gpu".to_string(), "8".to_string()),
+        ]);
+        quantity_rows(&mut s, &rows);
+        assert_eq!(s, "  cpu             64500m\n  nvidia.com/gpu       8\n");
+    }
+}

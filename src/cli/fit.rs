@@ -267,3 +267,63 @@ fn fit_text(r: &FitReport) -> String {
     pairs(&mut s, "Skipped nodes", &skipped);
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capacity::Unplaced;
+
+    fn list(items: &[(&str, &str)]) -> ResourceList {
+        items
+            .iter()
+            .map(|(k, v)| (k.to_string(), Quantity::parse(v).unwrap()))
+            .collect()
+    }
+
+    fn report(fits: bool, unplaced: usize, shortfall: &[(&str, &str)]) -> FitReport {
+        FitReport {
+            fits,
+            required: ResourceList::new(),
+            new_requests: list(&[("pods", "3")]),
+            old_requests: ResourceList::new(),
+            reserved: ResourceList::new(),
+            headroom: ResourceList::new(),
+            allocatable: ResourceList::new(),
+            free: ResourceList::new(),
+            shortfall: list(shortfall),
+            unplaced: (0..unplaced)
+                .map(|i| Unplaced {
+                    pod: format!("ml/p-{i}"),
+                    reason: "no node".into(),
+                    reserved: false,
+                })
+                .collect(),
+            placements: Default::default(),
+            skipped_nodes: vec![],
+        }
+    }
+
+    #[test]
+    fn why_names_the_cause() {
+        assert_eq!(
+            fit_why(&report(true, 0, &[])),
+            "every new pod (3) has a node, next to the running cluster"
+        );
+        assert_eq!(
+            fit_why(&report(false, 1, &[("nvidia.com/gpu", "2")])),
+            "1 of 3 new pods has no node; short of nvidia.com/gpu=2"
+        );
+        assert!(fit_why(&report(false, 2, &[])).contains("(fragmentation)"));
+        let mut kept = report(false, 0, &[]);
+        kept.headroom = list(&[("cpu", "1")]);
+        assert_eq!(fit_why(&kept), "the headroom is not kept");
+    }
+
+    #[test]
+    fn table_columns_are_padded_to_the_widest_cell() {
+        let mut s = String::new();
+        let rows = [["A", "BB"], ["ccc", "1"]].map(|r| r.map(str::to_string).to_vec());
+        table(&mut s, &rows);
+        assert_eq!(s, "A    BB\nccc   1\n");
+    }
+}

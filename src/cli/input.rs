@@ -322,3 +322,123 @@ pub(super) fn read_state(path: &Path) -> Result<ClusterState> {
     }
     Ok(state)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn file(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        f
+    }
+
+    fn kinds(path: &Path) -> Vec<String> {
+        read_objects(path)
+            .unwrap()
+            .iter()
+            .map(|o| kind_of(o).to_string())
+            .collect()
+    }
+
+    #[test]
+    fn lists_are_flattened_and_null_documents_dropped() {
+        let f = file("kind: List\nitems:\n- kind: A\n- kind: B\n---\n---\nkind: C\n");
+        assert_eq!(kinds(f.path()), ["A", "B", "C"]);
+        let f = file(r#"{"kind": "NodeList", "items": null}"#);
+        assert!(kinds(f.path()).is_empty());
+    }
+
+    #[test]
+    fn what_is_not_an_object_is_refused_with_its_place() {
+        let e = read_objects(file("kind: A\n---\n5\n").path()).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with(": document 2: expected a Kubernetes object, found a number"),
+            "{e}"
+        );
+        let e = read_objects(file("kind: List\nitems: [x]\n").path()).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with(": items[0]: expected a Kubernetes object, found a string"),
+            "{e}"
+        );
+        let e = read_objects(file("---\n").path()).unwrap_err();
+        assert!(e.to_string().ends_with(": no objects found"), "{e}");
+    }
+
+    #[test]
+    fn a_file_over_the_bound_is_refused() {
+        let f = file("kind: A\n");
+        assert_eq!(read_bounded(f.path(), 8).unwrap(), "kind: A\n");
+        let e = read_bounded(f.path(), 7).unwrap_err().to_string();
+        assert!(e.contains("raygate reads at most that much"), "{e}");
+        let f = file("\u{fffd}");
+        let mut bytes = std::fs::read(f.path()).unwrap();
+        bytes[0] = 0xff;
+        std::fs::write(f.path(), bytes).unwrap();
+        let e = read_bounded(f.path(), 8).unwrap_err().to_string();
+        assert!(e.contains("not UTF-8 text"), "{e}");
+    }
+
+    #[test]
+    fn exactly_one_object_of_the_kind() {
+        let e = read_one(file("kind: RayCluster\n").path(), &["RayService"]).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("no RayService object found (found RayCluster)"),
+            "{e}"
+        );
+        let two = file("kind: RayService\n---\nkind: RayService\n");
+        let e = read_one(two.path(), &["RayService"]).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("2 RayService objects found, expected one"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_parse_error_names_the_field() {
+        let v = json!({
+            "apiVersion": "ray.io/v1", "kind": "RayService",
+            "metadata": {"name": "llm"},
+            "spec": {"rayClusterConfig": {"workerGroupSpecs": [
+                {"groupName": "a", "replicas": 1},
+                {"groupName": "b", "replicas": "three"},
+            ]}},
+        });
+        assert_eq!(
+            locate_parse_error::<RayService>(&v).as_deref(),
+            Some("spec.rayClusterConfig.workerGroupSpecs[1].replicas")
+        );
+        let e = parse_as::<RayService>(Path::new("new.yaml"), v).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("new.yaml: spec.rayClusterConfig.workerGroupSpecs[1].replicas: "),
+            "{e}"
+        );
+        // A scalar where an object belongs.
+        let v = json!({"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": 5, "spec": {}});
+        assert_eq!(
+            locate_parse_error::<RayService>(&v).as_deref(),
+            Some("metadata")
+        );
+    }
+
+    #[test]
+    fn errors_about_content_get_the_file_name() {
+        let e = in_file::<()>(Path::new("s.yaml"), Err(Error::invalid("spec", "bad")));
+        assert_eq!(e.unwrap_err().to_string(), "s.yaml: spec: bad");
+        let kept = Error::Input {
+            path: "other.yaml".into(),
+            reason: "r".into(),
+        };
+        let e = in_file::<()>(Path::new("s.yaml"), Err(kept));
+        assert_eq!(e.unwrap_err().to_string(), "other.yaml: r");
+    }
+}

@@ -191,3 +191,49 @@ pub(crate) fn field(s: &mut String, label: &str, value: &str) {
     s.push_str(line.trim_end());
     s.push('\n');
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_values_wrap_under_their_column() {
+        let mut s = String::new();
+        field(&mut s, "Why:", &"word ".repeat(30));
+        let lines: Vec<&str> = s.lines().collect();
+        assert_eq!(lines.len(), 2, "{s}");
+        assert!(lines.iter().all(|l| l.len() <= WIDTH), "{s}");
+        assert!(lines[0].starts_with("Why:          word"), "{s}");
+        assert!(
+            lines[1].starts_with(&format!("{}word", " ".repeat(LABEL))),
+            "{s}"
+        );
+        let mut s = String::new();
+        field(&mut s, "Fits:", "yes");
+        assert_eq!(s, "Fits:         yes\n");
+    }
+
+    #[test]
+    fn headroom_items() {
+        let (k, q) = parse_headroom_item(" nvidia.com/gpu = 2 ").unwrap();
+        assert_eq!(
+            (k.as_str(), q.canonical()),
+            ("nvidia.com/gpu", "2".to_string())
+        );
+        assert!(
+            parse_headroom_item("gpu")
+                .unwrap_err()
+                .contains("RESOURCE=QUANTITY")
+        );
+        assert!(
+            parse_headroom_item("=2")
+                .unwrap_err()
+                .contains("no resource name")
+        );
+        assert!(
+            parse_headroom_item("cpu=x")
+                .unwrap_err()
+                .starts_with("cpu: ")
+        );
+    }
+}
