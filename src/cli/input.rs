@@ -178,18 +178,14 @@ enum Seg {
     Index(usize),
 }
 
-fn child<'a>(v: &'a Value, s: &Seg) -> Option<&'a Value> {
-    match s {
-        Seg::Key(k) => v.get(k),
-        Seg::Index(i) => v.get(*i),
-    }
-}
-
-fn child_mut<'a>(v: &'a mut Value, s: &Seg) -> Option<&'a mut Value> {
-    match s {
-        Seg::Key(k) => v.get_mut(k),
-        Seg::Index(i) => v.get_mut(*i),
-    }
+/// `at` as a JSON pointer (`/spec/workerGroupSpecs/0`), for `Value::pointer`.
+fn pointer(at: &[Seg]) -> String {
+    at.iter()
+        .map(|s| match s {
+            Seg::Key(k) => format!("/{}", k.replace('~', "~0").replace('/', "~1")),
+            Seg::Index(i) => format!("/{i}"),
+        })
+        .collect()
 }
 
 fn show_path(at: &[Seg]) -> String {
@@ -216,11 +212,7 @@ fn locate_parse_error<T: serde::de::DeserializeOwned>(v: &Value) -> Option<Strin
     let mut tries = 0;
     let mut at: Vec<Seg> = Vec::new();
     'descend: loop {
-        let mut node = v;
-        for s in &at {
-            node = child(node, s)?;
-        }
-        let children: Vec<Seg> = match node {
+        let children: Vec<Seg> = match v.pointer(&pointer(&at))? {
             Value::Object(m) => m.keys().cloned().map(Seg::Key).collect(),
             Value::Array(a) => (0..a.len()).map(Seg::Index).collect(),
             _ => break,
@@ -232,12 +224,9 @@ fn locate_parse_error<T: serde::de::DeserializeOwned>(v: &Value) -> Option<Strin
                     break 'descend;
                 }
                 let mut trial = v.clone();
-                let mut parent = &mut trial;
-                for s in &at {
-                    parent = child_mut(parent, s)?;
-                }
+                let parent = trial.pointer_mut(&pointer(&at))?;
                 if empty {
-                    match child_mut(parent, &c) {
+                    match parent.pointer_mut(&pointer(std::slice::from_ref(&c))) {
                         Some(x @ Value::Object(_)) => *x = Value::Object(Default::default()),
                         Some(x @ Value::Array(_)) => *x = Value::Array(Vec::new()),
                         // A scalar where an object belongs (`metadata: 5`).
@@ -427,6 +416,19 @@ mod tests {
         assert_eq!(
             locate_parse_error::<RayService>(&v).as_deref(),
             Some("metadata")
+        );
+    }
+
+    #[test]
+    fn keys_with_slashes_are_followed() {
+        let v = json!({
+            "apiVersion": "ray.io/v1", "kind": "RayService",
+            "metadata": {"name": "llm", "labels": {"a/b~c": {"x": 1}}},
+            "spec": {},
+        });
+        assert_eq!(
+            locate_parse_error::<RayService>(&v).as_deref(),
+            Some("metadata.labels.a/b~c")
         );
     }
 
