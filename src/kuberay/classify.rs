@@ -1489,4 +1489,43 @@ mod tests {
         let v = json!({"z": true, "b": 1.5, "a": [{"d": "x\"y", "c": null}]});
         assert_eq!(fingerprint(&v), "7e3ff6fc6b18");
     }
+
+    #[test]
+    fn the_decision_names_its_paths() {
+        let norm = || Normalized {
+            full: json!({}),
+            muted: json!({}),
+            pruned: vec![],
+        };
+        let changes = || Changes {
+            old: norm(),
+            new: norm(),
+            all_paths: vec!["a".into(), "workerGroupSpecs[g].replicas".into()],
+            hashed_paths: vec!["a".into()],
+            exempt_paths: vec!["workerGroupSpecs[g].replicas".into()],
+            ignored_paths: vec![],
+            serve_config_paths: vec![],
+            other_paths: vec![],
+        };
+        let strategy = || strategy(&svc(), &ver("1.7").rules(), &ClassifyOptions::default());
+        let run = |t: Triggering| {
+            let d = Decision::new(Verdict::NewCluster, t, "r");
+            classification(changes(), strategy(), d, ver("1.7"))
+        };
+        let c = run(Triggering::Hashed { missing_hash: true });
+        assert_eq!(
+            c.triggering_paths,
+            [
+                format!("metadata.annotations[{ANNOTATION_HASH}]"),
+                "a".into()
+            ]
+        );
+        assert_eq!(c.exempt_paths, ["workerGroupSpecs[g].replicas"]);
+        let c = run(Triggering::All);
+        assert_eq!(c.triggering_paths, ["a", "workerGroupSpecs[g].replicas"]);
+        assert!(c.exempt_paths.is_empty());
+        let c = run(Triggering::Nothing);
+        assert!(c.triggering_paths.is_empty());
+        assert_eq!(c.fingerprint, fingerprint(&json!({})));
+    }
 }
