@@ -18,15 +18,17 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand, ValueEnum};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{LimitRange, Node, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{LimitRange, Node};
+use kube::api::{Api, ListParams, ObjectList, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde::Serialize;
 use serde_json::{Value, json};
+use serde_with::skip_serializing_none;
 
 use crate::admission::GPU_RESOURCES;
 use crate::admission::ledger::{self, Candidate};
-use crate::capacity::{ClusterState, ResourceList};
+use crate::capacity::record::Strings;
+use crate::capacity::{ClusterState, PartialPod, PodRecord, ResourceList};
 use crate::cli::{self, ExplainArgs, FitArgs, Old};
 use crate::controller::cache;
 use crate::kuberay::{self, RayCluster, RayService, UpgradeType};
@@ -44,7 +46,7 @@ const EXIT_API: u8 = 4;
 /// Exit code of `fit --fail-if-no-fit` when the new cluster does not fit.
 const EXIT_NO_FIT: u8 = 3;
 /// Page size when listing pods: a large cluster's pods are never all in memory
-/// as received, only as slimmed for the fit.
+/// as received, only as records for the fit.
 const PAGE: u32 = 500;
 
 /// kubectl's connection flags.
@@ -468,12 +470,12 @@ fn resume_patch(plan: &UpgradePlan) -> Option<(&'static str, Value)> {
 
 // ------------------------------------------------------------------- queue
 
-/// One upgrade in the queue view.
+/// One upgrade in the queue view; `None` fields are left out.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueEntry {
     /// 1-based place among the waiting upgrades; none for admitted ones.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub position: Option<usize>,
     pub namespace: String,
     pub name: String,
@@ -481,14 +483,11 @@ pub struct QueueEntry {
     pub phase: String,
     pub priority: i32,
     /// Since when the change has waited (waiting) or was admitted (admitted).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub since: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<String>,
     /// What the new cluster requests.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub needs: BTreeMap<String, String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub waiting_for: Option<String>,
     /// Held in the ledger for an admitted upgrade until its pods are bound.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -1037,8 +1036,8 @@ fn reservations(plans: &[UpgradePlan], except: &str) -> BTreeMap<String, String>
     crate::capacity::canonical_map(&total)
 }
 
-/// Nodes, non-terminal pods and LimitRanges, slimmed as the controller caches
-/// them, page by page.
+/// Nodes and LimitRanges slimmed as the controller caches them, and
+/// non-terminal pods as its records, page by page.
 async fn live_state(client: &Client) -> Result<ClusterState> {
     let mut nodes: Vec<Node> = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
@@ -1050,21 +1049,16 @@ async fn live_state(client: &Client) -> Result<ClusterState> {
         .await?
         .items;
     limit_ranges.iter_mut().for_each(cache::slim_limit_range);
-    let pods_api = Api::<Pod>::all(client.clone());
+    // Pods as the controller watches them: partial objects straight into records,
+    // a page at a time, so a large cluster's full Pods are never all in memory.
+    let pods_api = Api::<PartialPod>::all(client.clone());
+    let mut strings = Strings::default();
     let mut pods = vec![];
     let mut lp = ListParams::default()
         .limit(PAGE)
         .fields("status.phase!=Succeeded,status.phase!=Failed");
-    loop {
-        let page = pods_api.list(&lp).await?;
-        for mut p in page.items {
-            cache::slim_pod(&mut p);
-            pods.push(crate::capacity::PodRecord::from_pod(&p));
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(c) => lp = lp.continue_token(&c),
-            None => break,
-        }
+    while let Some(token) = add_page(&mut pods, &mut strings, pods_api.list(&lp).await?) {
+        lp = lp.continue_token(&token);
     }
     if nodes.is_empty() {
         return Err(Error::invalid("cluster state", "the cluster has no nodes"));
@@ -1078,14 +1072,26 @@ async fn live_state(client: &Client) -> Result<ClusterState> {
         pods,
         limit_ranges,
         runtime_classes,
+        strings,
         ..Default::default()
     })
+}
+
+/// Adds a page of listed pods as records; the token of the next page, if any.
+fn add_page(
+    pods: &mut Vec<PodRecord>,
+    strings: &mut Strings,
+    page: ObjectList<PartialPod>,
+) -> Option<String> {
+    pods.extend(page.items.iter().map(|p| p.to_record(strings)));
+    page.metadata.continue_.filter(|c| !c.is_empty())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::upgradeplan::{Admission, CapacityStatus, PendingChange, Phase, UpgradePlanSpec};
+    use k8s_openapi::api::core::v1::Pod;
 
     fn plan(name: &str, priority: i32, status: Option<UpgradePlanStatus>) -> UpgradePlan {
         let spec: UpgradePlanSpec = serde_json::from_value(
@@ -1163,6 +1169,7 @@ mod tests {
         assert_eq!(q[0].reserved["nvidia.com/gpu"], "8");
         assert_eq!(q[1].needs["nvidia.com/gpu"], "16");
         let text = render_queue(&q, false, Format::Text, now()).unwrap();
+        insta::assert_snapshot!("queue_text", text);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0].split_whitespace().collect::<Vec<_>>(),
@@ -1192,6 +1199,7 @@ mod tests {
         );
         assert!(lines[3].contains(" 60m "), "{text}");
         let wide = render_queue(&q, true, Format::Wide, now()).unwrap();
+        insta::assert_snapshot!("queue_wide", wide);
         assert!(wide.lines().next().unwrap().contains("NAMESPACE"), "{wide}");
         assert!(wide.contains("nvidia.com/gpu 8"), "{wide}");
         let v: Value =
@@ -1216,6 +1224,7 @@ mod tests {
         );
         let a = approval(&p, None).unwrap();
         assert_eq!(a.fingerprint, "6aca5d208cb0");
+        insta::assert_snapshot!("approval", a.text);
         assert!(
             a.text
                 .starts_with("Approved:     change 6aca5d208cb0 of upgradeplan ml/chat"),
@@ -1389,5 +1398,46 @@ mod tests {
         assert_eq!(exit_code(&status(404, "NotFound")), 1);
         assert_eq!(exit_code(&status(409, "Conflict")), 4);
         assert_eq!(exit_code(&Error::invalid("x", "y")), 1);
+    }
+
+    #[test]
+    fn listed_pages_become_the_records_of_the_full_pods() {
+        let pod = |name: &str, node: &str| {
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "ml",
+                    "labels": {"ray.io/cluster": "chat-abcde", "ray.io/node-type": "worker"},
+                    "managedFields": [{"manager": "kubelet", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}]},
+                "spec": {"nodeName": node,
+                    "containers": [{"name": "ray-worker", "image": "ray:2.9",
+                        "env": [{"name": "RAY_ADDRESS", "value": "x"}],
+                        "readinessProbe": {"exec": {"command": ["true"]}},
+                        "resources": {"requests": {"cpu": "4", "nvidia.com/gpu": "1"},
+                                      "limits": {"nvidia.com/gpu": "1"}}}]},
+                "status": {"phase": "Running", "podIP": "10.244.0.7",
+                    "conditions": [{"type": "Ready", "status": "True"}]}
+            })
+        };
+        let list = |items: Vec<Value>, token: &str| -> ObjectList<PartialPod> {
+            serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "PodList",
+                "metadata": {"resourceVersion": "42", "continue": token},
+                "items": items,
+            }))
+            .unwrap()
+        };
+        let (first, second) = (pod("w-1", "gpu-1"), pod("w-2", "gpu-2"));
+        let (mut pods, mut strings) = (vec![], Strings::default());
+        let next = add_page(&mut pods, &mut strings, list(vec![first.clone()], "page-2"));
+        assert_eq!(next.as_deref(), Some("page-2"));
+        // The last page has an empty continue token.
+        let next = add_page(&mut pods, &mut strings, list(vec![second.clone()], ""));
+        assert_eq!(next, None);
+        let full: Vec<PodRecord> = [first, second]
+            .into_iter()
+            .map(|p| PodRecord::from_pod(&serde_json::from_value::<Pod>(p).unwrap()))
+            .collect();
+        assert_eq!(pods, full);
+        assert_eq!(pods[1].body.cluster(), Some("chat-abcde"));
     }
 }

@@ -352,11 +352,6 @@ impl Quantity {
         Quantity::from_nanos(i128::from(n) * NANO, Format::DecimalSI)
     }
 
-    /// `m` thousandths, DecimalSI (cpu millicores).
-    pub fn from_milli(m: i64) -> Quantity {
-        Quantity::from_nanos(i128::from(m) * 1_000_000, Format::DecimalSI)
-    }
-
     /// Exact constructor for callers that do arithmetic on raw nanos.
     pub fn from_nanos(nanos: i128, format: Format) -> Quantity {
         Quantity { nanos, format }
@@ -931,8 +926,6 @@ mod tests {
     #[test]
     fn helpers_and_rounded_values() {
         assert_eq!(Quantity::from_units(3).canonical(), "3");
-        assert_eq!(Quantity::from_milli(1500).canonical(), "1500m");
-        assert_eq!(Quantity::from_milli(2000), q("2"));
         assert!(Quantity::zero().is_zero());
         assert!(q("0Gi").is_zero());
         assert!(!q("1n").is_zero());

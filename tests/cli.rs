@@ -735,6 +735,76 @@ fn fit_text_is_short_and_aligned() {
     assert!(r.stdout.starts_with("Fits:         yes\n"), "{}", r.stdout);
 }
 
+// ---------------------------------------------------------------- snapshots
+
+/// The whole text output, checked in under `tests/snapshots/`: a changed word or
+/// column fails here (CI runs with `CI=true`, so insta never writes a new snapshot
+/// there). `cargo insta review`, or `INSTA_UPDATE=always cargo test`, accepts a
+/// deliberate change.
+#[test]
+fn explain_text_snapshots() {
+    let live = fx("raycluster-llm-live.yaml");
+    let cases: &[(&str, &Path, &str, &[&str])] = &[
+        ("no_change", &svc(""), "", &[]),
+        ("serve_config_update", &svc(""), "serve-replicas", &[]),
+        ("in_place", &svc(""), "append-group", &[]),
+        ("new_cluster", &svc(""), "image-bump", &[]),
+        ("held", &svc(""), "upgrade-none", &[]),
+        ("exempt_replicas", &svc(""), "replicas", &[]),
+        ("against_live_cluster", &live, "image-bump", &[]),
+        (
+            "zero_downtime_disabled",
+            &svc(""),
+            "image-bump",
+            &["--zero-downtime-disabled"],
+        ),
+        (
+            "kuberay_v1_1",
+            &svc(""),
+            "min-max",
+            &["--kuberay-version", "1.1"],
+        ),
+    ];
+    for (name, old, variant, extra) in cases {
+        let text = explain_text(old, &svc(variant), extra);
+        insta::assert_snapshot!(format!("explain_{name}"), text);
+    }
+}
+
+#[test]
+fn fit_text_snapshots() {
+    let cases: &[(&str, &str, &str, &[&str])] = &[
+        ("fits", "state-fits.yaml", "image-bump", &[]),
+        ("gpu_shortfall", "state-no-fit.yaml", "", &[]),
+        ("fragmentation", "state-fragmented.yaml", "tp16", &[]),
+        (
+            "headroom_fits",
+            "state-fits.yaml",
+            "",
+            &["--headroom", "nvidia.com/gpu=8"],
+        ),
+        (
+            "headroom_short",
+            "state-fits.yaml",
+            "",
+            &["--headroom", "nvidia.com/gpu=16", "--headroom", "cpu=1"],
+        ),
+    ];
+    for (name, state, variant, extra) in cases {
+        let mut args = vec![
+            "fit".to_string(),
+            "--state".into(),
+            p(&fx(state)),
+            "--new".into(),
+            p(&svc(variant)),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let r = raygate(&args);
+        assert_eq!(r.code, 0, "fit {args:?}: {}", r.stderr);
+        insta::assert_snapshot!(format!("fit_{name}"), r.stdout);
+    }
+}
+
 // ---------------------------------------------------------------- errors
 
 fn tmp_file(dir: &tempfile::TempDir, name: &str, content: &[u8]) -> PathBuf {

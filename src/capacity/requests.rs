@@ -423,6 +423,30 @@ pub fn pod_requests(pod: &Pod, limit_ranges: &[LimitRange]) -> crate::Result<Res
         .collect())
 }
 
+/// Total requests of running pods (an old cluster's), counting one pod slot
+/// each, as every new pod will take one too. Terminal pods hold nothing.
+pub fn total_requests<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+    limit_ranges: &[LimitRange],
+) -> crate::Result<ResourceList> {
+    let mut total = ResourceList::new();
+    let mut slots: i64 = 0;
+    for p in pods {
+        if super::node::is_terminal(p) {
+            continue;
+        }
+        super::add_into(&mut total, &pod_requests(p, limit_ranges)?);
+        slots = slots.saturating_add(1);
+    }
+    if slots > 0 {
+        super::add_into(
+            &mut total,
+            &ResourceList::from([(super::PODS.to_string(), Quantity::from_units(slots))]),
+        );
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -823,36 +847,6 @@ mod tests {
             "{err}"
         );
     }
-}
-
-/// Total requests of running pods (an old cluster's), counting one pod slot
-/// each, as every new pod will take one too. Terminal pods hold nothing.
-pub fn total_requests<'a>(
-    pods: impl IntoIterator<Item = &'a Pod>,
-    limit_ranges: &[LimitRange],
-) -> crate::Result<ResourceList> {
-    let mut total = ResourceList::new();
-    let mut slots: i64 = 0;
-    for p in pods {
-        if super::node::is_terminal(p) {
-            continue;
-        }
-        super::add_into(&mut total, &pod_requests(p, limit_ranges)?);
-        slots = slots.saturating_add(1);
-    }
-    if slots > 0 {
-        super::add_into(
-            &mut total,
-            &ResourceList::from([(super::PODS.to_string(), Quantity::from_units(slots))]),
-        );
-    }
-    Ok(total)
-}
-
-#[cfg(test)]
-mod total_tests {
-    use super::*;
-    use serde_json::json;
 
     #[test]
     fn totals_count_pod_slots_and_skip_terminal_pods() {

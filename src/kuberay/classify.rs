@@ -34,7 +34,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::diff::{self, Change, Path};
+use super::diff::{self, Path};
 use super::normalize::{Normalized, normalize_cluster_spec};
 use super::types::{
     ANNOTATION_HASH, ANNOTATION_KUBERAY_VERSION, ANNOTATION_NUM_WORKER_GROUPS,
@@ -161,40 +161,9 @@ fn check_groups(spec: &RayClusterSpec, what: &str) -> crate::Result<()> {
 
 /// sha256 over the canonical JSON (sorted keys) of a value, hex, first 12 chars.
 pub fn fingerprint(v: &Value) -> String {
-    fn write(v: &Value, out: &mut String) {
-        match v {
-            Value::Object(m) => {
-                let mut keys: Vec<&String> = m.keys().collect();
-                keys.sort();
-                out.push('{');
-                for (i, k) in keys.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push_str(&Value::String((*k).clone()).to_string());
-                    out.push(':');
-                    if let Some(child) = m.get(*k) {
-                        write(child, out);
-                    }
-                }
-                out.push('}');
-            }
-            Value::Array(a) => {
-                out.push('[');
-                for (i, e) in a.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    write(e, out);
-                }
-                out.push(']');
-            }
-            other => out.push_str(&other.to_string()),
-        }
-    }
-    let mut s = String::new();
-    write(v, &mut s);
-    let digest = Sha256::digest(s.as_bytes());
+    let mut canonical = v.clone();
+    canonical.sort_all_objects();
+    let digest = Sha256::digest(canonical.to_string().as_bytes());
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     hex[..12].to_string()
 }
@@ -413,7 +382,381 @@ fn old_info<'a>(old: &OldSide<'a>) -> crate::Result<(OldInfo, Option<&'a RayServ
     }
 }
 
-/// Classify a change from `old` to `new` under the given KubeRay release.
+/// What changed between the two sides, as readable paths, before any rule applies.
+struct Changes {
+    old: Normalized,
+    new: Normalized,
+    /// Every changed cluster field, muted ones included.
+    all_paths: Vec<String>,
+    /// Changed fields KubeRay hashes.
+    hashed_paths: Vec<String>,
+    /// Changed fields KubeRay mutes.
+    exempt_paths: Vec<String>,
+    ignored_paths: Vec<String>,
+    serve_config_paths: Vec<String>,
+    other_paths: Vec<String>,
+}
+
+/// Step 1: both cluster specs as this release hashes them, and their differences.
+fn changes(
+    old: &OldInfo,
+    old_svc: Option<&RayService>,
+    new: &RayService,
+    new_cfg: &RayClusterSpec,
+    new_what: &str,
+    rules: &Rules,
+) -> crate::Result<Changes> {
+    let new_n = normalize_cluster_spec(&serde_json::to_value(new_cfg)?, rules, new_what)?;
+    let old_n = normalize_cluster_spec(&old.spec, rules, &old.what)?;
+
+    let hashed_paths = diff::paths(&diff::diff(&old_n.muted, &new_n.muted));
+    let hashed: BTreeSet<&String> = hashed_paths.iter().collect();
+    let all_paths = diff::paths(&diff::diff(&old_n.full, &new_n.full));
+    let exempt_paths = all_paths
+        .iter()
+        .filter(|p| !hashed.contains(p))
+        .cloned()
+        .collect();
+
+    let mut ignored_paths: Vec<String> = old_n
+        .pruned
+        .iter()
+        .chain(new_n.pruned.iter())
+        .cloned()
+        .collect();
+    ignored_paths.sort();
+    ignored_paths.dedup();
+
+    let (serve_config_paths, other_paths) = match old_svc {
+        Some(o) => (
+            serve_config_changes(
+                o.spec.serve_config_v2.as_deref(),
+                new.spec.serve_config_v2.as_deref(),
+            ),
+            other_spec_changes(o, new)?,
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
+    Ok(Changes {
+        old: old_n,
+        new: new_n,
+        all_paths,
+        hashed_paths,
+        exempt_paths,
+        ignored_paths,
+        serve_config_paths,
+        other_paths,
+    })
+}
+
+/// How the new RayService upgrades, under the release and the operator's settings.
+struct Strategy {
+    /// `spec.upgradeStrategy.type` as given.
+    given: Option<UpgradeType>,
+    /// The operator's `RayServiceIncrementalUpgrade` feature gate.
+    gate: bool,
+    zero_downtime: bool,
+    /// Why no new cluster is created when `zero_downtime` is off.
+    zero_downtime_off: String,
+    incremental: bool,
+}
+
+fn strategy(new: &RayService, rules: &Rules, opts: &ClassifyOptions) -> Strategy {
+    let gate = opts
+        .incremental_upgrade_gate
+        .unwrap_or(rules.incremental_upgrade_gate_default);
+    let given = new
+        .spec
+        .upgrade_strategy
+        .as_ref()
+        .and_then(|s| s.type_.clone());
+    // Releases without the field ignore it (pruned).
+    let effective = given.as_ref().filter(|_| rules.upgrade_strategy_field);
+    let (zero_downtime, zero_downtime_off) = zero_downtime(effective, rules, gate, opts);
+    let incremental = gate && effective == Some(&UpgradeType::NewClusterWithIncrementalUpgrade);
+    Strategy {
+        given,
+        gate,
+        zero_downtime,
+        zero_downtime_off,
+        incremental,
+    }
+}
+
+/// Which changed paths a verdict names as triggering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Triggering {
+    Nothing,
+    /// The hashed changes; led by the hash annotation when the cluster lacks it.
+    Hashed {
+        missing_hash: bool,
+    },
+    /// Every change: the whole spec is applied in place, so nothing is exempt.
+    All,
+}
+
+/// What KubeRay's checks decided (step 2), before it becomes a [`Classification`].
+#[derive(Debug, PartialEq)]
+struct Decision {
+    verdict: Verdict,
+    triggering: Triggering,
+    reason: String,
+    held_reason: Option<String>,
+    rejected: bool,
+    incremental: bool,
+}
+
+impl Decision {
+    fn new(verdict: Verdict, triggering: Triggering, reason: impl Into<String>) -> Decision {
+        Decision {
+            verdict,
+            triggering,
+            reason: reason.into(),
+            held_reason: None,
+            rejected: false,
+            incremental: false,
+        }
+    }
+}
+
+/// Step 2: KubeRay's checks in its order (see the module docs); the first that applies decides.
+fn decide(
+    d: &Changes,
+    old: &OldInfo,
+    new: &RayService,
+    new_suspend: bool,
+    s: &Strategy,
+    rules: &Rules,
+) -> Decision {
+    let version = rules.version;
+    let serve_changed = !d.serve_config_paths.is_empty();
+    let hashed = Triggering::Hashed {
+        missing_hash: old.hash_missing,
+    };
+    let held = |held_reason: String| {
+        let serve_note = if serve_changed {
+            " The Serve config change is still submitted to the active cluster."
+        } else {
+            ""
+        };
+        Decision {
+            held_reason: Some(held_reason),
+            ..Decision::new(
+                Verdict::Held,
+                hashed,
+                format!(
+                    "A new RayCluster would be needed, but KubeRay will not create one.{serve_note}"
+                ),
+            )
+        }
+    };
+
+    // 0. validateRayService.
+    let invalid = validate::cluster_spec_error(new, &d.new.full, rules)
+        .or_else(|| validate_upgrade(new, rules, s.gate));
+    if let Some(invalid) = invalid {
+        let any_cluster_change = d.old.full != d.new.full || old.hash_missing;
+        let decision = if any_cluster_change || serve_changed {
+            Decision {
+                held_reason: Some(invalid),
+                ..Decision::new(
+                    Verdict::Held,
+                    Triggering::Hashed {
+                        missing_hash: false,
+                    },
+                    "KubeRay rejects the RayService and applies nothing.",
+                )
+            }
+        } else {
+            Decision::new(
+                Verdict::NoChange,
+                Triggering::Nothing,
+                "Nothing KubeRay acts on changed (but the RayService fails KubeRay validation).",
+            )
+        };
+        return Decision {
+            rejected: true,
+            ..decision
+        };
+    }
+
+    let upgrade_in_progress = new.condition_true(CONDITION_UPGRADE_IN_PROGRESS);
+
+    // 1a. KubeRay-version annotation (RayCluster side, v1.2.0+).
+    if rules.version_annotation_updates_in_place
+        && !upgrade_in_progress
+        && let Some(annotation) = &old.version_annotation
+        && annotation.as_deref() != Some(version.tag().as_str())
+    {
+        return if d.old.full != d.new.full {
+            Decision::new(
+                Verdict::InPlaceClusterUpdate,
+                Triggering::All,
+                format!(
+                    "The active RayCluster's {ANNOTATION_KUBERAY_VERSION} is {} but the operator is {}: KubeRay rewrites the cluster in place from the RayService (no new cluster).",
+                    annotation.as_deref().unwrap_or("unset"),
+                    version.tag()
+                ),
+            )
+        } else if serve_changed {
+            Decision::new(
+                Verdict::ServeConfigUpdate,
+                Triggering::Nothing,
+                "Only the Serve config changed: resubmitted to the running cluster.",
+            )
+        } else {
+            Decision::new(
+                Verdict::NoChange,
+                Triggering::Nothing,
+                format!(
+                    "No spec change; KubeRay refreshes the cluster's annotations to {} in place.",
+                    version.tag()
+                ),
+            )
+        };
+    }
+
+    // 1b. Suspend toggle (v1.5.2, v1.6.1, v1.6.2).
+    if rules.suspend_toggle_updates_in_place && !upgrade_in_progress && new_suspend != old.suspend {
+        return Decision::new(
+            Verdict::InPlaceClusterUpdate,
+            Triggering::All,
+            "rayClusterConfig.suspend toggled: KubeRay applies the whole RayService cluster spec in place (shouldUpdateCluster).",
+        );
+    }
+
+    // 2. Full hash equality.
+    if !old.hash_missing && d.old.muted == d.new.muted {
+        return if serve_changed {
+            Decision::new(
+                Verdict::ServeConfigUpdate,
+                Triggering::Nothing,
+                "Only the Serve config changed: KubeRay resubmits it to the running cluster.",
+            )
+        } else if !d.exempt_paths.is_empty() {
+            Decision::new(
+                Verdict::NoChange,
+                Triggering::Nothing,
+                format!(
+                    "Only fields KubeRay {} mutes changed; the cluster is left as is.",
+                    version.tag()
+                ),
+            )
+        } else {
+            Decision::new(
+                Verdict::NoChange,
+                Triggering::Nothing,
+                "Nothing KubeRay acts on changed.",
+            )
+        };
+    }
+
+    // 3. Worker groups appended at the end.
+    let old_count = match old.group_count {
+        None => Ok(group_count(&d.old.muted)),
+        Some(r) => r,
+    };
+    match old_count {
+        Err(()) => {
+            return match rules.bad_group_count_annotation {
+                BadGroupCountAnnotation::UpdateInPlace => Decision::new(
+                    Verdict::InPlaceClusterUpdate,
+                    hashed,
+                    format!(
+                        "The active RayCluster's {ANNOTATION_NUM_WORKER_GROUPS} annotation is missing or not a number: KubeRay {} treats that as 'groups appended' and updates the cluster in place.",
+                        version.tag()
+                    ),
+                ),
+                BadGroupCountAnnotation::DoNothing => held(format!(
+                    "The active RayCluster's {ANNOTATION_NUM_WORKER_GROUPS} annotation is missing or not a number: KubeRay {} does nothing",
+                    version.tag()
+                )),
+            };
+        }
+        // v1.1–v1.2 check `goal > n`, v1.3.0+ `goal >= n`; with `goal == n` the
+        // truncated hash is the full hash, which already differed, so both reduce to
+        // "more groups now, and the first n hash equal".
+        Ok(n) => {
+            if rules.in_place_append
+                && group_count(&d.new.muted) > n
+                && !old.hash_missing
+                && truncate_groups(&d.new.muted, n) == truncate_groups(&d.old.muted, n)
+            {
+                return Decision::new(
+                    Verdict::InPlaceClusterUpdate,
+                    hashed,
+                    format!(
+                        "Worker groups were only appended at the end: KubeRay {} adds them to the running cluster in place.",
+                        version.tag()
+                    ),
+                );
+            }
+        }
+    }
+
+    // 4. New cluster, unless rolling back or zero-downtime is off.
+    if rules.rollback_blocks_new_cluster && new.condition_true(CONDITION_ROLLBACK_IN_PROGRESS) {
+        return held(
+            "the RayService has condition RollbackInProgress: KubeRay prepares no new cluster until the rollback completes".into(),
+        );
+    }
+    if !s.zero_downtime {
+        return held(s.zero_downtime_off.clone());
+    }
+    let mut reason = if s.incremental {
+        "The cluster spec changed: KubeRay creates a new RayCluster and moves traffic to it incrementally (NewClusterWithIncrementalUpgrade)."
+            .to_string()
+    } else {
+        "The cluster spec changed: KubeRay creates a new RayCluster next to the active one and switches over when it is ready."
+            .to_string()
+    };
+    if serve_changed {
+        reason.push_str(" The new Serve config is deployed on the new cluster.");
+    }
+    Decision {
+        incremental: s.incremental,
+        ..Decision::new(Verdict::NewCluster, hashed, reason)
+    }
+}
+
+/// Step 3: the decision with the paths it names, as reported.
+fn classification(
+    d: Changes,
+    s: Strategy,
+    decision: Decision,
+    version: KubeRayVersion,
+) -> Classification {
+    let (triggering_paths, exempt_paths) = match decision.triggering {
+        Triggering::Nothing => (Vec::new(), d.exempt_paths),
+        Triggering::Hashed { missing_hash } => {
+            let mut paths = d.hashed_paths;
+            if missing_hash {
+                paths.insert(0, format!("metadata.annotations[{ANNOTATION_HASH}]"));
+            }
+            (paths, d.exempt_paths)
+        }
+        Triggering::All => (d.all_paths, Vec::new()),
+    };
+    Classification {
+        verdict: decision.verdict,
+        held_reason: decision.held_reason,
+        rejected: decision.rejected,
+        triggering_paths,
+        exempt_paths,
+        serve_config_paths: d.serve_config_paths,
+        other_paths: d.other_paths,
+        ignored_paths: d.ignored_paths,
+        kuberay_version: version,
+        upgrade_strategy: s.given,
+        zero_downtime: s.zero_downtime,
+        incremental: decision.incremental,
+        fingerprint: fingerprint(&d.new.muted),
+        reason: decision.reason,
+    }
+}
+
+/// Classify a change from `old` to `new` under the given KubeRay release: what
+/// changed, what KubeRay's checks make of it, and the report.
 pub fn classify_with(
     old: &OldSide<'_>,
     new: &RayService,
@@ -428,257 +771,17 @@ pub fn classify_with(
     let new_cfg = new.cluster_config()?;
     check_groups(new_cfg, &new_what)?;
     let (old, old_svc) = old_info(old)?;
-
-    let new_n: Normalized =
-        normalize_cluster_spec(&serde_json::to_value(new_cfg)?, &rules, &new_what)?;
-    let old_n: Normalized = normalize_cluster_spec(&old.spec, &rules, &old.what)?;
-
-    let all: Vec<Change> = diff::diff(&old_n.full, &new_n.full);
-    let trig: Vec<Change> = diff::diff(&old_n.muted, &new_n.muted);
-    let trig_paths = diff::paths(&trig);
-    let trig_set: BTreeSet<&String> = trig_paths.iter().collect();
-    let all_paths = diff::paths(&all);
-    let exempt_paths: Vec<String> = all_paths
-        .iter()
-        .filter(|p| !trig_set.contains(p))
-        .cloned()
-        .collect();
-
-    let mut ignored: Vec<String> = old_n
-        .pruned
-        .iter()
-        .chain(new_n.pruned.iter())
-        .cloned()
-        .collect();
-    ignored.sort();
-    ignored.dedup();
-
-    let (serve_paths, other_paths) = match old_svc {
-        Some(o) => (
-            serve_config_changes(
-                o.spec.serve_config_v2.as_deref(),
-                new.spec.serve_config_v2.as_deref(),
-            ),
-            other_spec_changes(o, new)?,
-        ),
-        None => (Vec::new(), Vec::new()),
-    };
-
-    let gate = opts
-        .incremental_upgrade_gate
-        .unwrap_or(rules.incremental_upgrade_gate_default);
-    let upgrade_type = new
-        .spec
-        .upgrade_strategy
-        .as_ref()
-        .and_then(|s| s.type_.clone());
-    let effective_type = if rules.upgrade_strategy_field {
-        upgrade_type.as_ref()
-    } else {
-        None
-    };
-    let (zd, zd_off_reason) = zero_downtime(effective_type, &rules, gate, opts);
-    let incremental =
-        gate && effective_type == Some(&UpgradeType::NewClusterWithIncrementalUpgrade);
-
-    let mut c = Classification {
-        verdict: Verdict::NoChange,
-        held_reason: None,
-        rejected: false,
-        triggering_paths: Vec::new(),
-        exempt_paths,
-        serve_config_paths: serve_paths,
-        other_paths,
-        ignored_paths: ignored,
-        kuberay_version: version,
-        upgrade_strategy: upgrade_type,
-        zero_downtime: zd,
-        incremental: false,
-        fingerprint: fingerprint(&new_n.muted),
-        reason: String::new(),
-    };
-    let serve_changed = !c.serve_config_paths.is_empty();
-    let any_cluster_change = old_n.full != new_n.full || old.hash_missing;
-    let serve_note = if serve_changed {
-        " The Serve config change is still submitted to the active cluster."
-    } else {
-        ""
-    };
-
-    let held = |c: &mut Classification, reason: String, paths: Vec<String>| {
-        c.verdict = Verdict::Held;
-        c.triggering_paths = paths;
-        c.reason = format!(
-            "A new RayCluster would be needed, but KubeRay will not create one.{serve_note}"
-        );
-        c.held_reason = Some(reason);
-    };
-
-    // 0. validateRayService.
-    let invalid = validate::cluster_spec_error(new, &new_n.full, &rules)
-        .or_else(|| validate_upgrade(new, &rules, gate));
-    if let Some(invalid) = invalid {
-        c.rejected = true;
-        if any_cluster_change || serve_changed {
-            c.verdict = Verdict::Held;
-            c.triggering_paths = trig_paths;
-            c.reason = "KubeRay rejects the RayService and applies nothing.".into();
-            c.held_reason = Some(invalid);
-        } else {
-            c.reason =
-                "Nothing KubeRay acts on changed (but the RayService fails KubeRay validation)."
-                    .into();
-        }
-        return Ok(c);
-    }
-
-    let upgrade_in_progress = new.condition_true(CONDITION_UPGRADE_IN_PROGRESS);
-    let in_place_all = |c: &mut Classification, why: String| {
-        c.verdict = Verdict::InPlaceClusterUpdate;
-        c.triggering_paths = all_paths.clone();
-        c.exempt_paths.clear();
-        c.reason = why;
-    };
-
-    // 1a. KubeRay-version annotation (RayCluster side, v1.2.0+).
-    if rules.version_annotation_updates_in_place
-        && !upgrade_in_progress
-        && let Some(annotation) = &old.version_annotation
-        && annotation.as_deref() != Some(version.tag().as_str())
-    {
-        if old_n.full != new_n.full {
-            in_place_all(
-                &mut c,
-                format!(
-                    "The active RayCluster's {ANNOTATION_KUBERAY_VERSION} is {} but the operator is {}: KubeRay rewrites the cluster in place from the RayService (no new cluster).",
-                    annotation.as_deref().unwrap_or("unset"),
-                    version.tag()
-                ),
-            );
-        } else if serve_changed {
-            c.verdict = Verdict::ServeConfigUpdate;
-            c.reason = "Only the Serve config changed: resubmitted to the running cluster.".into();
-        } else {
-            c.reason = format!(
-                "No spec change; KubeRay refreshes the cluster's annotations to {} in place.",
-                version.tag()
-            );
-        }
-        return Ok(c);
-    }
-
-    // 1b. Suspend toggle (v1.5.2, v1.6.1, v1.6.2).
-    if rules.suspend_toggle_updates_in_place
-        && !upgrade_in_progress
-        && new_cfg.suspend.unwrap_or(false) != old.suspend
-    {
-        in_place_all(
-            &mut c,
-            "rayClusterConfig.suspend toggled: KubeRay applies the whole RayService cluster spec in place (shouldUpdateCluster).".into(),
-        );
-        return Ok(c);
-    }
-
-    // 2. Full hash equality.
-    let hash_equal = !old.hash_missing && old_n.muted == new_n.muted;
-    if hash_equal {
-        if serve_changed {
-            c.verdict = Verdict::ServeConfigUpdate;
-            c.reason =
-                "Only the Serve config changed: KubeRay resubmits it to the running cluster."
-                    .into();
-        } else if !c.exempt_paths.is_empty() {
-            c.reason = format!(
-                "Only fields KubeRay {} mutes changed; the cluster is left as is.",
-                version.tag()
-            );
-        } else {
-            c.reason = "Nothing KubeRay acts on changed.".into();
-        }
-        return Ok(c);
-    }
-    let mut triggering = trig_paths.clone();
-    if old.hash_missing {
-        triggering.insert(0, format!("metadata.annotations[{ANNOTATION_HASH}]"));
-    }
-
-    // 3. Worker groups appended at the end.
-    let old_count = match old.group_count {
-        None => Ok(group_count(&old_n.muted)),
-        Some(r) => r,
-    };
-    match old_count {
-        Err(()) => match rules.bad_group_count_annotation {
-            BadGroupCountAnnotation::UpdateInPlace => {
-                c.verdict = Verdict::InPlaceClusterUpdate;
-                c.triggering_paths = triggering;
-                c.reason = format!(
-                    "The active RayCluster's {ANNOTATION_NUM_WORKER_GROUPS} annotation is missing or not a number: KubeRay {} treats that as 'groups appended' and updates the cluster in place.",
-                    version.tag()
-                );
-                return Ok(c);
-            }
-            BadGroupCountAnnotation::DoNothing => {
-                held(
-                    &mut c,
-                    format!(
-                        "The active RayCluster's {ANNOTATION_NUM_WORKER_GROUPS} annotation is missing or not a number: KubeRay {} does nothing",
-                        version.tag()
-                    ),
-                    triggering,
-                );
-                return Ok(c);
-            }
-        },
-        Ok(n) => {
-            // v1.1–v1.2 check `goal > n`, v1.3.0+ `goal >= n`; with `goal == n` the
-            // truncated hash is the full hash, which already differed, so both reduce to
-            // "more groups now, and the first n hash equal".
-            let new_count = group_count(&new_n.muted);
-            if rules.in_place_append
-                && new_count > n
-                && !old.hash_missing
-                && truncate_groups(&new_n.muted, n) == truncate_groups(&old_n.muted, n)
-            {
-                c.verdict = Verdict::InPlaceClusterUpdate;
-                c.triggering_paths = triggering;
-                c.reason = format!(
-                    "Worker groups were only appended at the end: KubeRay {} adds them to the running cluster in place.",
-                    version.tag()
-                );
-                return Ok(c);
-            }
-        }
-    }
-
-    // 4. New cluster, unless rolling back or zero-downtime is off.
-    if rules.rollback_blocks_new_cluster && new.condition_true(CONDITION_ROLLBACK_IN_PROGRESS) {
-        held(
-            &mut c,
-            "the RayService has condition RollbackInProgress: KubeRay prepares no new cluster until the rollback completes".into(),
-            triggering,
-        );
-        return Ok(c);
-    }
-    if zd {
-        c.verdict = Verdict::NewCluster;
-        c.incremental = incremental;
-        c.triggering_paths = triggering;
-        c.reason = if incremental {
-            "The cluster spec changed: KubeRay creates a new RayCluster and moves traffic to it incrementally (NewClusterWithIncrementalUpgrade)."
-                .into()
-        } else {
-            "The cluster spec changed: KubeRay creates a new RayCluster next to the active one and switches over when it is ready."
-                .into()
-        };
-        if serve_changed {
-            c.reason
-                .push_str(" The new Serve config is deployed on the new cluster.");
-        }
-    } else {
-        held(&mut c, zd_off_reason, triggering);
-    }
-    Ok(c)
+    let changes = changes(&old, old_svc, new, new_cfg, &new_what, &rules)?;
+    let strategy = strategy(new, &rules, opts);
+    let decision = decide(
+        &changes,
+        &old,
+        new,
+        new_cfg.suspend.unwrap_or(false),
+        &strategy,
+        &rules,
+    );
+    Ok(classification(changes, strategy, decision, version))
 }
 
 #[cfg(test)]
@@ -1377,5 +1480,52 @@ mod tests {
         let c = run(&svc(), &new, "1.7");
         assert_eq!(c.verdict, Verdict::NoChange);
         assert_eq!(c.other_paths, vec!["rayClusterDeletionDelaySeconds"]);
+    }
+
+    #[test]
+    fn fingerprint_is_of_the_canonical_json() {
+        // sha256 of `{"a":[{"c":null,"d":"x\"y"}],"b":1.5,"z":true}`: keys sorted at
+        // every level, no spaces, arrays in order.
+        let v = json!({"z": true, "b": 1.5, "a": [{"d": "x\"y", "c": null}]});
+        assert_eq!(fingerprint(&v), "7e3ff6fc6b18");
+    }
+
+    #[test]
+    fn the_decision_names_its_paths() {
+        let norm = || Normalized {
+            full: json!({}),
+            muted: json!({}),
+            pruned: vec![],
+        };
+        let changes = || Changes {
+            old: norm(),
+            new: norm(),
+            all_paths: vec!["a".into(), "workerGroupSpecs[g].replicas".into()],
+            hashed_paths: vec!["a".into()],
+            exempt_paths: vec!["workerGroupSpecs[g].replicas".into()],
+            ignored_paths: vec![],
+            serve_config_paths: vec![],
+            other_paths: vec![],
+        };
+        let strategy = || strategy(&svc(), &ver("1.7").rules(), &ClassifyOptions::default());
+        let run = |t: Triggering| {
+            let d = Decision::new(Verdict::NewCluster, t, "r");
+            classification(changes(), strategy(), d, ver("1.7"))
+        };
+        let c = run(Triggering::Hashed { missing_hash: true });
+        assert_eq!(
+            c.triggering_paths,
+            [
+                format!("metadata.annotations[{ANNOTATION_HASH}]"),
+                "a".into()
+            ]
+        );
+        assert_eq!(c.exempt_paths, ["workerGroupSpecs[g].replicas"]);
+        let c = run(Triggering::All);
+        assert_eq!(c.triggering_paths, ["a", "workerGroupSpecs[g].replicas"]);
+        assert!(c.exempt_paths.is_empty());
+        let c = run(Triggering::Nothing);
+        assert!(c.triggering_paths.is_empty());
+        assert_eq!(c.fingerprint, fingerprint(&json!({})));
     }
 }

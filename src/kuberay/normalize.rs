@@ -448,32 +448,23 @@ fn go_round_trip(v: &mut Value, path: &mut Vec<Seg>, what: &str) -> crate::Resul
     Ok(())
 }
 
-fn remove_at(v: &mut Value, keys: &[&str]) {
-    let Some((last, parents)) = keys.split_last() else {
-        return;
-    };
-    let mut cur = v;
-    for k in parents {
-        match cur.get_mut(*k) {
-            Some(next) => cur = next,
-            None => return,
-        }
-    }
-    if let Value::Object(m) = cur {
-        m.remove(*last);
+/// Removes `key` from the object at `parent` (a JSON pointer, `""` for `v` itself), if any.
+fn remove_at(v: &mut Value, parent: &str, key: &str) {
+    if let Some(Value::Object(m)) = v.pointer_mut(parent) {
+        m.remove(key);
     }
 }
 
 fn mute(v: &mut Value, rules: &Rules) {
     for f in &rules.muted {
         match f {
-            MutedField::ClusterSuspend => remove_at(v, &["suspend"]),
-            MutedField::ClusterUpgradeStrategy => remove_at(v, &["upgradeStrategy"]),
+            MutedField::ClusterSuspend => remove_at(v, "", "suspend"),
+            MutedField::ClusterUpgradeStrategy => remove_at(v, "", "upgradeStrategy"),
             MutedField::HeadTolerations => {
-                remove_at(v, &["headGroupSpec", "template", "spec", "tolerations"])
+                remove_at(v, "/headGroupSpec/template/spec", "tolerations")
             }
             MutedField::HeadSchedulingGates => {
-                remove_at(v, &["headGroupSpec", "template", "spec", "schedulingGates"])
+                remove_at(v, "/headGroupSpec/template/spec", "schedulingGates")
             }
             _ => {}
         }
@@ -482,23 +473,21 @@ fn mute(v: &mut Value, rules: &Rules) {
         for g in groups.iter_mut() {
             for f in &rules.muted {
                 match f {
-                    MutedField::WorkerReplicas => remove_at(g, &["replicas"]),
-                    MutedField::WorkerMinReplicas => remove_at(g, &["minReplicas"]),
-                    MutedField::WorkerMaxReplicas => remove_at(g, &["maxReplicas"]),
+                    MutedField::WorkerReplicas => remove_at(g, "", "replicas"),
+                    MutedField::WorkerMinReplicas => remove_at(g, "", "minReplicas"),
+                    MutedField::WorkerMaxReplicas => remove_at(g, "", "maxReplicas"),
                     MutedField::WorkerWorkersToDelete => {
-                        remove_at(g, &["scaleStrategy", "workersToDelete"]);
+                        remove_at(g, "/scaleStrategy", "workersToDelete");
                         if g.get("scaleStrategy")
                             .and_then(Value::as_object)
                             .is_some_and(Map::is_empty)
                         {
-                            remove_at(g, &["scaleStrategy"]);
+                            remove_at(g, "", "scaleStrategy");
                         }
                     }
-                    MutedField::WorkerTolerations => {
-                        remove_at(g, &["template", "spec", "tolerations"])
-                    }
+                    MutedField::WorkerTolerations => remove_at(g, "/template/spec", "tolerations"),
                     MutedField::WorkerSchedulingGates => {
-                        remove_at(g, &["template", "spec", "schedulingGates"])
+                        remove_at(g, "/template/spec", "schedulingGates")
                     }
                     _ => {}
                 }

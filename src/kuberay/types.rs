@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{PodTemplateSpec, ResourceRequirements};
 use kube::CustomResource;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
+use serde_with::skip_serializing_none;
 
 /// Annotation KubeRay's RayService controller puts on every RayCluster it creates: the
 /// hash of the RayService's `rayClusterConfig` with the muted fields cleared
@@ -49,7 +50,11 @@ pub const CONDITION_ROLLBACK_IN_PROGRESS: &str = "RollbackInProgress";
 
 type Extra = Map<String, Value>;
 
+// Every `Option` field below is left out when `None` (`#[skip_serializing_none]`), as Go's
+// `omitempty` pointers are: a round trip adds no `null`s.
+
 /// `RayService.spec`.
+#[skip_serializing_none]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "ray.io",
@@ -61,24 +66,25 @@ type Extra = Map<String, Value>;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RayServiceSpec {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub ray_cluster_config: Option<RayClusterSpec>,
     /// Serve config as a YAML string (`serveConfigV2`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub serve_config_v2: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub upgrade_strategy: Option<RayServiceUpgradeStrategy>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub ray_cluster_deletion_delay_seconds: Option<i64>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// `RayService.spec.upgradeStrategy`.
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RayServiceUpgradeStrategy {
-    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "type", default)]
     pub type_: Option<UpgradeType>,
     #[serde(flatten)]
     pub extra: Extra,
@@ -140,80 +146,86 @@ impl<'de> Deserialize<'de> for UpgradeType {
 }
 
 /// `RayService.status`.
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RayServiceStatuses {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub active_service_status: Option<RayServiceStatus>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub pending_service_status: Option<RayServiceStatus>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub conditions: Option<Vec<Condition>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub service_status: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// `RayService.status.activeServiceStatus` / `pendingServiceStatus`.
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RayServiceStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub ray_cluster_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub application_statuses: Option<BTreeMap<String, AppStatus>>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// One Serve application's status.
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct AppStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub status: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub message: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub serve_deployment_statuses: Option<BTreeMap<String, ServeDeploymentStatus>>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// One Serve deployment's status.
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ServeDeploymentStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub status: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub message: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// The `metav1.Condition` shape, lenient (every field optional, times kept as strings).
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
-    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "type", default)]
     pub type_: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub status: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub reason: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub message: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub last_transition_time: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub observed_generation: Option<i64>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// `RayCluster.spec`, also `RayService.spec.rayClusterConfig`.
+#[skip_serializing_none]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "ray.io",
@@ -225,104 +237,110 @@ pub struct Condition {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RayClusterSpec {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub head_group_spec: Option<HeadGroupSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub worker_group_specs: Option<Vec<WorkerGroupSpec>>,
     /// `*bool` in Go: `false` is kept by Go's JSON (not omitted).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub enable_in_tree_autoscaling: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub autoscaler_options: Option<AutoscalerOptions>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub suspend: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub ray_version: Option<String>,
     /// Cluster-level upgrade strategy (`Recreate` | `None`, v1.6.0+).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub upgrade_strategy: Option<RayClusterUpgradeStrategy>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// `headGroupSpec`.
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct HeadGroupSpec {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub template: Option<PodTemplateSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub ray_start_params: Option<BTreeMap<String, Value>>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// One entry of `workerGroupSpecs`.
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerGroupSpec {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub group_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub replicas: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub min_replicas: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub max_replicas: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub num_of_hosts: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub suspend: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub scale_strategy: Option<ScaleStrategy>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub template: Option<PodTemplateSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub ray_start_params: Option<BTreeMap<String, Value>>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// `workerGroupSpecs[].scaleStrategy`.
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ScaleStrategy {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub workers_to_delete: Option<Vec<String>>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// `autoscalerOptions`.
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct AutoscalerOptions {
     /// Replaces the autoscaler sidecar's whole `resources` when set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub resources: Option<ResourceRequirements>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub image: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// `RayCluster.spec.upgradeStrategy` (v1.6.0+).
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RayClusterUpgradeStrategy {
-    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "type", default)]
     pub type_: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// `RayCluster.status`.
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RayClusterStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub state: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub conditions: Option<Vec<Condition>>,
     #[serde(flatten)]
     pub extra: Extra,
@@ -479,5 +497,32 @@ mod tests {
             };
             assert_eq!(back, raw, "{name}");
         }
+    }
+
+    #[test]
+    fn none_fields_are_left_out() {
+        let empty = |v: Value| v == serde_json::json!({});
+        assert!(empty(
+            serde_json::to_value(RayServiceSpec::default()).unwrap()
+        ));
+        assert!(empty(
+            serde_json::to_value(RayClusterSpec::default()).unwrap()
+        ));
+        assert!(empty(
+            serde_json::to_value(WorkerGroupSpec::default()).unwrap()
+        ));
+        assert!(empty(serde_json::to_value(Condition::default()).unwrap()));
+        assert!(empty(
+            serde_json::to_value(RayServiceStatuses::default()).unwrap()
+        ));
+        let g = WorkerGroupSpec {
+            replicas: Some(0),
+            suspend: Some(false),
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_value(g).unwrap(),
+            serde_json::json!({"replicas": 0, "suspend": false})
+        );
     }
 }

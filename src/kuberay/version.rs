@@ -508,10 +508,6 @@ impl Rules {
             },
         }
     }
-
-    pub fn mutes(&self, f: MutedField) -> bool {
-        self.muted.contains(&f)
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,237 @@
+//! `raygate explain`: what KubeRay will do with a RayService change, as JSON or text.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::input::{in_file, kind_of, parse_as, read_one, read_service};
+use super::{ExplainArgs, field, kuberay_version, plan, sum_requests};
+use crate::capacity;
+use crate::kuberay::{
+    self, Classification, KubeRayVersion, OldSide, RayCluster, RayService, Verdict,
+};
+use crate::{Error, Result};
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct NewClusterSummary {
+    pods: usize,
+    requests: BTreeMap<String, String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ExplainOutput<'a> {
+    #[serde(flatten)]
+    classification: &'a Classification,
+    new_cluster: NewClusterSummary,
+}
+
+/// What the change is compared with.
+pub(crate) enum Old {
+    /// The live RayCluster KubeRay compares the spec with, and the live
+    /// RayService whose `serveConfigV2` KubeRay last submitted to it.
+    Live(Box<RayCluster>, Box<RayService>),
+    Service(Box<RayService>),
+    Cluster(Box<RayCluster>),
+}
+
+pub fn explain(args: &ExplainArgs) -> Result<String> {
+    let version = kuberay_version(args.kuberay_version.as_deref())?;
+    let Some(old_path) = &args.old else {
+        return Err(Error::invalid(
+            "--old",
+            "missing (or read the live cluster: `kubectl raygate explain -f FILE`)",
+        ));
+    };
+    let old = read_one(old_path, &["RayService", "RayCluster"])?;
+    let old = if kind_of(&old) == "RayCluster" {
+        Old::Cluster(Box::new(parse_as(old_path, old)?))
+    } else {
+        Old::Service(Box::new(parse_as(old_path, old)?))
+    };
+    let new = read_service(&args.new, version)?;
+    explain_against(args, version, &old, old_path, &new, &[])
+}
+
+/// `explain` once both sides are read; `old_source` names the old side in
+/// errors, `notes` are extra `label value` lines for the text output.
+pub(crate) fn explain_against(
+    args: &ExplainArgs,
+    version: KubeRayVersion,
+    old: &Old,
+    old_source: &Path,
+    new: &RayService,
+    notes: &[(&str, String)],
+) -> Result<String> {
+    let opts = kuberay::ClassifyOptions {
+        zero_downtime_enabled: !args.zero_downtime_disabled,
+        ..Default::default()
+    };
+    let side = match old {
+        Old::Cluster(c) | Old::Live(c, _) => OldSide::RayCluster(c),
+        Old::Service(s) => OldSide::RayService(s),
+    };
+    // The new side was checked on its own: what fails now is the old side.
+    let mut classification = in_file(
+        old_source,
+        kuberay::classify_with(&side, new, version, &opts),
+    )?;
+    if let Old::Live(_, live) = old {
+        classification = with_live_serve_config(classification, live, new);
+    }
+    let pods = in_file(&args.new, plan(new, version))?;
+    let requests = in_file(&args.new, sum_requests(&pods))?;
+    let out = ExplainOutput {
+        classification: &classification,
+        new_cluster: NewClusterSummary {
+            pods: pods.len(),
+            requests: capacity::canonical_map(&requests),
+        },
+    };
+    Ok(match args.output.structured(&out)? {
+        Some(s) => s,
+        None => {
+            let mut s = String::new();
+            for (label, value) in notes {
+                field(&mut s, label, value);
+            }
+            s + &explain_text(
+                &classification,
+                &out.new_cluster,
+                matches!(old, Old::Cluster(_)),
+            )
+        }
+    })
+}
+
+/// A RayCluster carries no Serve config: KubeRay compares `serveConfigV2`
+/// with what it last submitted, the live RayService's. The cluster decides
+/// the verdict; a Serve config change turns `NoChange` into `ServeConfigUpdate`.
+pub(crate) fn with_live_serve_config(
+    mut c: kuberay::Classification,
+    live: &RayService,
+    new: &RayService,
+) -> kuberay::Classification {
+    c.serve_config_paths = kuberay::classify::serve_config_changes(
+        live.spec.serve_config_v2.as_deref(),
+        new.spec.serve_config_v2.as_deref(),
+    );
+    if c.verdict == kuberay::Verdict::NoChange && !c.rejected && !c.serve_config_paths.is_empty() {
+        c.verdict = kuberay::Verdict::ServeConfigUpdate;
+        c.reason = "Only the Serve config changed: resubmitted to the running cluster.".into();
+    }
+    c
+}
+
+fn path_list(s: &mut String, title: &str, paths: &[String]) {
+    if paths.is_empty() {
+        return;
+    }
+    s.push_str(&format!("{title} ({}):\n", paths.len()));
+    for p in paths {
+        s.push_str(&format!("  {p}\n"));
+    }
+}
+
+/// `name  value` rows, names padded to the longest, values right-aligned.
+fn quantity_rows(s: &mut String, rows: &BTreeMap<String, String>) {
+    let kw = rows.keys().map(String::len).max().unwrap_or(0);
+    let vw = rows.values().map(String::len).max().unwrap_or(0);
+    for (k, v) in rows {
+        s.push_str(&format!("  {k:<kw$}  {v:>vw$}\n"));
+    }
+}
+
+fn explain_text(c: &Classification, new: &NewClusterSummary, old_is_cluster: bool) -> String {
+    let mut s = String::new();
+    field(&mut s, "Verdict:", &format!("{:?}", c.verdict));
+    field(&mut s, "Why:", &c.reason);
+    if let Some(held) = &c.held_reason {
+        field(&mut s, "Held because:", held);
+    }
+    let strategy = match &c.upgrade_strategy {
+        Some(t) => format!("upgradeStrategy {t}"),
+        None => "upgradeStrategy unset".to_string(),
+    };
+    let zd = if c.zero_downtime {
+        "zero-downtime upgrades on"
+    } else {
+        "zero-downtime upgrades off"
+    };
+    field(
+        &mut s,
+        "KubeRay:",
+        &format!("{} rules, {strategy}, {zd}", c.kuberay_version),
+    );
+    field(&mut s, "Fingerprint:", &c.fingerprint);
+    if old_is_cluster {
+        field(
+            &mut s,
+            "Serve config:",
+            "not compared (--old is a RayCluster; KubeRay compares against what it last submitted)",
+        );
+    }
+    let triggering = match c.verdict {
+        Verdict::NewCluster => "Changes that need a new cluster",
+        Verdict::Held => "Changes that would need a new cluster",
+        Verdict::InPlaceClusterUpdate => "Changes applied to the running cluster",
+        Verdict::NoChange | Verdict::ServeConfigUpdate => "Triggering changes",
+    };
+    let sections: [(String, &[String]); 5] = [
+        (triggering.to_string(), &c.triggering_paths),
+        (
+            format!("Exempt, muted by KubeRay {}", c.kuberay_version),
+            &c.exempt_paths,
+        ),
+        (
+            "Serve config changes (resubmitted)".to_string(),
+            &c.serve_config_paths,
+        ),
+        (
+            "Other spec changes (no cluster effect)".to_string(),
+            &c.other_paths,
+        ),
+        (
+            format!("Ignored, unknown to KubeRay {}", c.kuberay_version),
+            &c.ignored_paths,
+        ),
+    ];
+    if sections.iter().any(|(_, p)| !p.is_empty()) {
+        s.push('\n');
+    }
+    for (title, paths) in &sections {
+        path_list(&mut s, title, paths);
+    }
+    s.push('\n');
+    let plural = if new.pods == 1 { "" } else { "s" };
+    field(
+        &mut s,
+        "New spec:",
+        &format!("{} pod{plural}, requesting in total:", new.pods),
+    );
+    quantity_rows(&mut s, &new.requests);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_sections_are_left_out_and_quantities_right_aligned() {
+        let mut s = String::new();
+        path_list(&mut s, "Triggering changes", &[]);
+        assert_eq!(s, "");
+        path_list(&mut s, "Triggering changes", &["a.b".into()]);
+        assert_eq!(s, "Triggering changes (1):\n  a.b\n");
+        let mut s = String::new();
+        let rows = BTreeMap::from([
+            ("cpu".to_string(), "64500m".to_string()),
+            ("nvidia.com/gpu".to_string(), "8".to_string()),
+        ]);
+        quantity_rows(&mut s, &rows);
+        assert_eq!(s, "  cpu             64500m\n  nvidia.com/gpu       8\n");
+    }
+}

@@ -1,0 +1,329 @@
+//! `raygate fit`: whether a RayService's new cluster fits next to the running one, as
+//! JSON or text.
+
+use std::path::Path;
+
+use super::input::{in_file, read_service, read_state};
+use super::{FitArgs, field, kuberay_version, plan_groups};
+use crate::capacity::{self, ClusterState, FitReport, FitRequest, ResourceList};
+use crate::kuberay::{KubeRayVersion, RayService};
+use crate::quantity::Quantity;
+use crate::{Error, Result};
+
+/// Pods in the state that belong to the service's current cluster: the one
+/// its status names, or (for a manifest without status) KubeRay's naming
+/// pattern `<service>-<5 characters>`.
+fn old_cluster_pods(
+    state: &ClusterState,
+    svc: &RayService,
+) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+    let name = svc.metadata.name.as_deref().unwrap_or_default();
+    let active = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.active_service_status.as_ref())
+        .and_then(|a| a.ray_cluster_name.clone());
+    let matches = |cluster: &str| match &active {
+        Some(a) => cluster == a,
+        None => cluster
+            .strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .is_some_and(|suffix| {
+                suffix.len() == 5 && suffix.chars().all(|c| c.is_ascii_alphanumeric())
+            }),
+    };
+    state
+        .pods
+        .iter()
+        .filter(|p| {
+            (if p.key.0.is_empty() {
+                "default"
+            } else {
+                &*p.key.0
+            }) == ns
+        })
+        .filter(|p| !p.is_terminal())
+        .filter(|p| p.body.cluster().is_some_and(matches))
+        .map(|p| p.body.to_pod(&p.key))
+        .collect()
+}
+
+/// What `fit` found: the output, the answer, and what was skipped in the input.
+#[derive(Debug)]
+pub struct FitOutcome {
+    pub text: String,
+    pub fits: bool,
+    /// Objects of the state that were ignored (for stderr).
+    pub warnings: Vec<String>,
+}
+
+pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
+    let version = kuberay_version(args.kuberay_version.as_deref())?;
+    let Some(state_path) = &args.state else {
+        return Err(Error::invalid(
+            "--state",
+            "missing (or read the live cluster: `kubectl raygate fit -f FILE`)",
+        ));
+    };
+    let state = read_state(state_path)?;
+    let svc = read_service(&args.new, version)?;
+    let headroom: ResourceList = args.headroom.iter().cloned().collect();
+    fit_in(args, version, state, state_path, &svc, headroom, &[])
+}
+
+/// `fit` once the state and the service are read. The service's status
+/// names its active cluster, whose pods are the old side.
+pub(crate) fn fit_in(
+    args: &FitArgs,
+    version: KubeRayVersion,
+    state: ClusterState,
+    state_source: &Path,
+    svc: &RayService,
+    headroom: ResourceList,
+    notes: &[(&str, String)],
+) -> Result<FitOutcome> {
+    let pods = in_file(&args.new, plan_groups(svc, version))?;
+    let old_pods = old_cluster_pods(&state, svc);
+    let old_requests = in_file(
+        state_source,
+        capacity::total_requests(old_pods.iter(), &state.limit_ranges),
+    )?;
+    // The new pods were checked with the manifest: what fails now is the state.
+    let report = in_file(
+        state_source,
+        capacity::fit(
+            &state,
+            &FitRequest {
+                pods,
+                reserved: vec![],
+                headroom,
+                old_requests,
+            },
+        ),
+    )?;
+    let text = match args.output.structured(&report)? {
+        Some(s) => s,
+        None => {
+            let mut s = String::new();
+            for (label, value) in notes {
+                field(&mut s, label, value);
+            }
+            s + &fit_text(&report)
+        }
+    };
+    Ok(FitOutcome {
+        text,
+        fits: report.fits,
+        warnings: state.warnings,
+    })
+}
+
+fn list_text(m: &ResourceList) -> String {
+    m.iter()
+        .map(|(k, v)| format!("{k}={}", v.canonical()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn fit_why(r: &FitReport) -> String {
+    let total = r
+        .new_requests
+        .get(capacity::PODS)
+        .map_or(0, Quantity::value);
+    let unplaced = r.unplaced.iter().filter(|u| !u.reserved).count();
+    if r.fits {
+        return format!(
+            "every new pod ({total}) has a node, next to the running cluster{}",
+            if r.headroom.is_empty() {
+                ""
+            } else {
+                ", and the headroom stays free"
+            }
+        );
+    }
+    let mut why = Vec::new();
+    if unplaced > 0 {
+        let verb = if unplaced == 1 { "has" } else { "have" };
+        why.push(format!("{unplaced} of {total} new pods {verb} no node"));
+    }
+    if r.shortfall.is_empty() {
+        if unplaced > 0 {
+            why.push(
+                "the usable nodes have enough free in total, but not on any one node \
+                 (fragmentation) or not where the pods may run (placement rules)"
+                    .to_string(),
+            );
+        }
+    } else {
+        let what = if r.headroom.is_empty() {
+            "short of"
+        } else {
+            "with the headroom, short of"
+        };
+        why.push(format!("{what} {}", list_text(&r.shortfall)));
+    }
+    if why.is_empty() {
+        why.push("the headroom is not kept".to_string());
+    }
+    why.join("; ")
+}
+
+/// Rows of cells, each column padded to its widest cell (first column left-aligned,
+/// the others right-aligned).
+fn table(s: &mut String, rows: &[Vec<String>]) {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(String::len)
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            let w = widths.get(c).copied().unwrap_or(0);
+            if c == 0 {
+                line.push_str(&format!("{cell:<w$}"));
+            } else {
+                line.push_str(&format!("  {cell:>w$}"));
+            }
+        }
+        s.push_str(line.trim_end());
+        s.push('\n');
+    }
+}
+
+/// `  key  value` lines, keys padded to the longest.
+fn pairs(s: &mut String, title: &str, rows: &[(&str, &str)]) {
+    if rows.is_empty() {
+        return;
+    }
+    s.push_str(&format!("\n{title} ({}):\n", rows.len()));
+    let w = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, v) in rows {
+        s.push_str(&format!("  {k:<w$}  {v}\n"));
+    }
+}
+
+fn fit_text(r: &FitReport) -> String {
+    let mut s = String::new();
+    field(&mut s, "Fits:", if r.fits { "yes" } else { "NO" });
+    field(&mut s, "Why:", &fit_why(r));
+    if !r.headroom.is_empty() {
+        field(&mut s, "Headroom:", &list_text(&r.headroom));
+    }
+    s.push('\n');
+    let show = |m: &ResourceList, k: &str| {
+        m.get(k)
+            .map(Quantity::canonical)
+            .unwrap_or_else(|| "-".into())
+    };
+    let mut rows = vec![
+        [
+            "RESOURCE",
+            "NEW",
+            "OLD+NEW",
+            "ALLOCATABLE",
+            "FREE",
+            "SHORTFALL",
+        ]
+        .map(str::to_string)
+        .to_vec(),
+    ];
+    let names: std::collections::BTreeSet<&String> =
+        r.new_requests.keys().chain(r.shortfall.keys()).collect();
+    for k in names {
+        rows.push(vec![
+            k.clone(),
+            show(&r.new_requests, k),
+            show(&r.required, k),
+            show(&r.allocatable, k),
+            show(&r.free, k),
+            show(&r.shortfall, k),
+        ]);
+    }
+    table(&mut s, &rows);
+    let unplaced: Vec<(&str, &str)> = r
+        .unplaced
+        .iter()
+        .map(|u| (u.pod.as_str(), u.reason.as_str()))
+        .collect();
+    pairs(&mut s, "Unplaced pods", &unplaced);
+    let placed: Vec<(&str, &str)> = r
+        .placements
+        .iter()
+        .map(|(p, n)| (p.as_str(), n.as_str()))
+        .collect();
+    pairs(&mut s, "Placements", &placed);
+    let skipped: Vec<(&str, &str)> = r
+        .skipped_nodes
+        .iter()
+        .map(|n| (n.node.as_str(), n.reason.as_str()))
+        .collect();
+    pairs(&mut s, "Skipped nodes", &skipped);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capacity::Unplaced;
+
+    fn list(items: &[(&str, &str)]) -> ResourceList {
+        items
+            .iter()
+            .map(|(k, v)| (k.to_string(), Quantity::parse(v).unwrap()))
+            .collect()
+    }
+
+    fn report(fits: bool, unplaced: usize, shortfall: &[(&str, &str)]) -> FitReport {
+        FitReport {
+            fits,
+            required: ResourceList::new(),
+            new_requests: list(&[("pods", "3")]),
+            old_requests: ResourceList::new(),
+            reserved: ResourceList::new(),
+            headroom: ResourceList::new(),
+            allocatable: ResourceList::new(),
+            free: ResourceList::new(),
+            shortfall: list(shortfall),
+            unplaced: (0..unplaced)
+                .map(|i| Unplaced {
+                    pod: format!("ml/p-{i}"),
+                    reason: "no node".into(),
+                    reserved: false,
+                })
+                .collect(),
+            placements: Default::default(),
+            skipped_nodes: vec![],
+        }
+    }
+
+    #[test]
+    fn why_names_the_cause() {
+        assert_eq!(
+            fit_why(&report(true, 0, &[])),
+            "every new pod (3) has a node, next to the running cluster"
+        );
+        assert_eq!(
+            fit_why(&report(false, 1, &[("nvidia.com/gpu", "2")])),
+            "1 of 3 new pods has no node; short of nvidia.com/gpu=2"
+        );
+        assert!(fit_why(&report(false, 2, &[])).contains("(fragmentation)"));
+        let mut kept = report(false, 0, &[]);
+        kept.headroom = list(&[("cpu", "1")]);
+        assert_eq!(fit_why(&kept), "the headroom is not kept");
+    }
+
+    #[test]
+    fn table_columns_are_padded_to_the_widest_cell() {
+        let mut s = String::new();
+        let rows = [["A", "BB"], ["ccc", "1"]].map(|r| r.map(str::to_string).to_vec());
+        table(&mut s, &rows);
+        assert_eq!(s, "A    BB\nccc   1\n");
+    }
+}
