@@ -293,7 +293,9 @@ pub async fn run(
         .for_each(|res| {
             match res {
                 Ok((obj, _)) => debug!(plan = %obj, "reconciled"),
-                Err(e) => debug!(error = %e, "reconcile failed"),
+                // Logged once, with the plan, by `error_policy`.
+                Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
+                Err(e) => debug!(error = %e, "controller error"),
             }
             future::ready(())
         })
