@@ -333,8 +333,18 @@ pub struct TransitionRecord {
     #[schemars(with = "Option<String>")]
     pub end: Option<Timestamp>,
     /// `Completed`, or `Abandoned` when KubeRay dropped the new cluster unpromoted.
-    pub outcome: Option<String>,
+    #[schemars(with = "Option<String>")]
+    pub outcome: Option<TransitionOutcome>,
     pub duration_seconds: Option<i64>,
+}
+
+/// How a transition ended.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransitionOutcome {
+    /// The new cluster was promoted and the old one is gone.
+    Completed,
+    /// KubeRay dropped the new cluster without promoting it.
+    Abandoned,
 }
 
 /// The CRD as committed under `crds/` and shipped in the chart.
@@ -384,7 +394,7 @@ mod tests {
                 fingerprint: "abc".into(),
                 start: t,
                 end: None,
-                outcome: None,
+                outcome: Some(TransitionOutcome::Abandoned),
                 duration_seconds: None,
             }),
             ..Default::default()
@@ -395,7 +405,8 @@ mod tests {
             serde_json::json!({"phase": "Idle",
                 "admitted": {"fingerprint": "abc", "admittedTime": "2026-12-02T12:00:00.123456789Z",
                              "fromCluster": "llm-a"},
-                "lastTransition": {"fingerprint": "abc", "start": "2026-12-02T12:00:00.123456789Z"}})
+                "lastTransition": {"fingerprint": "abc", "start": "2026-12-02T12:00:00.123456789Z",
+                                   "outcome": "Abandoned"}})
         );
         let back: UpgradePlanStatus = serde_json::from_value(v).unwrap();
         assert_eq!(back, status);

@@ -19,16 +19,14 @@ use jiff::Timestamp;
 use super::render::{self, Builder};
 use super::{ADMISSION_TTL, ChangeFacts, Gate, Inputs, Outcome, ServiceFacts, Settings, stall};
 use crate::schedule;
-use crate::upgradeplan::{Admission, PendingChange, Phase, Policy, TransitionRecord, condition};
+use crate::upgradeplan::{
+    Admission, PendingChange, Phase, Policy, TransitionOutcome, TransitionRecord, condition,
+};
 
 /// Requeue intervals: tight while something moves, relaxed when idle.
 pub(crate) const REQUEUE_ACTIVE: Duration = Duration::from_secs(5);
 pub(crate) const REQUEUE_WAITING: Duration = Duration::from_secs(15);
 pub(crate) const REQUEUE_IDLE: Duration = Duration::from_secs(120);
-
-/// The outcome a transition that is over records.
-const COMPLETED: &str = "Completed";
-const ABANDONED: &str = "Abandoned";
 
 /// Rule 1, then rules 2 and 3.
 pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
@@ -133,12 +131,8 @@ impl Rules<'_> {
     /// transition.
     fn nothing_pending(&self, b: &mut Builder<'_>) {
         b.status.pending_change = None;
-        let completed = b
-            .prev
-            .last_transition
-            .as_ref()
-            .and_then(|t| t.outcome.as_deref())
-            == Some(COMPLETED)
+        let completed = b.prev.last_transition.as_ref().and_then(|t| t.outcome)
+            == Some(TransitionOutcome::Completed)
             && b.prev.phase == Phase::Completed;
         b.status.phase = if completed {
             Phase::Completed
@@ -280,7 +274,8 @@ impl Rules<'_> {
             // was reverted): the transition is over, the old cluster stays.
             (None, Some(to)) if svc.active_cluster == admitted.from_cluster => {
                 b.status.admitted = None;
-                b.status.last_transition = Some(self.ended(&admitted, ABANDONED));
+                b.status.last_transition =
+                    Some(self.ended(&admitted, TransitionOutcome::Abandoned));
                 b.event(
                     true,
                     "Abandoned",
@@ -448,7 +443,7 @@ impl Rules<'_> {
         let took = stall::human_duration(self.running_for(&admitted));
         b.status.admitted = None;
         b.status.pending_change = None;
-        b.status.last_transition = Some(self.ended(&admitted, COMPLETED));
+        b.status.last_transition = Some(self.ended(&admitted, TransitionOutcome::Completed));
         b.status.phase = Phase::Completed;
         b.status.waiting_for = None;
         b.status.message = Some(format!(
@@ -477,12 +472,12 @@ impl Rules<'_> {
     }
 
     /// The record of a transition that is over.
-    fn ended(&self, admitted: &Admission, outcome: &str) -> TransitionRecord {
+    fn ended(&self, admitted: &Admission, outcome: TransitionOutcome) -> TransitionRecord {
         TransitionRecord {
             fingerprint: admitted.fingerprint.clone(),
             start: admitted.admitted_time,
             end: Some(self.now()),
-            outcome: Some(outcome.to_string()),
+            outcome: Some(outcome),
             duration_seconds: Some(self.running_for(admitted).as_secs() as i64),
         }
     }

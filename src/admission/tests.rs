@@ -1,6 +1,6 @@
 use super::*;
 use crate::capacity::ClusterState;
-use crate::upgradeplan::{Phase, UpgradePlanSpec};
+use crate::upgradeplan::{Phase, TransitionOutcome, UpgradePlanSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use serde_json::json;
 
@@ -578,8 +578,8 @@ fn completed_only_when_the_old_cluster_and_its_pods_are_gone() {
     assert!(d.status.admitted.is_none());
     let t = d.status.last_transition.as_ref().unwrap();
     assert_eq!(
-        (t.outcome.as_deref(), t.duration_seconds),
-        (Some("Completed"), Some(300))
+        (t.outcome, t.duration_seconds),
+        (Some(TransitionOutcome::Completed), Some(300))
     );
     assert_eq!(d.outcome, Some(Outcome::Completed));
 
