@@ -436,49 +436,91 @@ async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     Ok(Action::await_change())
 }
 
+/// One reconcile of a plan that raygate governs: observe, decide, record
+/// the decision, then act on it.
 async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
-    let ns = plan.namespace().unwrap_or_default();
-    let name = plan.name_any();
     let now = Timestamp::now();
     let plans = ctx.stores.plans.state();
-    let soon = Action::requeue(Duration::from_secs(1));
-
     // The reference was edited (an apiserver without CEL rules lets it):
     // the gate of the RayService it named goes back first.
     if let Some(old) = govern::recorded_elsewhere(plan) {
-        if let Some(target) = govern::gate_to_release(&plans, plan) {
-            release_gate(ctx, &ns, &target).await?;
-        }
-        ctx.decisions
-            .lock()
-            .await
-            .remove(&(ns.clone(), name.clone()));
-        if write_status(ctx, plan, &govern::handed_over_status(plan, &old)).await? {
-            publish(
-                ctx,
-                plan,
-                None,
-                false,
-                "GateReleased",
-                format!("rayServiceRef changed: raygate no longer gates {old}"),
-            )
-            .await;
-        }
-        return Ok(soon);
+        return hand_over(plan, ctx, &plans, &old).await;
     }
     if let Some(governor) = govern::conflict_with(&plans, plan) {
-        let st = govern::conflict_status(plan, &governor, now);
-        if plan.status.as_ref() != Some(&st) && write_status(ctx, plan, &st).await? {
-            let note = st.message.clone().unwrap_or_default();
-            publish(ctx, plan, None, true, "Conflict", note).await;
-        }
-        return Ok(Action::requeue(Duration::from_secs(30)));
+        return report_conflict(plan, ctx, &governor, now).await;
     }
+    let r = match record(plan, ctx, now).await? {
+        Ok(r) => r,
+        Err(later) => return Ok(later),
+    };
+    let requeue = set_gate(ctx, &r).await?;
+    report(ctx, &r, now).await;
+    Ok(Action::requeue(requeue))
+}
 
+/// Gives back the gate of the RayService `plan` no longer references.
+async fn hand_over(
+    plan: &UpgradePlan,
+    ctx: &Context,
+    plans: &[Arc<UpgradePlan>],
+    old: &str,
+) -> Result<Action> {
+    let ns = plan.namespace().unwrap_or_default();
+    if let Some(target) = govern::gate_to_release(plans, plan) {
+        release_gate(ctx, &ns, &target).await?;
+    }
+    ctx.decisions.lock().await.remove(&(ns, plan.name_any()));
+    if write_status(ctx, plan, &govern::handed_over_status(plan, old)).await? {
+        publish(
+            ctx,
+            plan,
+            None,
+            false,
+            "GateReleased",
+            format!("rayServiceRef changed: raygate no longer gates {old}"),
+        )
+        .await;
+    }
+    Ok(Action::requeue(Duration::from_secs(1)))
+}
+
+/// Another plan governs `plan`'s RayService: say so, touch nothing.
+async fn report_conflict(
+    plan: &UpgradePlan,
+    ctx: &Context,
+    governor: &str,
+    now: Timestamp,
+) -> Result<Action> {
+    let st = govern::conflict_status(plan, governor, now);
+    if plan.status.as_ref() != Some(&st) && write_status(ctx, plan, &st).await? {
+        let note = st.message.clone().unwrap_or_default();
+        publish(ctx, plan, None, true, "Conflict", note).await;
+    }
+    Ok(Action::requeue(Duration::from_secs(30)))
+}
+
+/// A decision whose status is on the plan.
+struct Recorded {
+    /// The plan as the decision saw it.
+    plan: UpgradePlan,
+    seen: Seen,
+    decision: Decision,
+    /// The status before the decision.
+    prev: UpgradePlanStatus,
+}
+
+/// Decides and writes the status; `Err(action)` when it could not be
+/// written on current input (the plan keeps changing, or is gone).
+async fn record(
+    plan: &UpgradePlan,
+    ctx: &Context,
+    now: Timestamp,
+) -> Result<std::result::Result<Recorded, Action>> {
+    let (ns, name) = (plan.namespace().unwrap_or_default(), plan.name_any());
     let key = (ns.clone(), name.clone());
     let mut current = plan.clone();
     let mut attempts = 0;
-    let (plan, seen, decision, prev) = loop {
+    loop {
         // Decide under the lock and reserve the admission there, so that a
         // decision made while the status is written counts it; the lock is
         // not held across the write.
@@ -506,7 +548,12 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
             write_status(ctx, &current, &decision.status).await
         };
         if matches!(written, Ok(true)) {
-            break (current, seen, decision, prev);
+            return Ok(Ok(Recorded {
+                plan: current,
+                seen,
+                decision,
+                prev,
+            }));
         }
         // Not written: the reservation goes back to what it was.
         {
@@ -521,53 +568,65 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
         // what is there now, never re-apply a decision made on stale input.
         attempts += 1;
         if attempts == 2 {
-            return Ok(soon);
+            return Ok(Err(Action::requeue(Duration::from_secs(1))));
         }
         let api: Api<UpgradePlan> = Api::namespaced(ctx.client.clone(), &ns);
         match guarded(&ctx.fence, "reading the UpgradePlan", api.get_opt(&name)).await?? {
             Some(fresh) => current = fresh,
-            None => return Ok(Action::await_change()),
-        }
-    };
-    let plan = &plan;
-    let service = plan.spec.ray_service_ref.name.as_str();
-    let overridden = decision.overridden_by.is_some();
-
-    let mut requeue = decision.requeue;
-    if let (Some(gate), false) = (decision.gate, overridden) {
-        let current = seen.gate.value.as_deref();
-        if current != Some(gate.strategy()) || !seen.gate.owned_by_us {
-            let services: gate::Services = Api::namespaced(ctx.client.clone(), &ns);
-            match guarded(
-                &ctx.fence,
-                "setting the gate",
-                gate::apply(&services, service, gate),
-            )
-            .await?
-            {
-                Ok(()) => {
-                    info!(plan = %name, rayservice = %service, gate = gate.strategy(), "gate set")
-                }
-                Err(kube::Error::Api(e)) if e.code == 409 => {
-                    // Taken over since our cache saw it: look again shortly, when
-                    // the cache shows the new owner and the override is reported.
-                    warn!(plan = %name, rayservice = %service, message = %e.message, "gate field owned by another manager");
-                    requeue = Duration::from_secs(2);
-                }
-                Err(e) => return Err(e.into()),
-            }
+            None => return Ok(Err(Action::await_change())),
         }
     }
-    if overridden
+}
+
+/// Writes the gate decided, unless another manager overrides it or it is
+/// already set by raygate; the requeue interval, shortened when the apply
+/// finds a new owner.
+async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
+    let d = &r.decision;
+    let Some(gate) = d.gate.filter(|_| d.overridden_by.is_none()) else {
+        return Ok(d.requeue);
+    };
+    if r.seen.gate.value.as_deref() == Some(gate.strategy()) && r.seen.gate.owned_by_us {
+        return Ok(d.requeue);
+    }
+    let (ns, name) = (r.plan.namespace().unwrap_or_default(), r.plan.name_any());
+    let service = r.plan.spec.ray_service_ref.name.as_str();
+    let services: gate::Services = Api::namespaced(ctx.client.clone(), &ns);
+    match guarded(
+        &ctx.fence,
+        "setting the gate",
+        gate::apply(&services, service, gate),
+    )
+    .await?
+    {
+        Ok(()) => {
+            info!(plan = %name, rayservice = %service, gate = gate.strategy(), "gate set");
+            Ok(d.requeue)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            // Taken over since our cache saw it: look again shortly, when
+            // the cache shows the new owner and the override is reported.
+            warn!(plan = %name, rayservice = %service, message = %e.message, "gate field owned by another manager");
+            Ok(Duration::from_secs(2))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Events and metrics of a recorded decision.
+async fn report(ctx: &Context, r: &Recorded, now: Timestamp) {
+    let (d, plan, prev) = (&r.decision, &r.plan, &r.prev);
+    let service = plan.spec.ray_service_ref.name.as_str();
+    if d.overridden_by.is_some()
         && !prev
             .conditions
             .iter()
             .any(|c| c.type_ == condition::GATE_OVERRIDDEN && c.status == "True")
     {
-        ctx.metrics.gate_override(&ns, &name);
+        ctx.metrics
+            .gate_override(&plan.namespace().unwrap_or_default(), &plan.name_any());
     }
-
-    for ev in &decision.events {
+    for ev in &d.events {
         publish(
             ctx,
             plan,
@@ -578,13 +637,12 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
         )
         .await;
     }
-    if let Some(outcome) = decision.outcome
-        && (decision.status.phase != prev.phase || outcome == Outcome::Admitted)
+    if let Some(outcome) = d.outcome
+        && (d.status.phase != prev.phase || outcome == Outcome::Admitted)
     {
         ctx.metrics.admission(outcome);
     }
-    observe_metrics(ctx, plan, service, &decision, now, seen.unschedulable);
-    Ok(Action::requeue(requeue))
+    observe_metrics(ctx, plan, service, d, now, r.seen.unschedulable);
 }
 
 /// What the writes after a decision need from its observation.

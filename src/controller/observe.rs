@@ -398,7 +398,7 @@ fn waiting_plans(
 
 /// The rules new pods are admitted with (LimitRanges, RuntimeClasses);
 /// nodes and pods are read from the capacity index.
-pub fn cluster_state(stores: &Stores) -> ClusterState {
+fn cluster_state(stores: &Stores) -> ClusterState {
     ClusterState {
         limit_ranges: stores
             .limit_ranges
