@@ -25,10 +25,9 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use serde_with::skip_serializing_none;
 
-use crate::admission::GPU_RESOURCES;
 use crate::admission::ledger::{self, Candidate};
 use crate::capacity::record::Strings;
-use crate::capacity::{ClusterState, PartialPod, PodRecord, ResourceList};
+use crate::capacity::{ACCELERATORS, ClusterState, PartialPod, PodRecord, ResourceList};
 use crate::cli::{self, ExplainArgs, FitArgs, Old};
 use crate::controller::cache;
 use crate::kuberay::{self, RayCluster, RayService, UpgradeType};
@@ -496,7 +495,7 @@ pub struct QueueEntry {
 
 /// The queue: admitted upgrades first (they hold reservations), then the
 /// waiting ones in the controller's admission order.
-pub fn queue_entries(plans: &[UpgradePlan], now: Timestamp) -> Vec<QueueEntry> {
+pub fn queue_entries(plans: &[UpgradePlan]) -> Vec<QueueEntry> {
     let mut admitted = vec![];
     let mut waiting = vec![];
     let mut by_key = BTreeMap::new();
@@ -506,7 +505,7 @@ pub fn queue_entries(plans: &[UpgradePlan], now: Timestamp) -> Vec<QueueEntry> {
         if let Some(a) = &status.admitted {
             admitted.push(QueueEntry {
                 position: None,
-                since: Some(a.admitted_time.clone()),
+                since: Some(a.admitted_time.to_string()),
                 fingerprint: Some(a.fingerprint.clone()),
                 needs: status
                     .capacity
@@ -525,14 +524,14 @@ pub fn queue_entries(plans: &[UpgradePlan], now: Timestamp) -> Vec<QueueEntry> {
                 namespace: key.0.clone(),
                 name: key.1.clone(),
                 priority: p.spec.priority,
-                waiting_since: c.detected_time.parse().unwrap_or(now),
+                waiting_since: c.detected_time,
                 pods: vec![],
                 headroom: ResourceList::new(),
             });
             by_key.insert(
                 key,
                 QueueEntry {
-                    since: Some(c.detected_time.clone()),
+                    since: Some(c.detected_time.to_string()),
                     fingerprint: Some(c.fingerprint.clone()),
                     needs: status
                         .capacity
@@ -581,13 +580,13 @@ async fn queue(kube: &KubeArgs, all: bool, output: Format) -> Result<String> {
         Api::namespaced(client, &ns)
     };
     let plans = api.list(&ListParams::default()).await?.items;
-    let entries = queue_entries(&plans, Timestamp::now());
+    let entries = queue_entries(&plans);
     render_queue(&entries, all, output, Timestamp::now())
 }
 
 /// Sum of the accelerator resources of a map, `-` when there are none.
 fn gpus(m: &BTreeMap<String, String>) -> String {
-    sum_of(m, &GPU_RESOURCES)
+    sum_of(m, &ACCELERATORS)
 }
 
 fn sum_of(m: &BTreeMap<String, String>, names: &[&str]) -> String {
@@ -1113,7 +1112,7 @@ mod tests {
                 triggering_paths: vec![
                     "workerGroupSpecs[gpu].template.spec.containers[ray-worker].image".into(),
                 ],
-                detected_time: since.into(),
+                detected_time: since.parse().unwrap(),
             }),
             capacity: Some(CapacityStatus {
                 needed: BTreeMap::from([
@@ -1138,7 +1137,7 @@ mod tests {
             phase: Phase::Admitted,
             admitted: Some(Admission {
                 fingerprint: "aaa".into(),
-                admitted_time: "2026-12-02T11:59:00Z".into(),
+                admitted_time: "2026-12-02T11:59:00Z".parse().unwrap(),
                 ..Default::default()
             }),
             capacity: Some(CapacityStatus {
@@ -1155,7 +1154,7 @@ mod tests {
             plan("idle", 0, Some(UpgradePlanStatus::default())),
             plan("new", 0, None),
         ];
-        let q = queue_entries(&plans, now());
+        let q = queue_entries(&plans);
         let names: Vec<_> = q.iter().map(|e| (e.position, e.name.as_str())).collect();
         assert_eq!(
             names,

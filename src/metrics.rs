@@ -20,7 +20,7 @@
 //! | `raygate_upgrade_unschedulable_pods` | gauge | namespace, upgradeplan, rayservice | pods of the new cluster Pending with `Unschedulable` |
 //! | `raygate_capacity_shortfall` | gauge | namespace, upgradeplan, resource | how much of `resource` is missing for the held upgrade; a resource's series goes away when it is no longer short |
 //! | `raygate_capacity_free` | gauge | resource | free capacity on schedulable nodes, as the gate sees it |
-//! | `raygate_admissions_total` | counter | outcome | gate decisions, one of [`ADMISSION_OUTCOMES`] (all pre-created at 0 so `rate()` works from the first scrape) |
+//! | `raygate_admissions_total` | counter | outcome | gate decisions, one of [`Outcome::ALL`] (all pre-created at 0 so `rate()` works from the first scrape) |
 //! | `raygate_gate_overrides_total` | counter | namespace, upgradeplan | times an override was honoured |
 //! | `raygate_reconcile_duration_seconds` | histogram | – | wall time of one reconcile, buckets 1 ms .. 10 s |
 //! | `raygate_reconcile_errors_total` | counter | reason | failed reconciles by short machine-readable reason |
@@ -42,18 +42,8 @@ use prometheus::{
     TextEncoder,
 };
 
+use crate::admission::Outcome;
 use crate::upgradeplan::Phase;
-
-/// The `outcome` values of `raygate_admissions_total`.
-pub const ADMISSION_OUTCOMES: [&str; 7] = [
-    "admitted",
-    "held_capacity",
-    "held_policy",
-    "held_window",
-    "completed",
-    "stalled",
-    "aborted",
-];
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -299,8 +289,8 @@ impl Metrics {
         build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
-        for outcome in ADMISSION_OUTCOMES {
-            admissions.with_label_values(&[outcome]);
+        for outcome in Outcome::ALL {
+            admissions.with_label_values(&[outcome.as_str()]);
         }
 
         Ok(Metrics {
@@ -459,9 +449,9 @@ impl Metrics {
         *known = free.keys().cloned().collect();
     }
 
-    /// Counts one gate decision; `outcome` should be one of [`ADMISSION_OUTCOMES`].
-    pub fn admission(&self, outcome: &str) {
-        self.admissions.with_label_values(&[outcome]).inc();
+    /// Counts one gate decision.
+    pub fn admission(&self, outcome: Outcome) {
+        self.admissions.with_label_values(&[outcome.as_str()]).inc();
     }
 
     /// Starts timing a reconcile; the observation happens when it is dropped.
@@ -613,7 +603,21 @@ pub(crate) mod tests {
             ),
             1.0
         );
-        for outcome in ADMISSION_OUTCOMES {
+        // The label values dashboards and alert rules query.
+        let outcomes = Outcome::ALL.map(Outcome::as_str);
+        assert_eq!(
+            outcomes,
+            [
+                "admitted",
+                "held_capacity",
+                "held_policy",
+                "held_window",
+                "completed",
+                "stalled",
+                "aborted"
+            ]
+        );
+        for outcome in outcomes {
             assert_eq!(
                 value(&s, "raygate_admissions_total", &[("outcome", outcome)]),
                 0.0
@@ -784,9 +788,9 @@ pub(crate) mod tests {
     #[test]
     fn counters_and_histogram_count() {
         let m = Metrics::new().unwrap();
-        m.admission("admitted");
-        m.admission("admitted");
-        m.admission("held_capacity");
+        m.admission(Outcome::Admitted);
+        m.admission(Outcome::Admitted);
+        m.admission(Outcome::HeldCapacity);
         m.reconcile_error("kube_api");
         m.gate_override("ml", "p1");
         {

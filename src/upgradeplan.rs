@@ -8,10 +8,12 @@
 
 use std::collections::BTreeMap;
 
+use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 /// A Kubernetes quantity: plain or suffixed number, as `kubectl` accepts.
 /// Negative amounts are refused: no resource can be left free below zero.
@@ -25,6 +27,7 @@ const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$";
 // The printer columns repeat `type_ = "string"`, which clippy takes for a
 // duplicated attribute.
 #[allow(clippy::duplicated_attributes)]
+#[skip_serializing_none]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "raygate.io",
@@ -98,7 +101,6 @@ pub struct UpgradePlanSpec {
 
     /// Fingerprint of the pending change to admit under `policy: Manual`
     /// (shown in `status.pendingChange.fingerprint`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approve: Option<String>,
 
     /// Higher priority plans are admitted first when capacity is contended.
@@ -212,6 +214,7 @@ impl Phase {
     }
 }
 
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UpgradePlanStatus {
@@ -220,34 +223,39 @@ pub struct UpgradePlanStatus {
     /// The RayService whose gate this plan holds. Recorded so that a plan
     /// that stops governing it (its reference changed, another plan governs
     /// it) gives that gate back first.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ray_service: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Ready, CapacityAvailable, UpgradeAdmitted, Stalled, GateOverridden.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// One short phrase for the printer column (`capacity: nvidia.com/gpu 8`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_for: Option<String>,
     /// The longer explanation of the current phase.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_change: Option<PendingChange>,
     /// The change raygate let through; present from admission until the
     /// transition ends. While it is present, the new cluster's unbound pods
     /// (rebuilt from the RayService spec) are part of the cluster-wide ledger.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admitted: Option<Admission>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<CapacityStatus>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_cluster: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_cluster: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition: Option<TransitionRecord>,
+}
+
+/// The types of `status.conditions`, spelled once for the decision that sets
+/// them and the controller that reads them back.
+pub mod condition {
+    /// The plan was reconciled without error and nothing is stalled.
+    pub const READY: &str = "Ready";
+    /// The pending change's new cluster fits (or none is needed).
+    pub const CAPACITY_AVAILABLE: &str = "CapacityAvailable";
+    /// raygate let the pending change through.
+    pub const UPGRADE_ADMITTED: &str = "UpgradeAdmitted";
+    /// The running transition is not finishing.
+    pub const STALLED: &str = "Stalled";
+    /// Another field manager owns the gate field.
+    pub const GATE_OVERRIDDEN: &str = "GateOverridden";
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -258,22 +266,24 @@ pub struct PendingChange {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub triggering_paths: Vec<String>,
     /// RFC 3339 time the change was first seen; waiting time counts from here.
-    pub detected_time: String,
+    #[schemars(with = "String")]
+    pub detected_time: Timestamp,
 }
 
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Admission {
     pub fingerprint: String,
-    pub admitted_time: String,
+    #[schemars(with = "String")]
+    pub admitted_time: Timestamp,
     /// The active cluster when the upgrade was admitted: the one to retire.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_cluster: Option<String>,
     /// The pending cluster KubeRay created for this admission, once named.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to_cluster: Option<String>,
 }
 
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CapacityStatus {
@@ -298,43 +308,43 @@ pub struct CapacityStatus {
     pub shortfall: BTreeMap<String, String>,
     /// GPUs (all accelerator resources) of `needed`, `available`,
     /// `shortfall` and `required`: printer columns that compare at a glance.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus_needed: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus_free: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus_short: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus_peak: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_needed: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_free: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_short: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_needed: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_free: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_short: Option<String>,
     /// Pods that could not be placed, with the scheduler-style reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unplaced: Vec<String>,
 }
 
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TransitionRecord {
     pub fingerprint: String,
-    pub start: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub end: Option<String>,
+    #[schemars(with = "String")]
+    pub start: Timestamp,
+    #[schemars(with = "Option<String>")]
+    pub end: Option<Timestamp>,
     /// `Completed`, or `Abandoned` when KubeRay dropped the new cluster unpromoted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outcome: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    pub outcome: Option<TransitionOutcome>,
     pub duration_seconds: Option<i64>,
+}
+
+/// How a transition ended.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransitionOutcome {
+    /// The new cluster was promoted and the old one is gone.
+    Completed,
+    /// KubeRay dropped the new cluster without promoting it.
+    Abandoned,
 }
 
 /// The CRD as committed under `crds/` and shipped in the chart.
@@ -368,6 +378,53 @@ mod tests {
         assert_eq!(spec.policy, Policy::Auto);
         assert_eq!(spec.stall_after, "30m");
         assert_eq!(spec.priority, 0);
+    }
+
+    #[test]
+    fn status_times_keep_their_precision_and_absent_fields_are_left_out() {
+        let t: Timestamp = "2026-12-02T12:00:00.123456789Z".parse().unwrap();
+        let status = UpgradePlanStatus {
+            admitted: Some(Admission {
+                fingerprint: "abc".into(),
+                admitted_time: t,
+                from_cluster: Some("llm-a".into()),
+                to_cluster: None,
+            }),
+            last_transition: Some(TransitionRecord {
+                fingerprint: "abc".into(),
+                start: t,
+                end: None,
+                outcome: Some(TransitionOutcome::Abandoned),
+                duration_seconds: None,
+            }),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&status).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"phase": "Idle",
+                "admitted": {"fingerprint": "abc", "admittedTime": "2026-12-02T12:00:00.123456789Z",
+                             "fromCluster": "llm-a"},
+                "lastTransition": {"fingerprint": "abc", "start": "2026-12-02T12:00:00.123456789Z",
+                                   "outcome": "Abandoned"}})
+        );
+        let back: UpgradePlanStatus = serde_json::from_value(v).unwrap();
+        assert_eq!(back, status);
+        let spec = serde_json::to_value(UpgradePlanSpec {
+            ray_service_ref: RayServiceRef { name: "llm".into() },
+            policy: Policy::Auto,
+            approve: None,
+            priority: 0,
+            headroom: BTreeMap::new(),
+            stall_after: "30m".into(),
+            maintenance_windows: vec![],
+        })
+        .unwrap();
+        assert_eq!(
+            spec,
+            serde_json::json!({"rayServiceRef": {"name": "llm"}, "policy": "Auto",
+                               "priority": 0, "stallAfter": "30m"})
+        );
     }
 
     #[test]

@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::capacity::{CapacityIndex, ClusterState, FitRequest, PodGroup, ResourceList, fit};
+#[cfg(test)]
+use crate::capacity::fit;
+use crate::capacity::{CapacityIndex, ClusterState, FitRequest, PodGroup, ResourceList};
 
 /// Labels KubeRay puts on every pod it creates for a cluster.
 const NODE_TYPE_LABEL: &str = "ray.io/node-type";
@@ -50,7 +52,8 @@ pub fn order(queue: &mut [Candidate]) {
 /// (unbound pods of admitted upgrades) plus every candidate ahead of `me` in
 /// `queue` (already ordered) that fits on top of what came before it.
 /// Candidates ahead that do not fit do not block the ones behind them.
-pub fn reserved_for(
+#[cfg(test)]
+pub(crate) fn reserved_for(
     state: &ClusterState,
     ledger: &[PodGroup],
     queue: &[Candidate],
@@ -71,7 +74,8 @@ pub fn reserved_on(
     reserved_with(|r| index.fit(rules, r), ledger, queue, me)
 }
 
-fn reserved_with(
+/// [`reserved_for`] with any way to fit.
+pub(crate) fn reserved_with(
     fit: impl Fn(&FitRequest) -> crate::Result<crate::capacity::FitReport>,
     ledger: &[PodGroup],
     queue: &[Candidate],

@@ -1,6 +1,7 @@
 use super::*;
-use crate::capacity::{ClusterState, FitRequest, ResourceList, fit};
-use crate::upgradeplan::UpgradePlanSpec;
+use crate::capacity::ClusterState;
+use crate::upgradeplan::{Phase, TransitionOutcome, UpgradePlanSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use serde_json::json;
 
 const NOW: &str = "2026-12-02T12:00:00Z";
@@ -79,7 +80,7 @@ fn run(
     ch: Result<Option<ChangeFacts>, String>,
     st: &ClusterState,
     clusters: &[&str],
-    pods: BTreeMap<String, Vec<&Pod>>,
+    pods: BTreeMap<String, Vec<Arc<Pod>>>,
     at: Timestamp,
 ) -> Decision {
     run_built_from(p, svc, ch, st, clusters, pods, at, Some("abc123def456"))
@@ -92,38 +93,24 @@ fn run_built_from(
     ch: Result<Option<ChangeFacts>, String>,
     st: &ClusterState,
     clusters: &[&str],
-    pods: BTreeMap<String, Vec<&Pod>>,
+    pods: BTreeMap<String, Vec<Arc<Pod>>>,
     at: Timestamp,
     pending_fingerprint: Option<&str>,
 ) -> Decision {
-    let fit_fn = |c: &ChangeFacts| {
-        fit(
-            st,
-            &FitRequest {
-                pods: c.new_pods.clone(),
-                reserved: vec![],
-                headroom: p
-                    .spec
-                    .headroom
-                    .iter()
-                    .map(|(k, v)| (k.clone(), Quantity::parse(v).unwrap()))
-                    .collect(),
-                old_requests: ResourceList::new(),
-            },
-        )
-    };
     decide(&Inputs {
         now: at,
         plan: p,
+        settings: Settings::of(p),
         service: svc,
         change: ch,
-        verdict: "NewCluster".into(),
+        verdict: Some(Verdict::NewCluster),
         clusters: clusters.iter().map(|s| s.to_string()).collect(),
         pods,
         pending_ready: false,
         pending_fingerprint: pending_fingerprint.map(Into::into),
         gate: GateFacts::default(),
-        fit: &fit_fn,
+        admission_unseen: false,
+        cluster: &fit::Alone(st),
     })
 }
 
@@ -224,7 +211,7 @@ fn an_upgrade_that_fits_is_admitted_and_opens_the_gate() {
     );
     assert_eq!(d.status.phase, Phase::Admitted);
     assert_eq!(d.gate, Some(Gate::Open));
-    assert_eq!(d.outcome, Some("admitted"));
+    assert_eq!(d.outcome, Some(Outcome::Admitted));
     let adm = d.status.admitted.as_ref().unwrap();
     assert_eq!(adm.fingerprint, "abc123def456");
     assert_eq!(adm.from_cluster.as_deref(), Some("llm-a"));
@@ -265,7 +252,10 @@ fn an_upgrade_that_does_not_fit_waits_with_the_exact_shortfall() {
         Some("capacity: nvidia.com/gpu 8")
     );
     assert_eq!(cond(&d.status, "CapacityAvailable").status, "False");
-    assert_eq!(d.status.pending_change.as_ref().unwrap().detected_time, NOW);
+    assert_eq!(
+        d.status.pending_change.as_ref().unwrap().detected_time,
+        now()
+    );
     assert_eq!(d.events[0].reason, "WaitingForCapacity");
 
     // Waiting time counts from first detection, and the event is not repeated.
@@ -283,7 +273,7 @@ fn an_upgrade_that_does_not_fit_waits_with_the_exact_shortfall() {
     );
     assert_eq!(
         d2.status.pending_change.as_ref().unwrap().detected_time,
-        NOW
+        now()
     );
     assert!(d2.events.is_empty());
     assert_eq!(
@@ -531,7 +521,7 @@ fn unschedulable_new_pods_stall_the_transition() {
             "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}]}
     }))
     .unwrap();
-    let pods = BTreeMap::from([("llm-b".to_string(), vec![&pod])]);
+    let pods = BTreeMap::from([("llm-b".to_string(), vec![Arc::new(pod)])]);
     let d = run(
         &p,
         service("llm-a", Some("llm-b")),
@@ -588,10 +578,10 @@ fn completed_only_when_the_old_cluster_and_its_pods_are_gone() {
     assert!(d.status.admitted.is_none());
     let t = d.status.last_transition.as_ref().unwrap();
     assert_eq!(
-        (t.outcome.as_deref(), t.duration_seconds),
-        (Some("Completed"), Some(300))
+        (t.outcome, t.duration_seconds),
+        (Some(TransitionOutcome::Completed), Some(300))
     );
-    assert_eq!(d.outcome, Some("completed"));
+    assert_eq!(d.outcome, Some(Outcome::Completed));
 
     // The next reconcile keeps showing Completed while nothing else changes.
     let p2 = auto_plan(Some(d.status.clone()));
@@ -627,22 +617,25 @@ fn a_transition_started_without_admission_is_tracked_and_reported() {
 #[test]
 fn gate_override_is_reported_not_fought() {
     let p = auto_plan(None);
-    let fit_fn = |_: &ChangeFacts| -> crate::Result<FitReport> { unreachable!() };
+    let st = state(&[8]);
     let d = decide(&Inputs {
         now: now(),
         plan: &p,
+        settings: Settings::of(&p),
         service: service("llm-a", None),
         change: Ok(None),
-        verdict: "NoChange".into(),
+        verdict: Some(Verdict::NoChange),
         clusters: BTreeSet::from(["llm-a".to_string()]),
         pods: BTreeMap::new(),
         pending_ready: false,
         pending_fingerprint: None,
         gate: GateFacts {
             value: Some("NewCluster".into()),
-            overridden_by: Some("argocd-controller".into()),
+            other_owner: Some("argocd-controller".into()),
+            owned_by_us: false,
         },
-        fit: &fit_fn,
+        admission_unseen: false,
+        cluster: &fit::Alone(&st),
     });
     let c = cond(&d.status, "GateOverridden");
     assert_eq!(c.status, "True");
@@ -771,5 +764,99 @@ fn an_admission_kuberay_does_not_act_on_is_fitted_again() {
     assert_eq!(
         (d.status.phase, d.gate),
         (Phase::Admitted, Some(Gate::Open))
+    );
+}
+
+fn decide_with_gate(
+    p: &UpgradePlan,
+    ch: Result<Option<ChangeFacts>, String>,
+    st: &ClusterState,
+    gate: GateFacts,
+) -> Decision {
+    decide(&Inputs {
+        now: now(),
+        plan: p,
+        settings: Settings::of(p),
+        service: service("llm-a", None),
+        change: ch,
+        verdict: Some(Verdict::NewCluster),
+        clusters: BTreeSet::from(["llm-a".to_string()]),
+        pods: BTreeMap::new(),
+        pending_ready: false,
+        pending_fingerprint: None,
+        gate,
+        admission_unseen: false,
+        cluster: &fit::Alone(st),
+    })
+}
+
+fn owned_by(owner: &str, value: &str) -> GateFacts {
+    GateFacts {
+        value: Some(value.into()),
+        other_owner: Some(owner.into()),
+        owned_by_us: true,
+    }
+}
+
+#[test]
+fn an_override_is_judged_against_the_gate_decided_in_the_same_decision() {
+    let p = auto_plan(None);
+    let st = state(&[8]);
+    // Nothing pending: raygate holds; argocd keeps the gate open.
+    let d = decide_with_gate(&p, Ok(None), &st, owned_by("argocd", "NewCluster"));
+    assert_eq!(d.gate, Some(Gate::Hold));
+    assert_eq!(d.overridden_by.as_deref(), Some("argocd"));
+    assert_eq!(cond(&d.status, "GateOverridden").status, "True");
+    // Both managers want the same value: shared, not overridden.
+    let d = decide_with_gate(&p, Ok(None), &st, owned_by("argocd", "None"));
+    assert_eq!(d.overridden_by, None);
+    assert!(
+        d.status
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "GateOverridden")
+    );
+}
+
+#[test]
+fn the_override_event_comes_before_the_events_of_the_rules() {
+    let p = auto_plan(None);
+    let st = state(&[8]);
+    let ch = Ok(Some(change(vec![gpu_pod("w0", 8)])));
+    let d = decide_with_gate(&p, ch, &st, owned_by("argocd", "None"));
+    assert_eq!(d.gate, Some(Gate::Open));
+    assert_eq!(d.overridden_by.as_deref(), Some("argocd"));
+    let reasons: Vec<_> = d.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["GateOverridden", "Admitted"]);
+    // Reported once: the next decision sees the condition already True.
+    let p2 = auto_plan(Some(d.status));
+    let ch = Ok(Some(change(vec![gpu_pod("w0", 8)])));
+    let d2 = decide_with_gate(&p2, ch, &st, owned_by("argocd", "None"));
+    assert!(d2.events.iter().all(|e| e.reason != "GateOverridden"));
+}
+
+#[test]
+fn an_invalid_spec_leaves_an_overridden_gate_alone_without_judging_it() {
+    let p = plan(
+        json!({"rayServiceRef": {"name": "llm"}, "stallAfter": "soon"}),
+        None,
+    );
+    let d = decide_with_gate(&p, Ok(None), &state(&[8]), owned_by("argocd", "NewCluster"));
+    assert_eq!((d.status.phase, d.gate), (Phase::Error, Some(Gate::Hold)));
+    assert_eq!(d.overridden_by.as_deref(), Some("argocd"), "not written");
+    assert!(
+        d.status
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "GateOverridden")
+    );
+    assert!(
+        d.status
+            .message
+            .as_deref()
+            .unwrap()
+            .starts_with("spec.stallAfter"),
+        "{:?}",
+        d.status.message
     );
 }

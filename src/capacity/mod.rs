@@ -155,18 +155,26 @@ pub fn from_scheduler_units(resource: &str, units: i128) -> Quantity {
     Quantity::from_nanos(units.saturating_mul(NANO), format)
 }
 
-/// Extended resources (a domain outside `kubernetes.io`, like
-/// `nvidia.com/gpu`, `amd.com/gpu`, `google.com/tpu`): the scarce
-/// accelerators that decide upgrades, so they sort and fit first.
+/// The accelerators raygate counts as GPUs: the `gpus*` status fields and
+/// printer columns, `kubectl raygate queue`, and the dashboard's free-GPU
+/// panel (whose query a test keeps equal to this list).
+pub const ACCELERATORS: [&str; 3] = ["nvidia.com/gpu", "amd.com/gpu", "google.com/tpu"];
+
+/// Whether the fit treats `resource` as a scarce device that decides where a
+/// pod can go, so such pods sort and fit first: every one of
+/// [`ACCELERATORS`] and any other extended resource (a domain outside
+/// `kubernetes.io`, e.g. `nvidia.com/mig-1g.10gb`, `habana.ai/gaudi`), which
+/// the GPU columns do not add up because they are not whole GPUs.
 pub fn is_accelerator(resource: &str) -> bool {
-    match resource.split_once('/') {
-        Some((domain, _)) => {
-            !(domain == "kubernetes.io"
-                || domain.ends_with(".kubernetes.io")
-                || domain.starts_with("hugepages"))
+    ACCELERATORS.contains(&resource)
+        || match resource.split_once('/') {
+            Some((domain, _)) => {
+                !(domain == "kubernetes.io"
+                    || domain.ends_with(".kubernetes.io")
+                    || domain.starts_with("hugepages"))
+            }
+            None => false,
         }
-        None => false,
-    }
 }
 
 #[cfg(test)]
@@ -234,5 +242,34 @@ mod tests {
         assert!(!is_accelerator("memory"));
         assert!(!is_accelerator("hugepages-2Mi"));
         assert!(!is_accelerator("kubernetes.io/something"));
+        assert!(ACCELERATORS.iter().all(|r| is_accelerator(r)));
+    }
+
+    /// The dashboard (and its copy in the chart) queries free GPUs with a
+    /// regex of resource names; it is JSON read by Grafana, so it cannot
+    /// import the list, and this test keeps it equal to it instead. The e2e
+    /// crate, kept independent of this one, has no list of its own.
+    #[test]
+    fn the_dashboard_queries_the_same_accelerators() {
+        let wanted = format!("resource=~\\\"{}\\\"", ACCELERATORS.join("|"));
+        for file in [
+            "config/grafana/raygate.json",
+            "charts/raygate/files/grafana/raygate.json",
+        ] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+            let text = std::fs::read_to_string(&path).unwrap();
+            let found: Vec<&str> = text
+                .match_indices("resource=~")
+                .map(|(i, _)| &text[i..])
+                .collect();
+            assert!(!found.is_empty(), "{file}: no resource=~ query");
+            for q in found {
+                assert!(
+                    q.starts_with(&wanted),
+                    "{file}: {}",
+                    &q[..wanted.len().min(q.len())]
+                );
+            }
+        }
     }
 }

@@ -75,9 +75,11 @@ pub async fn apply(api: &Services, name: &str, gate: Gate) -> Result<(), kube::E
     .map(|_| ())
 }
 
-/// Give the field up (the plan was deleted): an apply without the field
-/// removes raygate's ownership, and the field itself when nobody else owns
-/// it, so KubeRay falls back to its default behaviour.
+/// Give the field up whenever raygate stops gating the RayService (its plan
+/// deleted, retargeted or out of the watched namespaces, no plan governing
+/// it any more, `raygate release`): an apply without the field removes
+/// raygate's ownership, and the field itself when nobody else owns it, so
+/// KubeRay falls back to its default behaviour.
 pub async fn release(api: &Services, name: &str) -> Result<(), kube::Error> {
     let patch = json!({
         "apiVersion": "ray.io/v1",

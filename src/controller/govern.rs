@@ -11,7 +11,7 @@ use std::sync::Arc;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
-use crate::upgradeplan::{Phase, UpgradePlan, UpgradePlanStatus};
+use crate::upgradeplan::{Phase, UpgradePlan, UpgradePlanStatus, condition};
 
 fn key(p: &UpgradePlan) -> (Option<jiff::Timestamp>, String) {
     (
@@ -92,14 +92,14 @@ pub fn conflict_status(
     let since = prev
         .conditions
         .iter()
-        .find(|c| c.type_ == "Ready" && c.status == "False" && c.reason == "Conflict")
+        .find(|c| c.type_ == condition::READY && c.status == "False" && c.reason == "Conflict")
         .map(|c| c.last_transition_time.clone())
         .unwrap_or(Time(now));
     UpgradePlanStatus {
         phase: Phase::Error,
         observed_generation: me.metadata.generation,
         conditions: vec![Condition {
-            type_: "Ready".into(),
+            type_: condition::READY.into(),
             status: "False".into(),
             reason: "Conflict".into(),
             message: message.clone(),

@@ -32,15 +32,15 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
-use crate::admission::{self, Decision, Inputs};
+use crate::admission::{self, Decision, GateFacts, Outcome};
 use crate::kuberay::{KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService};
 use crate::leader::Fence;
 use crate::metrics::{Metrics, PlanObservation};
 use crate::server::Health;
-use crate::upgradeplan::{Phase, UpgradePlan, UpgradePlanStatus};
+use crate::upgradeplan::{Phase, UpgradePlan, UpgradePlanStatus, condition};
 use crate::{Error, Result};
 
-use observe::{Overlay, Stores};
+use observe::{Overlay, Stores, World};
 
 /// Finalizer that lets raygate release the gate when a plan is deleted.
 pub const FINALIZER: &str = "raygate.io/release-gate";
@@ -293,7 +293,9 @@ pub async fn run(
         .for_each(|res| {
             match res {
                 Ok((obj, _)) => debug!(plan = %obj, "reconciled"),
-                Err(e) => debug!(error = %e, "reconcile failed"),
+                // Logged once, with the plan, by `error_policy`.
+                Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
+                Err(e) => debug!(error = %e, "controller error"),
             }
             future::ready(())
         })
@@ -434,53 +436,95 @@ async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     Ok(Action::await_change())
 }
 
+/// One reconcile of a plan that raygate governs: observe, decide, record
+/// the decision, then act on it.
 async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
-    let ns = plan.namespace().unwrap_or_default();
-    let name = plan.name_any();
     let now = Timestamp::now();
     let plans = ctx.stores.plans.state();
-    let soon = Action::requeue(Duration::from_secs(1));
-
     // The reference was edited (an apiserver without CEL rules lets it):
     // the gate of the RayService it named goes back first.
     if let Some(old) = govern::recorded_elsewhere(plan) {
-        if let Some(target) = govern::gate_to_release(&plans, plan) {
-            release_gate(ctx, &ns, &target).await?;
-        }
-        ctx.decisions
-            .lock()
-            .await
-            .remove(&(ns.clone(), name.clone()));
-        if write_status(ctx, plan, &govern::handed_over_status(plan, &old)).await? {
-            publish(
-                ctx,
-                plan,
-                None,
-                false,
-                "GateReleased",
-                format!("rayServiceRef changed: raygate no longer gates {old}"),
-            )
-            .await;
-        }
-        return Ok(soon);
+        return hand_over(plan, ctx, &plans, &old).await;
     }
     if let Some(governor) = govern::conflict_with(&plans, plan) {
-        let st = govern::conflict_status(plan, &governor, now);
-        if plan.status.as_ref() != Some(&st) && write_status(ctx, plan, &st).await? {
-            let note = st.message.clone().unwrap_or_default();
-            publish(ctx, plan, None, true, "Conflict", note).await;
-        }
-        return Ok(Action::requeue(Duration::from_secs(30)));
+        return report_conflict(plan, ctx, &governor, now).await;
     }
+    let r = match record(plan, ctx, now).await? {
+        Ok(r) => r,
+        Err(later) => return Ok(later),
+    };
+    let requeue = set_gate(ctx, &r).await?;
+    report(ctx, &r, now).await;
+    Ok(Action::requeue(requeue))
+}
 
+/// Gives back the gate of the RayService `plan` no longer references.
+async fn hand_over(
+    plan: &UpgradePlan,
+    ctx: &Context,
+    plans: &[Arc<UpgradePlan>],
+    old: &str,
+) -> Result<Action> {
+    let ns = plan.namespace().unwrap_or_default();
+    if let Some(target) = govern::gate_to_release(plans, plan) {
+        release_gate(ctx, &ns, &target).await?;
+    }
+    ctx.decisions.lock().await.remove(&(ns, plan.name_any()));
+    if write_status(ctx, plan, &govern::handed_over_status(plan, old)).await? {
+        publish(
+            ctx,
+            plan,
+            None,
+            false,
+            "GateReleased",
+            format!("rayServiceRef changed: raygate no longer gates {old}"),
+        )
+        .await;
+    }
+    Ok(Action::requeue(Duration::from_secs(1)))
+}
+
+/// Another plan governs `plan`'s RayService: say so, touch nothing.
+async fn report_conflict(
+    plan: &UpgradePlan,
+    ctx: &Context,
+    governor: &str,
+    now: Timestamp,
+) -> Result<Action> {
+    let st = govern::conflict_status(plan, governor, now);
+    if plan.status.as_ref() != Some(&st) && write_status(ctx, plan, &st).await? {
+        let note = st.message.clone().unwrap_or_default();
+        publish(ctx, plan, None, true, "Conflict", note).await;
+    }
+    Ok(Action::requeue(Duration::from_secs(30)))
+}
+
+/// A decision whose status is on the plan.
+struct Recorded {
+    /// The plan as the decision saw it.
+    plan: UpgradePlan,
+    seen: Seen,
+    decision: Decision,
+    /// The status before the decision.
+    prev: UpgradePlanStatus,
+}
+
+/// Decides and writes the status; `Err(action)` when it could not be
+/// written on current input (the plan keeps changing, or is gone).
+async fn record(
+    plan: &UpgradePlan,
+    ctx: &Context,
+    now: Timestamp,
+) -> Result<std::result::Result<Recorded, Action>> {
+    let (ns, name) = (plan.namespace().unwrap_or_default(), plan.name_any());
     let key = (ns.clone(), name.clone());
     let mut current = plan.clone();
     let mut attempts = 0;
-    let (plan, obs, decision, overridden, prev) = loop {
+    loop {
         // Decide under the lock and reserve the admission there, so that a
         // decision made while the status is written counts it; the lock is
         // not held across the write.
-        let (obs, mut decision, overridden, reserved_before) = {
+        let (seen, decision, reserved_before) = {
             let mut overlay = ctx.decisions.lock().await;
             // The cache caught up with what we wrote: the entry is no longer needed.
             if current
@@ -490,14 +534,13 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
             {
                 overlay.remove(&key);
             }
-            let (obs, decision, overridden) = decide_now(ctx, &current, &overlay, now);
+            let (seen, decision) = decide_now(ctx, &current, &overlay, now);
             let before = match decision.status.admitted.clone() {
                 Some(admitted) => overlay.insert(key.clone(), admitted),
                 None => overlay.remove(&key),
             };
-            (obs, decision, overridden, before)
+            (seen, decision, before)
         };
-        decision.status.ray_service = Some(obs.service_name.clone());
         let prev = current.status.clone().unwrap_or_default();
         let written = if decision.status == prev {
             Ok(true)
@@ -505,7 +548,12 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
             write_status(ctx, &current, &decision.status).await
         };
         if matches!(written, Ok(true)) {
-            break (current, obs, decision, overridden, prev);
+            return Ok(Ok(Recorded {
+                plan: current,
+                seen,
+                decision,
+                prev,
+            }));
         }
         // Not written: the reservation goes back to what it was.
         {
@@ -520,87 +568,88 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
         // what is there now, never re-apply a decision made on stale input.
         attempts += 1;
         if attempts == 2 {
-            return Ok(soon);
+            return Ok(Err(Action::requeue(Duration::from_secs(1))));
         }
         let api: Api<UpgradePlan> = Api::namespaced(ctx.client.clone(), &ns);
         match guarded(&ctx.fence, "reading the UpgradePlan", api.get_opt(&name)).await?? {
             Some(fresh) => current = fresh,
-            None => return Ok(Action::await_change()),
-        }
-    };
-    let plan = &plan;
-
-    let mut requeue = decision.requeue;
-    if let (Some(gate), None) = (decision.gate, &overridden) {
-        let current = obs.gate.value.as_deref();
-        if current != Some(gate.strategy()) || !obs.gate_owned_by_us {
-            let services: gate::Services = Api::namespaced(ctx.client.clone(), &ns);
-            match guarded(
-                &ctx.fence,
-                "setting the gate",
-                gate::apply(&services, &obs.service_name, gate),
-            )
-            .await?
-            {
-                Ok(()) => {
-                    info!(plan = %name, rayservice = %obs.service_name, gate = gate.strategy(), "gate set")
-                }
-                Err(kube::Error::Api(e)) if e.code == 409 => {
-                    // Taken over since our cache saw it: look again shortly, when
-                    // the cache shows the new owner and the override is reported.
-                    warn!(plan = %name, rayservice = %obs.service_name, message = %e.message, "gate field owned by another manager");
-                    requeue = Duration::from_secs(2);
-                }
-                Err(e) => return Err(e.into()),
-            }
+            None => return Ok(Err(Action::await_change())),
         }
     }
-    if overridden.is_some()
+}
+
+/// Writes the gate decided, unless another manager overrides it or it is
+/// already set by raygate; the requeue interval, shortened when the apply
+/// finds a new owner.
+async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
+    let d = &r.decision;
+    let Some(gate) = d.gate.filter(|_| d.overridden_by.is_none()) else {
+        return Ok(d.requeue);
+    };
+    if r.seen.gate.value.as_deref() == Some(gate.strategy()) && r.seen.gate.owned_by_us {
+        return Ok(d.requeue);
+    }
+    let (ns, name) = (r.plan.namespace().unwrap_or_default(), r.plan.name_any());
+    let service = r.plan.spec.ray_service_ref.name.as_str();
+    let services: gate::Services = Api::namespaced(ctx.client.clone(), &ns);
+    match guarded(
+        &ctx.fence,
+        "setting the gate",
+        gate::apply(&services, service, gate),
+    )
+    .await?
+    {
+        Ok(()) => {
+            info!(plan = %name, rayservice = %service, gate = gate.strategy(), "gate set");
+            Ok(d.requeue)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            // Taken over since our cache saw it: look again shortly, when
+            // the cache shows the new owner and the override is reported.
+            warn!(plan = %name, rayservice = %service, message = %e.message, "gate field owned by another manager");
+            Ok(Duration::from_secs(2))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Events and metrics of a recorded decision.
+async fn report(ctx: &Context, r: &Recorded, now: Timestamp) {
+    let (d, plan, prev) = (&r.decision, &r.plan, &r.prev);
+    let service = plan.spec.ray_service_ref.name.as_str();
+    if d.overridden_by.is_some()
         && !prev
             .conditions
             .iter()
-            .any(|c| c.type_ == "GateOverridden" && c.status == "True")
+            .any(|c| c.type_ == condition::GATE_OVERRIDDEN && c.status == "True")
     {
-        ctx.metrics.gate_override(&ns, &name);
+        ctx.metrics
+            .gate_override(&plan.namespace().unwrap_or_default(), &plan.name_any());
     }
-
-    for ev in &decision.events {
+    for ev in &d.events {
         publish(
             ctx,
             plan,
-            Some(&obs.service_name),
+            Some(service),
             ev.warning,
             ev.reason,
             ev.note.clone(),
         )
         .await;
     }
-    if let Some(outcome) = decision.outcome
-        && (decision.status.phase != prev.phase || outcome == "admitted")
+    if let Some(outcome) = d.outcome
+        && (d.status.phase != prev.phase || outcome == Outcome::Admitted)
     {
         ctx.metrics.admission(outcome);
     }
-    let unschedulable = obs
-        .service
-        .as_ref()
-        .ok()
-        .and_then(|s| s.pending_cluster.as_ref())
-        .and_then(|c| obs.pods.get(c))
-        .map(|pods| {
-            let pods: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
-            admission::stall::count_unschedulable(&pods)
-        })
-        .unwrap_or(0);
-    observe_metrics(
-        ctx,
-        plan,
-        &obs.service_name,
-        &decision,
-        now,
-        overridden.is_some(),
-        unschedulable,
-    );
-    Ok(Action::requeue(requeue))
+    observe_metrics(ctx, plan, service, d, now, r.seen.unschedulable);
+}
+
+/// What the writes after a decision need from its observation.
+struct Seen {
+    gate: GateFacts,
+    /// Pods of the pending cluster the scheduler reported unschedulable.
+    unschedulable: u32,
 }
 
 /// Observe and decide without awaiting: the decision borrows caches and a
@@ -610,62 +659,35 @@ fn decide_now(
     plan: &UpgradePlan,
     overlay: &Overlay,
     now: Timestamp,
-) -> (observe::Observation, Decision, Option<String>) {
+) -> (Seen, Decision) {
     let version = ctx.settings.kuberay_version;
-    let obs = observe::observe(&ctx.stores, plan, version);
-    let state = std::cell::OnceCell::new();
-    let active_pods = obs
+    let world = World::new(&ctx.stores, overlay, version, now);
+    let key = (plan.namespace().unwrap_or_default(), plan.name_any());
+    let inputs = observe::observe(
+        &ctx.stores,
+        plan,
+        version,
+        now,
+        overlay.contains_key(&key),
+        &world,
+    );
+    let decision = admission::decide(&inputs);
+    let unschedulable = inputs
         .service
         .as_ref()
         .ok()
-        .and_then(|s| s.active_cluster.as_ref())
-        .and_then(|a| obs.pods.get(a))
-        .cloned()
-        .unwrap_or_default();
-    let fit = |change: &admission::ChangeFacts| {
-        let state = state.get_or_init(|| observe::cluster_state(&ctx.stores));
-        observe::evaluate_fit(
-            &ctx.stores,
-            state,
-            plan,
-            overlay,
-            version,
-            change,
-            &active_pods,
-        )
+        .and_then(|s| s.pending_cluster.as_ref())
+        .and_then(|c| inputs.pods.get(c))
+        .map(|pods| {
+            let pods: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
+            admission::stall::count_unschedulable(&pods)
+        })
+        .unwrap_or(0);
+    let seen = Seen {
+        gate: inputs.gate,
+        unschedulable,
     };
-    let pods = obs
-        .pods
-        .iter()
-        .map(|(k, v)| (k.clone(), v.iter().map(|p| p.as_ref()).collect()))
-        .collect();
-    let mut inputs = Inputs {
-        now,
-        plan,
-        service: obs.service.clone(),
-        change: obs.change.clone(),
-        verdict: obs.verdict.clone(),
-        clusters: obs.clusters.clone(),
-        pods,
-        pending_ready: obs.pending_ready,
-        pending_fingerprint: obs.pending_fingerprint.clone(),
-        gate: obs.gate.clone(),
-        fit: &fit,
-    };
-    let mut decision = admission::decide(&inputs);
-
-    // Another manager owns the gate with another value: report, don't fight.
-    let wanted = decision.gate.map(|g| g.strategy());
-    let overridden = match (&obs.gate_other_owner, wanted) {
-        (Some(owner), Some(w)) if obs.gate.value.as_deref() != Some(w) => Some(owner.clone()),
-        _ => None,
-    };
-    if let Some(owner) = overridden.clone() {
-        inputs.gate.overridden_by = Some(owner);
-        decision = admission::decide(&inputs);
-    }
-
-    (obs, decision, overridden)
+    (seen, decision)
 }
 
 /// Writes the status (see [`patch`]); `false` when the plan changed since it
@@ -770,9 +792,8 @@ fn truncate(mut s: String, max: usize) -> String {
     s
 }
 
-fn seconds_since(t: Option<&str>, now: Timestamp) -> Option<f64> {
-    let t: Timestamp = t?.parse().ok()?;
-    Some(now.duration_since(t).as_secs_f64().max(0.0))
+fn seconds_since(t: Timestamp, now: Timestamp) -> f64 {
+    now.duration_since(t).as_secs_f64().max(0.0)
 }
 
 fn observe_metrics(
@@ -781,7 +802,6 @@ fn observe_metrics(
     svc: &str,
     d: &Decision,
     now: Timestamp,
-    overridden: bool,
     unschedulable: u32,
 ) {
     let s = &d.status;
@@ -790,17 +810,16 @@ fn observe_metrics(
         Phase::Pending | Phase::WaitingForCapacity | Phase::WaitingForApproval
     )
     .then(|| {
-        seconds_since(
-            s.pending_change.as_ref().map(|c| c.detected_time.as_str()),
-            now,
-        )
+        s.pending_change
+            .as_ref()
+            .map(|c| seconds_since(c.detected_time, now))
     })
     .flatten();
     let transition = s
         .admitted
         .as_ref()
         .filter(|_| s.phase.is_in_flight())
-        .and_then(|a| seconds_since(Some(&a.admitted_time), now));
+        .map(|a| seconds_since(a.admitted_time, now));
     let shortfall = s
         .capacity
         .as_ref()
@@ -815,7 +834,7 @@ fn observe_metrics(
         waiting_seconds: waiting,
         transition_seconds: transition,
         stalled: s.phase == Phase::Stalled,
-        gate_overridden: overridden,
+        gate_overridden: d.overridden_by.is_some(),
         shortfall: &shortfall,
         pods_pending_unschedulable: unschedulable,
     });

@@ -2,9 +2,10 @@
 //!
 //! This is where raygate looks at the world: which RayService a plan points
 //! to, which clusters and pods it has, what change is pending, which
-//! reservations other plans hold. The decision itself stays in
-//! [`crate::admission`].
+//! reservations other plans hold ([`World`]). The decision itself, the fit
+//! included, stays in [`crate::admission`].
 
+use std::cell::OnceCell;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
@@ -17,14 +18,14 @@ use kube::ResourceExt;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
 
+use crate::admission::fit::{OnIndex, Placement, PlanKey};
 use crate::admission::ledger::{self, Candidate};
-use crate::admission::pass::{self, Pass};
-use crate::admission::{ChangeFacts, GateFacts, ServiceFacts};
-use crate::capacity::{
-    self, CapacityIndex, ClusterState, FitReport, FitRequest, PodGroup, ResourceList,
+use crate::admission::pass::Pass;
+use crate::admission::{ChangeFacts, Cluster, GateFacts, Inputs, ServiceFacts, Settings};
+use crate::capacity::{ClusterState, PodGroup};
+use crate::kuberay::{
+    self, KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService, Verdict,
 };
-use crate::kuberay::{self, KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService};
-use crate::quantity::Quantity;
 use crate::upgradeplan::{Admission, Phase, UpgradePlan};
 
 use super::gate;
@@ -46,23 +47,6 @@ pub struct Stores {
 /// Admissions written but maybe not yet seen in the plan cache; the ledger
 /// must count them or a quick second decision could double-book capacity.
 pub type Overlay = HashMap<(String, String), Admission>;
-
-/// What was observed for one plan, owned, so the inputs can borrow it.
-pub struct Observation {
-    pub service_name: String,
-    pub service: Result<ServiceFacts, String>,
-    pub change: Result<Option<ChangeFacts>, String>,
-    pub verdict: String,
-    pub clusters: BTreeSet<String>,
-    pub pods: BTreeMap<String, Vec<Arc<Pod>>>,
-    pub pending_ready: bool,
-    /// Fingerprint of the pending RayCluster's spec (see [`cluster_fingerprint`]).
-    pub pending_fingerprint: Option<String>,
-    pub gate: GateFacts,
-    /// Another manager that owns the gate field (not yet judged an override).
-    pub gate_other_owner: Option<String>,
-    pub gate_owned_by_us: bool,
-}
 
 fn service(
     stores: &Stores,
@@ -149,116 +133,129 @@ fn status_cluster(s: Option<&kuberay::RayServiceStatus>) -> Option<String> {
         .filter(|n| !n.is_empty())
 }
 
-fn same_plan(a: &UpgradePlan, b: &UpgradePlan) -> bool {
-    a.namespace() == b.namespace() && a.name_any() == b.name_any()
+fn key_of(p: &UpgradePlan) -> PlanKey {
+    (p.namespace().unwrap_or_default(), p.name_any())
 }
 
-/// Since when a plan's pending change has waited (now if not recorded yet).
-fn waiting_since(plan: &UpgradePlan, now: Timestamp) -> Timestamp {
-    plan.status
-        .as_ref()
-        .and_then(|s| s.pending_change.as_ref())
-        .and_then(|c| c.detected_time.parse().ok())
-        .unwrap_or(now)
-}
-
-pub fn observe(stores: &Stores, plan: &UpgradePlan, version: KubeRayVersion) -> Observation {
-    let ns = plan.namespace().unwrap_or_default();
-    let svc_name = plan.spec.ray_service_ref.name.clone();
-    let mut obs = Observation {
-        service_name: svc_name.clone(),
+/// The inputs of one decision for `plan`, read from the caches; `cluster`
+/// answers the capacity questions if the decision asks them.
+pub fn observe<'a>(
+    stores: &Stores,
+    plan: &'a UpgradePlan,
+    version: KubeRayVersion,
+    now: Timestamp,
+    admission_unseen: bool,
+    cluster: &'a dyn Cluster,
+) -> Inputs<'a> {
+    let mut inp = Inputs {
+        now,
+        plan,
+        settings: Settings::of(plan),
         service: Err(String::new()),
         change: Ok(None),
-        verdict: String::new(),
+        verdict: None,
         clusters: BTreeSet::new(),
         pods: BTreeMap::new(),
         pending_ready: false,
         pending_fingerprint: None,
         gate: GateFacts::default(),
-        gate_other_owner: None,
-        gate_owned_by_us: false,
+        admission_unseen,
+        cluster,
     };
-    let guard = match service(stores, &ns, &svc_name) {
+    let ns = plan.namespace().unwrap_or_default();
+    let svc_name = &plan.spec.ray_service_ref.name;
+    let guard = match service(stores, &ns, svc_name) {
         Ok(g) => g,
         Err(msg) => {
-            obs.service = Err(msg);
-            return obs;
+            inp.service = Err(msg);
+            return inp;
         }
     };
     let svc = match &guard.0 {
         Ok(s) => s,
         Err(e) => {
-            obs.service = Err(format!(
+            inp.service = Err(format!(
                 "RayService {ns}/{svc_name} cannot be read: {}",
                 e.error
             ));
-            return obs;
+            return inp;
         }
     };
-    let managed = svc.metadata.managed_fields.as_deref().unwrap_or(&[]);
-    obs.gate_other_owner = gate::other_owner(managed);
-    obs.gate_owned_by_us = gate::owned_by_us(managed);
-    obs.gate.value = svc
-        .spec
-        .upgrade_strategy
-        .as_ref()
-        .and_then(|u| u.type_.as_ref())
-        .map(|t| t.as_str().to_string());
+    inp.gate = gate_facts(svc);
+    let facts = service_facts(svc);
 
-    let status = svc.status.as_ref();
-    let active = status_cluster(status.and_then(|s| s.active_service_status.as_ref()));
-    let pending = status_cluster(status.and_then(|s| s.pending_service_status.as_ref()));
-    let pending_apps = status
-        .and_then(|s| s.pending_service_status.as_ref())
-        .and_then(|p| p.application_statuses.as_ref())
-        .map(|apps| {
-            apps.iter()
-                .map(|(k, v)| (k.clone(), v.status.clone().unwrap_or_default()))
-                .collect()
-        })
-        .unwrap_or_default();
-
-    let clusters = clusters_of(stores, &ns, &svc_name);
-    obs.clusters = clusters.iter().map(|c| guard_name(c)).collect();
-    obs.pods = pods_by_cluster(stores, &ns, &obs.clusters);
+    let clusters = clusters_of(stores, &ns, svc_name);
+    inp.clusters = clusters.iter().map(|c| guard_name(c)).collect();
+    inp.pods = pods_by_cluster(stores, &ns, &inp.clusters);
     let find = |name: &Option<String>| {
         name.as_ref()
             .and_then(|n| clusters.iter().find(|c| &guard_name(c) == n).cloned())
     };
-    let pending_cluster = find(&pending);
-    obs.pending_ready = pending_cluster
-        .as_ref()
-        .and_then(|c| c.0.as_ref().ok())
+    let pending_cluster = find(&facts.pending_cluster);
+    let pending = pending_cluster.as_ref().and_then(|c| c.0.as_ref().ok());
+    inp.pending_ready = pending
         .and_then(|c| c.status.as_ref())
         .and_then(|s| s.state.as_deref())
         == Some("ready");
-    obs.pending_fingerprint = pending_cluster
-        .as_ref()
-        .and_then(|c| c.0.as_ref().ok())
-        .and_then(|c| cluster_fingerprint(c, version));
+    inp.pending_fingerprint = pending.and_then(|c| cluster_fingerprint(c, version));
 
     // KubeRay compares the spec with the pending cluster when there is one.
-    let base = pending_cluster.or_else(|| find(&active));
-    obs.change = match (&active, base) {
-        (None, _) => Ok(None),
-        (Some(a), None) => Err(format!(
-            "active RayCluster {ns}/{a} named in the RayService status does not exist (yet)"
-        )),
-        (Some(_), Some(base)) => match &base.0 {
-            Err(e) => Err(format!(
-                "RayCluster {} cannot be read: {}",
-                guard_name(&base),
-                e.error
+    let base = pending_cluster.or_else(|| find(&facts.active_cluster));
+    (inp.change, inp.verdict) = match (&facts.active_cluster, base) {
+        (None, _) => (Ok(None), None),
+        (Some(a), None) => (
+            Err(format!(
+                "active RayCluster {ns}/{a} named in the RayService status does not exist (yet)"
             )),
-            Ok(cluster) => change_against(svc, cluster, version, &mut obs.verdict),
+            None,
+        ),
+        (Some(_), Some(base)) => match &base.0 {
+            Err(e) => (
+                Err(format!(
+                    "RayCluster {} cannot be read: {}",
+                    guard_name(&base),
+                    e.error
+                )),
+                None,
+            ),
+            Ok(cluster) => change_against(svc, cluster, version),
         },
     };
-    obs.service = Ok(ServiceFacts {
-        active_cluster: active,
-        pending_cluster: pending,
-        pending_apps,
-    });
-    obs
+    inp.service = Ok(facts);
+    inp
+}
+
+/// The gate's value and who owns it.
+fn gate_facts(svc: &RayService) -> GateFacts {
+    let managed = svc.metadata.managed_fields.as_deref().unwrap_or(&[]);
+    GateFacts {
+        value: svc
+            .spec
+            .upgrade_strategy
+            .as_ref()
+            .and_then(|u| u.type_.as_ref())
+            .map(|t| t.as_str().to_string()),
+        other_owner: gate::other_owner(managed),
+        owned_by_us: gate::owned_by_us(managed),
+    }
+}
+
+/// The clusters the RayService status names, and the pending one's apps.
+fn service_facts(svc: &RayService) -> ServiceFacts {
+    let status = svc.status.as_ref();
+    let pending = status.and_then(|s| s.pending_service_status.as_ref());
+    ServiceFacts {
+        active_cluster: status_cluster(status.and_then(|s| s.active_service_status.as_ref())),
+        pending_cluster: status_cluster(pending),
+        pending_apps: pending
+            .and_then(|p| p.application_statuses.as_ref())
+            .map(|apps| {
+                apps.iter()
+                    .map(|(k, v)| (k.clone(), v.status.clone().unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
 }
 
 /// The fingerprint a RayCluster's own spec has, computed as a change's is
@@ -270,25 +267,30 @@ fn cluster_fingerprint(c: &RayCluster, version: KubeRayVersion) -> Option<String
     Some(kuberay::classify::fingerprint(&n.muted))
 }
 
+/// The change the service's spec makes against `cluster`, and the verdict.
 fn change_against(
     svc: &RayService,
     cluster: &RayCluster,
     version: KubeRayVersion,
-    verdict_out: &mut String,
-) -> Result<Option<ChangeFacts>, String> {
+) -> (Result<Option<ChangeFacts>, String>, Option<Verdict>) {
     let open = with_gate_open(svc);
-    let c = kuberay::classify(&kuberay::OldSide::RayCluster(cluster), &open, version)
-        .map_err(|e| e.to_string())?;
-    *verdict_out = format!("{:?}", c.verdict);
-    if c.verdict != kuberay::Verdict::NewCluster {
-        return Ok(None);
+    let c = match kuberay::classify(&kuberay::OldSide::RayCluster(cluster), &open, version) {
+        Ok(c) => c,
+        Err(e) => return (Err(e.to_string()), None),
+    };
+    if c.verdict != Verdict::NewCluster {
+        return (Ok(None), Some(c.verdict));
     }
-    let pods = new_cluster_pods(svc, version).map_err(|e| e.to_string())?;
-    Ok(Some(ChangeFacts {
-        fingerprint: c.fingerprint.clone(),
-        triggering_paths: c.triggering_paths.clone(),
-        new_pods: pods,
-    }))
+    let change = new_cluster_pods(svc, version)
+        .map(|pods| {
+            Some(ChangeFacts {
+                fingerprint: c.fingerprint.clone(),
+                triggering_paths: c.triggering_paths.clone(),
+                new_pods: pods,
+            })
+        })
+        .map_err(|e| e.to_string());
+    (change, Some(c.verdict))
 }
 
 /// The current admission of a plan: its status, or a just-written one.
@@ -300,17 +302,16 @@ fn admission_of(plan: &UpgradePlan, overlay: &Overlay) -> Option<Admission> {
         .or_else(|| overlay.get(&key).cloned())
 }
 
-/// Unbound pods of every other plan's admitted upgrade (every plan's
-/// with `me` = `None`).
-pub fn ledger_pods(
+/// Unbound pods of every admitted upgrade but `except`'s.
+fn ledger_pods(
     stores: &Stores,
-    me: Option<&UpgradePlan>,
+    except: Option<&PlanKey>,
     overlay: &Overlay,
     version: KubeRayVersion,
 ) -> Vec<PodGroup> {
     let mut out = vec![];
     for p in stores.plans.state() {
-        if me.is_some_and(|me| same_plan(&p, me)) {
+        if except.is_some_and(|k| *k == key_of(&p)) {
             continue;
         }
         let Some(adm) = admission_of(&p, overlay) else {
@@ -349,25 +350,18 @@ pub fn ledger_pods(
     out
 }
 
-fn headroom(plan: &UpgradePlan) -> ResourceList {
-    plan.spec
-        .headroom
-        .iter()
-        .filter_map(|(k, v)| Quantity::parse(v).ok().map(|q| (k.clone(), q)))
-        .collect()
-}
-
-/// Other plans waiting for capacity, plus `me` (with its pods), in
-/// admission order.
-pub fn queue(
+/// Plans waiting for capacity but `except`, with the pods of their new
+/// cluster. A plan whose spec does not parse is left out: its own decision
+/// is an error, never an admission.
+fn waiting_plans(
     stores: &Stores,
-    me: Option<(&UpgradePlan, &[PodGroup])>,
+    except: Option<&PlanKey>,
     version: KubeRayVersion,
+    now: Timestamp,
 ) -> Vec<Candidate> {
-    let now = Timestamp::now();
     let mut q = vec![];
     for p in stores.plans.state() {
-        if me.is_some_and(|(me, _)| same_plan(&p, me)) {
+        if except.is_some_and(|k| *k == key_of(&p)) {
             continue;
         }
         let Some(status) = p.status.as_ref() else {
@@ -376,6 +370,9 @@ pub fn queue(
         if status.phase != Phase::WaitingForCapacity || status.admitted.is_some() {
             continue;
         }
+        let Ok(settings) = Settings::of(&p) else {
+            continue;
+        };
         let ns = p.namespace().unwrap_or_default();
         let Ok(guard) = service(stores, &ns, &p.spec.ray_service_ref.name) else {
             continue;
@@ -387,29 +384,21 @@ pub fn queue(
         q.push(Candidate {
             namespace: ns,
             name: p.name_any(),
-            priority: crate::admission::priority::of(&p),
-            waiting_since: waiting_since(&p, now),
+            priority: settings.priority,
+            waiting_since: status
+                .pending_change
+                .as_ref()
+                .map_or(now, |c| c.detected_time),
             pods,
-            headroom: headroom(&p),
+            headroom: settings.headroom,
         });
     }
-    if let Some((me, my_pods)) = me {
-        q.push(Candidate {
-            namespace: me.namespace().unwrap_or_default(),
-            name: me.name_any(),
-            priority: crate::admission::priority::of(me),
-            waiting_since: waiting_since(me, now),
-            pods: my_pods.to_vec(),
-            headroom: headroom(me),
-        });
-    }
-    ledger::order(&mut q);
     q
 }
 
 /// The rules new pods are admitted with (LimitRanges, RuntimeClasses);
 /// nodes and pods are read from the capacity index.
-pub fn cluster_state(stores: &Stores) -> ClusterState {
+fn cluster_state(stores: &Stores) -> ClusterState {
     ClusterState {
         limit_ranges: stores
             .limit_ranges
@@ -464,73 +453,70 @@ fn world_key(stores: &Stores, generation: u64, overlay: &Overlay) -> u64 {
     key
 }
 
-/// The admission pass for the world as it is now: computed once per change
-/// of it (see [`crate::admission::pass`]), then read by every reconcile.
-fn current_pass(
-    stores: &Stores,
-    index: &CapacityIndex,
-    rules: &ClusterState,
-    overlay: &Overlay,
+/// The caches as one decision's [`Cluster`]: the capacity index, the other
+/// plans' admissions (with those written but not yet cached) and queue, the
+/// last admission pass. Built per decision; the rules are read once, lazily.
+pub struct World<'a> {
+    stores: &'a Stores,
+    overlay: &'a Overlay,
     version: KubeRayVersion,
-) -> crate::Result<Arc<Pass>> {
-    let key = world_key(stores, index.generation(), overlay);
-    if let Ok(cached) = stores.pass.lock()
-        && let Some((k, pass)) = cached.as_ref()
-        && *k == key
-    {
-        return Ok(pass.clone());
-    }
-    let ledger = ledger_pods(stores, None, overlay, version);
-    let q = queue(stores, None, version);
-    let pass = Arc::new(pass::run(&index.capacity()?, rules, &ledger, &q)?);
-    if let Ok(mut cached) = stores.pass.lock() {
-        *cached = Some((key, pass.clone()));
-    }
-    Ok(pass)
+    now: Timestamp,
+    rules: OnceCell<ClusterState>,
 }
 
-/// Fit of `change` for `me`, with the ledger and the queue ahead reserved.
-/// A plan waiting for capacity reads its result from the admission pass;
-/// any other (a first decision, an admission fitted again) is fitted alone.
-pub fn evaluate_fit(
-    stores: &Stores,
-    state: &ClusterState,
-    me: &UpgradePlan,
-    overlay: &Overlay,
-    version: KubeRayVersion,
-    change: &ChangeFacts,
-    old_pods: &[Arc<Pod>],
-) -> crate::Result<FitReport> {
-    let key = (me.namespace().unwrap_or_default(), me.name_any());
-    let index = super::cache::read_index(&stores.capacity)?;
-    let old_requests =
-        capacity::total_requests(old_pods.iter().map(|p| p.as_ref()), &state.limit_ranges)?;
-    let waiting = me
-        .status
-        .as_ref()
-        .is_some_and(|s| s.phase == Phase::WaitingForCapacity && s.admitted.is_none())
-        && !overlay.contains_key(&key);
-    if waiting {
-        let pass = current_pass(stores, &index, state, overlay, version)?;
-        if let Some(result) = pass.get(&key.0, &key.1) {
-            let mut report = result.clone().map_err(|e| {
-                crate::Error::invalid(format!("UpgradePlan {}/{}", key.0, key.1), e)
-            })?;
-            report.required = capacity::sum(&old_requests, &report.new_requests);
-            report.old_requests = old_requests;
-            return Ok(report);
+impl<'a> World<'a> {
+    pub fn new(
+        stores: &'a Stores,
+        overlay: &'a Overlay,
+        version: KubeRayVersion,
+        now: Timestamp,
+    ) -> Self {
+        World {
+            stores,
+            overlay,
+            version,
+            now,
+            rules: OnceCell::new(),
         }
     }
-    let ledger = ledger_pods(stores, Some(me), overlay, version);
-    let q = queue(stores, Some((me, &change.new_pods)), version);
-    let reserved = ledger::reserved_on(&index, state, &ledger, &q, (&key.0, &key.1))?;
-    index.fit(
-        state,
-        &FitRequest {
-            pods: change.new_pods.clone(),
-            reserved,
-            headroom: headroom(me),
-            old_requests,
-        },
-    )
+}
+
+impl Cluster for World<'_> {
+    fn rules(&self) -> &ClusterState {
+        self.rules.get_or_init(|| cluster_state(self.stores))
+    }
+
+    fn capacity(&self) -> crate::Result<Box<dyn Placement + '_>> {
+        Ok(Box::new(OnIndex {
+            index: super::cache::read_index(&self.stores.capacity)?,
+            rules: self.rules(),
+        }))
+    }
+
+    fn ledger(&self, except: Option<&PlanKey>) -> Vec<PodGroup> {
+        ledger_pods(self.stores, except, self.overlay, self.version)
+    }
+
+    fn waiting(&self, except: Option<&PlanKey>) -> Vec<Candidate> {
+        waiting_plans(self.stores, except, self.version, self.now)
+    }
+
+    /// Kept per digest of the world (see [`world_key`]). The index is not
+    /// held while `run` reads it again: a second read lock taken by the same
+    /// thread waits behind a queued writer forever.
+    fn pass(&self, run: &dyn Fn() -> crate::Result<Pass>) -> crate::Result<Arc<Pass>> {
+        let generation = super::cache::read_index(&self.stores.capacity)?.generation();
+        let key = world_key(self.stores, generation, self.overlay);
+        if let Ok(cached) = self.stores.pass.lock()
+            && let Some((k, pass)) = cached.as_ref()
+            && *k == key
+        {
+            return Ok(pass.clone());
+        }
+        let pass = Arc::new(run()?);
+        if let Ok(mut cached) = self.stores.pass.lock() {
+            *cached = Some((key, pass.clone()));
+        }
+        Ok(pass)
+    }
 }

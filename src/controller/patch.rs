@@ -117,7 +117,7 @@ mod tests {
             "metadata": {"name": "p", "namespace": "ml", "resourceVersion": "42",
                          "managedFields": managed},
             "spec": {"rayServiceRef": {"name": "llm"}},
-            "status": {"phase": "Admitted", "admitted": {"fingerprint": "abc", "admittedTime": "t"}}
+            "status": {"phase": "Admitted", "admitted": {"fingerprint": "abc", "admittedTime": "2026-12-02T12:00:00Z"}}
         }))
         .unwrap()
     }

@@ -1,0 +1,107 @@
+//! A plan's spec as the decision uses it: parsed and checked once, when the
+//! plan is read, so no rule handles strings and a bad value is one error with
+//! its field path (`spec.headroom[nvidia.com/gpu]`) instead of a surprise
+//! deep in a decision.
+
+use std::time::Duration;
+
+use crate::capacity::ResourceList;
+use crate::quantity::Quantity;
+use crate::schedule::{self, Window};
+use crate::upgradeplan::UpgradePlan;
+
+/// The typed spec of one plan.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `spec.priority` after the namespace's ceiling (see [`super::priority`]).
+    pub priority: i32,
+    /// Resources always left free, as quantities.
+    pub headroom: ResourceList,
+    pub stall_after: Duration,
+    /// Empty: upgrades may start at any time.
+    pub windows: Vec<Window>,
+}
+
+impl Settings {
+    /// Parses `plan.spec`; the error names the offending field.
+    pub fn of(plan: &UpgradePlan) -> crate::Result<Settings> {
+        let spec = &plan.spec;
+        let headroom = spec
+            .headroom
+            .iter()
+            .map(|(name, value)| {
+                Quantity::parse_amount_field(&format!("spec.headroom[{name}]"), value)
+                    .map(|q| (name.clone(), q))
+            })
+            .collect::<crate::Result<ResourceList>>()?;
+        let stall_after = schedule::parse_duration("spec.stallAfter", &spec.stall_after)?;
+        let windows = spec
+            .maintenance_windows
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                Window::parse(
+                    &format!("spec.maintenanceWindows[{i}]"),
+                    &w.schedule,
+                    &w.duration,
+                )
+            })
+            .collect::<crate::Result<Vec<_>>>()?;
+        Ok(Settings {
+            priority: super::priority::of(plan),
+            headroom,
+            stall_after,
+            windows,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upgradeplan::UpgradePlanSpec;
+    use serde_json::json;
+
+    fn plan(spec: serde_json::Value) -> UpgradePlan {
+        let spec: UpgradePlanSpec = serde_json::from_value(spec).unwrap();
+        UpgradePlan::new("p", spec)
+    }
+
+    #[test]
+    fn a_valid_spec_becomes_typed_values() {
+        let s = Settings::of(&plan(json!({
+            "rayServiceRef": {"name": "llm"}, "priority": 7, "stallAfter": "1h30m",
+            "headroom": {"nvidia.com/gpu": "2", "memory": "1Gi"},
+            "maintenanceWindows": [{"schedule": "0 2 * * *", "duration": "2h"}]
+        })))
+        .unwrap();
+        assert_eq!(s.priority, 7);
+        assert_eq!(s.stall_after, Duration::from_secs(5400));
+        assert_eq!(s.headroom["nvidia.com/gpu"], Quantity::from_units(2));
+        assert_eq!(s.headroom["memory"].canonical(), "1Gi");
+        assert_eq!(s.windows.len(), 1);
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        for (spec, field) in [
+            (
+                json!({"headroom": {"nvidia.com/gpu": "two"}}),
+                "spec.headroom[nvidia.com/gpu]",
+            ),
+            (json!({"stallAfter": "soon"}), "spec.stallAfter"),
+            (
+                json!({"maintenanceWindows": [{"schedule": "0 2 * * *", "duration": "2h"},
+                                              {"schedule": "nope", "duration": "1h"}]}),
+                "spec.maintenanceWindows[1]",
+            ),
+        ] {
+            let mut full = json!({"rayServiceRef": {"name": "llm"}});
+            for (k, v) in spec.as_object().unwrap() {
+                full[k] = v.clone();
+            }
+            let e = Settings::of(&plan(full)).unwrap_err().to_string();
+            assert!(e.starts_with(field), "{field}: {e}");
+        }
+    }
+}
