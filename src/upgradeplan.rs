@@ -266,7 +266,7 @@ pub struct PendingChange {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub triggering_paths: Vec<String>,
     /// RFC 3339 time the change was first seen; waiting time counts from here.
-    #[schemars(with = "String")]
+    #[schemars(with = "String", extend("format" = "date-time"))]
     pub detected_time: Timestamp,
 }
 
@@ -275,7 +275,7 @@ pub struct PendingChange {
 #[serde(rename_all = "camelCase")]
 pub struct Admission {
     pub fingerprint: String,
-    #[schemars(with = "String")]
+    #[schemars(with = "String", extend("format" = "date-time"))]
     pub admitted_time: Timestamp,
     /// The active cluster when the upgrade was admitted: the one to retire.
     pub from_cluster: Option<String>,
@@ -328,12 +328,12 @@ pub struct CapacityStatus {
 #[serde(rename_all = "camelCase")]
 pub struct TransitionRecord {
     pub fingerprint: String,
-    #[schemars(with = "String")]
+    #[schemars(with = "String", extend("format" = "date-time"))]
     pub start: Timestamp,
-    #[schemars(with = "Option<String>")]
+    #[schemars(with = "Option<String>", extend("format" = "date-time"))]
     pub end: Option<Timestamp>,
     /// `Completed`, or `Abandoned` when KubeRay dropped the new cluster unpromoted.
-    #[schemars(with = "Option<String>")]
+    #[schemars(with = "Option<String>", extend("enum" = ["Completed", "Abandoned"]))]
     pub outcome: Option<TransitionOutcome>,
     pub duration_seconds: Option<i64>,
 }
@@ -460,6 +460,27 @@ mod tests {
         assert_eq!(
             crd.spec.names.short_names.as_deref(),
             Some(&["uplan".to_string()][..])
+        );
+    }
+
+    /// Status times and outcomes are typed when read: the apiserver must refuse a value that
+    /// would not deserialise, or one hand-edited plan would break the watch of every plan.
+    #[test]
+    fn crd_lets_the_apiserver_refuse_status_values_raygate_could_not_read() {
+        let crd = serde_json::to_value(UpgradePlan::crd()).unwrap();
+        let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
+        for path in [
+            "/pendingChange/properties/detectedTime",
+            "/admitted/properties/admittedTime",
+            "/lastTransition/properties/start",
+            "/lastTransition/properties/end",
+        ] {
+            let field = status.pointer(path).unwrap_or_else(|| panic!("{path}"));
+            assert_eq!(field["format"], "date-time", "{path}: {field}");
+        }
+        assert_eq!(
+            status.pointer("/lastTransition/properties/outcome/enum").unwrap(),
+            &serde_json::json!(["Completed", "Abandoned"])
         );
     }
 
