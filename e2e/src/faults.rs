@@ -313,3 +313,52 @@ fn etcd_post(port: u16, path: &str, body: &str) -> Result<Value> {
         .unwrap_or(rest);
     serde_json::from_str(json).with_context(|| format!("etcd POST {path}: {rest}"))
 }
+
+/// A CA and a serving certificate it signed for `localhost` and `127.0.0.1`, made with
+/// openssl (as cert-manager would issue one): `dir/tls.crt` and `dir/tls.key` (what
+/// `raygate run --metrics-cert-dir dir` reads) and `dir/ca.crt` (for a verifying client).
+/// Returns the CA's path.
+pub fn metrics_certificates(dir: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let openssl = |args: &[&str]| -> Result<()> {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .context("run openssl")?;
+        if !out.status.success() {
+            bail!(
+                "openssl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+    openssl(
+        &[
+            &["req", "-x509", "-days", "1", "-subj", "/CN=raygate-e2e-ca"][..],
+            &ec,
+            &["-keyout", "ca.key", "-out", "ca.crt"],
+        ]
+        .concat(),
+    )?;
+    openssl(
+        &[
+            &["req", "-subj", "/CN=localhost"][..],
+            &ec,
+            &["-keyout", "tls.key", "-out", "tls.csr"],
+        ]
+        .concat(),
+    )?;
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )?;
+    openssl(&[
+        "x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "1", "-extfile", "san.ext", "-out", "tls.crt",
+    ])?;
+    Ok(dir.join("ca.crt"))
+}

@@ -17,8 +17,8 @@ use kube::api::{
 };
 use raygate_e2e::control_plane::repo_root;
 use raygate_e2e::faults::{
-    AuditEvent, TcpProxy, audit_events, etcd_compact, service_account_kubeconfig,
-    service_account_user,
+    AuditEvent, TcpProxy, audit_events, etcd_compact, metrics_certificates,
+    service_account_kubeconfig, service_account_user,
 };
 use raygate_e2e::json::str_at;
 use raygate_e2e::{
@@ -371,6 +371,14 @@ async fn a_black_holed_apiserver_stops_the_leader_before_its_lease_expires() {
         "black-holed apiserver",
     );
     eprintln!("black hole noticed after {took:?}");
+    // The Lease manager's renewals fail (time out) and it keeps retrying without ever
+    // saying the Lease is lost: only the watchdog, reading the Lease on its own clock,
+    // stops the work. This is the case it exists for.
+    let logs = ra.logs();
+    assert!(
+        logs.contains("no renewal of lease") && logs.contains("confirmed in time"),
+        "stopped by the watchdog:\n{logs}"
+    );
     let cut_elapsed = cut.elapsed();
     // Its last renewal was before the cut, so its Lease ends within LEASE_SECONDS of it.
     assert!(
@@ -666,11 +674,13 @@ async fn a_leader_frozen_past_its_lease_writes_nothing_after_the_takeover() {
 // ---------------------------------------------------------------------------------------
 // Hostile clients of raygate's own endpoints.
 
-/// `/metrics` with `--metrics-secure` (the default in a deployment): raygate, running as a
-/// ServiceAccount with exactly config/rbac's ClusterRole, checks each bearer token with the
-/// real apiserver (TokenReview, SubjectAccessReview): a token bound to the shipped
-/// metrics-reader role gets 200, another valid token 403, none or a forged one 401;
-/// the probes stay open on their own port.
+/// `/metrics` with `--metrics-secure` (the default in a deployment): HTTPS only, with the
+/// certificate of `--metrics-cert-dir` (verified against its CA) or, without one, a
+/// self-signed one; raygate, running as a ServiceAccount with exactly config/rbac's
+/// ClusterRole, checks each bearer token with the real apiserver (TokenReview,
+/// SubjectAccessReview): a token bound to the shipped metrics-reader role gets 200,
+/// another valid token 403, none or a forged one 401; plain HTTP gets no answer; the
+/// probes stay open, plain HTTP, on their own port.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_answer_only_tokens_allowed_to_get_metrics() {
     let cp = ControlPlane::start_with(Options::without_kuberay())
@@ -700,15 +710,19 @@ async fn metrics_answer_only_tokens_allowed_to_get_metrics() {
         Some("raygate"),
         None,
     ));
+    let cert_dir = cp.log_dir().join("metrics-tls");
+    let ca = or_panic(metrics_certificates(&cert_dir));
+    let cert_arg = format!("--metrics-cert-dir={}", cert_dir.display());
     let mut rg = Raygate::spawn_with(
         &cp,
         &Spawn {
             kubeconfig: Some(&raygate_kc),
             env: &[],
-            args: &["--metrics-secure=true"],
+            args: &["--metrics-secure=true", &cert_arg],
         },
     )
     .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(rg.metrics_https(), "{}", rg.logs());
     kubectl(&["create", "serviceaccount", "prometheus", "-n", "default"]);
     kubectl(&[
         "create",
@@ -723,10 +737,16 @@ async fn metrics_answer_only_tokens_allowed_to_get_metrics() {
     let token = |sa: &str| kubectl(&["create", "token", sa, "-n", "default", "--duration=1h"]);
     let (allowed, other) = (token("prometheus"), token("tenant"));
 
-    let code = |t: Option<&str>| rg.get_with("/metrics", t).expect("GET /metrics");
+    // Verified against the CA: the mounted certificate is the one served.
+    let code = |t: Option<&str>| {
+        rg.get_https("/metrics", t, Some(&ca))
+            .unwrap_or_else(|e| panic!("GET /metrics: {e:#}"))
+    };
     let (c, body) = code(Some(&allowed));
     assert_eq!(c, 200, "metrics-reader token: {body}");
     assert!(body.contains("raygate_build_info"), "{body}");
+    let plain = rg.get_plain("/metrics", Some(&allowed));
+    assert!(plain.is_err(), "plain HTTP must get no answer: {plain:?}");
     let (c, body) = code(Some(&other));
     assert_eq!(c, 403, "a valid token without the role: {body}");
     assert!(
@@ -741,6 +761,34 @@ async fn metrics_answer_only_tokens_allowed_to_get_metrics() {
     assert_eq!(code(Some(admin.trim())).0, 200, "system:masters");
     assert_eq!(rg.get("/healthz").expect("healthz").0, 200);
     assert_eq!(rg.get("/readyz").expect("readyz").0, 200);
+
+    // Without a certificate directory: a self-signed certificate, said in the log; a
+    // verifying client refuses it, one that skips verification (the ServiceMonitor's
+    // insecureSkipVerify) is served.
+    let self_signed = Raygate::spawn_with(
+        &cp,
+        &Spawn {
+            kubeconfig: Some(&raygate_kc),
+            env: &[],
+            args: &["--metrics-secure=true"],
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        self_signed
+            .logs()
+            .contains("generated a self-signed certificate for /metrics"),
+        "{}",
+        self_signed.logs()
+    );
+    assert!(self_signed.get_https("/metrics", Some(&allowed), Some(&ca)).is_err());
+    assert_eq!(
+        or_panic(self_signed.get_https("/metrics", Some(&allowed), None)).0,
+        200
+    );
+    assert_eq!(or_panic(self_signed.get_https("/metrics", None, None)).0, 401);
+    assert!(self_signed.get_plain("/metrics", None).is_err());
+    drop(self_signed);
     // The same ClusterRole (patch, no update) suffices for the finalizer and the status.
     let client = cp.client().await.expect("client");
     let ns = or_panic(create_namespace(&client, "rbac").await);
