@@ -273,7 +273,9 @@ async fn run(args: RunArgs) -> Result<()> {
     let (auth, tls) = if args.metrics_secure {
         // A scrape waits for at most two short reviews.
         let client = bounded_client(config.clone(), Duration::from_secs(5))?;
-        let certs = Arc::new(server::tls::Certificates::new(args.metrics_cert_dir.as_deref())?);
+        let certs = Arc::new(server::tls::Certificates::new(
+            args.metrics_cert_dir.as_deref(),
+        )?);
         if certs.is_self_signed() {
             info!(
                 "no --metrics-cert-dir: generated a self-signed certificate for /metrics \

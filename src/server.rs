@@ -469,18 +469,21 @@ mod tests {
         .with_no_client_auth();
         let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
         let tcp = TcpStream::connect(addr).await?;
-        let name = rustls::pki_types::ServerName::try_from("localhost")
-            .map_err(std::io::Error::other)?;
+        let name =
+            rustls::pki_types::ServerName::try_from("localhost").map_err(std::io::Error::other)?;
         let mut tls = connector.connect(name, tcp).await?;
-        let req =
-            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
         tls.write_all(req.as_bytes()).await?;
         let mut raw = Vec::new();
         // The server may close without close_notify after `Connection: close`.
         let _ = tls.read_to_end(&mut raw).await;
         let raw = String::from_utf8_lossy(&raw).into_owned();
         let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-        let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
         Ok((status, body.to_owned()))
     }
 
@@ -501,7 +504,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
         std::fs::write(dir.path().join(tls::CERT_FILE), ck.cert.pem()).unwrap();
-        std::fs::write(dir.path().join(tls::KEY_FILE), ck.signing_key.serialize_pem()).unwrap();
+        std::fs::write(
+            dir.path().join(tls::KEY_FILE),
+            ck.signing_key.serialize_pem(),
+        )
+        .unwrap();
         let certs = Arc::new(tls::Certificates::new(Some(dir.path())).unwrap());
         let (listener, addr) = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let (stop, mut stopped) = tokio::sync::watch::channel(false);

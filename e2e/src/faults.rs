@@ -335,7 +335,13 @@ pub fn metrics_certificates(dir: &Path) -> Result<PathBuf> {
         }
         Ok(())
     };
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
     openssl(
         &[
             &["req", "-x509", "-days", "1", "-subj", "/CN=raygate-e2e-ca"][..],
@@ -357,8 +363,21 @@ pub fn metrics_certificates(dir: &Path) -> Result<PathBuf> {
         "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
     )?;
     openssl(&[
-        "x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-        "-CAcreateserial", "-days", "1", "-extfile", "san.ext", "-out", "tls.crt",
+        "x509",
+        "-req",
+        "-in",
+        "tls.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "tls.crt",
     ])?;
     Ok(dir.join("ca.crt"))
 }

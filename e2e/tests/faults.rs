@@ -781,12 +781,19 @@ async fn metrics_answer_only_tokens_allowed_to_get_metrics() {
         "{}",
         self_signed.logs()
     );
-    assert!(self_signed.get_https("/metrics", Some(&allowed), Some(&ca)).is_err());
+    assert!(
+        self_signed
+            .get_https("/metrics", Some(&allowed), Some(&ca))
+            .is_err()
+    );
     assert_eq!(
         or_panic(self_signed.get_https("/metrics", Some(&allowed), None)).0,
         200
     );
-    assert_eq!(or_panic(self_signed.get_https("/metrics", None, None)).0, 401);
+    assert_eq!(
+        or_panic(self_signed.get_https("/metrics", None, None)).0,
+        401
+    );
     assert!(self_signed.get_plain("/metrics", None).is_err());
     drop(self_signed);
     // The same ClusterRole (patch, no update) suffices for the finalizer and the status.

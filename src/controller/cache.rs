@@ -613,7 +613,9 @@ mod tests {
     }
 
     /// What a store holds: (namespace/name, data.v), sorted.
-    fn held(store: &kube::runtime::reflector::Store<k8s_openapi::api::core::v1::ConfigMap>) -> Vec<String> {
+    fn held(
+        store: &kube::runtime::reflector::Store<k8s_openapi::api::core::v1::ConfigMap>,
+    ) -> Vec<String> {
         let mut v: Vec<String> = store
             .state()
             .iter()
@@ -622,7 +624,10 @@ mod tests {
                     "{}/{}={}",
                     c.metadata.namespace.as_deref().unwrap_or(""),
                     c.metadata.name.as_deref().unwrap_or(""),
-                    c.data.as_ref().and_then(|d| d.get("v")).map_or("", |s| s.as_str())
+                    c.data
+                        .as_ref()
+                        .and_then(|d| d.get("v"))
+                        .map_or("", |s| s.as_str())
                 )
             })
             .collect();
@@ -643,13 +648,16 @@ mod tests {
 
         assert!(matches!(next().await, Init));
         a_tx.unbounded_send(Ok(Init)).unwrap();
-        a_tx.unbounded_send(Ok(InitApply(cm("a", "x", "1")))).unwrap();
+        a_tx.unbounded_send(Ok(InitApply(cm("a", "x", "1"))))
+            .unwrap();
         a_tx.unbounded_send(Ok(InitDone)).unwrap();
         // a listed; a change in a while b still lists is held back too.
         a_tx.unbounded_send(Ok(Apply(cm("a", "x", "2")))).unwrap();
         b_tx.unbounded_send(Ok(Init)).unwrap();
-        b_tx.unbounded_send(Ok(InitApply(cm("b", "y", "1")))).unwrap();
-        b_tx.unbounded_send(Ok(InitApply(cm("b", "z", "1")))).unwrap();
+        b_tx.unbounded_send(Ok(InitApply(cm("b", "y", "1"))))
+            .unwrap();
+        b_tx.unbounded_send(Ok(InitApply(cm("b", "z", "1"))))
+            .unwrap();
         b_tx.unbounded_send(Ok(InitDone)).unwrap();
         let mut seen = vec![];
         loop {
@@ -666,7 +674,8 @@ mod tests {
 
         // b relists (after a 410 Gone): z is gone, y changed; a keeps its objects.
         b_tx.unbounded_send(Ok(Init)).unwrap();
-        b_tx.unbounded_send(Ok(InitApply(cm("b", "y", "3")))).unwrap();
+        b_tx.unbounded_send(Ok(InitApply(cm("b", "y", "3"))))
+            .unwrap();
         b_tx.unbounded_send(Ok(InitDone)).unwrap();
         assert!(matches!(next().await, Apply(_)));
         assert!(matches!(next().await, Delete(o) if o.metadata.name.as_deref() == Some("z")));

@@ -222,8 +222,11 @@ pub async fn run(
         tx.clone(),
     );
     let runtime_classes = spawn_cache(
-        watcher(Api::<RuntimeClass>::all(client.clone()), watcher::Config::default())
-            .default_backoff(),
+        watcher(
+            Api::<RuntimeClass>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff(),
         cache::slim_runtime_class,
         |_: &RuntimeClass| None,
         |_: &RuntimeClass| vec![],

@@ -112,7 +112,11 @@ pub struct Certificates {
 type Stamp = (SystemTime, SystemTime);
 
 fn stamp(dir: &Path) -> Option<Stamp> {
-    let modified = |f: &str| std::fs::metadata(dir.join(f)).and_then(|m| m.modified()).ok();
+    let modified = |f: &str| {
+        std::fs::metadata(dir.join(f))
+            .and_then(|m| m.modified())
+            .ok()
+    };
     Some((modified(CERT_FILE)?, modified(KEY_FILE)?))
 }
 
@@ -186,7 +190,9 @@ impl Certificates {
                 match c.reload_if_changed() {
                     Ok(true) => tracing::info!("metrics certificate reloaded"),
                     Ok(false) => {}
-                    Err(e) => tracing::warn!(error = %e, "metrics certificate not reloaded; keeping the previous one"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "metrics certificate not reloaded; keeping the previous one")
+                    }
                 }
             }
         });
@@ -266,9 +272,10 @@ mod tests {
     use super::*;
 
     fn write_pair(dir: &Path, names: &[&str]) -> rcgen::CertifiedKey<rcgen::KeyPair> {
-        let ck =
-            rcgen::generate_simple_self_signed(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-                .unwrap();
+        let ck = rcgen::generate_simple_self_signed(
+            names.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        )
+        .unwrap();
         std::fs::write(dir.join(CERT_FILE), ck.cert.pem()).unwrap();
         std::fs::write(dir.join(KEY_FILE), ck.signing_key.serialize_pem()).unwrap();
         ck
@@ -316,7 +323,10 @@ mod tests {
         let certs = Certificates::new(Some(dir.path())).unwrap();
         assert!(!certs.is_self_signed());
         assert!(!certs.reload_if_changed().unwrap(), "unchanged");
-        assert_eq!(certs.get().unwrap().cert[0].as_ref(), first.cert.der().as_ref());
+        assert_eq!(
+            certs.get().unwrap().cert[0].as_ref(),
+            first.cert.der().as_ref()
+        );
 
         // Modification times have a coarse resolution on some filesystems.
         std::thread::sleep(Duration::from_millis(20));
@@ -331,7 +341,10 @@ mod tests {
                 .unwrap();
         }
         assert!(certs.reload_if_changed().unwrap());
-        assert_eq!(certs.get().unwrap().cert[0].as_ref(), second.cert.der().as_ref());
+        assert_eq!(
+            certs.get().unwrap().cert[0].as_ref(),
+            second.cert.der().as_ref()
+        );
 
         std::fs::write(dir.path().join(CERT_FILE), "garbage").unwrap();
         std::fs::File::options()
