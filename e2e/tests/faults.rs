@@ -22,7 +22,8 @@ use raygate_e2e::faults::{
 };
 use raygate_e2e::json::str_at;
 use raygate_e2e::{
-    Check, ControlPlane, FakeNode, Options, Raygate, Spawn, create_namespace, wait_for,
+    Check, ControlPlane, FakeNode, GpuRayService, Options, Raygate, Spawn, create_namespace,
+    wait_for,
 };
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -404,35 +405,10 @@ async fn a_black_holed_apiserver_stops_the_leader_before_its_lease_expires() {
 
 /// A GPU RayService: CPU head, one worker group of `replicas` x `gpus` GPUs, one Serve app.
 fn ray_service(name: &str, image: &str, replicas: i64, gpus: u32) -> Value {
-    json!({
-        "apiVersion": "ray.io/v1",
-        "kind": "RayService",
-        "metadata": {"name": name},
-        "spec": {
-            "rayClusterDeletionDelaySeconds": 2,
-            "serveConfigV2": "applications:\n  - name: llm\n    import_path: serve_llm:app\n    route_prefix: /\n",
-            "rayClusterConfig": {
-                "rayVersion": "2.9.0",
-                "headGroupSpec": {
-                    "rayStartParams": {"num-gpus": "0"},
-                    "template": {"spec": {"containers": [{
-                        "name": "ray-head", "image": "rayproject/ray:2.9.0",
-                        "resources": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}
-                    }]}}
-                },
-                "workerGroupSpecs": [{
-                    "groupName": "gpu-workers",
-                    "replicas": replicas, "minReplicas": 0, "maxReplicas": 8,
-                    "rayStartParams": {},
-                    "template": {"spec": {"containers": [{
-                        "name": "ray-worker", "image": image,
-                        "resources": {"requests": {"cpu": "4", "memory": "16Gi"},
-                                      "limits": {"nvidia.com/gpu": gpus.to_string()}}
-                    }]}}
-                }]
-            }
-        }
-    })
+    GpuRayService::new(name, image)
+        .replicas(replicas)
+        .gpus(gpus)
+        .build()
 }
 
 async fn add_node(client: &Client, name: &str, gpus: u32) {
