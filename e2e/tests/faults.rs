@@ -17,7 +17,7 @@ use kube::api::{
 };
 use raygate_e2e::control_plane::repo_root;
 use raygate_e2e::faults::{
-    AuditEvent, TcpProxy, audit_events, etcd_compact, metrics_certificates,
+    AuditEvent, TcpProxy, audit_events, check_admission_fit, etcd_compact, metrics_certificates,
     service_account_kubeconfig, service_account_user,
 };
 use raygate_e2e::json::str_at;
@@ -450,6 +450,8 @@ struct Upgrades {
     ns: String,
     /// The held service's clusters before the fault (it must keep exactly these).
     held_clusters: BTreeSet<String>,
+    /// `status.admitted` of the admitted plan, as first recorded.
+    admitted: Value,
 }
 
 const HELD: &str = "held";
@@ -496,6 +498,17 @@ async fn start_upgrades(client: &Client) -> Result<Upgrades> {
     }
     annotate(&rs_api(client, &ns), ADMITTED, Some("DEPLOYING")).await?;
     bump_worker(client, &ns, ADMITTED, "rayproject/ray:2.10.0-gpu").await?;
+    // The admission as recorded at the decision (status.capacity is what raygate saw).
+    let at_admission = wait_for("the admission recorded", T, || async {
+        let p = get(&plan_api(client, &ns), ADMITTED).await?;
+        Ok(if p["status"]["admitted"].is_object() {
+            Check::Done(p)
+        } else {
+            Check::NotYet(describe(&p))
+        })
+    })
+    .await?;
+    check_admission_fit(&at_admission).context("at the admission")?;
     wait_phase(client, &ns, ADMITTED, "Upgrading").await?;
 
     let rs = rs_api(client, &ns);
@@ -509,13 +522,23 @@ async fn start_upgrades(client: &Client) -> Result<Upgrades> {
         .await?;
     wait_phase(client, &ns, HELD, "WaitingForCapacity").await?;
     let held_clusters = of(HELD, &clusters(client, &ns).await?);
-    Ok(Upgrades { ns, held_clusters })
+    Ok(Upgrades {
+        ns,
+        held_clusters,
+        admitted: at_admission["status"]["admitted"].clone(),
+    })
 }
 
 /// After a fault: the held upgrade is still held (gate closed, its clusters unchanged);
 /// the admitted one, once its new cluster's app runs, ends `Completed` with one cluster
 /// and its gate closed.
 async fn check_upgrades_survived(client: &Client, u: &Upgrades) -> Result<()> {
+    // Right after the fault: an admission recorded since (there should be none) must
+    // have fit when it was made.
+    let now = get(&plan_api(client, &u.ns), ADMITTED).await?;
+    if now["status"]["admitted"].is_object() && now["status"]["admitted"] != u.admitted {
+        check_admission_fit(&now).context("a new admission after the fault")?;
+    }
     let rcs = rc_api(client, &u.ns);
     for c in of(ADMITTED, &clusters(client, &u.ns).await?) {
         annotate(&rcs, &c, Some("RUNNING")).await?;
@@ -603,6 +626,22 @@ async fn apiserver_and_etcd_restarts_mid_upgrade_lose_no_hold_and_admit_nothing_
     );
     eprintln!("etcd compacted at revision {revision}, apiserver restarted");
     or_panic(wait_phase(&client, &u.ns, "after-compaction", "Error").await);
+    // The 410 itself, as raygate saw it: a watch error with Gone / too old resource
+    // version, after which kube's watcher relists.
+    let gone = rg
+        .logs()
+        .lines()
+        .filter(|l| l.contains("watch error"))
+        .filter(|l| {
+            l.contains("410") || l.contains("too old resource version") || l.contains("Expired")
+        })
+        .count();
+    assert!(
+        gone > 0,
+        "no watch saw 410 Gone after the compaction:\n{}",
+        rg.logs()
+    );
+    eprintln!("{gone} watch errors with 410 Gone; raygate relisted");
     or_panic(check_upgrades_survived(&client, &u).await);
     assert_eq!(
         or_panic(admissions(&client, &u.ns, ADMITTED).await),
