@@ -81,8 +81,10 @@ struct RunArgs {
     #[command(flatten)]
     kube: KubeArgs,
     /// Namespace whose UpgradePlans to watch; repeat or comma-separate for
-    /// several. Default: all namespaces. Pods and Nodes are always watched
-    /// cluster-wide, since free capacity is cluster-wide.
+    /// several. Default: all namespaces. Plans, RayServices, RayClusters and
+    /// LimitRanges are then watched in each of these namespaces only (Roles
+    /// there suffice); Pods and Nodes always cluster-wide, since free capacity
+    /// is cluster-wide.
     #[arg(
         long = "namespace",
         env = "RAYGATE_NAMESPACES",
