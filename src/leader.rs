@@ -9,18 +9,21 @@
 //! place after a loss; all state the controller needs is in the
 //! `UpgradePlan` status, so a restart costs only a cache resync.
 //!
-//! [`kube_lease_manager`] acquires and renews the Lease. It retries API
-//! errors internally and kube's client has no read timeout by default, so a
-//! hung renewal would go unnoticed while another replica takes over. A
-//! watchdog therefore reads the Lease itself and stops the work shortly
-//! before the last renewal it has seen expires.
+//! [`kube_lease_manager`]'s `watch()` acquires and renews the Lease in a task
+//! of its own, retries API errors itself (backoff 1 s to 30 s) and reports
+//! only changes of leadership; dropping its receiver releases the Lease. What
+//! it cannot report is a renewal that keeps failing or hangs: it still says
+//! "leader" while the Lease runs out and another replica takes over. So
+//! raygate adds only a watchdog, which reads the Lease itself and stops the
+//! work (and fences every write, [`Fence`]) shortly before the last renewal
+//! it has seen expires.
 
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
+use kube_lease_manager::LeaseManagerBuilder;
 
 use crate::Error;
 use crate::server::Health;
@@ -261,7 +264,12 @@ where
         identity = %cfg.identity,
         "waiting for leadership"
     );
-    acquire(&manager).await;
+    let (mut leading, manager_task) = manager.watch().await;
+    if leading.wait_for(|l| *l).await.is_err() {
+        return Err(Error::LeadershipLost {
+            reason: manager_ended(manager_task).await,
+        });
+    }
     let acquired_at = SystemTime::now();
     fence.confirm(acquired_at + cfg.lease_duration);
     health.set_leader(true);
@@ -277,7 +285,7 @@ where
     };
     let outcome = tokio::select! {
         biased;
-        reason = keep_renewing(&manager) => Err(reason),
+        reason = taken_over(&mut leading) => Err(reason),
         reason = lease.watchdog(earlier(acquired_at + cfg.lease_duration, cfg.grace)) => Err(reason),
         result = work() => Ok(result),
     };
@@ -286,13 +294,23 @@ where
 
     match outcome {
         Ok(result) => {
-            match manager.release().await {
-                Ok(()) => tracing::info!(identity = %cfg.identity, "released leadership"),
-                Err(e) => tracing::warn!(error = %e, "releasing the lease; it will expire instead"),
+            // The manager releases the Lease once nobody listens any more.
+            drop(leading);
+            match tokio::time::timeout(cfg.grace, manager_task).await {
+                Ok(Ok(Ok(_))) => tracing::info!(identity = %cfg.identity, "released leadership"),
+                Ok(Ok(Err(e))) => {
+                    tracing::warn!(error = %e, "releasing the lease; it will expire instead");
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "releasing the lease; it will expire instead");
+                }
+                Err(_) => tracing::warn!("releasing the lease timed out; it will expire instead"),
             }
             result
         }
         Err(reason) => {
+            // Not ours any more, or not provably: no release, no further renewal.
+            manager_task.abort();
             health.set_ready(false);
             tracing::error!(%reason, "leadership lost; stopping work");
             Err(Error::LeadershipLost { reason })
@@ -300,36 +318,22 @@ where
     }
 }
 
-/// Waits until `manager` holds the Lease. API errors are retried with
-/// backoff: nothing is at stake while we are not the leader.
-async fn acquire(manager: &LeaseManager) {
-    let mut backoff = Duration::from_secs(1);
-    loop {
-        match manager.changed().await {
-            Ok(true) => return,
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, retry_in = ?backoff, "leader election: lease not reachable");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(30));
-            }
-        }
+/// Returns once the manager says the Lease is no longer ours.
+async fn taken_over(leading: &mut tokio::sync::watch::Receiver<bool>) -> String {
+    match leading.wait_for(|l| !*l).await {
+        Ok(_) => "the lease was taken over".to_owned(),
+        Err(_) => "the lease manager stopped".to_owned(),
     }
 }
 
-/// Keeps the manager renewing; returns why leadership ended. Errors are
-/// retried (a renewal can fail once and succeed a second later); the
-/// watchdog decides when it is too late.
-async fn keep_renewing(manager: &LeaseManager) -> String {
-    loop {
-        match manager.changed().await {
-            Ok(false) => return "the lease was taken over".to_owned(),
-            Ok(true) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "renewing the leader lease");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
+/// Why the manager's task ended before it ever reported leadership.
+async fn manager_ended(
+    task: tokio::task::JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>,
+) -> String {
+    match task.await {
+        Ok(Ok(_)) => "the lease manager stopped".to_owned(),
+        Ok(Err(e)) => format!("the lease manager stopped: {e}"),
+        Err(e) => format!("the lease manager failed: {e}"),
     }
 }
 

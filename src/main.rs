@@ -81,8 +81,10 @@ struct RunArgs {
     #[command(flatten)]
     kube: KubeArgs,
     /// Namespace whose UpgradePlans to watch; repeat or comma-separate for
-    /// several. Default: all namespaces. Pods and Nodes are always watched
-    /// cluster-wide, since free capacity is cluster-wide.
+    /// several. Default: all namespaces. Plans, RayServices, RayClusters and
+    /// LimitRanges are then watched in each of these namespaces only (Roles
+    /// there suffice); Pods and Nodes always cluster-wide, since free capacity
+    /// is cluster-wide.
     #[arg(
         long = "namespace",
         env = "RAYGATE_NAMESPACES",
@@ -93,11 +95,17 @@ struct RunArgs {
     /// Address for /metrics.
     #[arg(long, env = "RAYGATE_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
-    /// Serve /metrics only to bearer tokens the API server accepts (TokenReview)
-    /// whose user may `get` the non-resource URL /metrics (SubjectAccessReview),
-    /// as kubebuilder operators do. `false` serves it to anyone: for local use.
+    /// Serve /metrics over HTTPS, only to bearer tokens the API server accepts
+    /// (TokenReview) whose user may `get` the non-resource URL /metrics
+    /// (SubjectAccessReview), as kubebuilder operators do. `false` serves plain
+    /// HTTP to anyone: for local use.
     #[arg(long, env = "RAYGATE_METRICS_SECURE", default_value_t = true, action = clap::ArgAction::Set)]
     metrics_secure: bool,
+    /// Directory with the /metrics certificate, `tls.crt` and `tls.key` (a mounted
+    /// kubernetes.io/tls Secret, e.g. from cert-manager); re-read when they change.
+    /// Without it a self-signed certificate is generated at start.
+    #[arg(long, env = "RAYGATE_METRICS_CERT_DIR", value_name = "DIR")]
+    metrics_cert_dir: Option<PathBuf>,
     /// Address for the kubelet probes /healthz and /readyz (never authenticated).
     #[arg(long, env = "RAYGATE_HEALTH_ADDR", default_value = "0.0.0.0:8081")]
     health_addr: SocketAddr,
@@ -264,16 +272,41 @@ async fn run(args: RunArgs) -> Result<()> {
 
     let (listener, addr) = server::bind(args.metrics_addr).await?;
     let (health_listener, health_addr) = server::bind(args.health_addr).await?;
-    let auth = if args.metrics_secure {
+    let (auth, tls) = if args.metrics_secure {
         // A scrape waits for at most two short reviews.
         let client = bounded_client(config.clone(), Duration::from_secs(5))?;
-        Some(Arc::new(server::MetricsAuth::new(client)))
+        let certs = Arc::new(server::tls::Certificates::new(
+            args.metrics_cert_dir.as_deref(),
+        )?);
+        if certs.is_self_signed() {
+            info!(
+                "no --metrics-cert-dir: generated a self-signed certificate for /metrics \
+                 (scrapers must skip verification, or mount a certificate)"
+            );
+        }
+        certs.spawn_reloader();
+        (
+            Some(Arc::new(server::MetricsAuth::new(client))),
+            Some(certs.server_config()?),
+        )
     } else {
-        tracing::warn!("--metrics-secure=false: /metrics is served to anyone who can connect");
-        None
+        if let Some(dir) = &args.metrics_cert_dir {
+            return Err(Error::invalid(
+                "--metrics-cert-dir",
+                format!(
+                    "{} is given but --metrics-secure=false serves plain HTTP",
+                    dir.display()
+                ),
+            ));
+        }
+        tracing::warn!(
+            "--metrics-secure=false: /metrics is served over plain HTTP to anyone who can connect"
+        );
+        (None, None)
     };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     // `addr` last: the e2e harness reads it from the end of these lines.
-    info!(secure = args.metrics_secure, %addr, "serving /metrics");
+    info!(secure = args.metrics_secure, %scheme, %addr, "serving /metrics");
     info!(addr = %health_addr, "serving /healthz, /readyz");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -283,6 +316,7 @@ async fn run(args: RunArgs) -> Result<()> {
         listener,
         metrics.clone(),
         auth,
+        tls,
         stopped(stop_rx.clone()),
     ));
     let probes = tokio::spawn(server::serve_health(

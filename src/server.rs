@@ -14,6 +14,12 @@
 //!
 //! Probes need nothing from the Kubernetes API, so they keep answering
 //! while the controller waits for leadership or for the API server.
+//!
+//! With `--metrics-secure`, `/metrics` is HTTPS ([`tls`]): the bearer token
+//! and the metrics are encrypted in transit. Probes stay plain HTTP, as the
+//! kubelet's `httpGet` expects.
+
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -241,17 +247,36 @@ pub async fn bind(addr: SocketAddr) -> crate::Result<(TcpListener, SocketAddr)> 
 }
 
 /// Serves `/metrics` on an already bound listener (from [`bind`]) until
-/// `shutdown` completes; `auth` None serves it to anyone (`--metrics-secure=false`).
+/// `shutdown` completes; `auth` None serves it to anyone (`--metrics-secure=false`),
+/// `tls` Some serves HTTPS only.
 pub async fn serve_metrics(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     auth: Option<Arc<MetricsAuth>>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> crate::Result<()> {
     let router = Router::new()
         .route("/metrics", get(render_metrics))
         .with_state(MetricsState { metrics, auth });
-    serve(listener, router, shutdown).await
+    match tls {
+        None => serve(listener, router, shutdown).await,
+        Some(config) => {
+            let local = listener.local_addr().ok();
+            let listener =
+                tls::TlsListener::new(listener, config).map_err(|source| crate::Error::Server {
+                    addr: local.map_or_else(|| "?".to_owned(), |a| a.to_string()),
+                    source,
+                })?;
+            axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown)
+                .await
+                .map_err(|source| crate::Error::Server {
+                    addr: local.map_or_else(|| "?".to_owned(), |a| a.to_string()),
+                    source,
+                })
+        }
+    }
 }
 
 /// Serves `/healthz` and `/readyz`, never authenticated (kubelet probes).
@@ -386,6 +411,7 @@ mod tests {
             m_listener,
             metrics.clone(),
             None,
+            None,
             until(stopped.clone()),
         ));
         let h_task = tokio::spawn(serve_health(h_listener, health.clone(), until(stopped)));
@@ -423,6 +449,99 @@ mod tests {
                 .unwrap();
         }
         assert!(TcpStream::connect(m_addr).await.is_err(), "listener closed");
+    }
+
+    /// One HTTPS GET with a rustls client that trusts only `ca`: (status, body).
+    async fn get_tls(
+        addr: SocketAddr,
+        ca: &rustls::pki_types::CertificateDer<'static>,
+        path: &str,
+    ) -> std::io::Result<(u16, String)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.clone()).map_err(std::io::Error::other)?;
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(std::io::Error::other)?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+        let tcp = TcpStream::connect(addr).await?;
+        let name =
+            rustls::pki_types::ServerName::try_from("localhost").map_err(std::io::Error::other)?;
+        let mut tls = connector.connect(name, tcp).await?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        tls.write_all(req.as_bytes()).await?;
+        let mut raw = Vec::new();
+        // The server may close without close_notify after `Connection: close`.
+        let _ = tls.read_to_end(&mut raw).await;
+        let raw = String::from_utf8_lossy(&raw).into_owned();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        Ok((status, body.to_owned()))
+    }
+
+    /// What a plain-HTTP client reads back: everything until the server closes.
+    async fn plain_answer(addr: SocketAddr) -> Vec<u8> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let _ = s
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await;
+        let mut raw = Vec::new();
+        let _ = s.read_to_end(&mut raw).await;
+        raw
+    }
+
+    #[tokio::test]
+    async fn metrics_over_tls_answer_https_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        std::fs::write(dir.path().join(tls::CERT_FILE), ck.cert.pem()).unwrap();
+        std::fs::write(
+            dir.path().join(tls::KEY_FILE),
+            ck.signing_key.serialize_pem(),
+        )
+        .unwrap();
+        let certs = Arc::new(tls::Certificates::new(Some(dir.path())).unwrap());
+        let (listener, addr) = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(serve_metrics(
+            listener,
+            Arc::new(Metrics::new().unwrap()),
+            None,
+            Some(certs.server_config().unwrap()),
+            async move {
+                let _ = stopped.wait_for(|v| *v).await;
+            },
+        ));
+        let (code, body) = get_tls(addr, ck.cert.der(), "/metrics").await.unwrap();
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains("raygate_build_info"), "{body}");
+
+        // A client that trusts another CA refuses the server.
+        let other = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        assert!(get_tls(addr, other.cert.der(), "/metrics").await.is_err());
+
+        // Plain HTTP gets no HTTP answer: the port only speaks TLS.
+        let plain = tokio::time::timeout(Duration::from_secs(5), plain_answer(addr))
+            .await
+            .unwrap();
+        assert!(!plain.starts_with(b"HTTP/"), "{plain:?}");
+
+        stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(TcpStream::connect(addr).await.is_err(), "listener closed");
     }
 
     #[test]

@@ -313,3 +313,157 @@ fn etcd_post(port: u16, path: &str, body: &str) -> Result<Value> {
         .unwrap_or(rest);
     serde_json::from_str(json).with_context(|| format!("etcd POST {path}: {rest}"))
 }
+
+/// A CA and a serving certificate it signed for `localhost` and `127.0.0.1`, made with
+/// openssl (as cert-manager would issue one): `dir/tls.crt` and `dir/tls.key` (what
+/// `raygate run --metrics-cert-dir dir` reads) and `dir/ca.crt` (for a verifying client).
+/// Returns the CA's path.
+pub fn metrics_certificates(dir: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let openssl = |args: &[&str]| -> Result<()> {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .context("run openssl")?;
+        if !out.status.success() {
+            bail!(
+                "openssl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &["req", "-x509", "-days", "1", "-subj", "/CN=raygate-e2e-ca"][..],
+            &ec,
+            &["-keyout", "ca.key", "-out", "ca.crt"],
+        ]
+        .concat(),
+    )?;
+    openssl(
+        &[
+            &["req", "-subj", "/CN=localhost"][..],
+            &ec,
+            &["-keyout", "tls.key", "-out", "tls.csr"],
+        ]
+        .concat(),
+    )?;
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )?;
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "tls.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "tls.crt",
+    ])?;
+    Ok(dir.join("ca.crt"))
+}
+
+/// A Kubernetes quantity as a number of base units (`500m` = 0.5, `16Gi` = 16 × 2^30);
+/// None when it does not parse. Precise enough to compare capacities in tests.
+pub fn quantity(q: &str) -> Option<f64> {
+    let q = q.trim();
+    let split = q.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(q.len());
+    let (num, suffix) = q.split_at(split);
+    let mult = match suffix {
+        "" => 1.0,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        _ => return None,
+    };
+    num.parse::<f64>().ok().map(|n| n * mult)
+}
+
+/// The admission recorded on `plan` respected capacity: for every resource the new
+/// cluster needs, `needed ≤ free − reserved − headroom`, from the plan's own recorded
+/// `status.capacity` (what raygate saw at the decision) and its `spec.headroom`,
+/// recomputed here rather than read from `status.capacity.available`.
+pub fn check_admission_fit(plan: &Value) -> Result<()> {
+    let cap = &plan["status"]["capacity"];
+    let needed = cap["needed"]
+        .as_object()
+        .filter(|m| !m.is_empty())
+        .with_context(|| format!("no status.capacity.needed recorded: {cap}"))?;
+    let amount = |m: &Value, r: &str| -> Result<f64> {
+        match m.get(r).and_then(Value::as_str) {
+            None => Ok(0.0),
+            Some(q) => quantity(q).with_context(|| format!("{r}: bad quantity {q:?}")),
+        }
+    };
+    let mut wrong = vec![];
+    for (r, need) in needed {
+        let need = need
+            .as_str()
+            .and_then(quantity)
+            .with_context(|| format!("needed {r}: {need}"))?;
+        let free = amount(&cap["free"], r)?;
+        let reserved = amount(&cap["reserved"], r)?;
+        let headroom = amount(&plan["spec"]["headroom"], r)?;
+        let left = free - reserved - headroom;
+        if need > left + left.abs() * 1e-9 {
+            wrong.push(format!(
+                "{r}: needed {need} > free {free} - reserved {reserved} - headroom {headroom}"
+            ));
+        }
+    }
+    if !wrong.is_empty() {
+        bail!("admitted without room: {}", wrong.join("; "));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn quantities_and_the_admission_check() {
+        assert_eq!(quantity("500m"), Some(0.5));
+        assert_eq!(quantity("16Gi"), Some(16.0 * 1024f64.powi(3)));
+        assert_eq!(quantity("4"), Some(4.0));
+        assert_eq!(quantity("1x"), None);
+        let plan = |free: &str| {
+            json!({"spec": {"headroom": {"nvidia.com/gpu": "2"}},
+                   "status": {"capacity": {"needed": {"nvidia.com/gpu": "8", "cpu": "4"},
+                     "free": {"nvidia.com/gpu": free, "cpu": "16"},
+                     "reserved": {"nvidia.com/gpu": "4"}}}})
+        };
+        assert!(check_admission_fit(&plan("14")).is_ok());
+        let err = check_admission_fit(&plan("13")).unwrap_err().to_string();
+        assert!(err.contains("nvidia.com/gpu: needed 8 > free 13"), "{err}");
+        assert!(check_admission_fit(&json!({"status": {}})).is_err());
+    }
+}

@@ -13,12 +13,14 @@ static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 /// A `raygate run` child process, killed on drop. Its metrics and probe servers bind
 /// free loopback ports, read back from its log. Unless the arguments say otherwise,
-/// /metrics is served without authentication (`--metrics-secure=false`).
+/// /metrics is served without authentication over plain HTTP (`--metrics-secure=false`);
+/// with `--metrics-secure=true` it is HTTPS, and [`Raygate::get_with`] uses curl.
 pub struct Raygate {
     child: Child,
     log: PathBuf,
     metrics_addr: String,
     health_addr: String,
+    metrics_https: bool,
 }
 
 /// The address at the end of the first log line containing `what`.
@@ -97,6 +99,7 @@ impl Raygate {
             log,
             metrics_addr: String::new(),
             health_addr: String::new(),
+            metrics_https: false,
         };
         let start = Instant::now();
         loop {
@@ -107,6 +110,10 @@ impl Raygate {
             ) {
                 rg.metrics_addr = m;
                 rg.health_addr = h;
+                rg.metrics_https = logs
+                    .lines()
+                    .find(|l| l.contains("serving /metrics"))
+                    .is_some_and(|l| l.contains("scheme=https"));
                 break;
             }
             if !rg.is_running() || start.elapsed() > Duration::from_secs(30) {
@@ -179,40 +186,77 @@ impl Raygate {
         let _ = self.child.wait();
     }
 
-    /// A plain HTTP/1.1 GET: /healthz and /readyz to the probe server, anything else
-    /// to the metrics server: (status, body).
+    /// Whether /metrics is HTTPS (raygate said so in its log).
+    pub fn metrics_https(&self) -> bool {
+        self.metrics_https
+    }
+
+    /// A GET: /healthz and /readyz to the probe server (plain HTTP), anything else to
+    /// the metrics server (HTTPS without verifying the certificate when it is HTTPS, as
+    /// a scraper with `insecureSkipVerify` does): (status, body).
     pub fn get(&self, path: &str) -> Result<(u16, String)> {
         self.get_with(path, None)
     }
 
     /// `get` with `Authorization: Bearer <token>`.
     pub fn get_with(&self, path: &str, token: Option<&str>) -> Result<(u16, String)> {
-        let addr = if path.starts_with("/healthz") || path.starts_with("/readyz") {
-            &self.health_addr
+        if path.starts_with("/healthz") || path.starts_with("/readyz") {
+            http_get(&self.health_addr, path, token)
+        } else if self.metrics_https {
+            self.get_https(path, token, None)
         } else {
-            &self.metrics_addr
-        };
-        let mut s = TcpStream::connect(addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let auth = token
-            .map(|t| format!("Authorization: Bearer {t}\r\n"))
-            .unwrap_or_default();
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: raygate\r\n{auth}Connection: close\r\n\r\n"
-        )?;
-        let mut out = String::new();
-        s.read_to_string(&mut out)?;
-        let code = out
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .context("no HTTP status")?;
-        let body = out
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Ok((code, body))
+            http_get(&self.metrics_addr, path, token)
+        }
+    }
+
+    /// A plain-HTTP GET to the metrics server, whatever it serves.
+    pub fn get_plain(&self, path: &str, token: Option<&str>) -> Result<(u16, String)> {
+        http_get(&self.metrics_addr, path, token)
+    }
+
+    /// An HTTPS GET to the metrics server with curl: `ca` None skips verification,
+    /// Some(file) verifies the server's certificate against that CA (for the name
+    /// `localhost`, resolved to the metrics address).
+    pub fn get_https(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        ca: Option<&Path>,
+    ) -> Result<(u16, String)> {
+        let port = self
+            .metrics_addr
+            .rsplit(':')
+            .next()
+            .context("metrics address without a port")?;
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "--max-time", "10", "-w", "\n%{http_code}"]);
+        match ca {
+            None => {
+                cmd.arg("-k");
+            }
+            Some(ca) => {
+                cmd.arg("--cacert").arg(ca);
+            }
+        }
+        if let Some(t) = token {
+            cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
+        }
+        cmd.args([
+            "--resolve",
+            &format!("localhost:{port}:127.0.0.1"),
+            &format!("https://localhost:{port}{path}"),
+        ]);
+        let out = cmd.output().context("run curl")?;
+        if !out.status.success() {
+            bail!(
+                "curl https://localhost:{port}{path} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').context("no status from curl")?;
+        Ok((code.trim().parse().context("HTTP status")?, body.to_owned()))
     }
 
     pub fn metrics(&self) -> Result<String> {
@@ -221,6 +265,35 @@ impl Raygate {
             (code, body) => bail!("/metrics answered {code}: {body}"),
         }
     }
+}
+
+/// A plain HTTP/1.1 GET: (status, body); an error when the answer is not HTTP.
+fn http_get(addr: &str, path: &str, token: Option<&str>) -> Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: raygate\r\n{auth}Connection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let out = String::from_utf8_lossy(&raw);
+    if !out.starts_with("HTTP/") {
+        bail!("not an HTTP answer from {addr}: {} bytes", raw.len());
+    }
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no HTTP status")?;
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
 }
 
 /// How [`Raygate::spawn_with`] starts raygate.

@@ -15,7 +15,9 @@ use kube::api::{
 };
 use raygate_e2e::control_plane::repo_root;
 use raygate_e2e::json::{arr_at, str_at};
-use raygate_e2e::{Check, ControlPlane, FakeNode, Raygate, create_namespace, wait_for};
+use raygate_e2e::{
+    Check, ControlPlane, FakeNode, GpuRayService, Raygate, create_namespace, wait_for,
+};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -88,35 +90,11 @@ fn rc_api(client: &Client, ns: &str) -> Api<DynamicObject> {
 
 /// A GPU RayService: CPU head, one worker group of `replicas` × `gpus` GPUs, one Serve app.
 fn ray_service(name: &str, image: &str, replicas: i64, gpus: u32) -> Value {
-    json!({
-        "apiVersion": "ray.io/v1",
-        "kind": "RayService",
-        "metadata": {"name": name},
-        "spec": {
-            "rayClusterDeletionDelaySeconds": 2,
-            "serveConfigV2": "applications:\n  - name: llm\n    import_path: serve_llm:app\n    route_prefix: /\n    deployments:\n      - name: LLM\n        num_replicas: 1\n",
-            "rayClusterConfig": {
-                "rayVersion": "2.9.0",
-                "headGroupSpec": {
-                    "rayStartParams": {"num-gpus": "0"},
-                    "template": {"spec": {"containers": [{
-                        "name": "ray-head", "image": "rayproject/ray:2.9.0",
-                        "resources": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}
-                    }]}}
-                },
-                "workerGroupSpecs": [{
-                    "groupName": "gpu-workers",
-                    "replicas": replicas, "minReplicas": 0, "maxReplicas": 8,
-                    "rayStartParams": {},
-                    "template": {"spec": {"containers": [{
-                        "name": "ray-worker", "image": image,
-                        "resources": {"requests": {"cpu": "4", "memory": "16Gi"},
-                                      "limits": {"nvidia.com/gpu": gpus.to_string()}}
-                    }]}}
-                }]
-            }
-        }
-    })
+    GpuRayService::new(name, image)
+        .replicas(replicas)
+        .gpus(gpus)
+        .serve_deployment("LLM")
+        .build()
 }
 
 fn plan(name: &str, service: &str, extra: Value) -> Value {

@@ -17,12 +17,13 @@ use kube::api::{
 };
 use raygate_e2e::control_plane::repo_root;
 use raygate_e2e::faults::{
-    AuditEvent, TcpProxy, audit_events, etcd_compact, service_account_kubeconfig,
-    service_account_user,
+    AuditEvent, TcpProxy, audit_events, check_admission_fit, etcd_compact, metrics_certificates,
+    service_account_kubeconfig, service_account_user,
 };
 use raygate_e2e::json::str_at;
 use raygate_e2e::{
-    Check, ControlPlane, FakeNode, Options, Raygate, Spawn, create_namespace, wait_for,
+    Check, ControlPlane, FakeNode, GpuRayService, Options, Raygate, Spawn, create_namespace,
+    wait_for,
 };
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -371,6 +372,14 @@ async fn a_black_holed_apiserver_stops_the_leader_before_its_lease_expires() {
         "black-holed apiserver",
     );
     eprintln!("black hole noticed after {took:?}");
+    // The Lease manager's renewals fail (time out) and it keeps retrying without ever
+    // saying the Lease is lost: only the watchdog, reading the Lease on its own clock,
+    // stops the work. This is the case it exists for.
+    let logs = ra.logs();
+    assert!(
+        logs.contains("no renewal of lease") && logs.contains("confirmed in time"),
+        "stopped by the watchdog:\n{logs}"
+    );
     let cut_elapsed = cut.elapsed();
     // Its last renewal was before the cut, so its Lease ends within LEASE_SECONDS of it.
     assert!(
@@ -396,35 +405,10 @@ async fn a_black_holed_apiserver_stops_the_leader_before_its_lease_expires() {
 
 /// A GPU RayService: CPU head, one worker group of `replicas` x `gpus` GPUs, one Serve app.
 fn ray_service(name: &str, image: &str, replicas: i64, gpus: u32) -> Value {
-    json!({
-        "apiVersion": "ray.io/v1",
-        "kind": "RayService",
-        "metadata": {"name": name},
-        "spec": {
-            "rayClusterDeletionDelaySeconds": 2,
-            "serveConfigV2": "applications:\n  - name: llm\n    import_path: serve_llm:app\n    route_prefix: /\n",
-            "rayClusterConfig": {
-                "rayVersion": "2.9.0",
-                "headGroupSpec": {
-                    "rayStartParams": {"num-gpus": "0"},
-                    "template": {"spec": {"containers": [{
-                        "name": "ray-head", "image": "rayproject/ray:2.9.0",
-                        "resources": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}
-                    }]}}
-                },
-                "workerGroupSpecs": [{
-                    "groupName": "gpu-workers",
-                    "replicas": replicas, "minReplicas": 0, "maxReplicas": 8,
-                    "rayStartParams": {},
-                    "template": {"spec": {"containers": [{
-                        "name": "ray-worker", "image": image,
-                        "resources": {"requests": {"cpu": "4", "memory": "16Gi"},
-                                      "limits": {"nvidia.com/gpu": gpus.to_string()}}
-                    }]}}
-                }]
-            }
-        }
-    })
+    GpuRayService::new(name, image)
+        .replicas(replicas)
+        .gpus(gpus)
+        .build()
 }
 
 async fn add_node(client: &Client, name: &str, gpus: u32) {
@@ -466,6 +450,8 @@ struct Upgrades {
     ns: String,
     /// The held service's clusters before the fault (it must keep exactly these).
     held_clusters: BTreeSet<String>,
+    /// `status.admitted` of the admitted plan, as first recorded.
+    admitted: Value,
 }
 
 const HELD: &str = "held";
@@ -512,6 +498,17 @@ async fn start_upgrades(client: &Client) -> Result<Upgrades> {
     }
     annotate(&rs_api(client, &ns), ADMITTED, Some("DEPLOYING")).await?;
     bump_worker(client, &ns, ADMITTED, "rayproject/ray:2.10.0-gpu").await?;
+    // The admission as recorded at the decision (status.capacity is what raygate saw).
+    let at_admission = wait_for("the admission recorded", T, || async {
+        let p = get(&plan_api(client, &ns), ADMITTED).await?;
+        Ok(if p["status"]["admitted"].is_object() {
+            Check::Done(p)
+        } else {
+            Check::NotYet(describe(&p))
+        })
+    })
+    .await?;
+    check_admission_fit(&at_admission).context("at the admission")?;
     wait_phase(client, &ns, ADMITTED, "Upgrading").await?;
 
     let rs = rs_api(client, &ns);
@@ -525,13 +522,23 @@ async fn start_upgrades(client: &Client) -> Result<Upgrades> {
         .await?;
     wait_phase(client, &ns, HELD, "WaitingForCapacity").await?;
     let held_clusters = of(HELD, &clusters(client, &ns).await?);
-    Ok(Upgrades { ns, held_clusters })
+    Ok(Upgrades {
+        ns,
+        held_clusters,
+        admitted: at_admission["status"]["admitted"].clone(),
+    })
 }
 
 /// After a fault: the held upgrade is still held (gate closed, its clusters unchanged);
 /// the admitted one, once its new cluster's app runs, ends `Completed` with one cluster
 /// and its gate closed.
 async fn check_upgrades_survived(client: &Client, u: &Upgrades) -> Result<()> {
+    // Right after the fault: an admission recorded since (there should be none) must
+    // have fit when it was made.
+    let now = get(&plan_api(client, &u.ns), ADMITTED).await?;
+    if now["status"]["admitted"].is_object() && now["status"]["admitted"] != u.admitted {
+        check_admission_fit(&now).context("a new admission after the fault")?;
+    }
     let rcs = rc_api(client, &u.ns);
     for c in of(ADMITTED, &clusters(client, &u.ns).await?) {
         annotate(&rcs, &c, Some("RUNNING")).await?;
@@ -619,6 +626,22 @@ async fn apiserver_and_etcd_restarts_mid_upgrade_lose_no_hold_and_admit_nothing_
     );
     eprintln!("etcd compacted at revision {revision}, apiserver restarted");
     or_panic(wait_phase(&client, &u.ns, "after-compaction", "Error").await);
+    // The 410 itself, as raygate saw it: a watch error with Gone / too old resource
+    // version, after which kube's watcher relists.
+    let gone = rg
+        .logs()
+        .lines()
+        .filter(|l| l.contains("watch error"))
+        .filter(|l| {
+            l.contains("410") || l.contains("too old resource version") || l.contains("Expired")
+        })
+        .count();
+    assert!(
+        gone > 0,
+        "no watch saw 410 Gone after the compaction:\n{}",
+        rg.logs()
+    );
+    eprintln!("{gone} watch errors with 410 Gone; raygate relisted");
     or_panic(check_upgrades_survived(&client, &u).await);
     assert_eq!(
         or_panic(admissions(&client, &u.ns, ADMITTED).await),
@@ -666,11 +689,13 @@ async fn a_leader_frozen_past_its_lease_writes_nothing_after_the_takeover() {
 // ---------------------------------------------------------------------------------------
 // Hostile clients of raygate's own endpoints.
 
-/// `/metrics` with `--metrics-secure` (the default in a deployment): raygate, running as a
-/// ServiceAccount with exactly config/rbac's ClusterRole, checks each bearer token with the
-/// real apiserver (TokenReview, SubjectAccessReview): a token bound to the shipped
-/// metrics-reader role gets 200, another valid token 403, none or a forged one 401;
-/// the probes stay open on their own port.
+/// `/metrics` with `--metrics-secure` (the default in a deployment): HTTPS only, with the
+/// certificate of `--metrics-cert-dir` (verified against its CA) or, without one, a
+/// self-signed one; raygate, running as a ServiceAccount with exactly config/rbac's
+/// ClusterRole, checks each bearer token with the real apiserver (TokenReview,
+/// SubjectAccessReview): a token bound to the shipped metrics-reader role gets 200,
+/// another valid token 403, none or a forged one 401; plain HTTP gets no answer; the
+/// probes stay open, plain HTTP, on their own port.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_answer_only_tokens_allowed_to_get_metrics() {
     let cp = ControlPlane::start_with(Options::without_kuberay())
@@ -700,15 +725,19 @@ async fn metrics_answer_only_tokens_allowed_to_get_metrics() {
         Some("raygate"),
         None,
     ));
+    let cert_dir = cp.log_dir().join("metrics-tls");
+    let ca = or_panic(metrics_certificates(&cert_dir));
+    let cert_arg = format!("--metrics-cert-dir={}", cert_dir.display());
     let mut rg = Raygate::spawn_with(
         &cp,
         &Spawn {
             kubeconfig: Some(&raygate_kc),
             env: &[],
-            args: &["--metrics-secure=true"],
+            args: &["--metrics-secure=true", &cert_arg],
         },
     )
     .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(rg.metrics_https(), "{}", rg.logs());
     kubectl(&["create", "serviceaccount", "prometheus", "-n", "default"]);
     kubectl(&[
         "create",
@@ -723,10 +752,16 @@ async fn metrics_answer_only_tokens_allowed_to_get_metrics() {
     let token = |sa: &str| kubectl(&["create", "token", sa, "-n", "default", "--duration=1h"]);
     let (allowed, other) = (token("prometheus"), token("tenant"));
 
-    let code = |t: Option<&str>| rg.get_with("/metrics", t).expect("GET /metrics");
+    // Verified against the CA: the mounted certificate is the one served.
+    let code = |t: Option<&str>| {
+        rg.get_https("/metrics", t, Some(&ca))
+            .unwrap_or_else(|e| panic!("GET /metrics: {e:#}"))
+    };
     let (c, body) = code(Some(&allowed));
     assert_eq!(c, 200, "metrics-reader token: {body}");
     assert!(body.contains("raygate_build_info"), "{body}");
+    let plain = rg.get_plain("/metrics", Some(&allowed));
+    assert!(plain.is_err(), "plain HTTP must get no answer: {plain:?}");
     let (c, body) = code(Some(&other));
     assert_eq!(c, 403, "a valid token without the role: {body}");
     assert!(
@@ -741,6 +776,41 @@ async fn metrics_answer_only_tokens_allowed_to_get_metrics() {
     assert_eq!(code(Some(admin.trim())).0, 200, "system:masters");
     assert_eq!(rg.get("/healthz").expect("healthz").0, 200);
     assert_eq!(rg.get("/readyz").expect("readyz").0, 200);
+
+    // Without a certificate directory: a self-signed certificate, said in the log; a
+    // verifying client refuses it, one that skips verification (the ServiceMonitor's
+    // insecureSkipVerify) is served.
+    let self_signed = Raygate::spawn_with(
+        &cp,
+        &Spawn {
+            kubeconfig: Some(&raygate_kc),
+            env: &[],
+            args: &["--metrics-secure=true"],
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        self_signed
+            .logs()
+            .contains("generated a self-signed certificate for /metrics"),
+        "{}",
+        self_signed.logs()
+    );
+    assert!(
+        self_signed
+            .get_https("/metrics", Some(&allowed), Some(&ca))
+            .is_err()
+    );
+    assert_eq!(
+        or_panic(self_signed.get_https("/metrics", Some(&allowed), None)).0,
+        200
+    );
+    assert_eq!(
+        or_panic(self_signed.get_https("/metrics", None, None)).0,
+        401
+    );
+    assert!(self_signed.get_plain("/metrics", None).is_err());
+    drop(self_signed);
     // The same ClusterRole (patch, no update) suffices for the finalizer and the status.
     let client = cp.client().await.expect("client");
     let ns = or_panic(create_namespace(&client, "rbac").await);

@@ -25,6 +25,9 @@ const SETUP_TOOLS_HINT: &str = "run `e2e/setup-tools` (as root) to install it";
 const RELEASE: &str = "rg";
 const RELEASE_NS: &str = "raygate-helm";
 const KUSTOMIZE_NS: &str = "raygate-system";
+/// The chart installed a second time, with watchNamespaces.
+const NAMESPACED_RELEASE: &str = "rgns";
+const NAMESPACED_NS: &str = "raygate-ns";
 const RUNBOOK_BASE: &str = "https://github.com/raygate/raygate/blob/main/docs/runbooks.md";
 
 // ---------------------------------------------------------------------------
@@ -211,13 +214,11 @@ fn kinds(objs: &[Value]) -> BTreeSet<String> {
 }
 
 fn helm_template(helm: &Path, extra: &[&str]) -> Vec<Value> {
-    let mut args = vec![
-        "template",
-        RELEASE,
-        "charts/raygate",
-        "--namespace",
-        RELEASE_NS,
-    ];
+    helm_template_as(helm, RELEASE, RELEASE_NS, extra)
+}
+
+fn helm_template_as(helm: &Path, release: &str, ns: &str, extra: &[&str]) -> Vec<Value> {
+    let mut args = vec!["template", release, "charts/raygate", "--namespace", ns];
     args.extend_from_slice(extra);
     // What `helm install` creates: hooks run later (uninstall_hook_* tests them).
     docs(&ok(helm, &args))
@@ -724,6 +725,20 @@ fn chart_and_config_copies_match_their_sources() {
         find_named(&kust, "ClusterRole", "raygate")["rules"],
         cluster_role["rules"]
     );
+    let overlay = kustomize("config/overlays/namespaced");
+    // raygate's own roles (the metrics-reader ClusterRole is for the scraper).
+    for o in overlay.iter().filter(|o| {
+        matches!(kind(o), "ClusterRole" | "Role") && !name(o).ends_with("metrics-reader")
+    }) {
+        assert_least_privilege(
+            &o["rules"],
+            &format!("config/overlays/namespaced {}", name(o)),
+        );
+    }
+    assert!(
+        strs(&container(find(&overlay, "Deployment"))["args"])
+            .contains(&"--namespace=ml-serving,research")
+    );
     for helm in helms() {
         let objs = helm_template(&helm, &[]);
         assert_eq!(
@@ -757,6 +772,32 @@ fn chart_and_config_copies_match_their_sources() {
             kd["spec"]["template"]["spec"]["securityContext"]
         );
         assert_eq!(hd["spec"]["replicas"], kd["spec"]["replicas"]);
+
+        // Namespaced: the chart with watchNamespaces and config/overlays/namespaced
+        // grant the same, and watch the same namespaces.
+        let objs = helm_template(&helm, &["--set", "watchNamespaces={ml-serving,research}"]);
+        assert_eq!(
+            find_named(&objs, "ClusterRole", "rg-raygate")["rules"],
+            find_named(&overlay, "ClusterRole", "raygate")["rules"],
+            "the chart's namespaced ClusterRole differs from config/overlays/namespaced"
+        );
+        for ns in ["ml-serving", "research"] {
+            let role = |objs: &[Value], n: &str| {
+                objs.iter()
+                    .find(|o| kind(o) == "Role" && name(o) == n && o["metadata"]["namespace"] == ns)
+                    .unwrap_or_else(|| panic!("no Role {n} in {ns}"))["rules"]
+                    .clone()
+            };
+            assert_eq!(
+                role(&objs, "rg-raygate"),
+                role(&overlay, "raygate"),
+                "the chart's Role in {ns} differs from config/overlays/namespaced"
+            );
+        }
+        assert!(
+            strs(&container(find(&objs, "Deployment"))["args"])
+                .contains(&"--namespace=ml-serving,research")
+        );
     }
 }
 
@@ -1072,8 +1113,122 @@ fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
 
     check_rbac(cp, RELEASE_NS, "rg-raygate").context("the chart's RBAC")?;
     check_rbac(cp, KUSTOMIZE_NS, "raygate").context("config/rbac")?;
-    run_operator_as_chart_service_account(cp, scratch)
+    run_operator_as_chart_service_account(cp, scratch, RELEASE_NS, "rg-raygate")
         .context("raygate running with the chart's ServiceAccount")?;
+
+    // Namespaced: the chart with watchNamespaces (another release) and
+    // config/overlays/namespaced (over config/default): reads and writes of plans only
+    // in the watched namespaces, and raygate runs on exactly that.
+    kubectl(cp, &["create", "namespace", NAMESPACED_NS])?;
+    let objs = helm_template_as(
+        helm,
+        NAMESPACED_RELEASE,
+        NAMESPACED_NS,
+        &[
+            "--kube-version",
+            "1.36.3",
+            "--set",
+            "watchNamespaces={ml-serving,research}",
+        ],
+    );
+    let chart = write_manifest(scratch, "chart-namespaced.yaml", &objs)?;
+    kubectl(cp, &["apply", "-f", &chart.to_string_lossy()])
+        .context("apply the chart with watchNamespaces")?;
+    let overlay = write_manifest(
+        scratch,
+        "overlay-namespaced.yaml",
+        &kustomize("config/overlays/namespaced"),
+    )?;
+    kubectl(cp, &["apply", "-f", &overlay.to_string_lossy()])
+        .context("apply kubectl kustomize config/overlays/namespaced")?;
+    let sa = format!("{NAMESPACED_RELEASE}-raygate");
+    check_namespaced_rbac(cp, NAMESPACED_NS, &sa)
+        .context("the chart's RBAC with watchNamespaces")?;
+    check_namespaced_rbac(cp, KUSTOMIZE_NS, "raygate").context("config/overlays/namespaced")?;
+    run_operator_as_chart_service_account(cp, scratch, NAMESPACED_NS, &sa)
+        .context("raygate watching ml-serving and research with the chart's namespaced RBAC")?;
+    Ok(())
+}
+
+/// What a namespaced install (watchNamespaces ml-serving and research) may and may not
+/// do: plans, RayServices, RayClusters and LimitRanges only there; Pods and Nodes
+/// cluster-wide for capacity.
+fn check_namespaced_rbac(cp: &ControlPlane, ns: &str, sa: &str) -> Result<()> {
+    let mut allowed: Vec<Vec<&str>> = vec![
+        vec!["list", "pods", "--all-namespaces"],
+        vec!["watch", "pods", "--all-namespaces"],
+        vec!["list", "nodes"],
+        vec!["watch", "nodes"],
+        vec!["watch", "runtimeclasses.node.k8s.io"],
+        vec!["create", "tokenreviews.authentication.k8s.io"],
+        vec!["create", "subjectaccessreviews.authorization.k8s.io"],
+        vec!["patch", "leases.coordination.k8s.io", "-n", ns],
+    ];
+    for w in ["ml-serving", "research"] {
+        for a in [
+            &["watch", "upgradeplans.raygate.io"][..],
+            &["patch", "upgradeplans.raygate.io"],
+            &["patch", "upgradeplans.raygate.io", "--subresource=status"],
+            &["watch", "rayservices.ray.io"],
+            &["get", "rayservices.ray.io"],
+            &["patch", "rayservices.ray.io"],
+            &["watch", "rayclusters.ray.io"],
+            &["watch", "limitranges"],
+            &["create", "events.events.k8s.io"],
+        ] {
+            allowed.push([a, &["-n", w]].concat());
+        }
+    }
+    let denied: Vec<Vec<&str>> = vec![
+        vec!["list", "upgradeplans.raygate.io", "--all-namespaces"],
+        vec!["list", "rayservices.ray.io", "--all-namespaces"],
+        vec!["list", "rayclusters.ray.io", "--all-namespaces"],
+        vec!["list", "limitranges", "--all-namespaces"],
+        vec!["watch", "upgradeplans.raygate.io", "-n", "default"],
+        vec!["get", "rayservices.ray.io", "-n", "default"],
+        vec!["patch", "rayservices.ray.io", "-n", "default"],
+        vec!["patch", "upgradeplans.raygate.io", "-n", "default"],
+        vec!["create", "events.events.k8s.io", "-n", "default"],
+        vec!["patch", "rayclusters.ray.io", "-n", "ml-serving"],
+        vec!["update", "rayservices.ray.io", "-n", "ml-serving"],
+        vec!["get", "secrets", "-n", "ml-serving"],
+        vec!["create", "pods", "-n", "ml-serving"],
+    ];
+    let who = format!("system:serviceaccount:{ns}:{sa}");
+    let checks: Vec<(&Vec<&str>, bool)> = allowed
+        .iter()
+        .map(|a| (a, true))
+        .chain(denied.iter().map(|a| (a, false)))
+        .collect();
+    let answers: Vec<Result<bool>> = std::thread::scope(|s| {
+        let handles: Vec<_> = checks
+            .chunks(checks.len().div_ceil(8))
+            .map(|chunk| {
+                let who = &who;
+                s.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|(a, _)| can_i(cp, who, a))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("can-i thread"))
+            .collect()
+    });
+    let mut wrong = vec![];
+    for ((a, want), got) in checks.iter().zip(answers) {
+        match (want, got?) {
+            (true, false) => wrong.push(format!("cannot {} (should)", a.join(" "))),
+            (false, true) => wrong.push(format!("can {} (should not)", a.join(" "))),
+            _ => {}
+        }
+    }
+    if !wrong.is_empty() {
+        bail!("RBAC of {who}:\n  {}", wrong.join("\n  "));
+    }
     Ok(())
 }
 
@@ -1119,20 +1274,29 @@ fn get_json(cp: &ControlPlane, args: &[&str]) -> Result<Value> {
     Ok(serde_json::from_str(&kubectl(cp, &a)?)?)
 }
 
-/// The real operator, authenticated as the chart's ServiceAccount (its token), does
-/// everything it needs: caches sync, Lease, finalizer, status, gate, Events, release.
-fn run_operator_as_chart_service_account(cp: &ControlPlane, scratch: &Path) -> Result<()> {
-    let sa = "rg-raygate";
+/// The real operator, authenticated as the chart's ServiceAccount `ns/sa` (its token),
+/// with the Deployment's `--namespace` when it has one, does everything it needs:
+/// caches sync, Lease, finalizer, status, gate, Events, release.
+fn run_operator_as_chart_service_account(
+    cp: &ControlPlane,
+    scratch: &Path,
+    ns: &str,
+    sa: &str,
+) -> Result<()> {
+    // The watched namespaces as the installed Deployment passes them.
+    let deploy = get_json(cp, &["-n", ns, "deployment", sa])?;
+    let scope: Vec<String> = strs(&container(&deploy)["args"])
+        .into_iter()
+        .filter(|a| a.starts_with("--namespace="))
+        .map(str::to_owned)
+        .collect();
     // A bound token from the TokenRequest API, as a projected token volume gets.
-    let token = kubectl(
-        cp,
-        &["-n", RELEASE_NS, "create", "token", sa, "--duration=1h"],
-    )?;
+    let token = kubectl(cp, &["-n", ns, "create", "token", sa, "--duration=1h"])?;
     let mut kc: Value = docs(&std::fs::read_to_string(cp.kubeconfig_path())?).remove(0);
     for u in kc["users"].as_array_mut().context("kubeconfig users")? {
         u["user"] = json!({ "token": token.trim() });
     }
-    let kubeconfig = scratch.join("sa.kubeconfig");
+    let kubeconfig = scratch.join(format!("{ns}-sa.kubeconfig"));
     std::fs::write(&kubeconfig, serde_json::to_string(&kc)?)?;
 
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -1141,7 +1305,7 @@ fn run_operator_as_chart_service_account(cp: &ControlPlane, scratch: &Path) -> R
     let health_port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    let log_path = cp.log_dir().join("raygate-packaging.log");
+    let log_path = cp.log_dir().join(format!("raygate-packaging-{ns}.log"));
     let log = std::fs::File::create(&log_path)?;
     let _raygate = Child(
         Command::new(raygate_bin())
@@ -1157,7 +1321,7 @@ fn run_operator_as_chart_service_account(cp: &ControlPlane, scratch: &Path) -> R
                     "--kuberay-version={}",
                     cp.kuberay_version().unwrap_or("v1.6.2")
                 ),
-                &format!("--lease-namespace={RELEASE_NS}"),
+                &format!("--lease-namespace={ns}"),
                 "--lease-name=raygate-leader",
                 // Long enough that no renewal falls inside this short test: the
                 // watchdog gives up after a single Lease read slower than ~0.5 s near
@@ -1165,8 +1329,9 @@ fn run_operator_as_chart_service_account(cp: &ControlPlane, scratch: &Path) -> R
                 // exercised here; the renewal verbs are covered by `check_rbac`.
                 "--lease-duration-seconds=120",
             ])
-            .env("POD_NAME", "rg-raygate-test-0")
-            .env("POD_NAMESPACE", RELEASE_NS)
+            .args(&scope)
+            .env("POD_NAME", format!("{sa}-test-0"))
+            .env("POD_NAMESPACE", ns)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -1188,8 +1353,8 @@ fn run_operator_as_chart_service_account(cp: &ControlPlane, scratch: &Path) -> R
                 .is_some_and(|r| r.lines().next().is_some_and(|l| l.contains(" 200 "))))
         })?;
         wait_until("the leader Lease", || {
-            let l = get_json(cp, &["-n", RELEASE_NS, "lease", "raygate-leader"])?;
-            Ok(l["spec"]["holderIdentity"] == "rg-raygate-test-0")
+            let l = get_json(cp, &["-n", ns, "lease", "raygate-leader"])?;
+            Ok(l["spec"]["holderIdentity"] == format!("{sa}-test-0"))
         })?;
         wait_until("the plan's finalizer and status", || {
             let p = get_json(cp, &["-n", "ml-serving", "upgradeplan", "llm"])?;

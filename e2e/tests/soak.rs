@@ -17,7 +17,9 @@ use kube::api::{
 };
 use raygate_e2e::control_plane::repo_root;
 use raygate_e2e::json::str_at;
-use raygate_e2e::{Check, ControlPlane, FakeNode, Raygate, create_namespace, wait_for};
+use raygate_e2e::{
+    Check, ControlPlane, FakeNode, GpuRayService, Raygate, create_namespace, wait_for,
+};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
@@ -84,35 +86,12 @@ async fn merge(api: &Api<DynamicObject>, name: &str, patch: Value) -> Result<()>
 }
 
 fn ray_service(name: &str, image: &str, replicas: i64) -> Value {
-    json!({
-        "apiVersion": "ray.io/v1",
-        "kind": "RayService",
-        "metadata": {"name": name},
-        "spec": {
-            "rayClusterDeletionDelaySeconds": 2,
-            "serveConfigV2": "applications:\n  - name: llm\n    import_path: serve_llm:app\n    route_prefix: /\n",
-            "rayClusterConfig": {
-                "rayVersion": "2.9.0",
-                "headGroupSpec": {
-                    "rayStartParams": {"num-gpus": "0"},
-                    "template": {"spec": {"containers": [{
-                        "name": "ray-head", "image": "rayproject/ray:2.9.0",
-                        "resources": {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"cpu": "1", "memory": "4Gi"}}
-                    }]}}
-                },
-                "workerGroupSpecs": [{
-                    "groupName": "gpu-workers",
-                    "replicas": replicas, "minReplicas": 0, "maxReplicas": 8,
-                    "rayStartParams": {},
-                    "template": {"spec": {"containers": [{
-                        "name": "ray-worker", "image": image,
-                        "resources": {"requests": {"cpu": "2", "memory": "8Gi"},
-                                      "limits": {"nvidia.com/gpu": "4"}}
-                    }]}}
-                }]
-            }
-        }
-    })
+    GpuRayService::new(name, image)
+        .replicas(replicas)
+        .gpus(4)
+        .head("1", "4Gi")
+        .worker("2", "8Gi")
+        .build()
 }
 
 async fn add_node(client: &Client, name: &str) -> Result<()> {

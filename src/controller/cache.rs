@@ -20,6 +20,7 @@ use kube::core::DeserializeGuard;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
+use futures::stream::BoxStream;
 use futures::{StreamExt, future};
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -427,6 +428,165 @@ fn node_event(
     }
 }
 
+/// A watch of one kind in raygate's scope, with backoff: cluster-wide when
+/// `namespaces` is empty, else one watcher per namespace, merged
+/// ([`merge_namespaces`]), so that a namespaced install needs only Roles in
+/// those namespaces to read them.
+pub fn scoped_watcher<K>(
+    client: &kube::Client,
+    namespaces: &[String],
+    wc: watcher::Config,
+) -> BoxStream<'static, watcher::Result<watcher::Event<K>>>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+    K::DynamicType: Default,
+{
+    match namespaces {
+        [] => watcher(Api::<K>::all(client.clone()), wc)
+            .default_backoff()
+            .boxed(),
+        [one] => watcher(Api::<K>::namespaced(client.clone(), one), wc)
+            .default_backoff()
+            .boxed(),
+        many => merge_namespaces(
+            many.iter()
+                .map(|ns| {
+                    watcher(Api::<K>::namespaced(client.clone(), ns), wc.clone())
+                        .default_backoff()
+                        .boxed()
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// Merges the watch streams of several namespaces into one stream with the
+/// semantics of a single watcher, so one reflector store can keep it.
+///
+/// A store treats `Init` .. `InitDone` as "replace everything": passing each
+/// namespace's relist through would drop the other namespaces' objects. So:
+/// one `Init` first, every namespace's first list (and any change meanwhile)
+/// held back and given as `InitApply`s, one `InitDone` once all have listed;
+/// after that, a namespace that relists (e.g. after 410 Gone) gives `Apply`
+/// for what it lists and `Delete` for what it knew and no longer lists. The
+/// last-seen object of each key is kept for those deletions: plans,
+/// RayServices and RayClusters are few, unlike pods.
+pub fn merge_namespaces<K>(
+    streams: Vec<BoxStream<'static, watcher::Result<watcher::Event<K>>>>,
+) -> BoxStream<'static, watcher::Result<watcher::Event<K>>>
+where
+    K: kube::Resource + Clone + Send + 'static,
+{
+    let merge = Merge::new(streams.len());
+    let tagged = futures::stream::select_all(
+        streams
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| s.map(move |ev| (i, ev)).boxed()),
+    );
+    futures::stream::once(future::ready(Ok(watcher::Event::Init)))
+        .chain(
+            tagged
+                .scan(merge, |m, (i, ev)| future::ready(Some(m.step(i, ev))))
+                .flat_map(futures::stream::iter),
+        )
+        .boxed()
+}
+
+/// State of [`merge_namespaces`]: per namespace, the objects it last listed
+/// or changed (by name), and the names seen by a relist in progress.
+struct Merge<K> {
+    known: Vec<BTreeMap<String, K>>,
+    relisting: Vec<Option<std::collections::BTreeSet<String>>>,
+    listed: Vec<bool>,
+    synced: bool,
+}
+
+impl<K: kube::Resource + Clone> Merge<K> {
+    fn new(n: usize) -> Merge<K> {
+        Merge {
+            known: vec![BTreeMap::new(); n],
+            relisting: vec![None; n],
+            listed: vec![false; n],
+            synced: false,
+        }
+    }
+
+    fn step(
+        &mut self,
+        i: usize,
+        ev: watcher::Result<watcher::Event<K>>,
+    ) -> Vec<watcher::Result<watcher::Event<K>>> {
+        use watcher::Event;
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(e) => return vec![Err(e)],
+        };
+        let name = |o: &K| o.meta().name.clone().unwrap_or_default();
+        if !self.synced {
+            match ev {
+                Event::Init => self.known[i].clear(),
+                Event::InitApply(o) | Event::Apply(o) => {
+                    self.known[i].insert(name(&o), o);
+                }
+                Event::Delete(o) => {
+                    self.known[i].remove(&name(&o));
+                }
+                Event::InitDone => self.listed[i] = true,
+            }
+            if !self.listed.iter().all(|l| *l) {
+                return vec![];
+            }
+            self.synced = true;
+            let mut out: Vec<_> = self
+                .known
+                .iter()
+                .flat_map(|m| m.values().cloned())
+                .map(|o| Ok(Event::InitApply(o)))
+                .collect();
+            out.push(Ok(Event::InitDone));
+            return out;
+        }
+        match ev {
+            Event::Init => {
+                self.relisting[i] = Some(Default::default());
+                vec![]
+            }
+            Event::InitApply(o) | Event::Apply(o) => {
+                let n = name(&o);
+                if let Some(seen) = self.relisting[i].as_mut() {
+                    seen.insert(n.clone());
+                }
+                self.known[i].insert(n, o.clone());
+                vec![Ok(Event::Apply(o))]
+            }
+            Event::Delete(o) => {
+                self.known[i].remove(&name(&o));
+                vec![Ok(Event::Delete(o))]
+            }
+            Event::InitDone => {
+                let Some(seen) = self.relisting[i].take() else {
+                    return vec![];
+                };
+                let gone: Vec<String> = self.known[i]
+                    .keys()
+                    .filter(|k| !seen.contains(*k))
+                    .cloned()
+                    .collect();
+                gone.iter()
+                    .filter_map(|k| self.known[i].remove(k))
+                    .map(|o| Ok(Event::Delete(o)))
+                    .collect()
+            }
+        }
+    }
+}
+
 /// The RayService a RayCluster belongs to (KubeRay's origin label).
 pub fn cluster_service(c: &DeserializeGuard<RayCluster>) -> Option<(String, String)> {
     let meta = match &c.0 {
@@ -445,6 +605,87 @@ pub fn cluster_service(c: &DeserializeGuard<RayCluster>) -> Option<(String, Stri
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn cm(ns: &str, name: &str, v: &str) -> k8s_openapi::api::core::v1::ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns},
+            "data": {"v": v}}))
+        .unwrap()
+    }
+
+    /// What a store holds: (namespace/name, data.v), sorted.
+    fn held(
+        store: &kube::runtime::reflector::Store<k8s_openapi::api::core::v1::ConfigMap>,
+    ) -> Vec<String> {
+        let mut v: Vec<String> = store
+            .state()
+            .iter()
+            .map(|c| {
+                format!(
+                    "{}/{}={}",
+                    c.metadata.namespace.as_deref().unwrap_or(""),
+                    c.metadata.name.as_deref().unwrap_or(""),
+                    c.data
+                        .as_ref()
+                        .and_then(|d| d.get("v"))
+                        .map_or("", |s| s.as_str())
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[tokio::test]
+    async fn namespaces_merge_into_one_store_and_a_relist_drops_only_its_own_deletions() {
+        use futures::channel::mpsc::unbounded;
+        use kube::runtime::reflector;
+        use watcher::Event::*;
+        let (a_tx, a_rx) = unbounded();
+        let (b_tx, b_rx) = unbounded();
+        let (store, writer) = reflector::store();
+        let mut merged = merge_namespaces(vec![a_rx.boxed(), b_rx.boxed()]).reflect(writer);
+        let mut next = async || merged.next().await.unwrap().unwrap();
+
+        assert!(matches!(next().await, Init));
+        a_tx.unbounded_send(Ok(Init)).unwrap();
+        a_tx.unbounded_send(Ok(InitApply(cm("a", "x", "1"))))
+            .unwrap();
+        a_tx.unbounded_send(Ok(InitDone)).unwrap();
+        // a listed; a change in a while b still lists is held back too.
+        a_tx.unbounded_send(Ok(Apply(cm("a", "x", "2")))).unwrap();
+        b_tx.unbounded_send(Ok(Init)).unwrap();
+        b_tx.unbounded_send(Ok(InitApply(cm("b", "y", "1"))))
+            .unwrap();
+        b_tx.unbounded_send(Ok(InitApply(cm("b", "z", "1"))))
+            .unwrap();
+        b_tx.unbounded_send(Ok(InitDone)).unwrap();
+        let mut seen = vec![];
+        loop {
+            let ev = next().await;
+            let done = matches!(ev, InitDone);
+            seen.push(ev);
+            if done {
+                break;
+            }
+        }
+        assert_eq!(seen.len(), 4, "three InitApply then InitDone: {seen:?}");
+        assert!(store.wait_until_ready().await.is_ok());
+        assert_eq!(held(&store), ["a/x=2", "b/y=1", "b/z=1"]);
+
+        // b relists (after a 410 Gone): z is gone, y changed; a keeps its objects.
+        b_tx.unbounded_send(Ok(Init)).unwrap();
+        b_tx.unbounded_send(Ok(InitApply(cm("b", "y", "3"))))
+            .unwrap();
+        b_tx.unbounded_send(Ok(InitDone)).unwrap();
+        assert!(matches!(next().await, Apply(_)));
+        assert!(matches!(next().await, Delete(o) if o.metadata.name.as_deref() == Some("z")));
+        assert_eq!(held(&store), ["a/x=2", "b/y=3"]);
+
+        // Ordinary changes pass through.
+        a_tx.unbounded_send(Ok(Delete(cm("a", "x", "2")))).unwrap();
+        assert!(matches!(next().await, Delete(_)));
+        assert_eq!(held(&store), ["b/y=3"]);
+    }
 
     #[test]
     fn slim_pod_keeps_what_capacity_reads() {

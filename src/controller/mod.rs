@@ -47,9 +47,9 @@ pub const FINALIZER: &str = "raygate.io/release-gate";
 
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// Namespaces whose UpgradePlans, RayServices and RayClusters are watched;
-    /// empty for all. Pods and Nodes are always watched cluster-wide: free
-    /// capacity is a cluster-wide fact.
+    /// Namespaces whose UpgradePlans, RayServices, RayClusters and LimitRanges
+    /// are watched (one watch per namespace); empty for all. Pods and Nodes are
+    /// always watched cluster-wide: free capacity is a cluster-wide fact.
     pub namespaces: Vec<String>,
     pub kuberay_version: KubeRayVersion,
     /// Identity in Events (`reportingInstance`).
@@ -75,20 +75,6 @@ pub struct Context {
     decisions: Mutex<Overlay>,
 }
 
-fn api_for<K>(client: &Client, namespaces: &[String]) -> Api<K>
-where
-    K: Resource<Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    match namespaces {
-        [one] => Api::namespaced(client.clone(), one),
-        _ => Api::all(client.clone()),
-    }
-}
-
 fn in_scope(settings: &Settings, ns: Option<&str>) -> bool {
     settings.namespaces.is_empty() || ns.is_some_and(|n| settings.namespaces.iter().any(|s| s == n))
 }
@@ -106,8 +92,7 @@ fn plans_for(plans: &Store<UpgradePlan>, ns: &str, svc: &str) -> Vec<ObjectRef<U
 /// Start a cache: a watcher that slims objects, fills a store, and sends the
 /// plans to wake for each relevant change into `tx`.
 fn spawn_cache<K, S, P, M>(
-    api: Api<K>,
-    wc: watcher::Config,
+    events: impl futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
     slim: S,
     predicate: P,
     mapper: M,
@@ -122,8 +107,7 @@ where
 {
     let (reader, writer) = reflector::store();
     let kind = K::kind(&Default::default()).to_string();
-    let stream = watcher(api, wc)
-        .default_backoff()
+    let stream = events
         .modify(slim)
         .reflect(writer)
         .touched_objects()
@@ -157,16 +141,27 @@ pub async fn run(
     let ns = settings.namespaces.clone();
     let (watch, writes) = (watch, client);
     let client = watch;
-    let plans_api: Api<UpgradePlan> = api_for(&client, &ns);
-    let controller = Controller::new(plans_api.clone(), watcher::Config::default().any_semantic())
+    // With several namespaces, one watcher per namespace (cache::scoped_watcher),
+    // so that reads need only Roles there.
+    let (plans, plan_writer) = reflector::store();
+    let plan_events = cache::scoped_watcher::<UpgradePlan>(
+        &client,
+        &ns,
+        watcher::Config::default().any_semantic(),
+    )
+    .reflect(plan_writer)
+    .applied_objects();
+    let controller = Controller::for_stream(plan_events, plans.clone())
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(200)));
-    let plans = controller.store();
     let (tx, rx) = mpsc::unbounded::<ObjectRef<UpgradePlan>>();
 
     let p = plans.clone();
     let services = spawn_cache(
-        api_for::<DeserializeGuard<RayService>>(&client, &ns),
-        watcher::Config::default(),
+        cache::scoped_watcher::<DeserializeGuard<RayService>>(
+            &client,
+            &ns,
+            watcher::Config::default(),
+        ),
         |_| {},
         cache::service_changes,
         move |s: &DeserializeGuard<RayService>| {
@@ -183,8 +178,11 @@ pub async fn run(
     );
     let p = plans.clone();
     let clusters = spawn_cache(
-        api_for::<DeserializeGuard<RayCluster>>(&client, &ns),
-        watcher::Config::default().labels(LABEL_ORIGINATED_FROM_CR_NAME),
+        cache::scoped_watcher::<DeserializeGuard<RayCluster>>(
+            &client,
+            &ns,
+            watcher::Config::default().labels(LABEL_ORIGINATED_FROM_CR_NAME),
+        ),
         cache::slim_cluster,
         cache::cluster_changes,
         move |c: &DeserializeGuard<RayCluster>| {
@@ -216,16 +214,19 @@ pub async fn run(
         },
     );
     let limit_ranges = spawn_cache(
-        Api::<LimitRange>::all(client.clone()),
-        watcher::Config::default(),
+        // Defaults for the pods a RayCluster will create, in its own namespace.
+        cache::scoped_watcher::<LimitRange>(&client, &ns, watcher::Config::default()),
         cache::slim_limit_range,
         |_: &LimitRange| None,
         |_: &LimitRange| vec![],
         tx.clone(),
     );
     let runtime_classes = spawn_cache(
-        Api::<RuntimeClass>::all(client.clone()),
-        watcher::Config::default(),
+        watcher(
+            Api::<RuntimeClass>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff(),
         cache::slim_runtime_class,
         |_: &RuntimeClass| None,
         |_: &RuntimeClass| vec![],

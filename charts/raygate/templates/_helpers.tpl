@@ -74,6 +74,19 @@ from each (a merge patch), read each gated RayService and give its gate back (ap
   verbs: ["get", "patch"]
 {{- end }}
 
+{{/* What raygate watches in its scope: the plans, the RayServices they gate and their
+RayClusters. Cluster-wide without watchNamespaces (then LimitRanges are in the capacity
+rule); per watched namespace with it, LimitRanges included (defaults of the pods a
+RayCluster will create there). */}}
+{{- define "raygate.scopedReadRules" -}}
+- apiGroups: ["raygate.io"]
+  resources: ["upgradeplans"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["ray.io"]
+  resources: ["rayservices", "rayclusters"]
+  verbs: ["get", "list", "watch"]
+{{- end }}
+
 {{/* What raygate writes where it gates: the plans' finalizer (a JSON patch, kube's
 finalizer helper) and status (a merge patch with a resourceVersion), the gate (server-side
 apply of spec.upgradeStrategy.type), and its Events. No update: nothing is replaced. */}}
