@@ -707,3 +707,55 @@ async fn status_is_server_side_applied_and_a_merge_patched_one_is_taken_over() {
     assert_eq!(phase(&p), "Idle", "{}", describe(&p));
     assert_eq!(or_panic(gate(&e, "llm").await), "None");
 }
+
+/// raygate reads the status times and the transition outcome as types, so the apiserver must
+/// refuse a value raygate could not read (the CRD's `format: date-time` and `enum`): one
+/// hand-edited plan would otherwise break the watch of every plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_apiserver_refuses_status_values_raygate_could_not_read() {
+    let cp = ControlPlane::start_with(raygate_e2e::control_plane::Options::without_kuberay())
+        .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));
+    cp.install_crd_file(&repo_root().join("crds/raygate.io_upgradeplans.yaml"))
+        .expect("install the UpgradePlan CRD");
+    let client = cp.client().await.expect("client");
+    let ns = create_namespace(&client, "crd").await.expect("namespace");
+    let api = plan_api(&client, &ns);
+    or_panic(create(&api, plan("p", "llm", json!({}))).await);
+    let status = |s: Value| Patch::Merge(json!({ "status": s }));
+    let valid = json!({
+        "pendingChange": {"fingerprint": "f", "detectedTime": "2026-12-03T12:00:00.123456789Z"},
+        "lastTransition": {"fingerprint": "f", "start": "2026-12-03T11:00:00Z",
+                           "end": "2026-12-03T11:30:00Z", "outcome": "Completed"},
+    });
+    api.patch_status("p", &PatchParams::default(), &status(valid))
+        .await
+        .expect("valid times and outcome are accepted");
+    for (field, bad) in [
+        (
+            "detectedTime",
+            json!({"pendingChange": {"fingerprint": "f", "detectedTime": "yesterday"}}),
+        ),
+        (
+            "admittedTime",
+            json!({"admitted": {"fingerprint": "f", "admittedTime": "12:00"}}),
+        ),
+        (
+            "end",
+            json!({"lastTransition": {"fingerprint": "f", "start": "2026-12-03T11:00:00Z", "end": "soon"}}),
+        ),
+        (
+            "outcome",
+            json!({"lastTransition": {"fingerprint": "f", "start": "2026-12-03T11:00:00Z", "outcome": "Exploded"}}),
+        ),
+    ] {
+        match api
+            .patch_status("p", &PatchParams::default(), &status(bad))
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 422 => {
+                assert!(e.message.contains(field), "{field}: {}", e.message)
+            }
+            other => panic!("{field}: expected 422 Invalid, got {other:?}"),
+        }
+    }
+}
