@@ -468,7 +468,8 @@ mod tests {
     #[test]
     fn crd_lets_the_apiserver_refuse_status_values_raygate_could_not_read() {
         let crd = serde_json::to_value(UpgradePlan::crd()).unwrap();
-        let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
+        let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+            ["properties"];
         for path in [
             "/pendingChange/properties/detectedTime",
             "/admitted/properties/admittedTime",
@@ -479,7 +480,9 @@ mod tests {
             assert_eq!(field["format"], "date-time", "{path}: {field}");
         }
         assert_eq!(
-            status.pointer("/lastTransition/properties/outcome/enum").unwrap(),
+            status
+                .pointer("/lastTransition/properties/outcome/enum")
+                .unwrap(),
             &serde_json::json!(["Completed", "Abandoned"])
         );
     }
