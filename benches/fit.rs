@@ -90,15 +90,15 @@ fn bench(c: &mut Criterion) {
     let incremental = common::median_ms(51, || {
         let _ = black_box(index.fit(&rules, &req));
     });
-    let scratch_cpu = common::median_cpu_ms(11, || {
+    let scratch_cpu = common::mean_cpu_ms(11, || {
         let _ = black_box(fit(&state, &req));
     });
-    let incremental_cpu = common::median_cpu_ms(51, || {
+    let incremental_cpu = common::mean_cpu_ms(51, || {
         let _ = black_box(index.fit(&rules, &req));
     });
     if let (Some(s), Some(i)) = (scratch_cpu, incremental_cpu) {
         println!(
-            "decision, on-CPU time (waits for a core left out): from scratch {s:.1} ms, \
+            "decision, mean on-CPU time (waits for a core left out): from scratch {s:.1} ms, \
              index {i:.2} ms, {:.0}x faster",
             s / i
         );

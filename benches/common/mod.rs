@@ -167,16 +167,15 @@ pub fn cpu_ms() -> Option<f64> {
     Some(ns / 1e6)
 }
 
-/// Median of `runs` on-CPU times of `f` (see [`cpu_ms`]), in milliseconds.
-pub fn median_cpu_ms(runs: usize, mut f: impl FnMut()) -> Option<f64> {
-    let mut t = Vec::with_capacity(runs);
+/// Mean on-CPU time of `runs` runs of `f` (see [`cpu_ms`]), in
+/// milliseconds. A mean over the batch, not a median: the kernel updates the
+/// counter at scheduler ticks, too coarse for one run of a millisecond.
+pub fn mean_cpu_ms(runs: usize, mut f: impl FnMut()) -> Option<f64> {
+    let s = cpu_ms()?;
     for _ in 0..runs {
-        let s = cpu_ms()?;
         f();
-        t.push(cpu_ms()? - s);
     }
-    t.sort_by(f64::total_cmp);
-    t.get(t.len() / 2).copied()
+    Some((cpu_ms()? - s) / runs.max(1) as f64)
 }
 
 /// Median of `runs` timings of `f`, in milliseconds.

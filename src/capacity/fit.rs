@@ -358,8 +358,12 @@ impl Statics {
 /// once, not once per decision, as long as no node changes.
 #[derive(Debug, Default)]
 pub(crate) struct StaticsCache {
-    inner: Mutex<(u64, HashMap<(String, Wording), Arc<Statics>>)>,
+    /// The layout the entries hold for, and the entries.
+    inner: Mutex<(u64, StaticsByShape)>,
 }
+
+/// (placement signature, wording) → verdicts.
+type StaticsByShape = HashMap<(String, Wording), Arc<Statics>>;
 
 impl StaticsCache {
     /// Signatures kept at most; past it the cache starts again.
