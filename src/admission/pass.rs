@@ -8,7 +8,7 @@
 //! when it fits and undone when it does not. Each reconcile then reads its
 //! plan's result.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::ledger::Candidate;
 use crate::capacity::fit::Placer;
@@ -59,7 +59,9 @@ pub(crate) fn run(
     let mut p = Placer::new(cap, &FitOptions::default());
     let reserved = p.entries(ledger, true, rules, &cap.bound)?;
     let mut reserved_total = Placer::total(&reserved);
-    let (mut base_placements, base_unplaced) = p.place(&reserved, &Default::default());
+    let (placed, base_unplaced) = p.place(&reserved, &Default::default());
+    // Kept sorted, so each report clones a map instead of sorting again.
+    let mut base_placements: BTreeMap<String, String> = placed.into_iter().collect();
     let mut results = HashMap::new();
     for c in queue {
         let mark = p.mark();

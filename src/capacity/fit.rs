@@ -22,12 +22,14 @@
 //! they are counted there.
 
 use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 
 use super::node::{
-    Amounts, Capacity, Names, SkippedNode, add_amount, amount, capacity, node_name, to_list, total,
+    Amounts, Capacity, Names, Rows, SkippedNode, add_amount, amount, capacity, node_name, to_list,
     units_of,
 };
 use super::requests::{pod_name, pod_requests_borrowed, runtime_class_overhead};
@@ -255,19 +257,133 @@ pub(crate) fn fit_on(
         &new,
         &reserved_total,
         &headroom,
-        placements,
+        placements.into_iter().collect(),
         unplaced,
         &req.old_requests,
     ))
 }
 
 /// A pod's request in scheduler units, shared by the copies of a group.
-type Units = std::rc::Rc<[(usize, i128)]>;
+type Units = Rc<[(usize, i128)]>;
 
 /// Where the undo log stood; see [`Placer::undo`].
 pub(crate) struct Mark {
     placed: usize,
     keys: usize,
+}
+
+/// Free capacity seen through an overlay, as cluster-autoscaler's delta
+/// snapshot: untouched nodes are read from the base rows in place, a node's
+/// row is copied on its first write. A decision that places 250 pods copies
+/// at most 250 rows, not 5,000.
+pub(crate) struct Overlay<'c> {
+    base: &'c Rows,
+    /// Node → where its copied row starts in `rows`; `usize::MAX` if untouched.
+    copied: Vec<usize>,
+    rows: Vec<i128>,
+}
+
+impl<'c> Overlay<'c> {
+    pub(crate) fn new(base: &'c Rows) -> Self {
+        Overlay {
+            base,
+            copied: vec![usize::MAX; base.len()],
+            rows: Vec::new(),
+        }
+    }
+
+    /// What is free on node `n` now.
+    pub(crate) fn get(&self, n: usize) -> &[i128] {
+        match self.copied.get(n) {
+            Some(&at) if at != usize::MAX => &self.rows[at..at + self.base.width()],
+            _ => self.base.free(n),
+        }
+    }
+
+    /// `free[n][r] += x`. Ids past the base's width are resources no node
+    /// has: nothing is ever taken from them, so nothing is given back.
+    pub(crate) fn add(&mut self, n: usize, r: usize, x: i128) {
+        let w = self.base.width();
+        if r >= w || n >= self.copied.len() {
+            return;
+        }
+        if self.copied[n] == usize::MAX {
+            self.copied[n] = self.rows.len();
+            self.rows.extend_from_slice(self.base.free(n));
+        }
+        let v = &mut self.rows[self.copied[n] + r];
+        *v = v.saturating_add(x);
+    }
+}
+
+/// One placement signature's static verdicts on every usable node: the
+/// reason it was filtered out (an index into `reasons`), and the nodes that
+/// passed.
+#[derive(Debug)]
+pub(crate) struct Statics {
+    verdicts: Vec<Option<usize>>,
+    reasons: Vec<String>,
+    feasible: Vec<usize>,
+}
+
+impl Statics {
+    /// The static filters (node name, taints, affinity) of `pod` on `nodes`.
+    fn compute(pod: &Pod, nodes: &[&Node], wording: Wording) -> Statics {
+        let mut reasons: Vec<String> = Vec::new();
+        let mut ids: HashMap<String, usize> = HashMap::new();
+        let verdicts: Vec<Option<usize>> = nodes
+            .iter()
+            .map(|node| {
+                static_filter(pod, node, wording).err().map(|r| {
+                    *ids.entry(r.clone()).or_insert_with(|| {
+                        reasons.push(r);
+                        reasons.len() - 1
+                    })
+                })
+            })
+            .collect();
+        let feasible = (0..verdicts.len())
+            .filter(|&n| verdicts[n].is_none())
+            .collect();
+        Statics {
+            verdicts,
+            reasons,
+            feasible,
+        }
+    }
+}
+
+/// Statics kept across decisions while the usable nodes stay the same (the
+/// index's layout generation): a worker group's feasible nodes are computed
+/// once, not once per decision, as long as no node changes.
+#[derive(Debug, Default)]
+pub(crate) struct StaticsCache {
+    /// The layout the entries hold for, and the entries.
+    inner: Mutex<(u64, StaticsByShape)>,
+}
+
+/// (placement signature, wording) → verdicts.
+type StaticsByShape = HashMap<(String, Wording), Arc<Statics>>;
+
+impl StaticsCache {
+    /// Signatures kept at most; past it the cache starts again.
+    const MAX: usize = 256;
+
+    fn get(&self, layout: u64, key: &(String, Wording)) -> Option<Arc<Statics>> {
+        let inner = self.inner.lock().ok()?;
+        (inner.0 == layout).then(|| inner.1.get(key).cloned())?
+    }
+
+    fn put(&self, layout: u64, key: (String, Wording), statics: Arc<Statics>) {
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
+        if inner.0 != layout || inner.1.len() >= Self::MAX {
+            inner.1.clear();
+            inner.0 = layout;
+        }
+        inner.1.insert(key, statics);
+    }
 }
 
 /// Free capacity being placed on, with an undo log: one snapshot on which
@@ -276,13 +392,13 @@ pub(crate) struct Placer<'c, 'a> {
     cap: &'c Capacity<'a>,
     wording: Wording,
     names: Names,
-    free: Vec<Amounts>,
+    free: Overlay<'c>,
     free_before: Amounts,
     cluster_free: Amounts,
-    reason_text: Vec<String>,
-    reason_ids: HashMap<String, usize>,
-    /// Per placement signature: each node's static verdict, the feasible ones.
-    statics: HashMap<String, (Vec<Option<usize>>, Vec<usize>)>,
+    allocatable: Amounts,
+    /// Per placement signature, computed (or found in the index's cache)
+    /// on first use.
+    statics: HashMap<String, Arc<Statics>>,
     /// (node, request) of every pod placed, in order.
     placed: Vec<(usize, Units)>,
     /// Keys handed out, for `name#2` on duplicates.
@@ -292,26 +408,16 @@ pub(crate) struct Placer<'c, 'a> {
 
 impl<'c, 'a> Placer<'c, 'a> {
     pub(crate) fn new(cap: &'c Capacity<'a>, opts: &FitOptions) -> Self {
-        let names = cap.names.clone();
-        let width = names.names.len();
-        let free: Vec<Amounts> = (0..cap.nodes.len())
-            .map(|n| {
-                let mut f = cap.free(n);
-                f.resize(width, 0);
-                f
-            })
-            .collect();
-        let mut free_before = total(free.iter().cloned());
-        free_before.resize(width, 0);
+        let names = cap.names.clone().into_owned();
+        let free_before = cap.rows.total_free();
         Placer {
             cap,
             wording: opts.wording,
             names,
             cluster_free: free_before.clone(),
             free_before,
-            free,
-            reason_text: Vec::new(),
-            reason_ids: HashMap::new(),
+            allocatable: cap.rows.total_allocatable(),
+            free: Overlay::new(&cap.rows),
             statics: HashMap::new(),
             placed: Vec::new(),
             seen: HashMap::new(),
@@ -387,7 +493,7 @@ impl<'c, 'a> Placer<'c, 'a> {
                 break;
             };
             for &(r, u) in req.iter() {
-                add_amount(&mut self.free[n], r, u);
+                self.free.add(n, r, u);
                 add_amount(&mut self.cluster_free, r, u);
             }
         }
@@ -412,93 +518,126 @@ impl<'c, 'a> Placer<'c, 'a> {
         let mut placements = Vec::new();
         let mut unplaced = Vec::new();
         for e in entries {
-            let cap = self.cap;
-            let wording = self.wording;
-            let (reason_ids, reason_text) = (&mut self.reason_ids, &mut self.reason_text);
-            let (verdicts, feasible) = self.statics.entry(signature(e.pod)).or_insert_with(|| {
-                let verdicts: Vec<Option<usize>> = cap
-                    .nodes
-                    .iter()
-                    .map(|node| {
-                        static_filter(e.pod, node, wording).err().map(|r| {
-                            *reason_ids.entry(r.clone()).or_insert_with(|| {
-                                reason_text.push(r);
-                                reason_text.len() - 1
-                            })
-                        })
-                    })
-                    .collect();
-                let feasible = (0..verdicts.len())
-                    .filter(|&n| verdicts[n].is_none())
-                    .collect();
-                (verdicts, feasible)
-            });
-            let dom_req = e
-                .req
-                .iter()
-                .find(|(r, _)| *r == e.dominant)
-                .map_or(0, |x| x.1);
-            let req: Units = e.req.clone().into();
-            let free = &mut self.free;
-            let fits = |f: &Amounts| e.req.iter().all(|&(r, u)| amount(f, r) >= u);
-            // Best fit: the feasible node that leaves the least of the
-            // dominant resource, first by name on ties. Once a pod of the
-            // group went to a node, that node stays the best while it fits
-            // (only its leftover went down): the next copy needs no scan.
-            let mut last: Option<usize> = None;
-            for (k, key) in e.keys.iter().enumerate() {
-                let chosen = match last.filter(|&n| fits(&free[n])) {
-                    Some(n) => Some(n),
-                    None => {
-                        let mut best: Option<(i128, usize)> = None;
-                        for &n in feasible.iter() {
-                            if !fits(&free[n]) {
-                                continue;
-                            }
-                            let left = amount(&free[n], e.dominant) - dom_req;
-                            if best.is_none_or(|(b, _)| left < b) {
-                                best = Some((left, n));
-                            }
-                        }
-                        best.map(|(_, n)| n)
-                    }
-                };
-                // The copies after a failure fail alike: nothing changed since.
-                let failure = match chosen {
-                    None => Some(explain(
-                        e,
-                        verdicts,
-                        reason_text,
-                        free,
-                        &self.names,
-                        &cap.skipped,
-                    )),
-                    Some(_) if !e.reserved => {
-                        headroom_violation(e, &self.cluster_free, headroom, &self.names)
-                    }
-                    Some(_) => None,
-                };
-                if let Some(reason) = failure {
-                    for key in &e.keys[k..] {
-                        unplaced.push(Unplaced {
-                            pod: key.clone(),
-                            reason: reason.clone(),
-                            reserved: e.reserved,
-                        });
-                    }
-                    break;
-                }
-                let Some(n) = chosen else { break };
-                for &(r, u) in &e.req {
-                    add_amount(&mut free[n], r, -u);
-                    add_amount(&mut self.cluster_free, r, -u);
-                }
-                self.placed.push((n, req.clone()));
-                placements.push((key.clone(), node_name(cap.nodes[n]).to_string()));
-                last = Some(n);
-            }
+            self.place_group(e, headroom, &mut placements, &mut unplaced);
         }
         (placements, unplaced)
+    }
+
+    /// Places the copies of one entry. Once a copy went to a node, that node
+    /// stays the best while it fits (only its leftover went down), so the
+    /// next copy needs no scan; the copies after a failure fail alike.
+    fn place_group(
+        &mut self,
+        e: &Entry<'_>,
+        headroom: &Amounts,
+        placements: &mut Vec<(String, String)>,
+        unplaced: &mut Vec<Unplaced>,
+    ) {
+        let statics = self.statics_for(e.pod);
+        let req: Units = e.req.clone().into();
+        let mut last: Option<usize> = None;
+        for (k, key) in e.keys.iter().enumerate() {
+            let chosen = match last.filter(|&n| self.fits(e, n)) {
+                Some(n) => Some(n),
+                None => self.best_node(e, &statics.feasible),
+            };
+            if let Some(reason) = self.failure(e, chosen, &statics, headroom) {
+                unplaced.extend(e.keys[k..].iter().map(|key| Unplaced {
+                    pod: key.clone(),
+                    reason: reason.clone(),
+                    reserved: e.reserved,
+                }));
+                return;
+            }
+            let Some(n) = chosen else { return };
+            self.take(n, &req);
+            placements.push((key.clone(), node_name(self.cap.nodes[n]).to_string()));
+            last = Some(n);
+        }
+    }
+
+    /// The static filters of `pod` on every node, evaluated once per
+    /// placement signature (and kept by the index across decisions).
+    fn statics_for(&mut self, pod: &Pod) -> Arc<Statics> {
+        let sig = signature(pod);
+        if let Some(s) = self.statics.get(&sig) {
+            return s.clone();
+        }
+        let key = (sig, self.wording);
+        let shared = self.cap.statics.and_then(|(c, layout)| c.get(layout, &key));
+        let s = match shared {
+            Some(s) => s,
+            None => {
+                let s = Arc::new(Statics::compute(pod, &self.cap.nodes, self.wording));
+                if let Some((c, layout)) = self.cap.statics {
+                    c.put(layout, key.clone(), s.clone());
+                }
+                s
+            }
+        };
+        self.statics.insert(key.0, s.clone());
+        s
+    }
+
+    /// Whether node `n` has room for one copy of `e` now.
+    fn fits(&self, e: &Entry<'_>, n: usize) -> bool {
+        let f = self.free.get(n);
+        e.req.iter().all(|&(r, u)| amount(f, r) >= u)
+    }
+
+    /// Best fit: the feasible node that leaves the least of the dominant
+    /// resource, first by name on ties.
+    fn best_node(&self, e: &Entry<'_>, feasible: &[usize]) -> Option<usize> {
+        let dom_req = e
+            .req
+            .iter()
+            .find(|(r, _)| *r == e.dominant)
+            .map_or(0, |x| x.1);
+        let mut best: Option<(i128, usize)> = None;
+        for &n in feasible {
+            let f = self.free.get(n);
+            if !e.req.iter().all(|&(r, u)| amount(f, r) >= u) {
+                continue;
+            }
+            let left = amount(f, e.dominant) - dom_req;
+            if best.is_none_or(|(b, _)| left < b) {
+                best = Some((left, n));
+            }
+        }
+        best.map(|(_, n)| n)
+    }
+
+    /// Why a copy of `e` cannot go to `chosen`, if it cannot: no node took
+    /// it, or (new pods only) it would eat into the headroom.
+    fn failure(
+        &self,
+        e: &Entry<'_>,
+        chosen: Option<usize>,
+        statics: &Statics,
+        headroom: &Amounts,
+    ) -> Option<String> {
+        match chosen {
+            None => Some(explain(
+                e,
+                statics,
+                &self.free,
+                &self.names,
+                &self.cap.skipped,
+            )),
+            Some(_) if !e.reserved => {
+                headroom_violation(e, &self.cluster_free, headroom, &self.names)
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// Takes one copy's request from node `n`, in the undo log.
+    fn take(&mut self, n: usize, req: &Units) {
+        for &(r, u) in req.iter() {
+            self.free.add(n, r, -u);
+            add_amount(&mut self.cluster_free, r, -u);
+        }
+        self.placed.push((n, req.clone()));
     }
 
     /// The answer for `new` placed after reservations totalling `reserved`.
@@ -507,7 +646,7 @@ impl<'c, 'a> Placer<'c, 'a> {
         new: &[Entry<'_>],
         reserved: &Amounts,
         headroom: &Amounts,
-        placements: Vec<(String, String)>,
+        placements: BTreeMap<String, String>,
         unplaced: Vec<Unplaced>,
         old_requests: &ResourceList,
     ) -> FitReport {
@@ -533,44 +672,62 @@ impl<'c, 'a> Placer<'c, 'a> {
             old_requests: old_requests.clone(),
             reserved: to_list(reserved, &self.names),
             headroom: to_list(headroom, &self.names),
-            allocatable: to_list(&total(self.cap.allocatable.iter().cloned()), &self.names),
+            allocatable: to_list(&self.allocatable, &self.names),
             free: to_list(&self.free_before, &self.names),
             shortfall: to_list(&shortfall, &self.names),
             unplaced,
-            placements: placements.into_iter().collect(),
-            skipped_nodes: self.cap.skipped.clone(),
+            placements,
+            skipped_nodes: self.cap.skipped.to_vec(),
         }
     }
 }
 
-/// Why no node took the pod, as the scheduler's aggregated message.
+/// Why no node took the pod, as the scheduler's aggregated message. Nodes
+/// are counted per reason id and per resource first; the message's strings
+/// are made once per reason, not once per node.
 fn explain(
     e: &Entry<'_>,
-    verdicts: &[Option<usize>],
-    reason_text: &[String],
-    free: &[Amounts],
+    statics: &Statics,
+    free: &Overlay<'_>,
     names: &Names,
     skipped: &[SkippedNode],
 ) -> String {
-    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
-    let mut bump = |r: &str| *reasons.entry(r.to_string()).or_insert(0) += 1;
-    for s in skipped {
-        bump(s.scheduler_reason);
-    }
-    let name = |i: usize| names.names.get(i).map(String::as_str).unwrap_or("");
+    let (verdicts, reason_text) = (&statics.verdicts, &statics.reasons);
+    let mut by_reason = vec![0usize; reason_text.len()];
+    let mut by_resource = vec![0usize; names.names.len()];
     for (n, verdict) in verdicts.iter().enumerate() {
         if let Some(id) = verdict {
-            bump(reason_text.get(*id).map(String::as_str).unwrap_or(""));
+            if let Some(c) = by_reason.get_mut(*id) {
+                *c += 1;
+            }
             continue;
         }
+        let f = free.get(n);
         for &(r, u) in &e.req {
-            if amount(&free[n], r) < u {
-                if name(r) == PODS {
-                    bump(REASON_TOO_MANY_PODS);
-                } else {
-                    bump(&insufficient(name(r)));
-                }
+            if amount(f, r) < u
+                && let Some(c) = by_resource.get_mut(r)
+            {
+                *c += 1;
             }
+        }
+    }
+    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    let mut bump = |r: String, k: usize| {
+        if k > 0 {
+            *reasons.entry(r).or_insert(0) += k;
+        }
+    };
+    for s in skipped {
+        bump(s.scheduler_reason.to_string(), 1);
+    }
+    for (text, &k) in reason_text.iter().zip(&by_reason) {
+        bump(text.clone(), k);
+    }
+    for (name, &k) in names.names.iter().zip(&by_resource) {
+        if name == PODS {
+            bump(REASON_TOO_MANY_PODS.to_string(), k);
+        } else {
+            bump(insufficient(name), k);
         }
     }
     aggregate_message(verdicts.len() + skipped.len(), &reasons)
@@ -718,6 +875,61 @@ mod tests {
         // 6 + 8 + 4 = 18 free GPUs: 9 pods of 2 placed, 2 left over.
         assert_eq!(b.placements.len(), 9);
         assert_eq!(b.unplaced.len(), 2);
+    }
+
+    proptest::proptest! {
+        /// The overlay reads exactly as a full copy of the free rows that
+        /// every write went to.
+        #[test]
+        fn the_overlay_reads_as_a_copy(
+            ops in proptest::collection::vec((0..6usize, 0..5usize, -9i128..9), 0..40),
+        ) {
+            let mut rows = Rows::new(4, 6);
+            for n in 0..6i128 {
+                rows.push(&[10 + n, 8, 3, 0], &[1, 2 * n, 0, 0], 1);
+            }
+            let mut copy: Vec<Vec<i128>> = (0..6).map(|n| rows.free(n).to_vec()).collect();
+            let mut o = Overlay::new(&rows);
+            for (n, r, x) in ops {
+                o.add(n, r, x);
+                if r < 4 {
+                    copy[n][r] += x;
+                }
+                for (m, row) in copy.iter().enumerate() {
+                    proptest::prop_assert_eq!(o.get(m), &row[..]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn undo_gives_back_every_row() {
+        let s = state(
+            vec![gpu_node("a", 8), gpu_node("b", 8), gpu_node("c", 4)],
+            vec![pod("used", json!({"nvidia.com/gpu": "2"}), Some("b"))],
+        );
+        let cap = capacity(&s).unwrap();
+        let mut p = Placer::new(&cap, &FitOptions::default());
+        let rules = ClusterState::default();
+        let mark = p.mark();
+        let group = PodGroup::indexed(gpu_pod("w-0", 2), 7, "w-".into());
+        let new = p
+            .entries(std::slice::from_ref(&group), false, &rules, &cap.bound)
+            .unwrap();
+        let (placed, _) = p.place(&new, &Amounts::new());
+        assert_eq!(placed.len(), 7);
+        assert_ne!(p.free.get(0), cap.free(0));
+        p.undo(mark);
+        for n in 0..cap.nodes.len() {
+            assert_eq!(p.free.get(n), cap.free(n), "node {n}");
+        }
+        assert_eq!(p.cluster_free, p.free_before);
+        // The same group again, after the undo, places as on a fresh placer.
+        let again = p
+            .entries(std::slice::from_ref(&group), false, &rules, &cap.bound)
+            .unwrap();
+        let (placed_again, _) = p.place(&again, &Amounts::new());
+        assert_eq!(placed_again, placed);
     }
 
     #[test]

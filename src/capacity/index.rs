@@ -19,8 +19,11 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 
+use std::borrow::Cow;
+
+use super::fit::StaticsCache;
 use super::node::{
-    Amounts, Bound, Capacity, Names, SkippedNode, add_amount, allocatable_of, node_name,
+    Amounts, Bound, Capacity, Names, Rows, SkippedNode, add_amount, allocatable_of, node_name,
     record_error, skip_reason,
 };
 use super::record::{PartialPod, PodBody, PodRecord, ResName, Strings};
@@ -38,6 +41,8 @@ struct Slot {
     broken: usize,
     generation: u64,
     epoch: u32,
+    /// Its row in [`CapacityIndex::rows`] while usable.
+    row: Option<usize>,
 }
 
 impl Default for Slot {
@@ -51,6 +56,7 @@ impl Default for Slot {
             broken: 0,
             generation: 0,
             epoch: 0,
+            row: None,
         }
     }
 }
@@ -81,9 +87,20 @@ pub struct CapacityIndex {
     local: Vec<usize>,
     strings: Strings,
     nodes: HashMap<Arc<str>, Slot>,
-    /// Usable node names, sorted; and the skipped ones with why.
-    usable: Vec<Arc<str>>,
+    /// Usable nodes, sorted by name; and the skipped ones with why.
+    usable: Vec<Arc<Node>>,
     skipped: Vec<SkippedNode>,
+    /// The usable nodes' aggregates in the order of `usable`, patched by
+    /// each pod event, so a decision borrows them instead of copying.
+    rows: Rows,
+    /// Per row: counted pods whose request did not parse.
+    broken_rows: Vec<usize>,
+    /// The first usable node (by name) whose allocatable did not parse.
+    allocatable_error: Option<String>,
+    /// Bumped whenever the rows are laid out again (a node changed): the
+    /// static verdicts cached for one layout hold until then.
+    layout: u64,
+    statics: StaticsCache,
     /// `namespace/name` → pod.
     pods: HashMap<Box<str>, Entry>,
     /// (namespace, `ray.io/cluster`) → keys of its pods.
@@ -153,6 +170,7 @@ impl CapacityIndex {
         };
         let pods_id = self.local_pods();
         let generation = self.generation;
+        let width = self.names.names.len();
         let slot = match self.nodes.get_mut(node) {
             Some(s) => s,
             None => {
@@ -167,13 +185,22 @@ impl CapacityIndex {
         slot.generation = generation;
         if body.requests.is_err() {
             slot.broken = slot.broken.saturating_add_signed(sign as isize);
-            return;
+        } else {
+            for (r, u) in units {
+                add_amount(&mut slot.requested, r, sign * u);
+            }
+            add_amount(&mut slot.requested, pods_id, sign);
+            slot.pods = slot.pods.saturating_add_signed(sign as isize);
         }
-        for (r, u) in units {
-            add_amount(&mut slot.requested, r, sign * u);
+        if width != self.rows.width() {
+            // A resource no node had before: every row grows a column.
+            self.reorder();
+        } else if let Some(row) = slot.row {
+            self.rows.set_requested(row, &slot.requested, slot.pods);
+            if let Some(b) = self.broken_rows.get_mut(row) {
+                *b = slot.broken;
+            }
         }
-        add_amount(&mut slot.requested, pods_id, sign);
-        slot.pods = slot.pods.saturating_add_signed(sign as isize);
     }
 
     fn local_pods(&mut self) -> usize {
@@ -317,6 +344,8 @@ impl CapacityIndex {
         }
     }
 
+    /// Sorts the usable nodes and lays out their rows again (a node came,
+    /// went or changed; a new resource appeared). O(nodes), not O(pods).
     fn reorder(&mut self) {
         let mut usable: Vec<Arc<str>> = self
             .nodes
@@ -325,6 +354,37 @@ impl CapacityIndex {
             .map(|(n, _)| n.clone())
             .collect();
         usable.sort();
+        let mut rows = Rows::new(self.names.names.len(), usable.len());
+        let mut broken_rows = Vec::with_capacity(usable.len());
+        let mut nodes = Vec::with_capacity(usable.len());
+        let mut allocatable_error = None;
+        for slot in self.nodes.values_mut() {
+            slot.row = None;
+        }
+        for name in &usable {
+            let Some(slot) = self.nodes.get_mut(name) else {
+                continue;
+            };
+            let Some(node) = slot.node.clone() else {
+                continue;
+            };
+            let none = Amounts::new();
+            let allocatable = match &slot.allocatable {
+                Ok(a) => a,
+                Err(e) => {
+                    allocatable_error.get_or_insert_with(|| e.clone());
+                    &none
+                }
+            };
+            slot.row = Some(rows.len());
+            rows.push(allocatable, &slot.requested, slot.pods);
+            broken_rows.push(slot.broken);
+            nodes.push(node);
+        }
+        self.rows = rows;
+        self.layout += 1;
+        self.broken_rows = broken_rows;
+        self.allocatable_error = allocatable_error;
         let mut skipped: Vec<SkippedNode> = self
             .nodes
             .iter()
@@ -338,7 +398,7 @@ impl CapacityIndex {
             })
             .collect();
         skipped.sort_by(|a, b| a.node.cmp(&b.node));
-        self.usable = usable;
+        self.usable = nodes;
         self.skipped = skipped;
     }
 
@@ -369,32 +429,13 @@ impl CapacityIndex {
         out
     }
 
-    /// Free capacity, read from the aggregates: O(nodes), not O(pods).
+    /// Free capacity, read from the aggregates: O(nodes), not O(pods), and
+    /// borrowed, not copied.
     pub(crate) fn capacity(&self) -> crate::Result<Capacity<'_>> {
-        let mut nodes = Vec::with_capacity(self.usable.len());
-        let mut allocatable = Vec::with_capacity(self.usable.len());
-        let mut requested = Vec::with_capacity(self.usable.len());
-        let mut pods = Vec::with_capacity(self.usable.len());
-        for name in &self.usable {
-            let Some(slot) = self.nodes.get(name) else {
-                continue;
-            };
-            let Some(node) = slot.node.as_deref() else {
-                continue;
-            };
-            match &slot.allocatable {
-                Ok(a) => allocatable.push(a.clone()),
-                Err(e) => return Err(record_error(e)),
-            }
-            nodes.push(node);
-            requested.push(slot.requested.clone());
-            pods.push(slot.pods);
+        if let Some(e) = &self.allocatable_error {
+            return Err(record_error(e));
         }
-        if self.usable.iter().any(|n| {
-            self.nodes
-                .get(n)
-                .is_some_and(|s| s.allocatable.is_ok() && s.broken > 0)
-        }) {
+        if self.broken_rows.iter().any(|&b| b > 0) {
             let bad = self.pods.values().find_map(|e| match &e.body.requests {
                 Err(msg)
                     if e.body
@@ -411,13 +452,12 @@ impl CapacityIndex {
             }
         }
         Ok(Capacity {
-            names: self.names.clone(),
-            nodes,
-            allocatable,
-            requested,
-            pods,
-            skipped: self.skipped.clone(),
+            names: Cow::Borrowed(&self.names),
+            nodes: self.usable.iter().map(|n| &**n).collect(),
+            rows: Cow::Borrowed(&self.rows),
+            skipped: Cow::Borrowed(&self.skipped),
             bound: Bound::Index(self),
+            statics: Some((&self.statics, self.layout)),
         })
     }
 
@@ -655,6 +695,65 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_decision_borrows_the_rows_and_a_new_resource_widens_them() {
+        let mut index = CapacityIndex::new();
+        index.apply_node(node("a", json!({"cpu": "8"}), json!({})));
+        let cap = index.capacity().unwrap();
+        assert!(matches!(cap.rows, Cow::Borrowed(_)));
+        let width = cap.rows.width();
+        // A pod asking for a resource no node has widens every row.
+        index.apply_pod(PodRecord::from_pod(&pod(
+            "x",
+            json!({"cpu": "1", "example.com/fpga": "1"}),
+            Some("a"),
+        )));
+        let cap = index.capacity().unwrap();
+        assert_eq!(cap.rows.width(), width + 1);
+        let state = ClusterState {
+            nodes: vec![node("a", json!({"cpu": "8"}), json!({}))],
+            pods: vec![PodRecord::from_pod(&pod(
+                "x",
+                json!({"cpu": "1", "example.com/fpga": "1"}),
+                Some("a"),
+            ))],
+            ..Default::default()
+        };
+        let want = capacity(&state).unwrap();
+        assert_eq!(
+            crate::capacity::node::summary(&cap).unwrap(),
+            crate::capacity::node::summary(&want).unwrap()
+        );
+    }
+
+    #[test]
+    fn cached_static_verdicts_end_when_a_node_changes() {
+        let mut index = CapacityIndex::new();
+        index.apply_node(node("a", json!({"cpu": "8"}), json!({"pool": "cpu"})));
+        let mut p = pod("w", json!({"cpu": "1"}), None);
+        p.spec.as_mut().unwrap().node_selector =
+            Some(BTreeMap::from([("pool".to_string(), "gpu".to_string())]));
+        let req = crate::capacity::FitRequest {
+            pods: vec![p.into()],
+            ..Default::default()
+        };
+        let rules = ClusterState::default();
+        assert!(!index.fit(&rules, &req).unwrap().fits);
+        // Asked again on the same nodes: the cached verdicts answer alike.
+        assert!(!index.fit(&rules, &req).unwrap().fits);
+        index.apply_node(node("a", json!({"cpu": "8"}), json!({"pool": "gpu"})));
+        assert!(index.fit(&rules, &req).unwrap().fits);
+        // A pod event keeps the layout (and the cache).
+        let layout = index.layout;
+        index.apply_pod(PodRecord::from_pod(&pod(
+            "x",
+            json!({"cpu": "1"}),
+            Some("a"),
+        )));
+        assert_eq!(index.layout, layout);
+        assert!(index.fit(&rules, &req).unwrap().fits);
     }
 
     #[test]

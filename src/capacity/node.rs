@@ -5,6 +5,7 @@
 //! [`crate::capacity`]). Every such pod also takes one of `allocatable.pods`.
 //! Pods are indexed by node in one pass, so the cost is O(nodes + pods).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -122,7 +123,8 @@ impl Names {
 /// Amounts in scheduler units, indexed by [`Names`]; missing = 0.
 pub(crate) type Amounts = Vec<i128>;
 
-pub(crate) fn amount(v: &Amounts, i: usize) -> i128 {
+/// Amount `i`; ids past the end (a resource no node has) are 0.
+pub(crate) fn amount(v: &[i128], i: usize) -> i128 {
     v.get(i).copied().unwrap_or(0)
 }
 
@@ -145,7 +147,7 @@ pub(crate) fn units_of(list: &Req<'_>, names: &mut Names) -> Vec<(usize, i128)> 
     out
 }
 
-pub(crate) fn to_list(v: &Amounts, names: &Names) -> ResourceList {
+pub(crate) fn to_list(v: &[i128], names: &Names) -> ResourceList {
     v.iter()
         .enumerate()
         .filter(|(_, u)| **u != 0)
@@ -156,17 +158,21 @@ pub(crate) fn to_list(v: &Amounts, names: &Names) -> ResourceList {
         .collect()
 }
 
-/// The usable nodes as the fit simulation sees them.
+/// The usable nodes as the fit simulation sees them. Borrowed from the
+/// index (no per-decision copy of 5,000 aggregates) or owned when computed
+/// from scratch.
 #[derive(Debug, Clone)]
 pub(crate) struct Capacity<'a> {
-    pub(crate) names: Names,
+    pub(crate) names: Cow<'a, Names>,
     /// Usable nodes, sorted by name.
     pub(crate) nodes: Vec<&'a Node>,
-    pub(crate) allocatable: Vec<Amounts>,
-    pub(crate) requested: Vec<Amounts>,
-    pub(crate) pods: Vec<usize>,
-    pub(crate) skipped: Vec<SkippedNode>,
+    /// Per usable node, in the order of `nodes`.
+    pub(crate) rows: Cow<'a, Rows>,
+    pub(crate) skipped: Cow<'a, [SkippedNode]>,
     pub(crate) bound: Bound<'a>,
+    /// The index's cache of static verdicts and the node layout it holds
+    /// for; none from scratch.
+    pub(crate) statics: Option<(&'a super::fit::StaticsCache, u64)>,
 }
 
 /// Which pods are bound to a usable node and counted there.
@@ -188,15 +194,107 @@ impl Bound<'_> {
 }
 
 impl Capacity<'_> {
-    pub(crate) fn free(&self, n: usize) -> Amounts {
-        let len = self.names.names.len();
-        (0..len)
-            .map(|i| {
-                amount(&self.allocatable[n], i)
-                    .saturating_sub(amount(&self.requested[n], i))
-                    .max(0)
-            })
-            .collect()
+    /// What is free on node `n`, one amount per resource id (`width` of them).
+    pub(crate) fn free(&self, n: usize) -> &[i128] {
+        self.rows.free(n)
+    }
+}
+
+/// Per-node amounts as dense rows of `width` resource ids, one allocation
+/// for all nodes: reading node `n` is a slice, and the index patches one
+/// row per pod event instead of the fit copying every node's vector.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Rows {
+    width: usize,
+    allocatable: Vec<i128>,
+    requested: Vec<i128>,
+    /// `max(0, allocatable − requested)`, kept with the two.
+    free: Vec<i128>,
+    pods: Vec<usize>,
+}
+
+impl Rows {
+    /// Empty rows for resource ids `0..width`.
+    pub(crate) fn new(width: usize, nodes: usize) -> Rows {
+        Rows {
+            width,
+            allocatable: Vec::with_capacity(width * nodes),
+            requested: Vec::with_capacity(width * nodes),
+            free: Vec::with_capacity(width * nodes),
+            pods: Vec::with_capacity(nodes),
+        }
+    }
+
+    pub(crate) fn width(&self) -> usize {
+        self.width
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Appends a node's row; ids at or past `width` must be zero.
+    pub(crate) fn push(&mut self, allocatable: &[i128], requested: &[i128], pods: usize) {
+        let w = self.width;
+        self.allocatable
+            .extend((0..w).map(|i| amount(allocatable, i)));
+        self.requested.extend((0..w).map(|i| amount(requested, i)));
+        self.free.extend((0..w).map(|i| {
+            amount(allocatable, i)
+                .saturating_sub(amount(requested, i))
+                .max(0)
+        }));
+        self.pods.push(pods);
+    }
+
+    /// Replaces row `n`'s requests (a pod came or went).
+    pub(crate) fn set_requested(&mut self, n: usize, requested: &[i128], pods: usize) {
+        let w = self.width;
+        for i in 0..w {
+            let r = amount(requested, i);
+            self.requested[n * w + i] = r;
+            self.free[n * w + i] = self.allocatable[n * w + i].saturating_sub(r).max(0);
+        }
+        self.pods[n] = pods;
+    }
+
+    fn row(v: &[i128], w: usize, n: usize) -> &[i128] {
+        v.get(n * w..(n + 1) * w).unwrap_or(&[])
+    }
+
+    pub(crate) fn allocatable(&self, n: usize) -> &[i128] {
+        Self::row(&self.allocatable, self.width, n)
+    }
+
+    pub(crate) fn requested(&self, n: usize) -> &[i128] {
+        Self::row(&self.requested, self.width, n)
+    }
+
+    pub(crate) fn free(&self, n: usize) -> &[i128] {
+        Self::row(&self.free, self.width, n)
+    }
+
+    pub(crate) fn pods(&self, n: usize) -> usize {
+        self.pods.get(n).copied().unwrap_or(0)
+    }
+
+    /// Column sums over every row of `v`.
+    fn column_sums(&self, v: &[i128]) -> Amounts {
+        let mut out = vec![0i128; self.width];
+        for row in v.chunks_exact(self.width.max(1)) {
+            for (o, x) in out.iter_mut().zip(row) {
+                *o = o.saturating_add(*x);
+            }
+        }
+        out
+    }
+
+    pub(crate) fn total_allocatable(&self) -> Amounts {
+        self.column_sums(&self.allocatable)
+    }
+
+    pub(crate) fn total_free(&self) -> Amounts {
+        self.column_sums(&self.free)
     }
 }
 
@@ -270,14 +368,17 @@ pub(crate) fn capacity(state: &ClusterState) -> crate::Result<Capacity<'_>> {
         pods[slot] += 1;
         bound.insert((pod.key.0.to_string(), pod.key.1.to_string()));
     }
+    let mut rows = Rows::new(names.names.len(), usable.len());
+    for n in 0..usable.len() {
+        rows.push(&allocatable[n], &requested[n], pods[n]);
+    }
     Ok(Capacity {
-        names,
+        names: Cow::Owned(names),
         nodes: usable,
-        allocatable,
-        requested,
-        pods,
-        skipped,
+        rows: Cow::Owned(rows),
+        skipped: Cow::Owned(skipped),
         bound: Bound::Set(bound),
+        statics: None,
     })
 }
 
@@ -291,39 +392,29 @@ pub(crate) fn summary(cap: &Capacity<'_>) -> crate::Result<NodeSummary> {
     let usable = (0..cap.nodes.len())
         .map(|n| NodeFree {
             node: node_name(cap.nodes[n]).to_string(),
-            allocatable: to_list(&cap.allocatable[n], &cap.names),
-            requested: to_list(&cap.requested[n], &cap.names),
+            allocatable: to_list(cap.rows.allocatable(n), &cap.names),
+            requested: to_list(cap.rows.requested(n), &cap.names),
             free: {
                 // Keep zero-free entries for resources the node has.
                 let free = cap.free(n);
-                cap.allocatable[n]
+                cap.rows
+                    .allocatable(n)
                     .iter()
                     .enumerate()
                     .filter(|(_, a)| **a != 0)
                     .filter_map(|(i, _)| {
                         let name = cap.names.names.get(i)?;
-                        Some((name.clone(), from_scheduler_units(name, amount(&free, i))))
+                        Some((name.clone(), from_scheduler_units(name, amount(free, i))))
                     })
                     .collect()
             },
-            pods: cap.pods[n],
+            pods: cap.rows.pods(n),
         })
         .collect();
     Ok(NodeSummary {
         usable,
-        skipped: cap.skipped.clone(),
+        skipped: cap.skipped.to_vec(),
     })
-}
-
-/// Sum of per-node lists, for cluster-wide totals.
-pub(crate) fn total(lists: impl Iterator<Item = Amounts>) -> Amounts {
-    let mut out = Amounts::new();
-    for l in lists {
-        for (i, u) in l.into_iter().enumerate() {
-            add_amount(&mut out, i, u);
-        }
-    }
-    out
 }
 
 #[cfg(test)]
