@@ -1,5 +1,5 @@
 //! Test objects shared by the suites: a GPU RayService as the controller, faults and
-//! soak suites use it, with the numbers each one needs as parameters.
+//! soak suites and the scale run use it, with the numbers each one needs as parameters.
 
 use serde_json::{Value, json};
 
@@ -16,6 +16,7 @@ pub struct GpuRayService {
     head: (String, String),
     worker: (String, String),
     serve_deployment: Option<String>,
+    node_selector: Option<(String, String)>,
 }
 
 impl GpuRayService {
@@ -30,6 +31,7 @@ impl GpuRayService {
             head: ("2".to_owned(), "8Gi".to_owned()),
             worker: ("4".to_owned(), "16Gi".to_owned()),
             serve_deployment: None,
+            node_selector: None,
         }
     }
 
@@ -62,6 +64,12 @@ impl GpuRayService {
         self
     }
 
+    /// Workers only on nodes labelled `key=value` (e.g. a GPU pool).
+    pub fn node_selector(mut self, key: &str, value: &str) -> GpuRayService {
+        self.node_selector = Some((key.to_owned(), value.to_owned()));
+        self
+    }
+
     pub fn build(&self) -> Value {
         let mut serve =
             "applications:\n  - name: llm\n    import_path: serve_llm:app\n    route_prefix: /\n"
@@ -73,6 +81,14 @@ impl GpuRayService {
         }
         let (head_cpu, head_mem) = &self.head;
         let (worker_cpu, worker_mem) = &self.worker;
+        let mut worker_pod = json!({"containers": [{
+            "name": "ray-worker", "image": self.image,
+            "resources": {"requests": {"cpu": worker_cpu, "memory": worker_mem},
+                          "limits": {"nvidia.com/gpu": self.gpus.to_string()}}
+        }]});
+        if let Some((k, v)) = &self.node_selector {
+            worker_pod["nodeSelector"] = json!({ k: v });
+        }
         json!({
             "apiVersion": "ray.io/v1",
             "kind": "RayService",
@@ -94,11 +110,7 @@ impl GpuRayService {
                         "groupName": "gpu-workers",
                         "replicas": self.replicas, "minReplicas": 0, "maxReplicas": 8,
                         "rayStartParams": {},
-                        "template": {"spec": {"containers": [{
-                            "name": "ray-worker", "image": self.image,
-                            "resources": {"requests": {"cpu": worker_cpu, "memory": worker_mem},
-                                          "limits": {"nvidia.com/gpu": self.gpus.to_string()}}
-                        }]}}
+                        "template": {"spec": worker_pod}
                     }]
                 }
             }
@@ -141,5 +153,14 @@ mod tests {
             "applications:\n  - name: llm\n    import_path: serve_llm:app\n    route_prefix: /\n"
         );
         assert_eq!(plain["metadata"], json!({"name": "llm"}));
+        let pod = &plain["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"];
+        assert!(pod.get("nodeSelector").is_none(), "{pod}");
+        let pooled = GpuRayService::new("llm", "img:1")
+            .node_selector("raygate.io/pool", "gpu")
+            .build();
+        assert_eq!(
+            pooled["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"],
+            json!({"raygate.io/pool": "gpu"})
+        );
     }
 }

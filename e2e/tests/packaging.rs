@@ -926,6 +926,50 @@ fn kubectl(cp: &ControlPlane, args: &[&str]) -> Result<String> {
 }
 
 /// `kubectl auth can-i` as a ServiceAccount: true for "yes".
+/// `who` may do each of `allowed` and none of `denied` (`kubectl auth can-i` arguments); all
+/// the wrong answers in one error. Each check is about a second of round trips: asked in parallel.
+fn check_access(
+    cp: &ControlPlane,
+    who: &str,
+    allowed: &[&[&str]],
+    denied: &[&[&str]],
+) -> Result<()> {
+    let checks: Vec<(&[&str], bool)> = allowed
+        .iter()
+        .map(|a| (*a, true))
+        .chain(denied.iter().map(|a| (*a, false)))
+        .collect();
+    let answers: Vec<Result<bool>> = std::thread::scope(|s| {
+        let handles: Vec<_> = checks
+            .chunks(checks.len().div_ceil(8))
+            .map(|chunk| {
+                s.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|(a, _)| can_i(cp, who, a))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("can-i thread"))
+            .collect()
+    });
+    let mut wrong = vec![];
+    for ((a, want), got) in checks.iter().zip(answers) {
+        match (want, got?) {
+            (true, false) => wrong.push(format!("cannot {} (should)", a.join(" "))),
+            (false, true) => wrong.push(format!("can {} (should not)", a.join(" "))),
+            _ => {}
+        }
+    }
+    if !wrong.is_empty() {
+        bail!("RBAC of {who}:\n  {}", wrong.join("\n  "));
+    }
+    Ok(())
+}
+
 fn can_i(cp: &ControlPlane, sa: &str, args: &[&str]) -> Result<bool> {
     let who = format!("--as={sa}");
     let mut a = vec!["auth", "can-i"];
@@ -1019,42 +1063,7 @@ fn check_rbac(cp: &ControlPlane, ns: &str, sa: &str) -> Result<()> {
         &["create", "events", "-n", "ml-serving"],
         &["*", "*", "--all-namespaces"],
     ];
-    // Each `kubectl auth can-i` takes about a second of round trips: ask in parallel.
-    let checks: Vec<(&[&str], bool)> = allowed
-        .iter()
-        .map(|a| (*a, true))
-        .chain(denied.iter().map(|a| (*a, false)))
-        .collect();
-    let answers: Vec<Result<bool>> = std::thread::scope(|s| {
-        let handles: Vec<_> = checks
-            .chunks(checks.len().div_ceil(8))
-            .map(|chunk| {
-                let who = &who;
-                s.spawn(move || {
-                    chunk
-                        .iter()
-                        .map(|(a, _)| can_i(cp, who, a))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("can-i thread"))
-            .collect()
-    });
-    let mut wrong = vec![];
-    for ((a, want), got) in checks.iter().zip(answers) {
-        match (want, got?) {
-            (true, false) => wrong.push(format!("cannot {} (should)", a.join(" "))),
-            (false, true) => wrong.push(format!("can {} (should not)", a.join(" "))),
-            _ => {}
-        }
-    }
-    if !wrong.is_empty() {
-        bail!("RBAC of {who}:\n  {}", wrong.join("\n  "));
-    }
-    Ok(())
+    check_access(cp, &who, allowed, denied)
 }
 
 fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
@@ -1195,41 +1204,9 @@ fn check_namespaced_rbac(cp: &ControlPlane, ns: &str, sa: &str) -> Result<()> {
         vec!["create", "pods", "-n", "ml-serving"],
     ];
     let who = format!("system:serviceaccount:{ns}:{sa}");
-    let checks: Vec<(&Vec<&str>, bool)> = allowed
-        .iter()
-        .map(|a| (a, true))
-        .chain(denied.iter().map(|a| (a, false)))
-        .collect();
-    let answers: Vec<Result<bool>> = std::thread::scope(|s| {
-        let handles: Vec<_> = checks
-            .chunks(checks.len().div_ceil(8))
-            .map(|chunk| {
-                let who = &who;
-                s.spawn(move || {
-                    chunk
-                        .iter()
-                        .map(|(a, _)| can_i(cp, who, a))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("can-i thread"))
-            .collect()
-    });
-    let mut wrong = vec![];
-    for ((a, want), got) in checks.iter().zip(answers) {
-        match (want, got?) {
-            (true, false) => wrong.push(format!("cannot {} (should)", a.join(" "))),
-            (false, true) => wrong.push(format!("can {} (should not)", a.join(" "))),
-            _ => {}
-        }
-    }
-    if !wrong.is_empty() {
-        bail!("RBAC of {who}:\n  {}", wrong.join("\n  "));
-    }
-    Ok(())
+    let allowed: Vec<&[&str]> = allowed.iter().map(Vec::as_slice).collect();
+    let denied: Vec<&[&str]> = denied.iter().map(Vec::as_slice).collect();
+    check_access(cp, &who, &allowed, &denied)
 }
 
 /// Kills the raygate process this test started.

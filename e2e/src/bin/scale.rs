@@ -19,7 +19,9 @@ use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
 use raygate_e2e::control_plane::repo_root;
-use raygate_e2e::{Check, ControlPlane, FakeNode, Raygate, create_namespace, wait_for};
+use raygate_e2e::{
+    Check, ControlPlane, FakeNode, GpuRayService, Raygate, create_namespace, wait_for,
+};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -56,37 +58,14 @@ fn ar(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
 }
 
+/// One GPU worker group of `WORKERS` pods on the GPU pool, a 1-CPU head.
 fn ray_service(name: &str, image: &str) -> Value {
-    json!({
-        "apiVersion": "ray.io/v1", "kind": "RayService",
-        "metadata": {"name": name},
-        "spec": {
-            "rayClusterDeletionDelaySeconds": 2,
-            "serveConfigV2": "applications:\n  - name: app\n    import_path: serve_app:app\n    route_prefix: /\n",
-            "rayClusterConfig": {
-                "rayVersion": "2.9.0",
-                "headGroupSpec": {
-                    "rayStartParams": {"num-gpus": "0"},
-                    "template": {"spec": {"containers": [{
-                        "name": "ray-head", "image": "rayproject/ray:2.9.0",
-                        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}}
-                    }]}}
-                },
-                "workerGroupSpecs": [{
-                    "groupName": "gpu", "replicas": WORKERS, "minReplicas": 0, "maxReplicas": 8,
-                    "rayStartParams": {},
-                    "template": {"spec": {
-                        "nodeSelector": {"raygate.io/pool": "gpu"},
-                        "containers": [{
-                            "name": "ray-worker", "image": image,
-                            "resources": {"requests": {"cpu": "1", "memory": "4Gi"},
-                                          "limits": {"nvidia.com/gpu": "1"}}
-                        }]
-                    }}
-                }]
-            }
-        }
-    })
+    GpuRayService::new(name, image)
+        .replicas(i64::from(WORKERS))
+        .head("1", "2Gi")
+        .worker("1", "4Gi")
+        .node_selector("raygate.io/pool", "gpu")
+        .build()
 }
 
 /// A plain pod as a Deployment would make it, bound to `node` (the scheduler's throughput
