@@ -239,10 +239,10 @@ struct MetricsState {
 pub async fn bind(addr: SocketAddr) -> crate::Result<(TcpListener, SocketAddr)> {
     let listener = TcpListener::bind(addr)
         .await
-        .map_err(|source| server_error(addr, source))?;
+        .map_err(|source| server_error(Some(addr), source))?;
     let local = listener
         .local_addr()
-        .map_err(|source| server_error(addr, source))?;
+        .map_err(|source| server_error(Some(addr), source))?;
     Ok((listener, local))
 }
 
@@ -263,18 +263,12 @@ pub async fn serve_metrics(
         None => serve(listener, router, shutdown).await,
         Some(config) => {
             let local = listener.local_addr().ok();
-            let listener =
-                tls::TlsListener::new(listener, config).map_err(|source| crate::Error::Server {
-                    addr: local.map_or_else(|| "?".to_owned(), |a| a.to_string()),
-                    source,
-                })?;
+            let listener = tls::TlsListener::new(listener, config)
+                .map_err(|source| server_error(local, source))?;
             axum::serve(listener, router)
                 .with_graceful_shutdown(shutdown)
                 .await
-                .map_err(|source| crate::Error::Server {
-                    addr: local.map_or_else(|| "?".to_owned(), |a| a.to_string()),
-                    source,
-                })
+                .map_err(|source| server_error(local, source))
         }
     }
 }
@@ -301,15 +295,13 @@ async fn serve(
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
-        .map_err(|source| crate::Error::Server {
-            addr: local.map_or_else(|| "?".to_owned(), |a| a.to_string()),
-            source,
-        })
+        .map_err(|source| server_error(local, source))
 }
 
-fn server_error(addr: SocketAddr, source: std::io::Error) -> crate::Error {
+/// `addr` is `None` when the listener could not say where it is bound.
+fn server_error(addr: Option<SocketAddr>, source: std::io::Error) -> crate::Error {
     crate::Error::Server {
-        addr: addr.to_string(),
+        addr: addr.map_or_else(|| "?".to_owned(), |a| a.to_string()),
         source,
     }
 }
