@@ -178,10 +178,10 @@ mod tests {
     use std::cell::Cell;
     use std::collections::{BTreeMap, BTreeSet};
 
-    use k8s_openapi::api::core::v1::Pod;
     use serde_json::json;
 
     use super::*;
+    use crate::admission::pass::tests::gpu_pod;
     use crate::admission::{GateFacts, ServiceFacts};
     use crate::capacity::ResourceList;
     use crate::upgradeplan::{PendingChange, UpgradePlan, UpgradePlanSpec, UpgradePlanStatus};
@@ -215,16 +215,6 @@ mod tests {
             self.passes.set(self.passes.get() + 1);
             run().map(Arc::new)
         }
-    }
-
-    fn gpu_pod(name: &str, gpus: u32) -> Pod {
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "ml",
-                "labels": {"ray.io/node-type": "worker", "ray.io/group": "gpu"}},
-            "spec": {"containers": [{"name": "w", "resources": {
-                "requests": {"cpu": "1", "nvidia.com/gpu": gpus.to_string()}}}]}
-        }))
-        .unwrap()
     }
 
     fn one_node(gpus: u32) -> ClusterState {

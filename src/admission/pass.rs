@@ -101,7 +101,7 @@ pub(crate) fn run(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::admission::ledger::{self, reserved_for};
     use crate::capacity::node::capacity;
@@ -109,7 +109,8 @@ mod tests {
     use k8s_openapi::api::core::v1::Pod;
     use serde_json::json;
 
-    fn gpu_pod(name: &str, gpus: u32) -> Pod {
+    /// A Ray GPU worker pod requesting 1 CPU and `gpus` GPUs (also used by `admission::fit`'s tests).
+    pub(in crate::admission) fn gpu_pod(name: &str, gpus: u32) -> Pod {
         serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": "ml",
                 "labels": {"ray.io/node-type": "worker", "ray.io/group": "gpu"}},

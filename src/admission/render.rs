@@ -306,13 +306,7 @@ pub fn approval_hint(plan: &str, fingerprint: &str) -> String {
 mod tests {
     use super::*;
     use crate::capacity::Unplaced;
-
-    fn rl(pairs: &[(&str, &str)]) -> ResourceList {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), Quantity::parse(v).unwrap()))
-            .collect()
-    }
+    use crate::capacity::tests::rl;
 
     fn report() -> FitReport {
         FitReport {

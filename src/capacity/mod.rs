@@ -178,10 +178,11 @@ pub fn is_accelerator(resource: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn rl(pairs: &[(&str, &str)]) -> ResourceList {
+    /// A resource list from `(name, quantity)` pairs, for tests across the crate.
+    pub(crate) fn rl(pairs: &[(&str, &str)]) -> ResourceList {
         pairs
             .iter()
             .map(|(k, v)| (k.to_string(), Quantity::parse(v).unwrap()))

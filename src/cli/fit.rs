@@ -272,25 +272,19 @@ fn fit_text(r: &FitReport) -> String {
 mod tests {
     use super::*;
     use crate::capacity::Unplaced;
-
-    fn list(items: &[(&str, &str)]) -> ResourceList {
-        items
-            .iter()
-            .map(|(k, v)| (k.to_string(), Quantity::parse(v).unwrap()))
-            .collect()
-    }
+    use crate::capacity::tests::rl;
 
     fn report(fits: bool, unplaced: usize, shortfall: &[(&str, &str)]) -> FitReport {
         FitReport {
             fits,
             required: ResourceList::new(),
-            new_requests: list(&[("pods", "3")]),
+            new_requests: rl(&[("pods", "3")]),
             old_requests: ResourceList::new(),
             reserved: ResourceList::new(),
             headroom: ResourceList::new(),
             allocatable: ResourceList::new(),
             free: ResourceList::new(),
-            shortfall: list(shortfall),
+            shortfall: rl(shortfall),
             unplaced: (0..unplaced)
                 .map(|i| Unplaced {
                     pod: format!("ml/p-{i}"),
@@ -315,7 +309,7 @@ mod tests {
         );
         assert!(fit_why(&report(false, 2, &[])).contains("(fragmentation)"));
         let mut kept = report(false, 0, &[]);
-        kept.headroom = list(&[("cpu", "1")]);
+        kept.headroom = rl(&[("cpu", "1")]);
         assert_eq!(fit_why(&kept), "the headroom is not kept");
     }
 
