@@ -3,12 +3,13 @@
 //! which builds raygate in release mode first.
 //!
 //! The story: `--nodes` kwok nodes (a fifth of the GPU nodes' worth of headroom missing),
-//! `--pods` pods in all, `--services` RayServices each with an UpgradePlan and serving,
-//! raygate started on that cluster; then `--waiting` of the services change their worker
-//! image at once and wait for GPUs, and a batch of GPU nodes is added. Reported: raygate's
-//! time to ready on the full cluster, its resident memory (now and peak), the time from the
-//! capacity change to each admission (p50/p99/max), the time until every upgrade completed,
-//! and the reconcile-duration p50/p99 from raygate's own `/metrics` histogram.
+//! raygate started, `--services` RayServices each with an UpgradePlan brought up by the real
+//! operator, then plain pods up to `--pods` in all, and raygate restarted on that full
+//! cluster; then `--waiting` of the services change their worker image at once and wait for
+//! GPUs, and a batch of GPU nodes is added. Reported: raygate's time to ready on the full
+//! cluster, its resident memory (now and peak), the time from the capacity change to each
+//! admission (p50/p99/max), the time until every upgrade completed, and the
+//! reconcile-duration p50/p99 from raygate's own `/metrics` histogram.
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
@@ -227,36 +228,10 @@ async fn main() -> Result<()> {
         t.elapsed().as_secs_f64()
     );
 
-    let t = Instant::now();
-    let filler_ns = create_namespace(&client, "filler").await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &filler_ns);
-    let per_node = fillers.div_ceil(cpu_nodes.max(1) as usize);
-    stream::iter((0..fillers).map(|i| {
-        let pods = pods.clone();
-        async move {
-            let p = filler(
-                &format!("filler-{i}"),
-                &format!("cpu-{}", i / per_node.max(1)),
-            )?;
-            pods.create(&PostParams::default(), &p)
-                .await
-                .context("create filler pod")?;
-            Ok::<_, anyhow::Error>(())
-        }
-    }))
-    .buffer_unordered(FILLER_PER_REQUEST)
-    .try_collect::<Vec<_>>()
-    .await?;
-    eprintln!(
-        "scale: {fillers} plain pods created in {:.0} s",
-        t.elapsed().as_secs_f64()
-    );
-
-    let t = Instant::now();
+    // raygate first, then the services: KubeRay brings them up while kwok has only their
+    // pods to start (with 29,400 filler pods queued ahead, kwok's four pod workers kept the
+    // Ray pods Pending for minutes on 2 cores).
     let mut rg = Raygate::spawn(&cp, &[])?;
-    let ready_s = t.elapsed().as_secs_f64();
-    eprintln!("scale: raygate ready in {ready_s:.1} s");
-
     let t = Instant::now();
     let mut namespaces = Vec::new();
     for _ in 0..a.namespaces {
@@ -295,6 +270,60 @@ async fn main() -> Result<()> {
         t.elapsed().as_secs_f64()
     );
 
+    let t = Instant::now();
+    let filler_ns = create_namespace(&client, "filler").await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &filler_ns);
+    let per_node = fillers.div_ceil(cpu_nodes.max(1) as usize);
+    stream::iter((0..fillers).map(|i| {
+        let pods = pods.clone();
+        async move {
+            let p = filler(
+                &format!("filler-{i}"),
+                &format!("cpu-{}", i / per_node.max(1)),
+            )?;
+            pods.create(&PostParams::default(), &p)
+                .await
+                .context("create filler pod")?;
+            Ok::<_, anyhow::Error>(())
+        }
+    }))
+    .buffer_unordered(FILLER_PER_REQUEST)
+    .try_collect::<Vec<_>>()
+    .await?;
+    eprintln!(
+        "scale: {fillers} plain pods created in {:.0} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    wait_for("kwok to start every plain pod", timeout, || async {
+        let pending = pods
+            .list_metadata(
+                &ListParams::default()
+                    .fields("status.phase=Pending")
+                    .limit(1),
+            )
+            .await?;
+        Ok(match pending.items.first() {
+            None => Check::Done(()),
+            Some(p) => Check::NotYet(format!("{:?} still Pending", p.metadata.name)),
+        })
+    })
+    .await?;
+    eprintln!(
+        "scale: plain pods Running in {:.0} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    // raygate restarted on the full cluster (as after a rollout): its initial lists of
+    // every node and pod, then every plan re-decided.
+    rg.signal("TERM")?;
+    if rg.wait_exit(Duration::from_secs(30)).is_none() {
+        rg.kill();
+    }
+    let t = Instant::now();
+    let mut rg = Raygate::spawn(&cp, &[])?;
+    let ready_s = t.elapsed().as_secs_f64();
+    eprintln!("scale: raygate restarted, ready in {ready_s:.1} s");
     // The waiting upgrades: every GPU is taken, so each holds at WaitingForCapacity.
     let waiting = &services[..a.waiting as usize];
     for (ns, name) in waiting {
@@ -364,12 +393,13 @@ async fn main() -> Result<()> {
     println!("| what | measured |");
     println!("|---|---|");
     println!(
-        "| cluster | {} nodes, {total_pods} pods, {} RayServices with UpgradePlans (KubeRay {}) |",
+        "| cluster | {} nodes, {total_pods} pods, {} RayServices with UpgradePlans (KubeRay {} {}) |",
         a.nodes,
         a.services,
-        cp.kuberay_version().unwrap_or("none")
+        cp.kuberay_version().unwrap_or("none"),
+        std::env::var("RAYGATE_KUBERAY_ARGS").unwrap_or_default()
     );
-    println!("| raygate ready after start (initial lists) | {ready_s:.1} s |");
+    println!("| raygate restarted on the full cluster: ready (initial lists) | {ready_s:.1} s |");
     println!("| raygate resident memory (now / peak) | {rss:.0} MiB / {peak:.0} MiB |");
     println!(
         "| capacity change → admission, {} upgrades (p50 / p99 / max) | {:.2} s / {:.2} s / {:.2} s |",
