@@ -1884,6 +1884,8 @@ const SCOPE_NS: &str = "raygate-scope";
 const SCOPE_ALL_NS: &str = "raygate-scope-all";
 const TEAM_A: &str = "team-a";
 const TEAM_B: &str = "team-b";
+/// A namespace being deleted when the scope drops it.
+const TEAM_C: &str = "team-c";
 
 /// Helm against the control plane; stdout, or an error with what it said.
 fn helm_on(cp: &ControlPlane, helm: &Path, args: &[&str]) -> Result<String> {
@@ -2114,6 +2116,49 @@ fn scope_change(cp: &ControlPlane, scratch: &Path) -> Result<()> {
     let (args, _) = scope_hook_job(&fallback, "rg", "[a] (args only) -> [b]")?;
     if args != ["release", "--namespace=team-a"] {
         bail!("[a] (args only) -> [b]: hook args {args:?}");
+    }
+
+    // A dropped namespace that is gone is left out; one being deleted accepts no new Role,
+    // so the hook's RBAC is cluster-wide then.
+    kubectl(cp, &["create", "namespace", TEAM_C])?;
+    kubectl(
+        cp,
+        &[
+            "patch",
+            "namespace",
+            TEAM_C,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":["example.com/hold"]}}"#,
+        ],
+    )?;
+    kubectl(cp, &["delete", "namespace", TEAM_C, "--wait=false"])?;
+    kubectl(
+        cp,
+        &[
+            "-n",
+            SCOPE_NS,
+            "annotate",
+            "--overwrite",
+            "deployment",
+            "rg-raygate",
+            &format!("raygate.io/watch-namespaces={TEAM_A},gone,{TEAM_C}"),
+        ],
+    )?;
+    let deleting = post_upgrade_hooks(cp, &helms[0], "rg", SCOPE_NS, &only_a)?;
+    let (args, _) = scope_hook_job(&deleting, "rg", "[a, gone, c (Terminating)] -> [a]")?;
+    if args != ["release", "--namespace=team-c"] {
+        bail!("[a, gone, c (Terminating)] -> [a]: hook args {args:?}");
+    }
+    let rbac = hook_rbac(&deleting);
+    if rbac
+        != [
+            "ClusterRole /rg-raygate-release-scope",
+            "ClusterRoleBinding /rg-raygate-release-scope",
+            "ServiceAccount raygate-scope/rg-raygate-release-scope",
+        ]
+    {
+        bail!("[a, gone, c (Terminating)] -> [a]: hook RBAC {rbac:?}");
     }
 
     // all -> [a], with Helm 4.
