@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use tracing::{error, info};
 
+use raygate::controller::release::Scope;
 use raygate::controller::{self, Settings};
 use raygate::kubectl::{self, say};
 use raygate::kuberay::KubeRayVersion;
@@ -45,7 +46,7 @@ enum Command {
 }
 
 #[derive(Args, Debug)]
-#[command(group(ArgGroup::new("scope").required(true).args(["all", "namespace"])))]
+#[command(group(ArgGroup::new("scope").required(true).args(["all", "namespace", "except_namespace"])))]
 struct ReleaseArgs {
     #[command(flatten)]
     kube: KubeArgs,
@@ -55,6 +56,10 @@ struct ReleaseArgs {
     /// Only the UpgradePlans of these namespaces (repeat or comma-separate).
     #[arg(short = 'n', long, value_name = "NS", value_delimiter = ',')]
     namespace: Vec<String>,
+    /// Every UpgradePlan except those of these namespaces (repeat or
+    /// comma-separate): after narrowing raygate from all namespaces to these.
+    #[arg(long, value_name = "NS", value_delimiter = ',')]
+    except_namespace: Vec<String>,
     /// Stop the operator first: set this Deployment (NAMESPACE/NAME) to zero
     /// replicas and wait until its pods are gone, so it cannot take the
     /// gates again.
@@ -190,6 +195,7 @@ fn bounded_client(mut config: kube::Config, timeout: Duration) -> Result<kube::C
 }
 
 async fn release(args: &ReleaseArgs) -> Result<String> {
+    let scope = Scope::new(&args.namespace, &args.except_namespace)?;
     let client = bounded_client(config(&args.kube).await?, Duration::from_secs(30))?;
     if let Some(target) = &args.scale_down {
         let (ns, name) = target
@@ -201,17 +207,7 @@ async fn release(args: &ReleaseArgs) -> Result<String> {
         controller::release::scale_down(&client, ns, name, Duration::from_secs(args.wait_seconds))
             .await?;
     }
-    let scopes: Vec<Option<&str>> = if args.namespace.is_empty() {
-        vec![None]
-    } else {
-        args.namespace.iter().map(|ns| Some(ns.as_str())).collect()
-    };
-    let mut done = controller::release::Released::default();
-    for scope in scopes {
-        let one = controller::release::release(&client, scope).await?;
-        done.gates.extend(one.gates);
-        done.finalizers.extend(one.finalizers);
-    }
+    let done = controller::release::release(&client, &scope).await?;
     let mut out = String::new();
     for g in &done.gates {
         out.push_str(&format!("gate given back: RayService {g}\n"));

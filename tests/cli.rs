@@ -1307,3 +1307,29 @@ fn plugin_without_a_cluster_exits_1_with_the_reason() {
     );
     assert!(help.stdout.contains("Exit codes"), "{}", help.stdout);
 }
+
+/// `raygate release` takes exactly one scope and refuses an empty namespace name before it
+/// reaches a cluster: `--except-namespace=` from a broken template would release everything.
+#[test]
+fn release_takes_one_scope_and_refuses_empty_namespace_names() {
+    for args in [
+        vec!["release"],
+        vec!["release", "--all", "--except-namespace=a"],
+        vec!["release", "-n", "a", "--except-namespace=b"],
+    ] {
+        let r = raygate(&args);
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+    }
+    for (flag, arg) in [
+        ("--except-namespace", "--except-namespace="),
+        ("--namespace", "--namespace=a,"),
+    ] {
+        let r = raygate(&["release", arg]);
+        assert_eq!(r.code, 1, "{arg}: {}", r.stderr);
+        assert!(
+            r.stderr.contains(flag) && r.stderr.contains("empty namespace name"),
+            "{arg}: {}",
+            r.stderr
+        );
+    }
+}

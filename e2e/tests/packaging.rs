@@ -580,6 +580,27 @@ fn helm_chart_lints_and_renders_with_helm_3_and_4() {
         ] {
             assert!(args.contains(&a), "{h}: args {args:?} lack {a}");
         }
+        // The scope-change hook needs lookup: `helm template` never renders it.
+        let all = docs(&ok(
+            &helm,
+            &[
+                "template",
+                RELEASE,
+                "charts/raygate",
+                "--set",
+                "watchNamespaces={ml-serving}",
+            ],
+        ));
+        assert!(
+            all.iter()
+                .all(|o| o["metadata"]["annotations"]["helm.sh/hook"] != "post-upgrade"),
+            "{h}: a post-upgrade hook without lookup"
+        );
+        let d = find(&objs, "Deployment");
+        assert_eq!(
+            d["metadata"]["annotations"]["raygate.io/watch-namespaces"], "ml-serving,research",
+            "{h}: the Deployment does not record its scope"
+        );
         let sm = find(&objs, "ServiceMonitor");
         assert_eq!(sm["spec"]["endpoints"][0]["honorLabels"], true);
         assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
@@ -1694,23 +1715,52 @@ fn release_as_the_hook(
     cp.install_crd_file(&root("charts/raygate/crds/raygate.io_upgradeplans.yaml"))?;
     let chart = write_manifest(scratch, "chart.yaml", &helm_template(helm, &[]))?;
     kubectl(cp, &["apply", "-f", &chart.to_string_lossy()])?;
+    apply_hook_rbac(cp, scratch, hooks)?;
+    hold_gate(cp, scratch, "ml-serving")?;
+
+    let said = raygate_as(cp, scratch, RELEASE_NS, sa, args)?;
+    if !said.contains("gate given back: RayService ml-serving/llm")
+        || !said.contains("finalizer removed: UpgradePlan ml-serving/llm")
+    {
+        bail!("raygate release said:\n{said}");
+    }
+    let d = get_json(cp, &["-n", RELEASE_NS, "deployment", "rg-raygate"])?;
+    if d["spec"]["replicas"] != 0 {
+        bail!("the operator was not scaled down: {}", d["spec"]);
+    }
+    check_given_back(cp, "ml-serving")
+}
+
+/// Creates a hook's ServiceAccount and RBAC (every hook object but the Job), as Helm does
+/// before the Job.
+fn apply_hook_rbac(cp: &ControlPlane, scratch: &Path, hooks: &[Value]) -> Result<()> {
     let rbac: Vec<Value> = hooks.iter().filter(|o| kind(o) != "Job").cloned().collect();
     let rbac = write_manifest(scratch, "hook-rbac.yaml", &rbac)?;
     kubectl(cp, &["apply", "-f", &rbac.to_string_lossy()])?;
+    Ok(())
+}
 
-    // What a stopped raygate leaves: its gate on the RayService, its finalizer on the plan,
-    // and another manager's finalizer that must stay.
+/// What a stopped raygate leaves in `ns`: the sample RayService `llm` and its plan, its gate
+/// on the RayService, its finalizer on the plan, and another manager's finalizer that must stay.
+fn hold_gate(cp: &ControlPlane, scratch: &Path, ns: &str) -> Result<()> {
     for f in [
         "config/samples/ray_v1_rayservice_llm_gpu.yaml",
         "config/samples/raygate_v1alpha1_upgradeplan_auto.yaml",
     ] {
-        kubectl(cp, &["apply", "-f", &root(f).to_string_lossy()])?;
+        let mut objs = docs(&read(f));
+        for o in &mut objs {
+            o["metadata"]["namespace"] = json!(ns);
+        }
+        let m = write_manifest(scratch, &format!("sample-{ns}.yaml"), &objs)?;
+        kubectl(cp, &["apply", "-f", &m.to_string_lossy()])?;
     }
-    let gate = scratch.join("gate.yaml");
+    let gate = scratch.join(format!("gate-{ns}.yaml"));
     std::fs::write(
         &gate,
-        "apiVersion: ray.io/v1\nkind: RayService\nmetadata: {name: llm, namespace: ml-serving}\n\
-         spec: {upgradeStrategy: {type: None}}\n",
+        format!(
+            "apiVersion: ray.io/v1\nkind: RayService\nmetadata: {{name: llm, namespace: {ns}}}\n\
+             spec: {{upgradeStrategy: {{type: None}}}}\n"
+        ),
     )?;
     kubectl(
         cp,
@@ -1726,7 +1776,7 @@ fn release_as_the_hook(
         cp,
         &[
             "-n",
-            "ml-serving",
+            ns,
             "patch",
             "upgradeplan",
             "llm",
@@ -1735,16 +1785,24 @@ fn release_as_the_hook(
             r#"{"metadata":{"finalizers":["raygate.io/release-gate","example.com/keep"]}}"#,
         ],
     )?;
+    Ok(())
+}
 
-    let token = kubectl(
-        cp,
-        &["-n", RELEASE_NS, "create", "token", sa, "--duration=1h"],
-    )?;
+/// Runs `raygate ARGS` with a token of the ServiceAccount `ns/sa`, as its Job would (there
+/// is no kubelet); what it said.
+fn raygate_as(
+    cp: &ControlPlane,
+    scratch: &Path,
+    ns: &str,
+    sa: &str,
+    args: &[String],
+) -> Result<String> {
+    let token = kubectl(cp, &["-n", ns, "create", "token", sa, "--duration=1h"])?;
     let mut kc: Value = docs(&std::fs::read_to_string(cp.kubeconfig_path())?).remove(0);
     for u in kc["users"].as_array_mut().context("kubeconfig users")? {
         u["user"] = json!({ "token": token.trim() });
     }
-    let kubeconfig = scratch.join("hook.kubeconfig");
+    let kubeconfig = scratch.join(format!("{sa}.kubeconfig"));
     std::fs::write(&kubeconfig, serde_json::to_string(&kc)?)?;
     let out = Command::new(raygate_bin())
         .args(args)
@@ -1763,32 +1821,406 @@ fn release_as_the_hook(
             args.join(" ")
         );
     }
-    if !said.contains("gate given back: RayService ml-serving/llm")
-        || !said.contains("finalizer removed: UpgradePlan ml-serving/llm")
-    {
-        bail!("raygate release said:\n{said}");
-    }
-    let d = get_json(cp, &["-n", RELEASE_NS, "deployment", "rg-raygate"])?;
-    if d["spec"]["replicas"] != 0 {
-        bail!("the operator was not scaled down: {}", d["spec"]);
-    }
-    let svc = get_json(cp, &["-n", "ml-serving", "rayservice", "llm"])?;
-    let managers: Vec<&str> = svc["metadata"]["managedFields"]
+    Ok(said)
+}
+
+/// The managers of `ns/llm`'s fields and its upgradeStrategy.
+fn gate_of(cp: &ControlPlane, ns: &str) -> Result<(Vec<String>, Value)> {
+    // kubectl leaves managedFields out unless asked.
+    let svc = get_json(
+        cp,
+        &["-n", ns, "rayservice", "llm", "--show-managed-fields"],
+    )?;
+    let managers = svc["metadata"]["managedFields"]
         .as_array()
-        .map(|m| m.iter().filter_map(|e| e["manager"].as_str()).collect())
+        .map(|m| {
+            m.iter()
+                .filter_map(|e| e["manager"].as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default();
-    if svc["spec"]["upgradeStrategy"]["type"].is_string() || managers.contains(&"raygate") {
-        bail!(
-            "the gate is still there: {} (managers {managers:?})",
-            svc["spec"]["upgradeStrategy"]
-        );
+    Ok((managers, svc["spec"]["upgradeStrategy"].clone()))
+}
+
+fn plan_finalizers(cp: &ControlPlane, ns: &str) -> Result<Vec<String>> {
+    let plan = get_json(cp, &["-n", ns, "upgradeplan", "llm"])?;
+    Ok(strs(&plan["metadata"]["finalizers"])
+        .into_iter()
+        .map(str::to_owned)
+        .collect())
+}
+
+/// raygate's gate on `ns/llm` is gone and only the other manager's finalizer is left.
+fn check_given_back(cp: &ControlPlane, ns: &str) -> Result<()> {
+    let (managers, strategy) = gate_of(cp, ns)?;
+    if strategy["type"].is_string() || managers.iter().any(|m| m == "raygate") {
+        bail!("the gate in {ns} is still there: {strategy} (managers {managers:?})");
     }
-    let plan = get_json(cp, &["-n", "ml-serving", "upgradeplan", "llm"])?;
-    if strs(&plan["metadata"]["finalizers"]) != ["example.com/keep"] {
-        bail!(
-            "finalizers after release: {}",
-            plan["metadata"]["finalizers"]
-        );
+    let finalizers = plan_finalizers(cp, ns)?;
+    if finalizers != ["example.com/keep"] {
+        bail!("finalizers in {ns} after release: {finalizers:?}");
     }
     Ok(())
+}
+
+/// raygate's gate on `ns/llm` and its finalizer are still there.
+fn check_held(cp: &ControlPlane, ns: &str) -> Result<()> {
+    let (managers, strategy) = gate_of(cp, ns)?;
+    if strategy["type"] != "None" || !managers.iter().any(|m| m == "raygate") {
+        bail!("the gate in {ns} was given back: {strategy} (managers {managers:?})");
+    }
+    let finalizers = plan_finalizers(cp, ns)?;
+    if finalizers != ["raygate.io/release-gate", "example.com/keep"] {
+        bail!("finalizers in {ns} changed: {finalizers:?}");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// (f) the scope-change hook
+
+/// Where the scope-change test installs the chart: a list of namespaces, then all.
+const SCOPE_NS: &str = "raygate-scope";
+const SCOPE_ALL_NS: &str = "raygate-scope-all";
+const TEAM_A: &str = "team-a";
+const TEAM_B: &str = "team-b";
+/// A namespace being deleted when the scope drops it.
+const TEAM_C: &str = "team-c";
+
+/// Helm against the control plane; stdout, or an error with what it said.
+fn helm_on(cp: &ControlPlane, helm: &Path, args: &[&str]) -> Result<String> {
+    let kubeconfig = cp.kubeconfig_path().to_string_lossy().into_owned();
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--kubeconfig", &kubeconfig]);
+    let out = run(helm, &all);
+    if !out.status.success() {
+        bail!(
+            "`{}` failed ({}):\n{}{}",
+            shown(helm, args),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The post-upgrade hooks `helm upgrade --dry-run=server` renders (lookup reads the live
+/// cluster then, as in a real upgrade; `helm template` and client dry-runs cannot).
+fn post_upgrade_hooks(
+    cp: &ControlPlane,
+    helm: &Path,
+    release: &str,
+    ns: &str,
+    set: &str,
+) -> Result<Vec<Value>> {
+    let out = helm_on(
+        cp,
+        helm,
+        &[
+            "upgrade",
+            release,
+            "charts/raygate",
+            "--namespace",
+            ns,
+            "--dry-run=server",
+            "--output",
+            "json",
+            "--set",
+            set,
+        ],
+    )?;
+    let rel: Value = serde_json::from_str(&out)
+        .with_context(|| format!("{}: not a release as JSON:\n{out}", helm.display()))?;
+    let mut hooks = vec![];
+    for h in rel["hooks"].as_array().cloned().unwrap_or_default() {
+        let manifest = h["manifest"].as_str().context("hook manifest")?;
+        hooks.extend(
+            docs(manifest)
+                .into_iter()
+                .filter(|o| o["metadata"]["annotations"]["helm.sh/hook"] == "post-upgrade"),
+        );
+    }
+    Ok(hooks)
+}
+
+/// The hook's Job arguments and ServiceAccount, after checking what every scope hook must
+/// be: post-upgrade, deleted when it succeeds, its own least-privilege RBAC and account.
+fn scope_hook_job(hooks: &[Value], release: &str, who: &str) -> Result<(Vec<String>, String)> {
+    for o in hooks {
+        let a = &o["metadata"]["annotations"];
+        if a["helm.sh/hook-delete-policy"] != "before-hook-creation,hook-succeeded" {
+            bail!("{who}: {} {} delete policy {}", kind(o), name(o), a);
+        }
+        if kind(o).ends_with("Role") {
+            assert_least_privilege(&o["rules"], &format!("{who}: {}", name(o)));
+        }
+    }
+    let job = find(hooks, "Job");
+    let spec = &job["spec"]["template"]["spec"];
+    let args: Vec<String> = strs(&spec["containers"][0]["args"])
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let sa = spec["serviceAccountName"]
+        .as_str()
+        .context("hook SA")?
+        .to_owned();
+    if sa == format!("{release}-raygate") {
+        bail!("{who}: the hook runs as the operator's ServiceAccount");
+    }
+    Ok((args, sa))
+}
+
+/// `kind namespace/name` of the hook's RBAC objects, sorted.
+fn hook_rbac(hooks: &[Value]) -> Vec<String> {
+    let mut v: Vec<String> = hooks
+        .iter()
+        .filter(|o| kind(o) != "Job")
+        .map(|o| {
+            format!(
+                "{} {}/{}",
+                kind(o),
+                o["metadata"]["namespace"].as_str().unwrap_or(""),
+                name(o)
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Narrowing watchNamespaces with `helm upgrade` gives raygate's gates in the dropped
+/// namespaces back (post-upgrade hook, rendered only when lookup shows the live Deployment's
+/// scope losing namespaces), on a real apiserver with both Helms: [a, b] -> [a] releases b
+/// only, as a Role in b; all -> [a] releases every namespace but a, through a ClusterRole;
+/// [a] -> [a, b] renders nothing; a Deployment without the scope annotation falls back to its
+/// --namespace arg. After the upgrade the operator can no longer write in the dropped
+/// namespace, so the old pods still rolling out cannot take the gate again.
+#[test]
+fn scope_change_hook_gives_back_the_dropped_namespaces_gates() {
+    let cp = ControlPlane::start_with(raygate_e2e::Options::without_kuberay())
+        .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));
+    let scratch = tempfile::tempdir().expect("scratch dir");
+    if let Err(e) = scope_change(&cp, scratch.path()) {
+        panic!("{e:#}");
+    }
+}
+
+fn scope_change(cp: &ControlPlane, scratch: &Path) -> Result<()> {
+    let helms = helms();
+    for ns in [SCOPE_NS, SCOPE_ALL_NS, TEAM_A, TEAM_B] {
+        kubectl(cp, &["create", "namespace", ns])?;
+    }
+    let both = format!("watchNamespaces={{{TEAM_A},{TEAM_B}}}");
+    let only_a = format!("watchNamespaces={{{TEAM_A}}}");
+
+    // [a, b] -> [a], with Helm 3.
+    helm_on(
+        cp,
+        &helms[0],
+        &[
+            "install",
+            "rg",
+            "charts/raygate",
+            "--namespace",
+            SCOPE_NS,
+            "--no-hooks",
+            "--set",
+            &both,
+        ],
+    )?;
+    for ns in [TEAM_A, TEAM_B] {
+        hold_gate(cp, scratch, ns)?;
+    }
+    let mut hooks = vec![];
+    for helm in &helms {
+        hooks = post_upgrade_hooks(cp, helm, "rg", SCOPE_NS, &only_a)?;
+        let who = format!("{}: [a, b] -> [a]", helm.display());
+        let (args, _) = scope_hook_job(&hooks, "rg", &who)?;
+        if args != ["release", "--namespace=team-b"] {
+            bail!("{who}: hook args {args:?}");
+        }
+        let want = [
+            "Role team-b/rg-raygate-release-scope",
+            "RoleBinding team-b/rg-raygate-release-scope",
+            "ServiceAccount raygate-scope/rg-raygate-release-scope",
+        ];
+        if hook_rbac(&hooks) != want {
+            bail!("{who}: hook RBAC {:?}", hook_rbac(&hooks));
+        }
+    }
+    helm_on(
+        cp,
+        &helms[0],
+        &[
+            "upgrade",
+            "rg",
+            "charts/raygate",
+            "--namespace",
+            SCOPE_NS,
+            "--no-hooks",
+            "--set",
+            &only_a,
+        ],
+    )?;
+    let operator = format!("system:serviceaccount:{SCOPE_NS}:rg-raygate");
+    check_access(
+        cp,
+        &operator,
+        &[&["patch", "rayservices.ray.io", "-n", TEAM_A]],
+        &[
+            &["patch", "rayservices.ray.io", "-n", TEAM_B],
+            &["patch", "upgradeplans.raygate.io", "-n", TEAM_B],
+        ],
+    )?;
+    apply_hook_rbac(cp, scratch, &hooks)?;
+    let (args, sa) = scope_hook_job(&hooks, "rg", "[a, b] -> [a]")?;
+    let said = raygate_as(cp, scratch, SCOPE_NS, &sa, &args)?;
+    if !said.contains("gate given back: RayService team-b/llm") || said.contains("team-a") {
+        bail!("raygate {} said:\n{said}", args.join(" "));
+    }
+    check_given_back(cp, TEAM_B)?;
+    check_held(cp, TEAM_A)?;
+
+    // [a] -> [a, b] drops nothing.
+    for helm in &helms {
+        let hooks = post_upgrade_hooks(cp, helm, "rg", SCOPE_NS, &both)?;
+        if !hooks.is_empty() {
+            bail!(
+                "{}: [a] -> [a, b] rendered {:?}",
+                helm.display(),
+                hook_rbac(&hooks)
+            );
+        }
+    }
+    // A Deployment made before the annotation: its --namespace arg is the old scope.
+    kubectl(
+        cp,
+        &[
+            "-n",
+            SCOPE_NS,
+            "annotate",
+            "deployment",
+            "rg-raygate",
+            "raygate.io/watch-namespaces-",
+        ],
+    )?;
+    let fallback = post_upgrade_hooks(
+        cp,
+        &helms[0],
+        "rg",
+        SCOPE_NS,
+        &format!("watchNamespaces={{{TEAM_B}}}"),
+    )?;
+    let (args, _) = scope_hook_job(&fallback, "rg", "[a] (args only) -> [b]")?;
+    if args != ["release", "--namespace=team-a"] {
+        bail!("[a] (args only) -> [b]: hook args {args:?}");
+    }
+
+    // A dropped namespace that is gone is left out; one being deleted accepts no new Role,
+    // so the hook's RBAC is cluster-wide then.
+    kubectl(cp, &["create", "namespace", TEAM_C])?;
+    kubectl(
+        cp,
+        &[
+            "patch",
+            "namespace",
+            TEAM_C,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":["example.com/hold"]}}"#,
+        ],
+    )?;
+    kubectl(cp, &["delete", "namespace", TEAM_C, "--wait=false"])?;
+    kubectl(
+        cp,
+        &[
+            "-n",
+            SCOPE_NS,
+            "annotate",
+            "--overwrite",
+            "deployment",
+            "rg-raygate",
+            &format!("raygate.io/watch-namespaces={TEAM_A},gone,{TEAM_C}"),
+        ],
+    )?;
+    let deleting = post_upgrade_hooks(cp, &helms[0], "rg", SCOPE_NS, &only_a)?;
+    let (args, _) = scope_hook_job(&deleting, "rg", "[a, gone, c (Terminating)] -> [a]")?;
+    if args != ["release", "--namespace=team-c"] {
+        bail!("[a, gone, c (Terminating)] -> [a]: hook args {args:?}");
+    }
+    let rbac = hook_rbac(&deleting);
+    if rbac
+        != [
+            "ClusterRole /rg-raygate-release-scope",
+            "ClusterRoleBinding /rg-raygate-release-scope",
+            "ServiceAccount raygate-scope/rg-raygate-release-scope",
+        ]
+    {
+        bail!("[a, gone, c (Terminating)] -> [a]: hook RBAC {rbac:?}");
+    }
+
+    // all -> [a], with Helm 4.
+    hold_gate(cp, scratch, TEAM_B)?;
+    helm_on(
+        cp,
+        &helms[1],
+        &[
+            "install",
+            "rgall",
+            "charts/raygate",
+            "--namespace",
+            SCOPE_ALL_NS,
+            "--no-hooks",
+        ],
+    )?;
+    for helm in &helms {
+        hooks = post_upgrade_hooks(cp, helm, "rgall", SCOPE_ALL_NS, &only_a)?;
+        let who = format!("{}: all -> [a]", helm.display());
+        let (args, _) = scope_hook_job(&hooks, "rgall", &who)?;
+        if args != ["release", "--except-namespace=team-a"] {
+            bail!("{who}: hook args {args:?}");
+        }
+        let want = [
+            "ClusterRole /rgall-raygate-release-scope",
+            "ClusterRoleBinding /rgall-raygate-release-scope",
+            "ServiceAccount raygate-scope-all/rgall-raygate-release-scope",
+        ];
+        if hook_rbac(&hooks) != want {
+            bail!("{who}: hook RBAC {:?}", hook_rbac(&hooks));
+        }
+    }
+    helm_on(
+        cp,
+        &helms[1],
+        &[
+            "upgrade",
+            "rgall",
+            "charts/raygate",
+            "--namespace",
+            SCOPE_ALL_NS,
+            "--no-hooks",
+            "--set",
+            &only_a,
+        ],
+    )?;
+    let operator = format!("system:serviceaccount:{SCOPE_ALL_NS}:rgall-raygate");
+    check_access(
+        cp,
+        &operator,
+        &[&["patch", "rayservices.ray.io", "-n", TEAM_A]],
+        &[
+            &["patch", "rayservices.ray.io", "-n", TEAM_B],
+            &["patch", "upgradeplans.raygate.io", "-n", TEAM_B],
+        ],
+    )?;
+    apply_hook_rbac(cp, scratch, &hooks)?;
+    let (args, sa) = scope_hook_job(&hooks, "rgall", "all -> [a]")?;
+    let said = raygate_as(cp, scratch, SCOPE_ALL_NS, &sa, &args)?;
+    if !said.contains("gate given back: RayService team-b/llm") || said.contains("team-a") {
+        bail!("raygate {} said:\n{said}", args.join(" "));
+    }
+    check_given_back(cp, TEAM_B)?;
+    check_held(cp, TEAM_A)
 }

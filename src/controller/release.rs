@@ -120,9 +120,74 @@ pub async fn scale_down(client: &Client, ns: &str, deployment: &str, wait: Durat
     }
 }
 
-/// Gives back every gate of the plans in `namespace` (all namespaces when
-/// `None`) and removes their finalizers.
-pub async fn release(client: &Client, namespace: Option<&str>) -> Result<Released> {
+/// Which UpgradePlans `raygate release` gives back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every namespace (uninstalling).
+    All,
+    /// These namespaces only (taken out of raygate's scope).
+    Only(Vec<String>),
+    /// Every namespace but these: raygate goes from all namespaces to these,
+    /// so every other namespace left its scope. Resolved at run time from the
+    /// plans listed, so a namespace created since the chart rendered counts.
+    Except(Vec<String>),
+}
+
+impl Scope {
+    /// The scope of `--namespace` (`only`) or `--except-namespace` (`except`),
+    /// else all. An empty name is refused: `--except-namespace=` from a broken
+    /// template would otherwise give back every gate in the cluster.
+    pub fn new(only: &[String], except: &[String]) -> Result<Scope> {
+        for (flag, names) in [("--namespace", only), ("--except-namespace", except)] {
+            if names.iter().any(|n| n.trim().is_empty()) {
+                return Err(Error::invalid(flag, "an empty namespace name"));
+            }
+        }
+        Ok(match (only.is_empty(), except.is_empty()) {
+            (false, _) => Scope::Only(only.to_vec()),
+            (true, false) => Scope::Except(except.to_vec()),
+            (true, true) => Scope::All,
+        })
+    }
+
+    /// The namespaces to list plans in, one list call each; `None` is one
+    /// cluster-wide list.
+    fn lists(&self) -> Vec<Option<&str>> {
+        match self {
+            Scope::Only(nss) => nss.iter().map(|ns| Some(ns.as_str())).collect(),
+            Scope::All | Scope::Except(_) => vec![None],
+        }
+    }
+
+    /// Whether a plan in `ns` is given back.
+    fn covers(&self, ns: &str) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Only(nss) => nss.iter().any(|n| n == ns),
+            Scope::Except(nss) => !nss.iter().any(|n| n == ns),
+        }
+    }
+}
+
+/// Gives back every gate of the plans in `scope` and removes their
+/// finalizers.
+pub async fn release(client: &Client, scope: &Scope) -> Result<Released> {
+    let mut done = Released::default();
+    for namespace in scope.lists() {
+        let one = release_listed(client, namespace, scope).await?;
+        done.gates.extend(one.gates);
+        done.finalizers.extend(one.finalizers);
+    }
+    Ok(done)
+}
+
+/// The plans of one list call (`namespace`, or all when `None`) that `scope`
+/// covers.
+async fn release_listed(
+    client: &Client,
+    namespace: Option<&str>,
+    scope: &Scope,
+) -> Result<Released> {
     let fence = Fence::open();
     let plans: Api<UpgradePlan> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -138,6 +203,9 @@ pub async fn release(client: &Client, namespace: Option<&str>) -> Result<Release
     let mut done = Released::default();
     for plan in &list {
         let ns = plan.namespace().unwrap_or_default();
+        if !scope.covers(&ns) {
+            continue;
+        }
         let services: gate::Services = Api::namespaced(client.clone(), &ns);
         let mut names = vec![plan.spec.ray_service_ref.name.clone()];
         if let Some(recorded) = plan.status.as_ref().and_then(|s| s.ray_service.clone())
@@ -175,4 +243,58 @@ pub async fn release(client: &Client, namespace: Option<&str>) -> Result<Release
         }
     }
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nss(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn flags_make_the_scope_and_empty_names_are_refused() {
+        assert_eq!(Scope::new(&[], &[]).ok(), Some(Scope::All));
+        assert_eq!(
+            Scope::new(&nss(&["a"]), &[]).ok(),
+            Some(Scope::Only(nss(&["a"])))
+        );
+        assert_eq!(
+            Scope::new(&[], &nss(&["a", "b"])).ok(),
+            Some(Scope::Except(nss(&["a", "b"])))
+        );
+        for (only, except, flag) in [
+            (nss(&[""]), vec![], "--namespace"),
+            (vec![], nss(&["a", " "]), "--except-namespace"),
+        ] {
+            let e = Scope::new(&only, &except).err().map(|e| e.to_string());
+            assert!(
+                e.as_deref().is_some_and(|e| e.contains(flag)),
+                "{only:?} {except:?}: {e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn all_lists_once_and_covers_every_namespace() {
+        assert_eq!(Scope::All.lists(), vec![None]);
+        assert!(Scope::All.covers("anything"));
+    }
+
+    #[test]
+    fn only_lists_each_namespace_and_covers_just_those() {
+        let s = Scope::Only(nss(&["a", "b"]));
+        assert_eq!(s.lists(), vec![Some("a"), Some("b")]);
+        assert!(s.covers("a") && s.covers("b"));
+        assert!(!s.covers("c"));
+    }
+
+    #[test]
+    fn except_lists_once_and_skips_the_kept_namespaces() {
+        let s = Scope::Except(nss(&["a"]));
+        assert_eq!(s.lists(), vec![None]);
+        assert!(!s.covers("a"));
+        assert!(s.covers("b") && s.covers("kube-system"));
+    }
 }
