@@ -549,12 +549,19 @@ fn unschedulable(node: &k8s_openapi::api::core::v1::Node) -> Option<String> {
         .map(|t| format!("taint {}:{}", t.key, t.effect))
 }
 
+/// One schedulable node: its labels (for node selectors) and free amount per resource.
+#[derive(Debug, Clone, Default)]
+pub struct NodeFree {
+    pub labels: BTreeMap<String, String>,
+    pub free: BTreeMap<String, f64>,
+}
+
 /// The cluster as the test counts it at one moment: what each node has free, from its
 /// allocatable and the pods bound to it.
 #[derive(Debug, Clone, Default)]
 pub struct Free {
-    /// Schedulable nodes: their labels and free amount per resource.
-    pub nodes: BTreeMap<String, (BTreeMap<String, String>, BTreeMap<String, f64>)>,
+    /// Schedulable nodes by name.
+    pub nodes: BTreeMap<String, NodeFree>,
     /// Nodes left out, with the reason.
     pub skipped: Vec<String>,
 }
@@ -589,7 +596,13 @@ impl Free {
                 amounts.insert(r.clone(), v);
             }
             let labels = n.metadata.labels.clone().unwrap_or_default();
-            free.nodes.insert(name, (labels, amounts));
+            free.nodes.insert(
+                name,
+                NodeFree {
+                    labels,
+                    free: amounts,
+                },
+            );
         }
         for p in pods {
             let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_ref()) else {
@@ -607,7 +620,7 @@ impl Free {
             if cluster.is_some_and(|c| exclude.contains(c)) {
                 continue;
             }
-            let Some((_, amounts)) = free.nodes.get_mut(node) else {
+            let Some(NodeFree { free: amounts, .. }) = free.nodes.get_mut(node) else {
                 continue;
             };
             let name = p.metadata.name.clone().unwrap_or_default();
@@ -623,7 +636,7 @@ impl Free {
     pub fn total(&self, r: &str) -> f64 {
         self.nodes
             .values()
-            .map(|(_, a)| a.get(r).copied().unwrap_or(0.0).max(0.0))
+            .map(|n| n.free.get(r).copied().unwrap_or(0.0).max(0.0))
             .sum()
     }
 }
@@ -643,17 +656,21 @@ pub fn place(free: &Free, pods: &[PodShape]) -> Option<Vec<(String, String)>> {
         let g = |r: &str| p.requests.get(r).copied().unwrap_or(0.0);
         (g("nvidia.com/gpu"), g("cpu"), g("memory"))
     };
-    order.sort_by(|a, b| key(b).partial_cmp(&key(a)).unwrap_or(std::cmp::Ordering::Equal));
-    let mut left: Vec<(&String, &BTreeMap<String, String>, BTreeMap<String, f64>)> = free
+    order.sort_by(|a, b| {
+        key(b)
+            .partial_cmp(&key(a))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    let mut left: Vec<(String, NodeFree)> = free
         .nodes
         .iter()
-        .map(|(n, (labels, a))| (n, labels, a.clone()))
+        .map(|(n, f)| (n.clone(), f.clone()))
         .collect();
     let mut chosen = Vec::new();
     let mut budget = 1_000_000u32;
-    fn go<'a>(
-        order: &[&'a PodShape],
-        left: &mut [(&String, &BTreeMap<String, String>, BTreeMap<String, f64>)],
+    fn go(
+        order: &[&PodShape],
+        left: &mut [(String, NodeFree)],
         chosen: &mut Vec<(String, String)>,
         budget: &mut u32,
     ) -> bool {
@@ -665,7 +682,13 @@ pub fn place(free: &Free, pods: &[PodShape]) -> Option<Vec<(String, String)>> {
                 return false;
             }
             *budget -= 1;
-            let (name, labels, amounts) = &left[i];
+            let (
+                name,
+                NodeFree {
+                    labels,
+                    free: amounts,
+                },
+            ) = &left[i];
             let selected = pod
                 .node_selector
                 .iter()
@@ -677,15 +700,15 @@ pub fn place(free: &Free, pods: &[PodShape]) -> Option<Vec<(String, String)>> {
             if !selected || !fits {
                 continue;
             }
-            chosen.push((pod.name.clone(), (*name).clone()));
+            chosen.push((pod.name.clone(), name.clone()));
             for (r, q) in &pod.requests {
-                *left[i].2.entry(r.clone()).or_default() -= q;
+                *left[i].1.free.entry(r.clone()).or_default() -= q;
             }
             if go(rest, left, chosen, budget) {
                 return true;
             }
             for (r, q) in &pod.requests {
-                *left[i].2.entry(r.clone()).or_default() += q;
+                *left[i].1.free.entry(r.clone()).or_default() += q;
             }
             chosen.pop();
         }
@@ -725,7 +748,7 @@ pub fn recount_fit(
     let nodes = free
         .nodes
         .iter()
-        .map(|(n, (_, a))| {
+        .map(|(n, NodeFree { free: a, .. })| {
             let g = a.get("nvidia.com/gpu").copied().unwrap_or(0.0);
             format!("{n} {g} GPU free")
         })
@@ -787,7 +810,13 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
-    fn pod(name: &str, node: &str, gpus: u32, cluster: &str, phase: &str) -> k8s_openapi::api::core::v1::Pod {
+    fn pod(
+        name: &str,
+        node: &str,
+        gpus: u32,
+        cluster: &str,
+        phase: &str,
+    ) -> k8s_openapi::api::core::v1::Pod {
         serde_json::from_value(json!({
             "metadata": {"name": name, "labels": {"ray.io/cluster": cluster}},
             "spec": {"nodeName": node, "containers": [{"name": "c",
@@ -870,9 +899,17 @@ mod tests {
         let nodes = vec![
             node("ok", 8, json!({})),
             node("cordoned", 8, json!({"spec": {"unschedulable": true}})),
-            node("tainted", 8, json!({"spec": {"taints": [{"key": "gpu", "value": "x", "effect": "NoSchedule"}]}})),
-            node("down", 8, json!({"status": {"allocatable": {"nvidia.com/gpu": "8"},
-                "conditions": [{"type": "Ready", "status": "False"}]}})),
+            node(
+                "tainted",
+                8,
+                json!({"spec": {"taints": [{"key": "gpu", "value": "x", "effect": "NoSchedule"}]}}),
+            ),
+            node(
+                "down",
+                8,
+                json!({"status": {"allocatable": {"nvidia.com/gpu": "8"},
+                "conditions": [{"type": "Ready", "status": "False"}]}}),
+            ),
         ];
         let free = Free::count(&nodes, &[], &BTreeSet::new()).unwrap();
         assert_eq!(free.total("nvidia.com/gpu"), 8.0);
@@ -895,6 +932,12 @@ mod tests {
         let s = PodShape::of_spec("p", &spec).unwrap();
         assert_eq!(s.requests["cpu"], 3.0);
         assert_eq!(s.requests["nvidia.com/gpu"], 2.0);
-        assert!(PodShape::of_spec("p", &json!({"containers": [{"resources": {"requests": {"cpu": "x1"}}}]})).is_err());
+        assert!(
+            PodShape::of_spec(
+                "p",
+                &json!({"containers": [{"resources": {"requests": {"cpu": "x1"}}}]})
+            )
+            .is_err()
+        );
     }
 }

@@ -293,7 +293,10 @@ async fn a_stalled_upgrade_fires_the_stalled_alert_in_a_real_prometheus() {
             .unwrap_or_else(|| panic!("no target of job {name}: {targets:?}"))
     };
     let (ok, no) = (job("raygate"), job("denied"));
-    assert_eq!(ok["health"], "up", "the metrics-reader token is served: {ok}");
+    assert_eq!(
+        ok["health"], "up",
+        "the metrics-reader token is served: {ok}"
+    );
     assert_eq!(no["health"], "down", "a token without the role: {no}");
     let last_error = no["lastError"].as_str().unwrap_or_default();
     assert!(last_error.contains("403"), "refused with 403: {no}");

@@ -9,11 +9,11 @@
 //! raygate's logs. Needs `e2e/setup` and `cargo build --workspace --bins`.
 
 use anyhow::{Context, Result, bail};
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Client;
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
     VersionMatch, WatchEvent, WatchParams,
@@ -561,7 +561,10 @@ async fn watch_for_admission(
                 };
                 let v = serde_json::to_value(&obj)?;
                 if v["status"]["admitted"].is_object() {
-                    let rv = obj.metadata.resource_version.context("no resourceVersion")?;
+                    let rv = obj
+                        .metadata
+                        .resource_version
+                        .context("no resourceVersion")?;
                     return Ok((rv, v));
                 }
             }
@@ -720,7 +723,10 @@ fn recount_in(w: &World, ns: &str, name: &str) -> Result<String> {
             let labels = p.metadata.labels.as_ref();
             let of_it = to.is_some()
                 && p.metadata.namespace.as_deref() == Some(qns)
-                && labels.and_then(|l| l.get("ray.io/cluster")).map(String::as_str) == to;
+                && labels
+                    .and_then(|l| l.get("ray.io/cluster"))
+                    .map(String::as_str)
+                    == to;
             let placed = p.spec.as_ref().is_some_and(|s| s.node_name.is_some());
             let done = matches!(
                 p.status.as_ref().and_then(|s| s.phase.as_deref()),
@@ -740,9 +746,8 @@ fn recount_in(w: &World, ns: &str, name: &str) -> Result<String> {
     }
     let headroom = amounts(&plan["spec"]["headroom"], "spec.headroom")?;
     let free = Free::count(&w.nodes, &w.pods, &exclude)?;
-    recount_fit(&free, &new_pods, &reserved, &headroom).map(|fit| {
-        format!("{fit}; retiring {from:?}, left out {exclude:?}, reserved {reserved:?}")
-    })
+    recount_fit(&free, &new_pods, &reserved, &headroom)
+        .map(|fit| format!("{fit}; retiring {from:?}, left out {exclude:?}, reserved {reserved:?}"))
 }
 
 /// After a fault: the held upgrade is still held (gate closed, its clusters unchanged);
