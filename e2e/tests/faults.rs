@@ -746,8 +746,14 @@ fn recount_in(w: &World, ns: &str, name: &str) -> Result<String> {
     }
     let headroom = amounts(&plan["spec"]["headroom"], "spec.headroom")?;
     let free = Free::count(&w.nodes, &w.pods, &exclude)?;
-    recount_fit(&free, &new_pods, &reserved, &headroom)
-        .map(|fit| format!("{fit}; retiring {from:?}, left out {exclude:?}, reserved {reserved:?}"))
+    // The gate as this revision had it: `None` at the admission's own write shows the
+    // order (status first) held.
+    let gate = str_at(rs, &["spec", "upgradeStrategy", "type"]);
+    recount_fit(&free, &new_pods, &reserved, &headroom).map(|fit| {
+        format!(
+            "{fit}; retiring {from:?}, left out {exclude:?}, reserved {reserved:?}, gate {gate:?}"
+        )
+    })
 }
 
 /// After a fault: the held upgrade is still held (gate closed, its clusters unchanged);
