@@ -5,6 +5,7 @@
 use crate::control_plane::ControlPlane;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -444,6 +445,336 @@ pub fn check_admission_fit(plan: &Value) -> Result<()> {
     Ok(())
 }
 
+/// A pod to place, as kube-scheduler sees it: its effective requests (per resource the
+/// larger of the containers' sum and the largest init container, a container's request
+/// defaulting to its limit as the apiserver defaults it) and its node selector.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodShape {
+    pub name: String,
+    pub requests: BTreeMap<String, f64>,
+    pub node_selector: BTreeMap<String, String>,
+}
+
+impl PodShape {
+    /// The shape of a PodSpec given as JSON (a pod's or a template's `spec`).
+    pub fn of_spec(name: &str, spec: &Value) -> Result<PodShape> {
+        let per_container = |c: &Value| -> Result<BTreeMap<String, f64>> {
+            let mut out = BTreeMap::new();
+            for key in ["limits", "requests"] {
+                if let Some(m) = c["resources"][key].as_object() {
+                    for (r, q) in m {
+                        let q = q
+                            .as_str()
+                            .and_then(quantity)
+                            .with_context(|| format!("{name}: resources.{key}.{r}: {q}"))?;
+                        out.insert(r.clone(), q);
+                    }
+                }
+            }
+            Ok(out)
+        };
+        let mut requests: BTreeMap<String, f64> = BTreeMap::new();
+        for c in spec["containers"].as_array().into_iter().flatten() {
+            for (r, q) in per_container(c)? {
+                *requests.entry(r).or_default() += q;
+            }
+        }
+        for c in spec["initContainers"].as_array().into_iter().flatten() {
+            for (r, q) in per_container(c)? {
+                let e = requests.entry(r).or_default();
+                *e = e.max(q);
+            }
+        }
+        for (r, q) in spec["overhead"].as_object().into_iter().flatten() {
+            let q = q.as_str().and_then(quantity).unwrap_or(0.0);
+            *requests.entry(r.clone()).or_default() += q;
+        }
+        let node_selector = spec["nodeSelector"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+            .collect();
+        Ok(PodShape {
+            name: name.to_string(),
+            requests,
+            node_selector,
+        })
+    }
+}
+
+/// The pods of the RayCluster a RayService's `spec.rayClusterConfig` makes (what a
+/// NewCluster upgrade creates): one head, and `replicas` pods per worker group.
+pub fn new_cluster_pods(ray_service: &Value) -> Result<Vec<PodShape>> {
+    let rc = &ray_service["spec"]["rayClusterConfig"];
+    let mut pods = vec![PodShape::of_spec(
+        "head",
+        &rc["headGroupSpec"]["template"]["spec"],
+    )?];
+    for g in rc["workerGroupSpecs"].as_array().into_iter().flatten() {
+        let group = g["groupName"].as_str().unwrap_or("workers");
+        let replicas = g["replicas"].as_i64().unwrap_or(1).max(0);
+        let shape = PodShape::of_spec(group, &g["template"]["spec"])?;
+        for i in 0..replicas {
+            pods.push(PodShape {
+                name: format!("{group}-{i}"),
+                ..shape.clone()
+            });
+        }
+    }
+    Ok(pods)
+}
+
+/// Why a node takes no new pod: cordoned, not Ready, or a NoSchedule/NoExecute taint (the
+/// fixtures' pods tolerate none).
+fn unschedulable(node: &k8s_openapi::api::core::v1::Node) -> Option<String> {
+    let spec = node.spec.as_ref();
+    if spec.and_then(|s| s.unschedulable) == Some(true) {
+        return Some("cordoned".into());
+    }
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    if !ready {
+        return Some("not Ready".into());
+    }
+    spec.and_then(|s| s.taints.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .map(|t| format!("taint {}:{}", t.key, t.effect))
+}
+
+/// One schedulable node: its labels (for node selectors) and free amount per resource.
+#[derive(Debug, Clone, Default)]
+pub struct NodeFree {
+    pub labels: BTreeMap<String, String>,
+    pub free: BTreeMap<String, f64>,
+}
+
+/// The cluster as the test counts it at one moment: what each node has free, from its
+/// allocatable and the pods bound to it.
+#[derive(Debug, Clone, Default)]
+pub struct Free {
+    /// Schedulable nodes by name.
+    pub nodes: BTreeMap<String, NodeFree>,
+    /// Nodes left out, with the reason.
+    pub skipped: Vec<String>,
+}
+
+impl Free {
+    /// Per schedulable node, allocatable minus the requests of the pods bound to it that
+    /// are not Succeeded or Failed, leaving out pods labelled `ray.io/cluster` with one
+    /// of `exclude` (the new cluster's own pods). Unbound pods take nothing: neither
+    /// kube-scheduler nor raygate counts them against a node.
+    pub fn count(
+        nodes: &[k8s_openapi::api::core::v1::Node],
+        pods: &[k8s_openapi::api::core::v1::Pod],
+        exclude: &BTreeSet<String>,
+    ) -> Result<Free> {
+        let mut free = Free::default();
+        for n in nodes {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            if let Some(why) = unschedulable(n) {
+                free.skipped.push(format!("{name}: {why}"));
+                continue;
+            }
+            let mut amounts = BTreeMap::new();
+            for (r, q) in n
+                .status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref())
+                .into_iter()
+                .flatten()
+            {
+                let v = quantity(&q.0)
+                    .with_context(|| format!("node {name}: status.allocatable.{r}: {:?}", q.0))?;
+                amounts.insert(r.clone(), v);
+            }
+            let labels = n.metadata.labels.clone().unwrap_or_default();
+            free.nodes.insert(
+                name,
+                NodeFree {
+                    labels,
+                    free: amounts,
+                },
+            );
+        }
+        for p in pods {
+            let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_ref()) else {
+                continue;
+            };
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            if matches!(phase, Some("Succeeded" | "Failed")) {
+                continue;
+            }
+            let cluster = p
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("ray.io/cluster"));
+            if cluster.is_some_and(|c| exclude.contains(c)) {
+                continue;
+            }
+            let Some(NodeFree { free: amounts, .. }) = free.nodes.get_mut(node) else {
+                continue;
+            };
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let shape = PodShape::of_spec(&name, &serde_json::to_value(&p.spec)?)?;
+            for (r, q) in shape.requests {
+                *amounts.entry(r).or_default() -= q;
+            }
+        }
+        Ok(free)
+    }
+
+    /// The free amount of `r` summed over schedulable nodes.
+    pub fn total(&self, r: &str) -> f64 {
+        self.nodes
+            .values()
+            .map(|n| n.free.get(r).copied().unwrap_or(0.0).max(0.0))
+            .sum()
+    }
+}
+
+/// Tolerance for comparing quantities parsed as floats.
+fn exceeds(need: f64, have: f64) -> bool {
+    need > have + 1e-9 * have.abs().max(1.0)
+}
+
+/// One node per pod such that every node's free amounts cover its pods, or None: pods
+/// cannot span nodes, so a sum that fits may still not place (two 8-GPU workers on
+/// two nodes with 4 free each). Exhaustive (the fixtures are a few pods on a few nodes),
+/// largest pods first.
+pub fn place(free: &Free, pods: &[PodShape]) -> Option<Vec<(String, String)>> {
+    let mut order: Vec<&PodShape> = pods.iter().collect();
+    let key = |p: &PodShape| {
+        let g = |r: &str| p.requests.get(r).copied().unwrap_or(0.0);
+        (g("nvidia.com/gpu"), g("cpu"), g("memory"))
+    };
+    order.sort_by(|a, b| {
+        key(b)
+            .partial_cmp(&key(a))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    let mut left: Vec<(String, NodeFree)> = free
+        .nodes
+        .iter()
+        .map(|(n, f)| (n.clone(), f.clone()))
+        .collect();
+    let mut chosen = Vec::new();
+    let mut budget = 1_000_000u32;
+    fn go(
+        order: &[&PodShape],
+        left: &mut [(String, NodeFree)],
+        chosen: &mut Vec<(String, String)>,
+        budget: &mut u32,
+    ) -> bool {
+        let Some((pod, rest)) = order.split_first() else {
+            return true;
+        };
+        for i in 0..left.len() {
+            if *budget == 0 {
+                return false;
+            }
+            *budget -= 1;
+            let (
+                name,
+                NodeFree {
+                    labels,
+                    free: amounts,
+                },
+            ) = &left[i];
+            let selected = pod
+                .node_selector
+                .iter()
+                .all(|(k, v)| labels.get(k) == Some(v));
+            let fits = pod
+                .requests
+                .iter()
+                .all(|(r, q)| *q <= 0.0 || !exceeds(*q, amounts.get(r).copied().unwrap_or(0.0)));
+            if !selected || !fits {
+                continue;
+            }
+            chosen.push((pod.name.clone(), name.clone()));
+            for (r, q) in &pod.requests {
+                *left[i].1.free.entry(r.clone()).or_default() -= q;
+            }
+            if go(rest, left, chosen, budget) {
+                return true;
+            }
+            for (r, q) in &pod.requests {
+                *left[i].1.free.entry(r.clone()).or_default() += q;
+            }
+            chosen.pop();
+        }
+        false
+    }
+    go(&order, &mut left, &mut chosen, &mut budget).then_some(chosen)
+}
+
+/// The test's own verdict on an admission, from the cluster it recounted: the new
+/// cluster's pods must fit per resource in the sum (`needed ≤ free − reserved −
+/// headroom`, `reserved` being what other admitted upgrades still have to place) and, as
+/// pods cannot span nodes, one by one on the nodes' free amounts. `Ok` says where they
+/// go; `Err` gives the numbers.
+pub fn recount_fit(
+    free: &Free,
+    new_pods: &[PodShape],
+    reserved: &BTreeMap<String, f64>,
+    headroom: &BTreeMap<String, f64>,
+) -> Result<String> {
+    let mut needed: BTreeMap<&str, f64> = BTreeMap::new();
+    for p in new_pods {
+        for (r, q) in &p.requests {
+            *needed.entry(r.as_str()).or_default() += q;
+        }
+    }
+    let mut wrong = vec![];
+    for (r, need) in &needed {
+        let f = free.total(r);
+        let res = reserved.get(*r).copied().unwrap_or(0.0);
+        let head = headroom.get(*r).copied().unwrap_or(0.0);
+        if exceeds(*need, f - res - head) {
+            wrong.push(format!(
+                "{r}: needed {need} > free {f} - reserved {res} - headroom {head}"
+            ));
+        }
+    }
+    let nodes = free
+        .nodes
+        .iter()
+        .map(|(n, NodeFree { free: a, .. })| {
+            let g = a.get("nvidia.com/gpu").copied().unwrap_or(0.0);
+            format!("{n} {g} GPU free")
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let placed = place(free, new_pods);
+    if placed.is_none() {
+        wrong.push(format!(
+            "the new cluster's pods do not place one per node ({nodes}; skipped: {:?})",
+            free.skipped
+        ));
+    }
+    if !wrong.is_empty() {
+        bail!("admitted without room: {}", wrong.join("; "));
+    }
+    Ok(format!(
+        "fits: {} ({nodes})",
+        placed
+            .unwrap_or_default()
+            .iter()
+            .map(|(p, n)| format!("{p}->{n}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -465,5 +796,148 @@ mod tests {
         let err = check_admission_fit(&plan("13")).unwrap_err().to_string();
         assert!(err.contains("nvidia.com/gpu: needed 8 > free 13"), "{err}");
         assert!(check_admission_fit(&json!({"status": {}})).is_err());
+    }
+
+    fn node(name: &str, gpus: u32, extra: Value) -> k8s_openapi::api::core::v1::Node {
+        let mut v = json!({"metadata": {"name": name, "labels": {"pool": "gpu"}},
+            "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": gpus.to_string()},
+                       "conditions": [{"type": "Ready", "status": "True"}]}});
+        if let (Some(v), Some(extra)) = (v.as_object_mut(), extra.as_object()) {
+            for (k, x) in extra {
+                v.insert(k.clone(), x.clone());
+            }
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn pod(
+        name: &str,
+        node: &str,
+        gpus: u32,
+        cluster: &str,
+        phase: &str,
+    ) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"ray.io/cluster": cluster}},
+            "spec": {"nodeName": node, "containers": [{"name": "c",
+                "resources": {"requests": {"cpu": "4", "memory": "16Gi"},
+                              "limits": {"nvidia.com/gpu": gpus.to_string()}}}]},
+            "status": {"phase": phase}
+        }))
+        .unwrap()
+    }
+
+    /// The faults suite's shape: 3 nodes x 8 GPUs; the new cluster is a CPU head and
+    /// `replicas` workers of `gpus` GPUs.
+    fn new_cluster(replicas: i64, gpus: u32) -> Vec<PodShape> {
+        let rs = crate::GpuRayService::new("svc", "img:2")
+            .replicas(replicas)
+            .gpus(gpus)
+            .build();
+        new_cluster_pods(&rs).unwrap()
+    }
+
+    #[test]
+    fn the_recount_admits_what_fits_and_refuses_what_does_not() {
+        let shapes = new_cluster(2, 4);
+        assert_eq!(shapes.len(), 3);
+        assert_eq!(shapes[0].requests["cpu"], 2.0);
+        assert_eq!(shapes[1].requests["nvidia.com/gpu"], 4.0);
+        assert_eq!(shapes[2].requests["memory"], 16.0 * 1024f64.powi(3));
+        let none = BTreeMap::new();
+        let nodes = vec![
+            node("gpu-0", 8, json!({})),
+            node("gpu-1", 8, json!({})),
+            node("gpu-2", 8, json!({})),
+        ];
+        // 4 + 4 + 4 GPUs used: 12 free, 4 on each node.
+        let pods = vec![
+            pod("a", "gpu-0", 4, "old", "Running"),
+            pod("b", "gpu-1", 4, "old", "Running"),
+            pod("c", "gpu-2", 4, "other", "Running"),
+            pod("done", "gpu-2", 4, "other", "Succeeded"),
+        ];
+        let free = Free::count(&nodes, &pods, &BTreeSet::new()).unwrap();
+        assert_eq!(free.total("nvidia.com/gpu"), 12.0);
+        // Two 4-GPU workers: they fit, each on a node.
+        let ok = recount_fit(&free, &new_cluster(2, 4), &none, &none).unwrap();
+        assert!(ok.contains("fits"), "{ok}");
+        // An admission without capacity: 16 GPUs needed, 12 free.
+        let err = recount_fit(&free, &new_cluster(2, 8), &none, &none)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("nvidia.com/gpu: needed 16 > free 12"), "{err}");
+        // The sum fits (8 <= 12) but an 8-GPU worker fits on no node (4 free on each).
+        let err = recount_fit(&free, &new_cluster(1, 8), &none, &none)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("do not place one per node"), "{err}");
+        assert!(!err.contains("needed"), "{err}");
+        // Reservations of other admitted upgrades and the headroom come off the sum.
+        let reserved = BTreeMap::from([("nvidia.com/gpu".to_string(), 4.0)]);
+        let headroom = BTreeMap::from([("nvidia.com/gpu".to_string(), 1.0)]);
+        let err = recount_fit(&free, &new_cluster(2, 4), &reserved, &headroom)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("needed 8 > free 12 - reserved 4 - headroom 1"),
+            "{err}"
+        );
+        assert!(recount_fit(&free, &new_cluster(2, 4), &reserved, &none).is_ok());
+        // The new cluster's own pods, if they exist already, are not counted against it.
+        let mut with_new = pods.clone();
+        with_new.push(pod("new-w", "gpu-0", 4, "svc-new", "Pending"));
+        let counted = Free::count(&nodes, &with_new, &BTreeSet::new()).unwrap();
+        assert!(recount_fit(&counted, &new_cluster(3, 4), &none, &none).is_err());
+        let excluded =
+            Free::count(&nodes, &with_new, &BTreeSet::from(["svc-new".to_string()])).unwrap();
+        assert!(recount_fit(&excluded, &new_cluster(3, 4), &none, &none).is_ok());
+    }
+
+    #[test]
+    fn cordoned_not_ready_and_tainted_nodes_take_nothing() {
+        let nodes = vec![
+            node("ok", 8, json!({})),
+            node("cordoned", 8, json!({"spec": {"unschedulable": true}})),
+            node(
+                "tainted",
+                8,
+                json!({"spec": {"taints": [{"key": "gpu", "value": "x", "effect": "NoSchedule"}]}}),
+            ),
+            node(
+                "down",
+                8,
+                json!({"status": {"allocatable": {"nvidia.com/gpu": "8"},
+                "conditions": [{"type": "Ready", "status": "False"}]}}),
+            ),
+        ];
+        let free = Free::count(&nodes, &[], &BTreeSet::new()).unwrap();
+        assert_eq!(free.total("nvidia.com/gpu"), 8.0);
+        assert_eq!(free.skipped.len(), 3, "{:?}", free.skipped);
+        let none = BTreeMap::new();
+        assert!(recount_fit(&free, &new_cluster(2, 4), &none, &none).is_ok());
+        assert!(recount_fit(&free, &new_cluster(3, 4), &none, &none).is_err());
+        // A node selector no node matches places nothing.
+        let mut shapes = new_cluster(1, 1);
+        shapes[1].node_selector.insert("pool".into(), "cpu".into());
+        assert!(recount_fit(&free, &shapes, &none, &none).is_err());
+    }
+
+    #[test]
+    fn init_containers_and_limits_make_the_effective_request() {
+        let spec = json!({"containers": [
+                {"resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2", "nvidia.com/gpu": "2"}}},
+                {"resources": {"requests": {"cpu": "500m"}}}],
+            "initContainers": [{"resources": {"requests": {"cpu": "3"}}}]});
+        let s = PodShape::of_spec("p", &spec).unwrap();
+        assert_eq!(s.requests["cpu"], 3.0);
+        assert_eq!(s.requests["nvidia.com/gpu"], 2.0);
+        assert!(
+            PodShape::of_spec(
+                "p",
+                &json!({"containers": [{"resources": {"requests": {"cpu": "x1"}}}]})
+            )
+            .is_err()
+        );
     }
 }

@@ -2,6 +2,11 @@
 //! raygate during an upgrade that stalls under the real KubeRay operator
 //! (its new cluster's Serve app fails in `ray-head`, the Ray stand-in).
 //!
+//! Prometheus scrapes as in a cluster: `/metrics` secure (raygate's default), HTTPS
+//! verified against the CA of raygate's `--metrics-cert-dir` certificate, with a
+//! ServiceAccount token bound to the shipped metrics-reader ClusterRole; a second job with
+//! a token lacking that role is refused (403).
+//!
 //! Only the rules' `for:` durations are shortened (minutes would make the test
 //! slow); expressions, labels and annotations are the shipped ones. Needs
 //! `e2e/setup`, `e2e/setup-tools` (Debian's prometheus package) and
@@ -12,12 +17,13 @@ use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
 use raygate_e2e::control_plane::repo_root;
+use raygate_e2e::faults::metrics_certificates;
 use raygate_e2e::json::str_at;
 use raygate_e2e::{Check, ControlPlane, FakeNode, Raygate, create_namespace, wait_for};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -25,15 +31,42 @@ const T: Duration = Duration::from_secs(120);
 /// ray-head's control annotation: the Serve application status it reports.
 const APP_STATUS: &str = "ray-head.e2e.raygate.dev/app-status";
 
-/// Prometheus' configuration: the shipped rules, one scrape job for raygate's
-/// `/metrics` at `target` (as the chart's ServiceMonitor: `honorLabels`). When
-/// `/metrics` needs credentials, they go in this job (`authorization:`).
-fn prometheus_config(target: &str) -> String {
+/// What Prometheus needs to scrape raygate's HTTPS `/metrics` as a cluster's Prometheus
+/// does: the CA that signed raygate's certificate, the name in it, and a file holding a
+/// ServiceAccount token.
+struct Scrape<'a> {
+    target: &'a str,
+    ca_file: &'a Path,
+    server_name: &'a str,
+    token_file: &'a Path,
+}
+
+/// One scrape job of raygate's `/metrics` over verified TLS with a bearer token (as the
+/// chart's ServiceMonitor: `honorLabels`, `bearerTokenFile`).
+fn scrape_job(job: &str, s: &Scrape<'_>) -> String {
+    format!(
+        "  - job_name: {job}\n    honor_labels: true\n    scheme: https\n    \
+         tls_config: {{ca_file: '{ca}', server_name: {name}}}\n    \
+         authorization: {{type: Bearer, credentials_file: '{token}'}}\n    \
+         static_configs: [{{targets: ['{target}']}}]\n",
+        ca = s.ca_file.display(),
+        name = s.server_name,
+        token = s.token_file.display(),
+        target = s.target,
+    )
+}
+
+/// Prometheus' configuration: the shipped rules, the job `raygate` with a token allowed to
+/// read `/metrics`, and the job `denied` with a valid token of a ServiceAccount without
+/// that role (its name does not match the rules' `job=~".*raygate.*"`, so only `raygate`
+/// counts for the down alert).
+fn prometheus_config(allowed: &Scrape<'_>, denied: &Scrape<'_>) -> String {
     format!(
         "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
          rule_files: [alerts.yaml]\n\
-         scrape_configs:\n  - job_name: raygate\n    honor_labels: true\n    \
-         static_configs: [{{targets: ['{target}']}}]\n"
+         scrape_configs:\n{}{}",
+        scrape_job("raygate", allowed),
+        scrape_job("denied", denied),
     )
 }
 
@@ -45,7 +78,7 @@ struct Prometheus {
 }
 
 impl Prometheus {
-    fn start(dir: &Path, scrape: &str) -> Result<Prometheus> {
+    fn start(dir: &Path, config: &str) -> Result<Prometheus> {
         let bin = ["/usr/bin/prometheus", "/usr/local/bin/prometheus"]
             .into_iter()
             .find(|p| Path::new(p).is_file())
@@ -60,7 +93,7 @@ impl Prometheus {
             .collect::<Vec<_>>()
             .join("\n");
         std::fs::write(dir.join("alerts.yaml"), fast)?;
-        std::fs::write(dir.join("prometheus.yml"), prometheus_config(scrape))?;
+        std::fs::write(dir.join("prometheus.yml"), config)?;
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let addr = format!("127.0.0.1:{port}");
         let log = dir.join("prometheus.log");
@@ -92,14 +125,30 @@ impl Prometheus {
         )?;
         let mut out = String::new();
         s.read_to_string(&mut out)?;
-        let body = out
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b)
-            .unwrap_or_default();
-        if out.contains("Transfer-Encoding: chunked") {
-            bail!("unexpected chunked answer");
+        let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+        if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            return Ok(serde_json::from_str(&dechunk(body)?)?);
         }
         Ok(serde_json::from_str(body)?)
+    }
+}
+
+/// The payload of an HTTP/1.1 chunked body (larger API answers, e.g. /api/v1/targets).
+fn dechunk(mut body: &str) -> Result<String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").context("chunk size line")?;
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+            .with_context(|| format!("chunk size {size:?}"))?;
+        if size == 0 {
+            return Ok(out);
+        }
+        let chunk = rest.get(..size).context("chunk shorter than its size")?;
+        out.push_str(chunk);
+        body = rest.get(size + 2..).context("chunk without CRLF")?;
     }
 }
 
@@ -115,6 +164,45 @@ impl Drop for Prometheus {
             );
         }
     }
+}
+
+fn or_panic<T>(r: Result<T>) -> T {
+    r.unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// ServiceAccount `default/sa` (bound to the shipped `raygate-metrics-reader` ClusterRole
+/// when `reader`) and a file in `dir` with a token the apiserver issued it, as a
+/// Prometheus pod's projected token.
+fn scraper_token(cp: &ControlPlane, dir: &Path, sa: &str, reader: bool) -> Result<PathBuf> {
+    let kubectl = |args: &[&str]| -> Result<String> {
+        let out = cp.kubectl(args)?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    kubectl(&["create", "serviceaccount", sa, "-n", "default"])?;
+    if reader {
+        let role = repo_root().join("config/rbac/metrics_reader_role.yaml");
+        kubectl(&["apply", "-f", &role.to_string_lossy()])?;
+        kubectl(&[
+            "create",
+            "clusterrolebinding",
+            &format!("{sa}-reads-raygate"),
+            "--clusterrole",
+            "raygate-metrics-reader",
+            "--serviceaccount",
+            &format!("default:{sa}"),
+        ])?;
+    }
+    let token = kubectl(&["create", "token", sa, "-n", "default", "--duration=1h"])?;
+    let path = dir.join(format!("{sa}.token"));
+    std::fs::write(&path, token)?;
+    Ok(path)
 }
 
 fn ray_service(image: &str) -> Value {
@@ -159,10 +247,67 @@ async fn a_stalled_upgrade_fires_the_stalled_alert_in_a_real_prometheus() {
             .await
             .expect("node");
     }
-    let rg = Raygate::spawn(&cp, &[]).unwrap_or_else(|e| panic!("{e:#}"));
+    // raygate as deployed: /metrics over HTTPS with a certificate of our CA, each token
+    // checked with the apiserver (TokenReview, SubjectAccessReview).
+    let cert_dir = cp.log_dir().join("metrics-tls");
+    let ca = or_panic(metrics_certificates(&cert_dir));
+    let cert_arg = format!("--metrics-cert-dir={}", cert_dir.display());
+    let rg = Raygate::spawn(&cp, &["--metrics-secure=true", &cert_arg])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(rg.metrics_https(), "{}", rg.logs());
     let prom_dir = cp.log_dir().join("prometheus");
     std::fs::create_dir_all(&prom_dir).expect("dir");
-    let prom = Prometheus::start(&prom_dir, rg.metrics_addr()).expect("prometheus");
+    let (allowed, denied) = (
+        or_panic(scraper_token(&cp, &prom_dir, "prometheus", true)),
+        or_panic(scraper_token(&cp, &prom_dir, "tenant", false)),
+    );
+    let scrape = |token_file| Scrape {
+        target: rg.metrics_addr(),
+        ca_file: &ca,
+        server_name: "localhost",
+        token_file,
+    };
+    let config = prometheus_config(&scrape(&allowed), &scrape(&denied));
+    let prom = Prometheus::start(&prom_dir, &config).expect("prometheus");
+    let targets = or_panic(
+        wait_for("both scrape jobs scraped once", T, || async {
+            let v = prom.get("/api/v1/targets")?;
+            let active = v["data"]["activeTargets"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let scraped = active.iter().filter(|t| t["health"] != "unknown").count();
+            Ok(if active.len() == 2 && scraped == 2 {
+                Check::Done(active)
+            } else {
+                Check::NotYet(format!("{active:?}"))
+            })
+        })
+        .await,
+    );
+    let job = |name: &str| {
+        targets
+            .iter()
+            .find(|t| t["labels"]["job"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no target of job {name}: {targets:?}"))
+    };
+    let (ok, no) = (job("raygate"), job("denied"));
+    assert_eq!(
+        ok["health"], "up",
+        "the metrics-reader token is served: {ok}"
+    );
+    assert_eq!(no["health"], "down", "a token without the role: {no}");
+    let last_error = no["lastError"].as_str().unwrap_or_default();
+    assert!(last_error.contains("403"), "refused with 403: {no}");
+    let up = |job: &str| {
+        let v = prom
+            .get(&format!("/api/v1/query?query=up%7Bjob%3D%22{job}%22%7D"))
+            .unwrap_or_else(|e| panic!("query up: {e:#}"));
+        v["data"]["result"][0]["value"][1].clone()
+    };
+    assert_eq!(up("raygate"), "1");
+    assert_eq!(up("denied"), "0");
 
     let plans = Api::<DynamicObject>::namespaced_with(
         client.clone(),

@@ -9,16 +9,20 @@
 //! raygate's logs. Needs `e2e/setup` and `cargo build --workspace --bins`.
 
 use anyhow::{Context, Result, bail};
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Client;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+    VersionMatch, WatchEvent, WatchParams,
 };
 use raygate_e2e::control_plane::repo_root;
 use raygate_e2e::faults::{
-    AuditEvent, TcpProxy, audit_events, check_admission_fit, etcd_compact, metrics_certificates,
-    service_account_kubeconfig, service_account_user,
+    AuditEvent, Free, PodShape, TcpProxy, audit_events, check_admission_fit, etcd_compact,
+    metrics_certificates, new_cluster_pods, quantity, recount_fit, service_account_kubeconfig,
+    service_account_user,
 };
 use raygate_e2e::json::str_at;
 use raygate_e2e::{
@@ -26,7 +30,7 @@ use raygate_e2e::{
     wait_for,
 };
 use serde_json::{Value, json};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -452,6 +456,8 @@ struct Upgrades {
     held_clusters: BTreeSet<String>,
     /// `status.admitted` of the admitted plan, as first recorded.
     admitted: Value,
+    /// The resourceVersion of the status write that recorded it.
+    admission_rv: String,
 }
 
 const HELD: &str = "held";
@@ -497,18 +503,14 @@ async fn start_upgrades(client: &Client) -> Result<Upgrades> {
         annotate(&rcs, &c, Some("RUNNING")).await?;
     }
     annotate(&rs_api(client, &ns), ADMITTED, Some("DEPLOYING")).await?;
+    let watch = watch_for_admission(client, &ns, ADMITTED).await?;
     bump_worker(client, &ns, ADMITTED, "rayproject/ray:2.10.0-gpu").await?;
-    // The admission as recorded at the decision (status.capacity is what raygate saw).
-    let at_admission = wait_for("the admission recorded", T, || async {
-        let p = get(&plan_api(client, &ns), ADMITTED).await?;
-        Ok(if p["status"]["admitted"].is_object() {
-            Check::Done(p)
-        } else {
-            Check::NotYet(describe(&p))
-        })
-    })
-    .await?;
-    check_admission_fit(&at_admission).context("at the admission")?;
+    let (admission_rv, at_admission) = watch.await?;
+    // raygate's own numbers (status.capacity, what it saw at the decision) add up...
+    check_admission_fit(&at_admission).context("at the admission (raygate's numbers)")?;
+    // ...and the cluster as the apiserver had it at that write has the room (the test's count).
+    let fit = recount_admission(client, &ns, ADMITTED, &admission_rv).await?;
+    eprintln!("admission at resourceVersion {admission_rv}: {fit}");
     wait_phase(client, &ns, ADMITTED, "Upgrading").await?;
 
     let rs = rs_api(client, &ns);
@@ -526,6 +528,231 @@ async fn start_upgrades(client: &Client) -> Result<Upgrades> {
         ns,
         held_clusters,
         admitted: at_admission["status"]["admitted"].clone(),
+        admission_rv,
+    })
+}
+
+/// Starts watching plan `ns/name` from its current resourceVersion; the future returned
+/// ends at the first event whose object has `status.admitted`, with that event's
+/// resourceVersion (the revision of the status write that recorded the admission) and the
+/// plan as written. Start it before the change that leads to the admission.
+async fn watch_for_admission(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<impl std::future::Future<Output = Result<(String, Value)>> + use<>> {
+    let api = plan_api(client, ns);
+    let from = api
+        .get(name)
+        .await?
+        .metadata
+        .resource_version
+        .context("no resourceVersion")?;
+    let wp = WatchParams::default().fields(&format!("metadata.name={name}"));
+    let mut events = api.watch(&wp, &from).await?.boxed();
+    let what = format!("{ns}/{name}");
+    Ok(async move {
+        let found = tokio::time::timeout(T, async {
+            while let Some(ev) = events.next().await {
+                let obj = match ev? {
+                    WatchEvent::Added(o) | WatchEvent::Modified(o) => o,
+                    WatchEvent::Error(e) => bail!("watching {what}: {e:?}"),
+                    _ => continue,
+                };
+                let v = serde_json::to_value(&obj)?;
+                if v["status"]["admitted"].is_object() {
+                    let rv = obj
+                        .metadata
+                        .resource_version
+                        .context("no resourceVersion")?;
+                    return Ok((rv, v));
+                }
+            }
+            bail!("the watch of {what} ended before an admission")
+        })
+        .await;
+        found.with_context(|| format!("no admission of {what} within {T:?}"))?
+    })
+}
+
+/// Nodes, Pods, UpgradePlans, RayServices and RayClusters, all at one etcd revision
+/// (`resourceVersionMatch=Exact`, a consistent read) or, with `None`, as they are now.
+struct World {
+    nodes: Vec<Node>,
+    pods: Vec<Pod>,
+    plans: Vec<Value>,
+    services: Vec<Value>,
+    clusters: Vec<Value>,
+}
+
+async fn world(client: &Client, ns: &str, rv: Option<&str>) -> kube::Result<World> {
+    let lp = match rv {
+        Some(rv) => ListParams::default().at(rv).matching(VersionMatch::Exact),
+        None => ListParams::default(),
+    };
+    let values = |l: kube::api::ObjectList<DynamicObject>| {
+        l.items
+            .into_iter()
+            .filter_map(|o| serde_json::to_value(o).ok())
+            .collect::<Vec<_>>()
+    };
+    let plans = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("raygate.io", "v1alpha1", "UpgradePlan"),
+            "upgradeplans",
+        ),
+    );
+    Ok(World {
+        nodes: Api::<Node>::all(client.clone()).list(&lp).await?.items,
+        pods: Api::<Pod>::all(client.clone()).list(&lp).await?.items,
+        plans: values(plans.list(&lp).await?),
+        services: values(rs_api(client, ns).list(&lp).await?),
+        clusters: values(rc_api(client, ns).list(&lp).await?),
+    })
+}
+
+fn amounts(m: &Value, what: &str) -> Result<BTreeMap<String, f64>> {
+    m.as_object()
+        .into_iter()
+        .flatten()
+        .map(|(r, q)| {
+            let v = q
+                .as_str()
+                .and_then(quantity)
+                .with_context(|| format!("{what}.{r}: {q}"))?;
+            Ok((r.clone(), v))
+        })
+        .collect()
+}
+
+/// The test's own count of whether plan `ns/name`'s admission had room, in the cluster as
+/// it was at resourceVersion `rv` (the admission's status write): every Node and Pod, and
+/// the other plans' status, listed at exactly that revision, then [`recount_fit`] (not
+/// raygate's capacity code). raygate writes the status first and opens the gate second
+/// (controller/mod.rs), so at that revision KubeRay has not been let through and the
+/// new cluster has no pods yet; any pod of a cluster of the service other than the one
+/// it retires is still left out, in case that order ever changes. If that revision is
+/// compacted (410 Gone; the etcd-compaction fault does it on purpose), the count is made
+/// on the cluster as it is now, the first moment we can still read, and says so.
+async fn recount_admission(client: &Client, ns: &str, name: &str, rv: &str) -> Result<String> {
+    let (w, at) = match world(client, ns, Some(rv)).await {
+        Ok(w) => (w, format!("at resourceVersion {rv} (Exact)")),
+        Err(kube::Error::Api(s)) if s.code == 410 => (
+            world(client, ns, None).await?,
+            format!(
+                "resourceVersion {rv} compacted (410: {}): counted after the admission instead, \
+                 without the new cluster's pods",
+                s.message
+            ),
+        ),
+        Err(e) => return Err(e).with_context(|| format!("list at resourceVersion {rv}")),
+    };
+    let verdict = recount_in(&w, ns, name).with_context(|| format!("recount {at}"))?;
+    Ok(format!("{verdict} [{at}]"))
+}
+
+fn recount_in(w: &World, ns: &str, name: &str) -> Result<String> {
+    let is = |p: &Value, ns: &str, name: &str| {
+        str_at(p, &["metadata", "namespace"]) == ns && str_at(p, &["metadata", "name"]) == name
+    };
+    let plan = w
+        .plans
+        .iter()
+        .find(|p| is(p, ns, name))
+        .with_context(|| format!("no plan {ns}/{name}"))?;
+    let admitted = &plan["status"]["admitted"];
+    if !admitted.is_object() {
+        bail!("plan {ns}/{name} is not admitted: {}", describe(plan));
+    }
+    let svc = str_at(plan, &["spec", "rayServiceRef", "name"]);
+    let rs = w
+        .services
+        .iter()
+        .find(|s| is(s, ns, svc))
+        .with_context(|| format!("no RayService {ns}/{svc}"))?;
+    let new_pods: Vec<PodShape> = new_cluster_pods(rs)?;
+    // The cluster it retires keeps its pods counted; any other cluster of the service is
+    // the new one (or a leftover KubeRay is deleting) and is left out.
+    let from = [
+        str_at(admitted, &["fromCluster"]),
+        str_at(rs, &["status", "activeServiceStatus", "rayClusterName"]),
+    ]
+    .into_iter()
+    .find(|c| !c.is_empty())
+    .unwrap_or_default();
+    let mut exclude: BTreeSet<String> = w
+        .clusters
+        .iter()
+        .filter(|c| {
+            c["metadata"]["ownerReferences"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|o| o["kind"] == "RayService" && o["name"] == svc)
+        })
+        .map(|c| str_at(c, &["metadata", "name"]).to_string())
+        .filter(|c| c != from)
+        .collect();
+    for c in [
+        str_at(admitted, &["toCluster"]),
+        str_at(plan, &["status", "pendingCluster"]),
+        str_at(rs, &["status", "pendingServiceStatus", "rayClusterName"]),
+    ] {
+        if !c.is_empty() && c != from {
+            exclude.insert(c.to_string());
+        }
+    }
+    // Other admitted upgrades hold what their new cluster still has to place: what they
+    // recorded as needed, less what of it is already bound (counted on the nodes).
+    let mut reserved: BTreeMap<String, f64> = BTreeMap::new();
+    for q in w.plans.iter().filter(|q| !is(q, ns, name)) {
+        if !q["status"]["admitted"].is_object() {
+            continue;
+        }
+        let qns = str_at(q, &["metadata", "namespace"]);
+        let needed = amounts(&q["status"]["capacity"]["needed"], "status.capacity.needed")?;
+        let to = [
+            str_at(q, &["status", "admitted", "toCluster"]),
+            str_at(q, &["status", "pendingCluster"]),
+        ]
+        .into_iter()
+        .find(|c| !c.is_empty());
+        let mut bound: BTreeMap<String, f64> = BTreeMap::new();
+        for p in &w.pods {
+            let labels = p.metadata.labels.as_ref();
+            let of_it = to.is_some()
+                && p.metadata.namespace.as_deref() == Some(qns)
+                && labels
+                    .and_then(|l| l.get("ray.io/cluster"))
+                    .map(String::as_str)
+                    == to;
+            let placed = p.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+            let done = matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            );
+            if of_it && placed && !done {
+                let shape = PodShape::of_spec("", &serde_json::to_value(&p.spec)?)?;
+                for (r, v) in shape.requests {
+                    *bound.entry(r).or_default() += v;
+                }
+            }
+        }
+        for (r, v) in needed {
+            let left = (v - bound.get(&r).copied().unwrap_or(0.0)).max(0.0);
+            *reserved.entry(r).or_default() += left;
+        }
+    }
+    let headroom = amounts(&plan["spec"]["headroom"], "spec.headroom")?;
+    let free = Free::count(&w.nodes, &w.pods, &exclude)?;
+    // The gate as this revision had it: `None` at the admission's own write shows the
+    // order (status first) held.
+    let gate = str_at(rs, &["spec", "upgradeStrategy", "type"]);
+    recount_fit(&free, &new_pods, &reserved, &headroom).map(|fit| {
+        format!(
+            "{fit}; retiring {from:?}, left out {exclude:?}, reserved {reserved:?}, gate {gate:?}"
+        )
     })
 }
 
@@ -538,6 +765,11 @@ async fn check_upgrades_survived(client: &Client, u: &Upgrades) -> Result<()> {
     let now = get(&plan_api(client, &u.ns), ADMITTED).await?;
     if now["status"]["admitted"].is_object() && now["status"]["admitted"] != u.admitted {
         check_admission_fit(&now).context("a new admission after the fault")?;
+        // Read after it, so at or after the write that recorded it: the world then.
+        let rv = str_at(&now, &["metadata", "resourceVersion"]);
+        recount_admission(client, &u.ns, ADMITTED, rv)
+            .await
+            .context("a new admission after the fault")?;
     }
     let rcs = rc_api(client, &u.ns);
     for c in of(ADMITTED, &clusters(client, &u.ns).await?) {
@@ -626,6 +858,9 @@ async fn apiserver_and_etcd_restarts_mid_upgrade_lose_no_hold_and_admit_nothing_
     );
     eprintln!("etcd compacted at revision {revision}, apiserver restarted");
     or_panic(wait_phase(&client, &u.ns, "after-compaction", "Error").await);
+    // The admission's revision is compacted now: the recount falls back to the present.
+    let fit = or_panic(recount_admission(&client, &u.ns, ADMITTED, &u.admission_rv).await);
+    eprintln!("after the compaction: {fit}");
     // The 410 itself, as raygate saw it: a watch error with Gone / too old resource
     // version, after which kube's watcher relists.
     let gone = rg
