@@ -764,3 +764,249 @@ impl Doc<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::super::ClusterState;
+    use super::*;
+
+    /// Where the scanner ends a value that `text` starts with, fed the whole
+    /// text, then byte by byte as a window that grows would feed it.
+    fn end(text: &str) -> Option<usize> {
+        let whole = Scan::default().end(text.as_bytes());
+        let mut scan = Scan::default();
+        let mut grown = None;
+        for k in 0..=text.len() {
+            grown = scan.end(&text.as_bytes()[..k]);
+            if grown.is_some() {
+                break;
+            }
+        }
+        assert_eq!(whole, grown, "{text}");
+        whole
+    }
+
+    #[test]
+    fn the_scanner_skips_strings_and_counts_its_own_brackets() {
+        for (value, tail) in [
+            (r#"{"a": "}]\"[{", "b": "\\"}"#, r#", {"c": 1}]"#),
+            (r#"{"a": {"b": {"c": {}}}, "d": [{}, [[]]]}"#, "}"),
+            (r#"[{"a": [1, "]"]}, 2, "[\\"]"#, "]}"),
+            (r#""x\\\"y\u005d""#, ", 1"),
+            ("{ \n\t\"a\" : [ ] \r}", "  "),
+            ("123", ","),
+            ("-1.5e3", "]"),
+            ("null", "}"),
+            ("nul", ",x"),
+        ] {
+            let text = format!("{value}{tail}");
+            assert_eq!(end(&text), Some(value.len()), "{text}");
+        }
+        for cut in [r#"{"a": "b"#, r#"{"a": "\"#, r#"[{"a": 1}"#, r#""open"#, "12"] {
+            assert_eq!(end(cut), None, "{cut}");
+        }
+    }
+
+    #[test]
+    fn positions_follow_lines() {
+        let p = Pos::START.after(b"ab\ncd");
+        assert_eq!(p, Pos { line: 2, col: 2 });
+        assert_eq!(p.within(1, 3), Pos { line: 2, col: 5 });
+        assert_eq!(p.within(3, 1), Pos { line: 4, col: 1 });
+        assert_eq!(offset_of(b"ab\ncd\nef", 3, 1), 7);
+    }
+
+    fn read(text: &[u8], window: usize) -> crate::Result<ClusterState> {
+        ClusterState::read_windowed(text, 1 << 20, None, window)
+    }
+
+    /// Every window size from one byte up, against the default window.
+    fn read_all_windows(text: &[u8]) -> Result<String, String> {
+        let show = |r: crate::Result<ClusterState>| {
+            r.map(|s| {
+                format!(
+                    "{:?} {:?} {:?} {:?} {:?}",
+                    s.pods, s.nodes, s.limit_ranges, s.runtime_classes, s.warnings
+                )
+            })
+            .map_err(|e| e.to_string())
+        };
+        let want = show(read(text, WINDOW));
+        for window in [1, 2, 3, 5, 8, 13, 64] {
+            assert_eq!(show(read(text, window)), want, "window {window}");
+        }
+        want
+    }
+
+    #[test]
+    fn items_split_across_reads_give_the_same_state() {
+        let text = serde_json::to_string_pretty(&json!({"apiVersion": "v1", "items": [
+            {"kind": "Node", "metadata": {"name": "n1"}, "status": {"allocatable": {"cpu": "4"}}},
+            {"kind": "Pod", "metadata": {"name": "p]\"{", "namespace": "ray",
+                "labels": {"ray.io/cluster": "c[\\", "ray.io/group": "g"}},
+             "spec": {"nodeName": "n1", "containers": [{"name": "c", "env": [{"name": "A", "value": "}}]]"}],
+                 "resources": {"requests": {"cpu": "2"}}}]},
+             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+            {"kind": "List", "items": [{"kind": "Service", "metadata": {"name": "s"}}]}
+        ], "kind": "List"}))
+        .unwrap();
+        let state = read(text.as_bytes(), 1).unwrap();
+        assert_eq!(state.pods.len(), 1);
+        assert_eq!(&*state.pods[0].key.1, "p]\"{");
+        assert_eq!(
+            state.warnings,
+            ["ignored input.items[0].items[2].items[0]: kind Service (s)"]
+        );
+        assert!(read_all_windows(text.as_bytes()).is_ok());
+    }
+
+    /// What the streaming reader this one replaced said for each input (its
+    /// output, recorded): texts and positions are kept.
+    #[test]
+    fn malformed_input_is_reported_as_before() {
+        let base = r#"{"kind":"PodList","items":[{"metadata":{"name":"a"},"status":{"phase":"Pending"}},null,{"kind":"Node","metadata":{"name":"n"}}]}"#;
+        let set = |i: usize, b: u8| {
+            let mut t = base.as_bytes().to_vec();
+            t[i] = b;
+            t
+        };
+        let insert = |i: usize, b: u8| {
+            let mut t = base.as_bytes().to_vec();
+            t.insert(i, b);
+            t
+        };
+        let cut = |i: usize| base.as_bytes()[..i].to_vec();
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (base.into(), "input.items[0].items[1]: invalid type: null, expected struct Sniff at line 1 column 4"),
+            (cut(1), "EOF while parsing an object at line 1 column 1"),
+            (cut(2), "EOF while parsing a string at line 1 column 2"),
+            (cut(8), "EOF while parsing a value at line 1 column 8"),
+            (cut(27), "EOF while parsing a list at line 1 column 27"),
+            (insert(0, b'{'), "key must be a string at line 1 column 2"),
+            (insert(1, b'"'), "expected `:` at line 1 column 4"),
+            (set(1, b'}'), "input.items[0] (<unnamed>): object has no kind at line 1 column 2"),
+            (set(2, b'\n'), "control character (\\u0000-\\u001F) found while parsing a string at line 2 column 0"),
+            (set(2, b'\\'), "invalid escape at line 1 column 4"),
+            (set(2, 0xff), "invalid unicode code point at line 1 column 3"),
+            (insert(7, b':'), "expected value at line 1 column 9"),
+            (insert(8, b'['), "expected `,` or `]` at line 1 column 27"),
+            (insert(8, b'"'), "expected `,` or `}` at line 1 column 11"),
+            (set(8, b'-'), "invalid number at line 1 column 10"),
+            (set(8, b'n'), "expected ident at line 1 column 10"),
+            (set(17, b'}'), "trailing characters at line 1 column 19"),
+            (set(18, b'}'), "trailing comma at line 1 column 19"),
+            (set(26, b'"'), "invalid type: string \"{\", expected a list of items at line 1 column 29"),
+            (set(26, b'0'), "invalid type: integer `0`, expected a list of items at line 1 column 28"),
+            (insert(26, b'['), "input.items[0].items[0]: invalid type: map, expected a string at line 1 column 1"),
+            (set(27, b'"'), "input.items[0].items[0]: invalid type: string \"\", expected struct Sniff at line 1 column 2"),
+            (insert(82, b'['), "input.items[0].items[1] (<unnamed>): invalid type: null, expected struct PartialMeta at line 1 column 5"),
+        ];
+        for (text, want) in cases {
+            let got = read_all_windows(&text).unwrap_err();
+            let text = String::from_utf8_lossy(&text);
+            assert_eq!(got, format!("not valid JSON: {want}"), "{text}");
+        }
+    }
+
+    #[test]
+    fn the_size_bound_holds_for_json() {
+        let text = format!(r#"{{"kind":"List","items":[{}]}}"#, "{},".repeat(1000) + "{}");
+        let err = ClusterState::read(text.as_bytes(), 100).unwrap_err().to_string();
+        assert!(err.contains("larger than 100 bytes"), "{err}");
+    }
+
+    /// One generated item: its fields as (key, JSON text), in any order.
+    fn item() -> impl Strategy<Value = Vec<(String, Value)>> {
+        let name = prop::sample::select(vec!["p", "a\"b", "x]}{[", "é\\", "n\nl"]);
+        let cpu = prop::sample::select(vec!["250m", "2", "1.5", "1.1.1", "64Mi"]);
+        (0..6usize, name, cpu, any::<bool>(), any::<bool>()).prop_map(
+            |(kind, name, cpu, ray, bound)| {
+                let mut fields = vec![("metadata".to_string(), {
+                    let mut m = json!({"name": name, "namespace": "ns", "annotations": {"x": "[{"}});
+                    if ray {
+                        m["labels"] = json!({"ray.io/cluster": "c", "ray.io/group": name});
+                    }
+                    m
+                })];
+                let pod_spec = || {
+                    let mut s = json!({"containers": [{"name": "c", "image": "i",
+                        "resources": {"requests": {"cpu": cpu}, "limits": {"nvidia.com/gpu": "1"}}}]});
+                    if bound {
+                        s["nodeName"] = json!("n1");
+                    }
+                    s
+                };
+                match kind {
+                    0 | 1 => {
+                        fields.push(("kind".into(), json!("Pod")));
+                        fields.push(("spec".into(), pod_spec()));
+                        fields.push(("status".into(), json!({"phase": "Running",
+                            "conditions": [{"type": "PodScheduled", "status": "False", "message": name}]})));
+                    }
+                    2 => {
+                        fields.push(("kind".into(), json!("Node")));
+                        fields.push(("status".into(), json!({"allocatable": {"cpu": "8"}})));
+                    }
+                    3 => fields.push(("kind".into(), json!("Service"))),
+                    4 => {
+                        fields.push(("kind".into(), json!("LimitRange")));
+                        fields.push(("spec".into(), json!({"limits": [{"type": "Container",
+                            "defaultRequest": {"cpu": cpu}}]})));
+                    }
+                    _ => {
+                        fields.push(("kind".into(), json!("List")));
+                        fields.push(("items".into(), json!([{"kind": "Pod", "metadata": {"name": name}, "spec": pod_spec()}])));
+                    }
+                }
+                fields
+            },
+        )
+    }
+
+    fn object(fields: &[(String, Value)], order: &[usize], sep: &str) -> String {
+        let mut keys: Vec<usize> = (0..fields.len()).collect();
+        keys.sort_by_key(|&i| order.get(i).copied().unwrap_or(0));
+        let parts: Vec<String> = keys
+            .iter()
+            .map(|&i| format!("{}:{sep}{}", json!(fields[i].0), fields[i].1))
+            .collect();
+        format!("{{{sep}{}{sep}}}", parts.join(&format!(",{sep}")))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+        #[test]
+        fn the_fast_reader_equals_parsing_the_whole_value(
+            items in prop::collection::vec(item(), 0..12),
+            order in prop::collection::vec(0..4usize, 4),
+            sep in prop::sample::select(vec!["", " ", "\n  ", "\r\n\t"]),
+            kind_first in any::<bool>(),
+            window in 1..40usize,
+        ) {
+            let texts: Vec<String> = items.iter().map(|f| object(f, &order, sep)).collect();
+            let list = format!("[{sep}{}{sep}]", texts.join(&format!(",{sep}")));
+            let text = if kind_first {
+                format!(r#"{{"kind":{sep}"List", "items":{sep}{list}, "metadata": {{"resourceVersion": ""}}}}"#)
+            } else {
+                format!(r#"{{"apiVersion": "v1", "items": {list},{sep}"kind": "List"}}"#)
+            };
+            // The reader names the document `input.items[0]`, as the first of a stream.
+            let whole = serde_json::from_str::<Value>(&text).unwrap();
+            let want = ClusterState::from_list(json!({"kind": "List", "items": [whole]}));
+            let got = read(text.as_bytes(), window);
+            match (want, got) {
+                (Ok(want), Ok(got)) => {
+                    prop_assert_eq!(&got.pods, &want.pods);
+                    prop_assert_eq!(&got.nodes, &want.nodes);
+                    prop_assert_eq!(&got.limit_ranges, &want.limit_ranges);
+                    prop_assert_eq!(&got.runtime_classes, &want.runtime_classes);
+                    prop_assert_eq!(&got.warnings, &want.warnings);
+                }
+                (want, got) => prop_assert!(false, "{:?} vs {:?}", want.map(|_| ()), got.map(|_| ())),
+            }
+        }
+    }
+}
