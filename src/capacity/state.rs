@@ -413,7 +413,9 @@ impl ClusterState {
         if json {
             json::read(reader, window, &mut state).map_err(|e| match e {
                 json::Fail::Json(text) => bounded(crate::Error::invalid("not valid JSON", text)),
-                json::Fail::Io(e) => bounded(crate::Error::invalid("not valid JSON", e.to_string())),
+                json::Fail::Io(e) => {
+                    bounded(crate::Error::invalid("not valid JSON", e.to_string()))
+                }
             })?;
         } else {
             let budget = usize::try_from(max_bytes).unwrap_or(usize::MAX);

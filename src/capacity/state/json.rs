@@ -734,9 +734,7 @@ impl Doc<'_> {
         let start = w.pos;
         let text = &w.rest()[..n];
         if let Some(pod) = fast_pod(text, kind) {
-            self.state
-                .pods
-                .push(pod.to_record(&mut self.state.strings));
+            self.state.pods.push(pod.to_record(&mut self.state.strings));
             w.consume(n);
             return Ok(());
         }
@@ -805,7 +803,13 @@ mod tests {
             let text = format!("{value}{tail}");
             assert_eq!(end(&text), Some(value.len()), "{text}");
         }
-        for cut in [r#"{"a": "b"#, r#"{"a": "\"#, r#"[{"a": 1}"#, r#""open"#, "12"] {
+        for cut in [
+            r#"{"a": "b"#,
+            r#"{"a": "\"#,
+            r#"[{"a": 1}"#,
+            r#""open"#,
+            "12",
+        ] {
             assert_eq!(end(cut), None, "{cut}");
         }
     }
@@ -880,17 +884,29 @@ mod tests {
         };
         let cut = |i: usize| base.as_bytes()[..i].to_vec();
         let cases: Vec<(Vec<u8>, &str)> = vec![
-            (base.into(), "input.items[0].items[1]: invalid type: null, expected struct Sniff at line 1 column 4"),
+            (
+                base.into(),
+                "input.items[0].items[1]: invalid type: null, expected struct Sniff at line 1 column 4",
+            ),
             (cut(1), "EOF while parsing an object at line 1 column 1"),
             (cut(2), "EOF while parsing a string at line 1 column 2"),
             (cut(8), "EOF while parsing a value at line 1 column 8"),
             (cut(27), "EOF while parsing a list at line 1 column 27"),
             (insert(0, b'{'), "key must be a string at line 1 column 2"),
             (insert(1, b'"'), "expected `:` at line 1 column 4"),
-            (set(1, b'}'), "input.items[0] (<unnamed>): object has no kind at line 1 column 2"),
-            (set(2, b'\n'), "control character (\\u0000-\\u001F) found while parsing a string at line 2 column 0"),
+            (
+                set(1, b'}'),
+                "input.items[0] (<unnamed>): object has no kind at line 1 column 2",
+            ),
+            (
+                set(2, b'\n'),
+                "control character (\\u0000-\\u001F) found while parsing a string at line 2 column 0",
+            ),
             (set(2, b'\\'), "invalid escape at line 1 column 4"),
-            (set(2, 0xff), "invalid unicode code point at line 1 column 3"),
+            (
+                set(2, 0xff),
+                "invalid unicode code point at line 1 column 3",
+            ),
             (insert(7, b':'), "expected value at line 1 column 9"),
             (insert(8, b'['), "expected `,` or `]` at line 1 column 27"),
             (insert(8, b'"'), "expected `,` or `}` at line 1 column 11"),
@@ -898,11 +914,26 @@ mod tests {
             (set(8, b'n'), "expected ident at line 1 column 10"),
             (set(17, b'}'), "trailing characters at line 1 column 19"),
             (set(18, b'}'), "trailing comma at line 1 column 19"),
-            (set(26, b'"'), "invalid type: string \"{\", expected a list of items at line 1 column 29"),
-            (set(26, b'0'), "invalid type: integer `0`, expected a list of items at line 1 column 28"),
-            (insert(26, b'['), "input.items[0].items[0]: invalid type: map, expected a string at line 1 column 1"),
-            (set(27, b'"'), "input.items[0].items[0]: invalid type: string \"\", expected struct Sniff at line 1 column 2"),
-            (insert(82, b'['), "input.items[0].items[1] (<unnamed>): invalid type: null, expected struct PartialMeta at line 1 column 5"),
+            (
+                set(26, b'"'),
+                "invalid type: string \"{\", expected a list of items at line 1 column 29",
+            ),
+            (
+                set(26, b'0'),
+                "invalid type: integer `0`, expected a list of items at line 1 column 28",
+            ),
+            (
+                insert(26, b'['),
+                "input.items[0].items[0]: invalid type: map, expected a string at line 1 column 1",
+            ),
+            (
+                set(27, b'"'),
+                "input.items[0].items[0]: invalid type: string \"\", expected struct Sniff at line 1 column 2",
+            ),
+            (
+                insert(82, b'['),
+                "input.items[0].items[1] (<unnamed>): invalid type: null, expected struct PartialMeta at line 1 column 5",
+            ),
         ];
         for (text, want) in cases {
             let got = read_all_windows(&text).unwrap_err();
@@ -913,8 +944,13 @@ mod tests {
 
     #[test]
     fn the_size_bound_holds_for_json() {
-        let text = format!(r#"{{"kind":"List","items":[{}]}}"#, "{},".repeat(1000) + "{}");
-        let err = ClusterState::read(text.as_bytes(), 100).unwrap_err().to_string();
+        let text = format!(
+            r#"{{"kind":"List","items":[{}]}}"#,
+            "{},".repeat(1000) + "{}"
+        );
+        let err = ClusterState::read(text.as_bytes(), 100)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("larger than 100 bytes"), "{err}");
     }
 
