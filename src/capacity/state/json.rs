@@ -147,12 +147,13 @@ fn parse_error<T>(
     start: Pos,
     skipped: bool,
 ) -> Fail {
-    if e.is_eof() && n < rest.len() {
-        if let Err(wider) = parse(rest) {
-            if !wider.is_eof() && code_text(&wider) != TRAILING_CHARACTERS {
-                return relocated(&wider, start, rest, skipped);
-            }
-        }
+    if e.is_eof()
+        && n < rest.len()
+        && let Err(wider) = parse(rest)
+        && !wider.is_eof()
+        && code_text(&wider) != TRAILING_CHARACTERS
+    {
+        return relocated(&wider, start, rest, skipped);
     }
     relocated(&e, start, &rest[..n], skipped)
 }
