@@ -437,7 +437,9 @@ struct PartialMeta {
     deletion_timestamp: Option<Time>,
 }
 
-fn partial_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+/// `metadata` as [`PartialPod`] reads it; the JSON state reader reuses it so
+/// both give the same record.
+pub(crate) fn partial_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
     let m = PartialMeta::deserialize(d)?;
     Ok(ObjectMeta {
         name: m.name,

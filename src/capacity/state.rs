@@ -6,6 +6,8 @@ use serde_json::Value;
 
 use super::record::{PartialPod, PodRecord, Strings};
 
+mod json;
+
 /// Nodes, pods, LimitRanges and RuntimeClasses, as listed by
 /// `kubectl get nodes,pods,limitranges,runtimeclasses -A -o yaml` (as JSON).
 #[derive(Clone, Debug, Default)]
@@ -177,51 +179,48 @@ struct SniffMeta {
     namespace: Option<String>,
 }
 
-/// JSON items stay text until their kind is known: a pod is then parsed
-/// straight into the partial type, skipping what the capacity model does
-/// not read, with no intermediate tree.
-impl StateItem for Box<serde_json::value::RawValue> {
-    fn add_to(
-        self,
-        state: &mut ClusterState,
-        path: &str,
-        default_kind: Option<&str>,
-    ) -> crate::Result<Option<Value>> {
-        let text = self.get();
-        let sniff: Sniff =
-            serde_json::from_str(text).map_err(|e| crate::Error::invalid(path, e.to_string()))?;
-        let what = || {
-            let m = sniff.metadata.as_ref();
-            match (
-                m.and_then(|m| m.namespace.as_deref()),
-                m.and_then(|m| m.name.as_deref()),
-            ) {
-                (Some(ns), Some(n)) => format!("{path} ({ns}/{n})"),
-                (None, Some(n)) => format!("{path} ({n})"),
-                _ => format!("{path} (<unnamed>)"),
-            }
-        };
-        let kind = sniff.kind.as_deref().or(default_kind);
-        let bad = |e: serde_json::Error| crate::Error::invalid(what(), e.to_string());
-        match kind {
-            Some("Pod") => {
-                let pod: PartialPod = serde_json::from_str(text).map_err(bad)?;
-                state.pods.push(pod.to_record(&mut state.strings));
-            }
-            Some("Node") => state.nodes.push(serde_json::from_str(text).map_err(bad)?),
-            Some("LimitRange") => state
-                .limit_ranges
-                .push(serde_json::from_str(text).map_err(bad)?),
-            Some("RuntimeClass") => state
-                .runtime_classes
-                .push(serde_json::from_str(text).map_err(bad)?),
-            _ => {
-                let v: Value = serde_json::from_str(text).map_err(bad)?;
-                return v.add_to(state, path, default_kind);
-            }
+/// Adds one JSON item (valid JSON text) the fast path left: its kind and
+/// name first, then the typed parse its kind needs. Gives it back (as a
+/// value) when it has no kind and the list's kind is not known yet.
+fn add_item(
+    state: &mut ClusterState,
+    text: &str,
+    path: &str,
+    default_kind: Option<&str>,
+) -> crate::Result<Option<Value>> {
+    let sniff: Sniff =
+        serde_json::from_str(text).map_err(|e| crate::Error::invalid(path, e.to_string()))?;
+    let what = || {
+        let m = sniff.metadata.as_ref();
+        match (
+            m.and_then(|m| m.namespace.as_deref()),
+            m.and_then(|m| m.name.as_deref()),
+        ) {
+            (Some(ns), Some(n)) => format!("{path} ({ns}/{n})"),
+            (None, Some(n)) => format!("{path} ({n})"),
+            _ => format!("{path} (<unnamed>)"),
         }
-        Ok(None)
+    };
+    let kind = sniff.kind.as_deref().or(default_kind);
+    let bad = |e: serde_json::Error| crate::Error::invalid(what(), e.to_string());
+    match kind {
+        Some("Pod") => {
+            let pod: PartialPod = serde_json::from_str(text).map_err(bad)?;
+            state.pods.push(pod.to_record(&mut state.strings));
+        }
+        Some("Node") => state.nodes.push(serde_json::from_str(text).map_err(bad)?),
+        Some("LimitRange") => state
+            .limit_ranges
+            .push(serde_json::from_str(text).map_err(bad)?),
+        Some("RuntimeClass") => state
+            .runtime_classes
+            .push(serde_json::from_str(text).map_err(bad)?),
+        _ => {
+            let v: Value = serde_json::from_str(text).map_err(bad)?;
+            return v.add_to(state, path, default_kind);
+        }
     }
+    Ok(None)
 }
 
 /// One document, read as it streams: a `List`'s items are added one by one;
@@ -371,6 +370,17 @@ impl ClusterState {
         max_bytes: u64,
         yaml: Option<bool>,
     ) -> crate::Result<ClusterState> {
+        Self::read_windowed(reader, max_bytes, yaml, json::WINDOW)
+    }
+
+    /// [`ClusterState::read_as`] with the JSON reader's window size (tests
+    /// use tiny ones to split items across reads).
+    fn read_windowed(
+        reader: impl std::io::Read,
+        max_bytes: u64,
+        yaml: Option<bool>,
+        window: usize,
+    ) -> crate::Result<ClusterState> {
         let hit = std::rc::Rc::new(std::cell::Cell::new(false));
         let mut reader = std::io::BufReader::with_capacity(
             1 << 16,
@@ -401,16 +411,12 @@ impl ClusterState {
         };
         let mut state = ClusterState::default();
         if json {
-            use serde::de::DeserializeSeed;
-            let mut de = serde_json::Deserializer::from_reader(reader);
-            Doc::<Box<serde_json::value::RawValue>> {
-                state: &mut state,
-                path: "input.items[0]".to_string(),
-                item: std::marker::PhantomData,
-            }
-            .deserialize(&mut de)
-            .and_then(|()| de.end())
-            .map_err(|e| bounded(crate::Error::invalid("not valid JSON", e.to_string())))?;
+            json::read(reader, window, &mut state).map_err(|e| match e {
+                json::Fail::Json(text) => bounded(crate::Error::invalid("not valid JSON", text)),
+                json::Fail::Io(e) => {
+                    bounded(crate::Error::invalid("not valid JSON", e.to_string()))
+                }
+            })?;
         } else {
             let budget = usize::try_from(max_bytes).unwrap_or(usize::MAX);
             let options = serde_saphyr::options! {
