@@ -352,10 +352,13 @@ fn ledger_pods(
 
 /// Plans waiting for capacity but `except`, with the pods of their new
 /// cluster. A plan whose spec does not parse is left out: its own decision
-/// is an error, never an admission.
+/// is an error, never an admission. A plan admitted in a write the cache
+/// has not shown yet is in the ledger already; counted here too, its pods
+/// would be reserved twice and hold back the plans behind it.
 fn waiting_plans(
     stores: &Stores,
     except: Option<&PlanKey>,
+    overlay: &Overlay,
     version: KubeRayVersion,
     now: Timestamp,
 ) -> Vec<Candidate> {
@@ -367,7 +370,7 @@ fn waiting_plans(
         let Some(status) = p.status.as_ref() else {
             continue;
         };
-        if status.phase != Phase::WaitingForCapacity || status.admitted.is_some() {
+        if status.phase != Phase::WaitingForCapacity || admission_of(&p, overlay).is_some() {
             continue;
         }
         let Ok(settings) = Settings::of(&p) else {
@@ -498,7 +501,7 @@ impl Cluster for World<'_> {
     }
 
     fn waiting(&self, except: Option<&PlanKey>) -> Vec<Candidate> {
-        waiting_plans(self.stores, except, self.version, self.now)
+        waiting_plans(self.stores, except, self.overlay, self.version, self.now)
     }
 
     /// Kept per digest of the world (see [`world_key`]). The index is not
@@ -518,5 +521,79 @@ impl Cluster for World<'_> {
             *cached = Some((key, pass.clone()));
         }
         Ok(pass)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::reflector;
+    use kube::runtime::watcher::Event;
+    use std::sync::RwLock;
+
+    fn rayservice() -> RayService {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/config/samples/ray_v1_rayservice_llm_gpu.yaml"
+        ))
+        .unwrap();
+        serde_saphyr::from_str(&text).unwrap()
+    }
+
+    /// A plan for the sample RayService, recorded as waiting for capacity.
+    fn waiting_plan(svc: &RayService) -> UpgradePlan {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan",
+            "metadata": {"name": "llm", "namespace": svc.namespace()},
+            "spec": {"rayServiceRef": {"name": svc.name_any()}},
+            "status": {"phase": "WaitingForCapacity"}
+        }))
+        .unwrap()
+    }
+
+    fn stores(plan: UpgradePlan, svc: RayService) -> Stores {
+        let (plans, mut w) = reflector::store();
+        w.apply_watcher_event(&Event::Apply(plan));
+        let (services, mut w) = reflector::store();
+        w.apply_watcher_event(&Event::Apply(DeserializeGuard(Ok(svc))));
+        Stores {
+            plans,
+            services,
+            clusters: reflector::store().0,
+            capacity: Arc::new(RwLock::new(crate::capacity::CapacityIndex::new())),
+            pass: PassCache::default(),
+            limit_ranges: reflector::store().0,
+            runtime_classes: reflector::store().0,
+        }
+    }
+
+    #[test]
+    fn an_admission_the_cache_has_not_shown_is_in_the_ledger_and_not_in_the_queue() {
+        let svc = rayservice();
+        let plan = waiting_plan(&svc);
+        let key = key_of(&plan);
+        let stores = stores(plan, svc);
+        let now = Timestamp::now();
+        let version = KubeRayVersion::default();
+
+        let none = Overlay::new();
+        assert_eq!(waiting_plans(&stores, None, &none, version, now).len(), 1);
+        assert!(ledger_pods(&stores, None, &none, version).is_empty());
+
+        let admitted = Overlay::from([(
+            key,
+            Admission {
+                fingerprint: "f".into(),
+                admitted_time: now,
+                from_cluster: None,
+                to_cluster: None,
+            },
+        )]);
+        assert!(waiting_plans(&stores, None, &admitted, version, now).is_empty());
+        let ledger = ledger_pods(&stores, None, &admitted, version);
+        assert!(
+            !ledger.is_empty(),
+            "the admitted plan's pods are reserved once"
+        );
     }
 }
