@@ -34,6 +34,11 @@ fn describe(item: &Value) -> String {
     }
 }
 
+/// The kind of a List's items: `PodList` → `Pod`; none for a plain `List`.
+fn item_kind(list_kind: &str) -> Option<&str> {
+    list_kind.strip_suffix("List").filter(|k| !k.is_empty())
+}
+
 fn decode<T: serde::de::DeserializeOwned>(path: &str, item: Value) -> crate::Result<T> {
     let what = format!("{path} ({})", describe(&item));
     serde_json::from_value(item).map_err(|e| crate::Error::invalid(what, e.to_string()))
@@ -79,9 +84,8 @@ impl ClusterState {
                 Value::Null => Vec::new(),
                 _ => return Err(crate::Error::invalid(path, "items is not an array")),
             };
-            let item_kind = kind.strip_suffix("List").filter(|k| !k.is_empty());
             for (i, item) in items.into_iter().enumerate() {
-                self.add(item, &format!("{path}.items[{i}]"), item_kind)?;
+                self.add(item, &format!("{path}.items[{i}]"), item_kind(&kind))?;
             }
             return Ok(());
         }
@@ -99,6 +103,33 @@ impl ClusterState {
             )),
         }
         Ok(())
+    }
+
+    /// The end of a streamed document at `path`, whose `items` (if it had
+    /// any) were added as they came: the items that had no kind of their own
+    /// are added now with the one the List's `kind` gives; any other object,
+    /// kept whole in `rest`, is added as it is.
+    fn finish_document(
+        &mut self,
+        path: &str,
+        kind: Option<&str>,
+        had_items: bool,
+        kindless: Vec<(String, Value)>,
+        rest: serde_json::Map<String, Value>,
+    ) -> crate::Result<()> {
+        match kind {
+            Some(kind) if had_items && kind.ends_with("List") => {
+                for (path, v) in kindless {
+                    self.add(v, &path, item_kind(kind))?;
+                }
+                Ok(())
+            }
+            _ if had_items => Err(crate::Error::invalid(
+                format!("{path} ({})", describe(&Value::Object(rest))),
+                "object has no kind",
+            )),
+            _ => self.add(Value::Object(rest), path, None),
+        }
     }
 }
 
@@ -266,11 +297,10 @@ impl<'de, I: StateItem> serde::de::Visitor<'de> for Doc<'_, I> {
             match key.as_str() {
                 "items" => {
                     had_items = true;
-                    let item_kind = kind.as_deref().and_then(|k| k.strip_suffix("List"));
                     map.next_value_seed(Items::<I> {
                         state: &mut *self.state,
                         path: &self.path,
-                        kind: item_kind.filter(|k| !k.is_empty()).map(str::to_string),
+                        kind: kind.as_deref().and_then(item_kind).map(str::to_string),
                         kindless: &mut kindless,
                         item: std::marker::PhantomData,
                     })?;
@@ -284,25 +314,8 @@ impl<'de, I: StateItem> serde::de::Visitor<'de> for Doc<'_, I> {
                 }
             }
         }
-        let is_list = kind.as_deref().is_some_and(|k| k.ends_with("List"));
-        if had_items && is_list {
-            let item_kind = kind
-                .as_deref()
-                .and_then(|k| k.strip_suffix("List"))
-                .filter(|k| !k.is_empty());
-            for (path, v) in kindless {
-                self.state.add(v, &path, item_kind).map_err(custom)?;
-            }
-            return Ok(());
-        }
-        if had_items {
-            return Err(custom(crate::Error::invalid(
-                format!("{} ({})", self.path, describe(&Value::Object(rest))),
-                "object has no kind",
-            )));
-        }
         self.state
-            .add(Value::Object(rest), &self.path, None)
+            .finish_document(&self.path, kind.as_deref(), had_items, kindless, rest)
             .map_err(custom)
     }
 }

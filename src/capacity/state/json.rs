@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::Value;
 
-use super::{ClusterState, describe};
+use super::ClusterState;
 use crate::capacity::record::{PartialPod, PartialSpec, PartialStatus, partial_meta};
 
 /// Bytes asked of the reader at a time (the old reader's buffer), so the
@@ -648,8 +648,7 @@ impl Doc<'_> {
                 had_items = true;
                 let item_kind = kind
                     .as_deref()
-                    .and_then(|k| k.strip_suffix("List"))
-                    .filter(|k| !k.is_empty())
+                    .and_then(super::item_kind)
                     .map(str::to_string);
                 self.items(w, item_kind.as_deref())?;
             } else {
@@ -662,31 +661,9 @@ impl Doc<'_> {
         }
         w.consume(1);
         let after = w.pos;
-        let is_list = kind.as_deref().is_some_and(|k| k.ends_with("List"));
-        if had_items && is_list {
-            let item_kind = kind
-                .as_deref()
-                .and_then(|k| k.strip_suffix("List"))
-                .filter(|k| !k.is_empty());
-            for (path, v) in std::mem::take(&mut self.kindless) {
-                self.state
-                    .add(v, &path, item_kind)
-                    .map_err(|e| positioned(&e.to_string(), after))?;
-            }
-            return Ok(());
-        }
-        if had_items {
-            return Err(positioned(
-                &crate::Error::invalid(
-                    format!("{} ({})", self.path, describe(&Value::Object(rest))),
-                    "object has no kind",
-                )
-                .to_string(),
-                after,
-            ));
-        }
+        let kindless = std::mem::take(&mut self.kindless);
         self.state
-            .add(Value::Object(rest), &self.path, None)
+            .finish_document(&self.path, kind.as_deref(), had_items, kindless, rest)
             .map_err(|e| positioned(&e.to_string(), after))
     }
 
