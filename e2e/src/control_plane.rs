@@ -354,6 +354,21 @@ impl ControlPlane {
             .with_context(|| format!("run {}", bin.display()))
     }
 
+    /// [`ControlPlane::kubectl`] that must succeed: its stdout, trimmed; an error
+    /// with the arguments, stdout and stderr otherwise.
+    pub fn kubectl_ok(&self, args: &[&str]) -> Result<String> {
+        let out = self.kubectl(args)?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {} failed: {}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
     /// `kubectl apply -f` a CRD manifest and wait until it is Established.
     pub fn install_crd_file(&self, path: &Path) -> Result<()> {
         let p = path.to_string_lossy();

@@ -217,22 +217,11 @@ pub fn service_account_kubeconfig(
     cluster_role: Option<&str>,
     server: Option<SocketAddr>,
 ) -> Result<PathBuf> {
-    let run = |args: &[&str]| -> Result<String> {
-        let out = cp.kubectl(args)?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    };
-    run(&["create", "serviceaccount", name, "-n", ns])?;
+    cp.kubectl_ok(&["create", "serviceaccount", name, "-n", ns])?;
     if let Some(role) = cluster_role {
         let binding = format!("{ns}-{name}-{role}");
         let sa = format!("{ns}:{name}");
-        run(&[
+        cp.kubectl_ok(&[
             "create",
             "clusterrolebinding",
             &binding,
@@ -242,7 +231,7 @@ pub fn service_account_kubeconfig(
             &sa,
         ])?;
     }
-    let token = run(&["create", "token", name, "-n", ns, "--duration=1h"])?;
+    let token = cp.kubectl_ok(&["create", "token", name, "-n", ns, "--duration=1h"])?;
     let admin = std::fs::read_to_string(cp.kubeconfig_path())?;
     let mut out = String::new();
     for line in admin.lines() {

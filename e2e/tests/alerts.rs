@@ -12,7 +12,7 @@
 //! `e2e/setup`, `e2e/setup-tools` (Debian's prometheus package) and
 //! `cargo build --workspace --bins`.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
@@ -174,22 +174,11 @@ fn or_panic<T>(r: Result<T>) -> T {
 /// when `reader`) and a file in `dir` with a token the apiserver issued it, as a
 /// Prometheus pod's projected token.
 fn scraper_token(cp: &ControlPlane, dir: &Path, sa: &str, reader: bool) -> Result<PathBuf> {
-    let kubectl = |args: &[&str]| -> Result<String> {
-        let out = cp.kubectl(args)?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    };
-    kubectl(&["create", "serviceaccount", sa, "-n", "default"])?;
+    cp.kubectl_ok(&["create", "serviceaccount", sa, "-n", "default"])?;
     if reader {
         let role = repo_root().join("config/rbac/metrics_reader_role.yaml");
-        kubectl(&["apply", "-f", &role.to_string_lossy()])?;
-        kubectl(&[
+        cp.kubectl_ok(&["apply", "-f", &role.to_string_lossy()])?;
+        cp.kubectl_ok(&[
             "create",
             "clusterrolebinding",
             &format!("{sa}-reads-raygate"),
@@ -199,7 +188,7 @@ fn scraper_token(cp: &ControlPlane, dir: &Path, sa: &str, reader: bool) -> Resul
             &format!("default:{sa}"),
         ])?;
     }
-    let token = kubectl(&["create", "token", sa, "-n", "default", "--duration=1h"])?;
+    let token = cp.kubectl_ok(&["create", "token", sa, "-n", "default", "--duration=1h"])?;
     let path = dir.join(format!("{sa}.token"));
     std::fs::write(&path, token)?;
     Ok(path)

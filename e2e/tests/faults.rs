@@ -937,16 +937,7 @@ async fn metrics_answer_only_tokens_allowed_to_get_metrics() {
         .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));
     cp.install_crd_file(&repo_root().join("crds/raygate.io_upgradeplans.yaml"))
         .expect("install the UpgradePlan CRD");
-    let kubectl = |args: &[&str]| -> String {
-        let out = cp.kubectl(args).expect("kubectl");
-        assert!(
-            out.status.success(),
-            "kubectl {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
+    let kubectl = |args: &[&str]| cp.kubectl_ok(args).unwrap_or_else(|e| panic!("{e:#}"));
     for f in [
         "config/rbac/role.yaml",
         "config/rbac/metrics_reader_role.yaml",

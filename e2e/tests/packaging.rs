@@ -933,19 +933,6 @@ spec:
         openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
 "#;
 
-fn kubectl(cp: &ControlPlane, args: &[&str]) -> Result<String> {
-    let out = cp.kubectl(args)?;
-    if !out.status.success() {
-        bail!(
-            "kubectl {} failed: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// `kubectl auth can-i` as a ServiceAccount: true for "yes".
 /// `who` may do each of `allowed` and none of `denied` (`kubectl auth can-i` arguments); all
 /// the wrong answers in one error. Each check is about a second of round trips: asked in parallel.
@@ -1089,7 +1076,7 @@ fn check_rbac(cp: &ControlPlane, ns: &str, sa: &str) -> Result<()> {
 
 fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
     for ns in [RELEASE_NS, KUSTOMIZE_NS, "ml-serving", "research"] {
-        kubectl(cp, &["create", "namespace", ns])?;
+        cp.kubectl_ok(&["create", "namespace", ns])?;
     }
     let crds = scratch.join("monitoring-crds.yaml");
     std::fs::write(&crds, MONITORING_CRDS)?;
@@ -1108,37 +1095,32 @@ fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
         ],
     );
     let chart = write_manifest(scratch, "chart.yaml", &objs)?;
-    kubectl(cp, &["apply", "-f", &chart.to_string_lossy()]).context("apply the rendered chart")?;
-    kubectl(
-        cp,
-        &[
-            "-n",
-            RELEASE_NS,
-            "get",
-            "deployment/rg-raygate",
-            "servicemonitor/rg-raygate",
-            "prometheusrule/rg-raygate",
-        ],
-    )?;
+    cp.kubectl_ok(&["apply", "-f", &chart.to_string_lossy()])
+        .context("apply the rendered chart")?;
+    cp.kubectl_ok(&[
+        "-n",
+        RELEASE_NS,
+        "get",
+        "deployment/rg-raygate",
+        "servicemonitor/rg-raygate",
+        "prometheusrule/rg-raygate",
+    ])?;
 
     // config/default (kustomize v5) and its ServiceMonitor.
     let mut objs = kustomize("config/default");
     objs.extend(kustomize("config/prometheus"));
     let kust = write_manifest(scratch, "kustomize.yaml", &objs)?;
-    kubectl(cp, &["apply", "-f", &kust.to_string_lossy()])
+    cp.kubectl_ok(&["apply", "-f", &kust.to_string_lossy()])
         .context("apply kubectl kustomize config/default")?;
 
     // The samples are valid objects for the CRDs (the RayService against KubeRay's).
     let samples = write_manifest(scratch, "samples.yaml", &kustomize("config/samples"))?;
-    kubectl(
-        cp,
-        &[
-            "apply",
-            "--dry-run=server",
-            "-f",
-            &samples.to_string_lossy(),
-        ],
-    )
+    cp.kubectl_ok(&[
+        "apply",
+        "--dry-run=server",
+        "-f",
+        &samples.to_string_lossy(),
+    ])
     .context("the samples do not validate")?;
 
     check_rbac(cp, RELEASE_NS, "rg-raygate").context("the chart's RBAC")?;
@@ -1149,7 +1131,7 @@ fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
     // Namespaced: the chart with watchNamespaces (another release) and
     // config/overlays/namespaced (over config/default): reads and writes of plans only
     // in the watched namespaces, and raygate runs on exactly that.
-    kubectl(cp, &["create", "namespace", NAMESPACED_NS])?;
+    cp.kubectl_ok(&["create", "namespace", NAMESPACED_NS])?;
     let objs = helm_template_as(
         helm,
         NAMESPACED_RELEASE,
@@ -1162,14 +1144,14 @@ fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
         ],
     );
     let chart = write_manifest(scratch, "chart-namespaced.yaml", &objs)?;
-    kubectl(cp, &["apply", "-f", &chart.to_string_lossy()])
+    cp.kubectl_ok(&["apply", "-f", &chart.to_string_lossy()])
         .context("apply the chart with watchNamespaces")?;
     let overlay = write_manifest(
         scratch,
         "overlay-namespaced.yaml",
         &kustomize("config/overlays/namespaced"),
     )?;
-    kubectl(cp, &["apply", "-f", &overlay.to_string_lossy()])
+    cp.kubectl_ok(&["apply", "-f", &overlay.to_string_lossy()])
         .context("apply kubectl kustomize config/overlays/namespaced")?;
     let sa = format!("{NAMESPACED_RELEASE}-raygate");
     check_namespaced_rbac(cp, NAMESPACED_NS, &sa)
@@ -1269,7 +1251,7 @@ fn get_json(cp: &ControlPlane, args: &[&str]) -> Result<Value> {
     let mut a = vec!["get"];
     a.extend_from_slice(args);
     a.extend(["-o", "json"]);
-    Ok(serde_json::from_str(&kubectl(cp, &a)?)?)
+    Ok(serde_json::from_str(&cp.kubectl_ok(&a)?)?)
 }
 
 /// The real operator, authenticated as the chart's ServiceAccount `ns/sa` (its token),
@@ -1289,7 +1271,7 @@ fn run_operator_as_chart_service_account(
         .map(str::to_owned)
         .collect();
     // A bound token from the TokenRequest API, as a projected token volume gets.
-    let token = kubectl(cp, &["-n", ns, "create", "token", sa, "--duration=1h"])?;
+    let token = cp.kubectl_ok(&["-n", ns, "create", "token", sa, "--duration=1h"])?;
     let mut kc: Value = docs(&std::fs::read_to_string(cp.kubeconfig_path())?).remove(0);
     for u in kc["users"].as_array_mut().context("kubeconfig users")? {
         u["user"] = json!({ "token": token.trim() });
@@ -1343,7 +1325,7 @@ fn run_operator_as_chart_service_account(
         "config/samples/ray_v1_rayservice_llm_gpu.yaml",
         "config/samples/raygate_v1alpha1_upgradeplan_auto.yaml",
     ] {
-        kubectl(cp, &["apply", "-f", &root(f).to_string_lossy()])?;
+        cp.kubectl_ok(&["apply", "-f", &root(f).to_string_lossy()])?;
     }
     let r = (|| -> Result<()> {
         wait_until("/readyz", || {
@@ -1366,19 +1348,16 @@ fn run_operator_as_chart_service_account(
             "the gate (spec.upgradeStrategy.type by field manager raygate)",
             || {
                 // kubectl >= 1.21 hides managedFields unless asked.
-                let svc = kubectl(
-                    cp,
-                    &[
-                        "-n",
-                        "ml-serving",
-                        "get",
-                        "rayservice",
-                        "llm",
-                        "-o",
-                        "json",
-                        "--show-managed-fields",
-                    ],
-                )?;
+                let svc = cp.kubectl_ok(&[
+                    "-n",
+                    "ml-serving",
+                    "get",
+                    "rayservice",
+                    "llm",
+                    "-o",
+                    "json",
+                    "--show-managed-fields",
+                ])?;
                 let v: Value = serde_json::from_str(&svc)?;
                 let managers: Vec<&str> = v["metadata"]["managedFields"]
                     .as_array()
@@ -1398,17 +1377,14 @@ fn run_operator_as_chart_service_account(
             bail!("/metrics has no raygate_upgradeplan_phase:\n{metrics}");
         }
         // Deleting the plan releases the gate, then the finalizer.
-        kubectl(
-            cp,
-            &[
-                "-n",
-                "ml-serving",
-                "delete",
-                "upgradeplan",
-                "llm",
-                "--wait=false",
-            ],
-        )?;
+        cp.kubectl_ok(&[
+            "-n",
+            "ml-serving",
+            "delete",
+            "upgradeplan",
+            "llm",
+            "--wait=false",
+        ])?;
         wait_until("the plan to be released and deleted", || {
             let out = cp.kubectl(&["-n", "ml-serving", "get", "upgradeplan", "llm"])?;
             Ok(!out.status.success())
@@ -1710,11 +1686,11 @@ fn release_as_the_hook(
     args: &[String],
 ) -> Result<()> {
     for ns in [RELEASE_NS, "ml-serving"] {
-        kubectl(cp, &["create", "namespace", ns])?;
+        cp.kubectl_ok(&["create", "namespace", ns])?;
     }
     cp.install_crd_file(&root("charts/raygate/crds/raygate.io_upgradeplans.yaml"))?;
     let chart = write_manifest(scratch, "chart.yaml", &helm_template(helm, &[]))?;
-    kubectl(cp, &["apply", "-f", &chart.to_string_lossy()])?;
+    cp.kubectl_ok(&["apply", "-f", &chart.to_string_lossy()])?;
     apply_hook_rbac(cp, scratch, hooks)?;
     hold_gate(cp, scratch, "ml-serving")?;
 
@@ -1736,7 +1712,7 @@ fn release_as_the_hook(
 fn apply_hook_rbac(cp: &ControlPlane, scratch: &Path, hooks: &[Value]) -> Result<()> {
     let rbac: Vec<Value> = hooks.iter().filter(|o| kind(o) != "Job").cloned().collect();
     let rbac = write_manifest(scratch, "hook-rbac.yaml", &rbac)?;
-    kubectl(cp, &["apply", "-f", &rbac.to_string_lossy()])?;
+    cp.kubectl_ok(&["apply", "-f", &rbac.to_string_lossy()])?;
     Ok(())
 }
 
@@ -1752,7 +1728,7 @@ fn hold_gate(cp: &ControlPlane, scratch: &Path, ns: &str) -> Result<()> {
             o["metadata"]["namespace"] = json!(ns);
         }
         let m = write_manifest(scratch, &format!("sample-{ns}.yaml"), &objs)?;
-        kubectl(cp, &["apply", "-f", &m.to_string_lossy()])?;
+        cp.kubectl_ok(&["apply", "-f", &m.to_string_lossy()])?;
     }
     let gate = scratch.join(format!("gate-{ns}.yaml"));
     std::fs::write(
@@ -1762,29 +1738,23 @@ fn hold_gate(cp: &ControlPlane, scratch: &Path, ns: &str) -> Result<()> {
              spec: {{upgradeStrategy: {{type: None}}}}\n"
         ),
     )?;
-    kubectl(
-        cp,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=raygate",
-            "-f",
-            &gate.to_string_lossy(),
-        ],
-    )?;
-    kubectl(
-        cp,
-        &[
-            "-n",
-            ns,
-            "patch",
-            "upgradeplan",
-            "llm",
-            "--type=merge",
-            "-p",
-            r#"{"metadata":{"finalizers":["raygate.io/release-gate","example.com/keep"]}}"#,
-        ],
-    )?;
+    cp.kubectl_ok(&[
+        "apply",
+        "--server-side",
+        "--field-manager=raygate",
+        "-f",
+        &gate.to_string_lossy(),
+    ])?;
+    cp.kubectl_ok(&[
+        "-n",
+        ns,
+        "patch",
+        "upgradeplan",
+        "llm",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":["raygate.io/release-gate","example.com/keep"]}}"#,
+    ])?;
     Ok(())
 }
 
@@ -1797,7 +1767,7 @@ fn raygate_as(
     sa: &str,
     args: &[String],
 ) -> Result<String> {
-    let token = kubectl(cp, &["-n", ns, "create", "token", sa, "--duration=1h"])?;
+    let token = cp.kubectl_ok(&["-n", ns, "create", "token", sa, "--duration=1h"])?;
     let mut kc: Value = docs(&std::fs::read_to_string(cp.kubeconfig_path())?).remove(0);
     for u in kc["users"].as_array_mut().context("kubeconfig users")? {
         u["user"] = json!({ "token": token.trim() });
@@ -2010,7 +1980,7 @@ fn scope_change_hook_gives_back_the_dropped_namespaces_gates() {
 fn scope_change(cp: &ControlPlane, scratch: &Path) -> Result<()> {
     let helms = helms();
     for ns in [SCOPE_NS, SCOPE_ALL_NS, TEAM_A, TEAM_B] {
-        kubectl(cp, &["create", "namespace", ns])?;
+        cp.kubectl_ok(&["create", "namespace", ns])?;
     }
     let both = format!("watchNamespaces={{{TEAM_A},{TEAM_B}}}");
     let only_a = format!("watchNamespaces={{{TEAM_A}}}");
@@ -2095,17 +2065,14 @@ fn scope_change(cp: &ControlPlane, scratch: &Path) -> Result<()> {
         }
     }
     // A Deployment made before the annotation: its --namespace arg is the old scope.
-    kubectl(
-        cp,
-        &[
-            "-n",
-            SCOPE_NS,
-            "annotate",
-            "deployment",
-            "rg-raygate",
-            "raygate.io/watch-namespaces-",
-        ],
-    )?;
+    cp.kubectl_ok(&[
+        "-n",
+        SCOPE_NS,
+        "annotate",
+        "deployment",
+        "rg-raygate",
+        "raygate.io/watch-namespaces-",
+    ])?;
     let fallback = post_upgrade_hooks(
         cp,
         &helms[0],
@@ -2120,31 +2087,25 @@ fn scope_change(cp: &ControlPlane, scratch: &Path) -> Result<()> {
 
     // A dropped namespace that is gone is left out; one being deleted accepts no new Role,
     // so the hook's RBAC is cluster-wide then.
-    kubectl(cp, &["create", "namespace", TEAM_C])?;
-    kubectl(
-        cp,
-        &[
-            "patch",
-            "namespace",
-            TEAM_C,
-            "--type=merge",
-            "-p",
-            r#"{"metadata":{"finalizers":["example.com/hold"]}}"#,
-        ],
-    )?;
-    kubectl(cp, &["delete", "namespace", TEAM_C, "--wait=false"])?;
-    kubectl(
-        cp,
-        &[
-            "-n",
-            SCOPE_NS,
-            "annotate",
-            "--overwrite",
-            "deployment",
-            "rg-raygate",
-            &format!("raygate.io/watch-namespaces={TEAM_A},gone,{TEAM_C}"),
-        ],
-    )?;
+    cp.kubectl_ok(&["create", "namespace", TEAM_C])?;
+    cp.kubectl_ok(&[
+        "patch",
+        "namespace",
+        TEAM_C,
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":["example.com/hold"]}}"#,
+    ])?;
+    cp.kubectl_ok(&["delete", "namespace", TEAM_C, "--wait=false"])?;
+    cp.kubectl_ok(&[
+        "-n",
+        SCOPE_NS,
+        "annotate",
+        "--overwrite",
+        "deployment",
+        "rg-raygate",
+        &format!("raygate.io/watch-namespaces={TEAM_A},gone,{TEAM_C}"),
+    ])?;
     let deleting = post_upgrade_hooks(cp, &helms[0], "rg", SCOPE_NS, &only_a)?;
     let (args, _) = scope_hook_job(&deleting, "rg", "[a, gone, c (Terminating)] -> [a]")?;
     if args != ["release", "--namespace=team-c"] {
