@@ -323,6 +323,20 @@ pub async fn guarded<T>(
         })
 }
 
+/// Gives back the gate of the RayService `plan` governs, unless another plan
+/// governs that RayService now; the RayService given back, if any.
+async fn give_back_gate(
+    ctx: &Context,
+    plans: &[Arc<UpgradePlan>],
+    plan: &UpgradePlan,
+) -> Result<Option<String>> {
+    let Some(name) = govern::gate_to_release(plans, plan) else {
+        return Ok(None);
+    };
+    release_gate(ctx, &plan.namespace().unwrap_or_default(), &name).await?;
+    Ok(Some(name))
+}
+
 /// Give back the gate of `ns/name`. Only an existing RayService is
 /// patched: an apply would create one.
 async fn release_gate(ctx: &Context, ns: &str, name: &str) -> Result<()> {
@@ -402,9 +416,7 @@ async fn leave(api: &Api<UpgradePlan>, plan: &UpgradePlan, ctx: &Context) -> Res
         return Ok(());
     }
     let ns = plan.namespace().unwrap_or_default();
-    if let Some(svc) = govern::gate_to_release(&ctx.stores.plans.state(), plan) {
-        release_gate(ctx, &ns, &svc).await?;
-    }
+    give_back_gate(ctx, &ctx.stores.plans.state(), plan).await?;
     release::remove_finalizer(api, plan, &ctx.fence).await?;
     info!(plan = %plan.name_any(), namespace = %ns, "plan outside the watched namespaces: gate given back, finalizer removed");
     Ok(())
@@ -420,8 +432,7 @@ fn error_policy(plan: Arc<UpgradePlan>, err: &Error, ctx: Arc<Context>) -> Actio
 /// raygate, unless another plan governs that RayService now.
 async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     let ns = plan.namespace().unwrap_or_default();
-    if let Some(name) = govern::gate_to_release(&ctx.stores.plans.state(), plan) {
-        release_gate(ctx, &ns, &name).await?;
+    if let Some(name) = give_back_gate(ctx, &ctx.stores.plans.state(), plan).await? {
         publish(
             ctx,
             plan,
@@ -466,10 +477,8 @@ async fn hand_over(
     plans: &[Arc<UpgradePlan>],
     old: &str,
 ) -> Result<Action> {
+    give_back_gate(ctx, plans, plan).await?;
     let ns = plan.namespace().unwrap_or_default();
-    if let Some(target) = govern::gate_to_release(plans, plan) {
-        release_gate(ctx, &ns, &target).await?;
-    }
     ctx.decisions.lock().await.remove(&(ns, plan.name_any()));
     if write_status(ctx, plan, &govern::handed_over_status(plan, old)).await? {
         publish(
