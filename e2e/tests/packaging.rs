@@ -2003,55 +2003,28 @@ fn scope_change(cp: &ControlPlane, scratch: &Path) -> Result<()> {
     for ns in [TEAM_A, TEAM_B] {
         hold_gate(cp, scratch, ns)?;
     }
-    let mut hooks = vec![];
-    for helm in &helms {
-        hooks = post_upgrade_hooks(cp, helm, "rg", SCOPE_NS, &only_a)?;
-        let who = format!("{}: [a, b] -> [a]", helm.display());
-        let (args, _) = scope_hook_job(&hooks, "rg", &who)?;
-        if args != ["release", "--namespace=team-b"] {
-            bail!("{who}: hook args {args:?}");
-        }
-        let want = [
+    let hooks = hooks_with_every_helm(
+        cp,
+        &helms,
+        ("rg", SCOPE_NS),
+        &only_a,
+        "[a, b] -> [a]",
+        &["release", "--namespace=team-b"],
+        &[
             "Role team-b/rg-raygate-release-scope",
             "RoleBinding team-b/rg-raygate-release-scope",
             "ServiceAccount raygate-scope/rg-raygate-release-scope",
-        ];
-        if hook_rbac(&hooks) != want {
-            bail!("{who}: hook RBAC {:?}", hook_rbac(&hooks));
-        }
-    }
-    helm_on(
+        ],
+    )?;
+    upgrade_and_run_the_hook(
         cp,
+        scratch,
         &helms[0],
-        &[
-            "upgrade",
-            "rg",
-            "charts/raygate",
-            "--namespace",
-            SCOPE_NS,
-            "--no-hooks",
-            "--set",
-            &only_a,
-        ],
+        ("rg", SCOPE_NS),
+        &only_a,
+        &hooks,
+        "[a, b] -> [a]",
     )?;
-    let operator = format!("system:serviceaccount:{SCOPE_NS}:rg-raygate");
-    check_access(
-        cp,
-        &operator,
-        &[&["patch", "rayservices.ray.io", "-n", TEAM_A]],
-        &[
-            &["patch", "rayservices.ray.io", "-n", TEAM_B],
-            &["patch", "upgradeplans.raygate.io", "-n", TEAM_B],
-        ],
-    )?;
-    apply_hook_rbac(cp, scratch, &hooks)?;
-    let (args, sa) = scope_hook_job(&hooks, "rg", "[a, b] -> [a]")?;
-    let said = raygate_as(cp, scratch, SCOPE_NS, &sa, &args)?;
-    if !said.contains("gate given back: RayService team-b/llm") || said.contains("team-a") {
-        bail!("raygate {} said:\n{said}", args.join(" "));
-    }
-    check_given_back(cp, TEAM_B)?;
-    check_held(cp, TEAM_A)?;
 
     // [a] -> [a, b] drops nothing.
     for helm in &helms {
@@ -2136,37 +2109,83 @@ fn scope_change(cp: &ControlPlane, scratch: &Path) -> Result<()> {
             "--no-hooks",
         ],
     )?;
-    for helm in &helms {
-        hooks = post_upgrade_hooks(cp, helm, "rgall", SCOPE_ALL_NS, &only_a)?;
-        let who = format!("{}: all -> [a]", helm.display());
-        let (args, _) = scope_hook_job(&hooks, "rgall", &who)?;
-        if args != ["release", "--except-namespace=team-a"] {
-            bail!("{who}: hook args {args:?}");
-        }
-        let want = [
+    let hooks = hooks_with_every_helm(
+        cp,
+        &helms,
+        ("rgall", SCOPE_ALL_NS),
+        &only_a,
+        "all -> [a]",
+        &["release", "--except-namespace=team-a"],
+        &[
             "ClusterRole /rgall-raygate-release-scope",
             "ClusterRoleBinding /rgall-raygate-release-scope",
             "ServiceAccount raygate-scope-all/rgall-raygate-release-scope",
-        ];
-        if hook_rbac(&hooks) != want {
+        ],
+    )?;
+    upgrade_and_run_the_hook(
+        cp,
+        scratch,
+        &helms[1],
+        ("rgall", SCOPE_ALL_NS),
+        &only_a,
+        &hooks,
+        "all -> [a]",
+    )
+}
+
+/// The post-upgrade hooks each Helm renders for upgrading `release` to `values`: the
+/// Job's arguments are `args` and its RBAC `rbac` with every one of them.
+fn hooks_with_every_helm(
+    cp: &ControlPlane,
+    helms: &[PathBuf],
+    (release, ns): (&str, &str),
+    values: &str,
+    scenario: &str,
+    args: &[&str],
+    rbac: &[&str],
+) -> Result<Vec<Value>> {
+    let mut hooks = vec![];
+    for helm in helms {
+        hooks = post_upgrade_hooks(cp, helm, release, ns, values)?;
+        let who = format!("{}: {scenario}", helm.display());
+        let (got, _) = scope_hook_job(&hooks, release, &who)?;
+        if got != args {
+            bail!("{who}: hook args {got:?}");
+        }
+        if hook_rbac(&hooks) != rbac {
             bail!("{who}: hook RBAC {:?}", hook_rbac(&hooks));
         }
     }
+    Ok(hooks)
+}
+
+/// `helm upgrade --no-hooks` of `release` to `values` (team-a only), then the scope hook
+/// as Helm would run it after: the operator may no longer write in team-b, and the hook,
+/// run as its own ServiceAccount, gives back team-b's gate and leaves team-a's held.
+fn upgrade_and_run_the_hook(
+    cp: &ControlPlane,
+    scratch: &Path,
+    helm: &Path,
+    (release, ns): (&str, &str),
+    values: &str,
+    hooks: &[Value],
+    scenario: &str,
+) -> Result<()> {
     helm_on(
         cp,
-        &helms[1],
+        helm,
         &[
             "upgrade",
-            "rgall",
+            release,
             "charts/raygate",
             "--namespace",
-            SCOPE_ALL_NS,
+            ns,
             "--no-hooks",
             "--set",
-            &only_a,
+            values,
         ],
     )?;
-    let operator = format!("system:serviceaccount:{SCOPE_ALL_NS}:rgall-raygate");
+    let operator = format!("system:serviceaccount:{ns}:{release}-raygate");
     check_access(
         cp,
         &operator,
@@ -2176,9 +2195,9 @@ fn scope_change(cp: &ControlPlane, scratch: &Path) -> Result<()> {
             &["patch", "upgradeplans.raygate.io", "-n", TEAM_B],
         ],
     )?;
-    apply_hook_rbac(cp, scratch, &hooks)?;
-    let (args, sa) = scope_hook_job(&hooks, "rgall", "all -> [a]")?;
-    let said = raygate_as(cp, scratch, SCOPE_ALL_NS, &sa, &args)?;
+    apply_hook_rbac(cp, scratch, hooks)?;
+    let (args, sa) = scope_hook_job(hooks, release, scenario)?;
+    let said = raygate_as(cp, scratch, ns, &sa, &args)?;
     if !said.contains("gate given back: RayService team-b/llm") || said.contains("team-a") {
         bail!("raygate {} said:\n{said}", args.join(" "));
     }
