@@ -772,26 +772,34 @@ fn live_version(
         return Ok((cli::kuberay_version(flag)?, None));
     }
     let stamped = cluster.and_then(|c| c.annotations().get(kuberay::ANNOTATION_KUBERAY_VERSION));
-    Ok(match stamped {
-        Some(v) => match kuberay::KubeRayVersion::parse(v) {
-            Ok(version) => (
-                version,
+    let latest = kuberay::KubeRayVersion::latest();
+    Ok(
+        match stamped.map(|v| (v, kuberay::release::Stamp::parse(v))) {
+            Some((_, Some(s))) if s.known => (
+                s.rules,
                 Some(format!(
-                    "{version}, the release that last wrote the RayCluster \
-                     (ray.io/kuberay-version)"
+                    "{}, the release that last wrote the RayCluster (ray.io/kuberay-version)",
+                    s.rules
                 )),
             ),
-            Err(_) => (
-                kuberay::KubeRayVersion::latest(),
+            Some((v, Some(s))) => (
+                s.rules,
                 Some(format!(
-                    "{}: the RayCluster's KubeRay {v} is not supported \
-                     (--kuberay-version to choose)",
-                    kuberay::KubeRayVersion::latest()
+                    "{}: the RayCluster was written by KubeRay {v}, a release raygate does not \
+                 know; the rules of the nearest older one (--kuberay-version to choose)",
+                    s.rules
                 )),
             ),
+            Some((v, None)) => (
+                latest,
+                Some(format!(
+                    "{latest}: the RayCluster's ray.io/kuberay-version {v:?} is not a release \
+                 (--kuberay-version to choose)"
+                )),
+            ),
+            None => (latest, None),
         },
-        None => (kuberay::KubeRayVersion::latest(), None),
-    })
+    )
 }
 
 async fn explain(args: &ExplainArgs, kube: &KubeArgs) -> Result<String> {
@@ -1339,9 +1347,19 @@ mod tests {
         );
         let (v, note) = live_version(Some("1.5"), Some(&rc("v1.6.1"))).unwrap();
         assert_eq!((v.to_string(), note), ("v1.5.2".to_string(), None));
+        // A release raygate does not know: the nearest older one's rules, said so.
         let (v, note) = live_version(None, Some(&rc("v9.0.0"))).unwrap();
         assert_eq!(v, latest);
-        assert!(note.unwrap().contains("v9.0.0 is not supported"));
+        assert!(
+            note.unwrap()
+                .contains("KubeRay v9.0.0, a release raygate does not know")
+        );
+        let (v, note) = live_version(None, Some(&rc("v1.6.3"))).unwrap();
+        assert_eq!(v.to_string(), "v1.6.2");
+        assert!(note.unwrap().contains("nearest older"));
+        let (v, note) = live_version(None, Some(&rc("nightly"))).unwrap();
+        assert_eq!(v, latest);
+        assert!(note.unwrap().contains("\"nightly\" is not a release"));
         assert_eq!(live_version(None, None).unwrap(), (latest, None));
         assert!(live_version(Some("0.1"), None).is_err());
     }

@@ -144,9 +144,17 @@ struct RunArgs {
         value_name = "[NS=]N"
     )]
     max_priority: Vec<String>,
-    /// KubeRay release running in the cluster, whose rules raygate applies.
-    #[arg(long, env = "RAYGATE_KUBERAY_VERSION", value_name = "X.Y", default_value_t = KubeRayVersion::latest())]
-    kuberay_version: KubeRayVersion,
+    /// KubeRay release to assume only where no RayCluster says which one runs.
+    /// raygate reads the release from `ray.io/kuberay-version`, which the
+    /// KubeRay operator stamps on every RayCluster it writes (the newest stamp
+    /// in the RayService's namespace, else in any watched namespace), and the
+    /// stamps win: a flag that disagrees is reported (condition
+    /// KubeRayRelease=False, a Warning Event, raygate_kuberay_release_mismatch),
+    /// never applied over them. `1.6` means the newest 1.6.x raygate knows.
+    /// Default: none, i.e. the newest release raygate knows where nothing is
+    /// stamped yet.
+    #[arg(long, env = "RAYGATE_KUBERAY_RELEASE", value_name = "X.Y[.Z]")]
+    kuberay_version: Option<KubeRayVersion>,
 }
 
 #[tokio::main]
@@ -249,13 +257,14 @@ async fn shutdown_signal() {
 async fn run(args: RunArgs) -> Result<()> {
     telemetry::init(args.log_format)?;
     // The gate is spec.upgradeStrategy.type, which KubeRay reads from v1.3 on.
-    if !args.kuberay_version.rules().upgrade_strategy_field {
+    if let Some(v) = args.kuberay_version
+        && !v.rules().upgrade_strategy_field
+    {
         return Err(Error::invalid(
             "--kuberay-version",
             format!(
-                "KubeRay {} has no spec.upgradeStrategy; raygate can gate KubeRay v1.3 and newer \
-                 (raygate explain and fit still work for older releases)",
-                args.kuberay_version
+                "KubeRay {v} has no spec.upgradeStrategy; raygate can gate KubeRay v1.3 and newer \
+                 (raygate explain and fit still work for older releases)"
             ),
         ));
     }

@@ -73,6 +73,8 @@ pub struct PlanObservation<'a> {
     /// Missing amount per resource name; empty when the upgrade fits.
     pub shortfall: &'a BTreeMap<String, f64>,
     pub pods_pending_unschedulable: u32,
+    /// Condition KubeRayRelease is False.
+    pub kuberay_release_mismatch: bool,
 }
 
 /// Label values we have set for one plan, so we can remove exactly those.
@@ -95,6 +97,7 @@ pub struct Metrics {
     stalled: IntGaugeVec,
     overridden: IntGaugeVec,
     unschedulable: IntGaugeVec,
+    release_mismatch: IntGaugeVec,
     shortfall: GaugeVec,
     free: GaugeVec,
     admissions: IntCounterVec,
@@ -222,6 +225,18 @@ impl Metrics {
                 &PLAN_LABELS,
             )?,
         )?;
+        let release_mismatch = register(
+            r,
+            IntGaugeVec::new(
+                Opts::new(
+                    "raygate_kuberay_release_mismatch",
+                    "1 while the KubeRay release raygate applies is in doubt: --kuberay-version \
+                     disagrees with the release the operator stamped on the RayClusters, or the \
+                     stamp is a release raygate does not know (condition KubeRayRelease=False).",
+                ),
+                &PLAN_LABELS,
+            )?,
+        )?;
         let shortfall = register(
             r,
             GaugeVec::new(
@@ -302,6 +317,7 @@ impl Metrics {
             stalled,
             overridden,
             unschedulable,
+            release_mismatch,
             shortfall,
             free,
             admissions,
@@ -382,6 +398,9 @@ impl Metrics {
         self.unschedulable
             .with_label_values(&labels)
             .set(i64::from(p.pods_pending_unschedulable));
+        self.release_mismatch
+            .with_label_values(&labels)
+            .set(bool_gauge(p.kuberay_release_mismatch));
 
         for gone in tracked
             .shortfall
@@ -432,6 +451,7 @@ impl Metrics {
         let _ = self.stalled.remove_label_values(&labels);
         let _ = self.overridden.remove_label_values(&labels);
         let _ = self.unschedulable.remove_label_values(&labels);
+        let _ = self.release_mismatch.remove_label_values(&labels);
     }
 
     /// Replaces `raygate_capacity_free`; resources absent from `free` are
@@ -560,6 +580,7 @@ pub(crate) mod tests {
             gate_overridden: false,
             shortfall,
             pods_pending_unschedulable: 0,
+            kuberay_release_mismatch: false,
         }
     }
 
@@ -682,6 +703,7 @@ pub(crate) mod tests {
             stalled: true,
             gate_overridden: true,
             pods_pending_unschedulable: 3,
+            kuberay_release_mismatch: true,
             ..obs("p1", "rs", Phase::Stalled, &short)
         });
         let s = samples(&m);
@@ -693,6 +715,7 @@ pub(crate) mod tests {
         assert_eq!(value(&s, "raygate_upgrade_waiting_seconds", &l), 120.5);
         assert_eq!(value(&s, "raygate_upgrade_transition_seconds", &l), 0.0);
         assert_eq!(value(&s, "raygate_upgrade_stalled", &l), 1.0);
+        assert_eq!(value(&s, "raygate_kuberay_release_mismatch", &l), 1.0);
         assert_eq!(value(&s, "raygate_gate_overridden", &l), 1.0);
         assert_eq!(value(&s, "raygate_upgrade_unschedulable_pods", &l), 3.0);
         assert_eq!(

@@ -77,6 +77,7 @@ const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$";
     printcolumn = r#"{"name":"Memory Needed","type":"string","jsonPath":".status.capacity.memoryNeeded","priority":1}"#,
     printcolumn = r#"{"name":"Memory Free","type":"string","jsonPath":".status.capacity.memoryFree","priority":1}"#,
     printcolumn = r#"{"name":"Memory Short","type":"string","jsonPath":".status.capacity.memoryShort","priority":1}"#,
+    printcolumn = r#"{"name":"KubeRay","type":"string","jsonPath":".status.kubeRayRelease.version","priority":1,"description":"KubeRay release whose rules apply"}"#,
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -225,7 +226,7 @@ pub struct UpgradePlanStatus {
     /// it) gives that gate back first.
     pub ray_service: Option<String>,
     pub observed_generation: Option<i64>,
-    /// Ready, CapacityAvailable, UpgradeAdmitted, Stalled, GateOverridden.
+    /// Ready, CapacityAvailable, UpgradeAdmitted, Stalled, GateOverridden, KubeRayRelease.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// One short phrase for the printer column (`capacity: nvidia.com/gpu 8`).
@@ -241,6 +242,24 @@ pub struct UpgradePlanStatus {
     pub active_cluster: Option<String>,
     pub pending_cluster: Option<String>,
     pub last_transition: Option<TransitionRecord>,
+    /// The KubeRay release whose rules raygate applies to the RayService, and
+    /// where it was read.
+    pub kube_ray_release: Option<KubeRayReleaseStatus>,
+}
+
+/// The KubeRay release raygate applies, as recorded in status.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeRayReleaseStatus {
+    /// The release whose rules apply (`v1.6.2`).
+    pub version: String,
+    /// Where it was read: `RayCluster` (the newest `ray.io/kuberay-version` the
+    /// operator stamped on the namespace's RayClusters), `OtherNamespace` (no
+    /// RayCluster here yet: the newest stamp elsewhere), `Flag`
+    /// (`--kuberay-version`, nothing stamped) or `Default` (the newest release
+    /// raygate knows).
+    #[schemars(extend("enum" = ["RayCluster", "OtherNamespace", "Flag", "Default"]))]
+    pub source: String,
 }
 
 /// The types of `status.conditions`, spelled once for the decision that sets
@@ -256,6 +275,10 @@ pub mod condition {
     pub const STALLED: &str = "Stalled";
     /// Another field manager owns the gate field.
     pub const GATE_OVERRIDDEN: &str = "GateOverridden";
+    /// The KubeRay release raygate applies is the one running: False when
+    /// `--kuberay-version` disagrees with the RayClusters' stamp, the stamp is a
+    /// release raygate does not know, or the release cannot be gated.
+    pub const KUBERAY_RELEASE: &str = "KubeRayRelease";
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -453,6 +476,7 @@ mod tests {
                 "Memory Needed",
                 "Memory Free",
                 "Memory Short",
+                "KubeRay",
                 "Age"
             ]
         );

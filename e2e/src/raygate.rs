@@ -40,9 +40,10 @@ fn logged_addr(logs: &str, what: &str) -> Option<String> {
 
 impl Raygate {
     /// Starts `raygate run` (found next to the test executable; build it with
-    /// `cargo build -p raygate`) and waits until it serves /readyz. Unless
-    /// `extra_args` say otherwise, `--kuberay-version` is the control plane's
-    /// operator's, as a deployment sets it: raygate's rules depend on it.
+    /// `cargo build -p raygate`) and waits until it serves /readyz. As the chart
+    /// starts it: no `--kuberay-version` (raygate reads the release from the
+    /// RayClusters the operator stamps) and nothing from the test's environment
+    /// but `RUST_LOG` and `opts.env`.
     pub fn spawn(cp: &ControlPlane, extra_args: &[&str]) -> Result<Raygate> {
         Raygate::spawn_with(cp, &Spawn::args(extra_args))
     }
@@ -60,14 +61,6 @@ impl Raygate {
         if !given("--health-addr") {
             defaults.extend(["--health-addr", "127.0.0.1:0"]);
         }
-        let version = cp
-            .kuberay_version()
-            .filter(|_| {
-                !extra_args
-                    .iter()
-                    .any(|a| a.starts_with("--kuberay-version"))
-            })
-            .map(|v| format!("--kuberay-version={v}"));
         let bin = crate::workspace_bin("raygate").context(
             "raygate binary not found next to the test executable: run `cargo build -p raygate` first",
         )?;
@@ -76,12 +69,20 @@ impl Raygate {
         std::fs::create_dir_all(&dir)?;
         let log = dir.join(format!("raygate-{n}.log"));
         let file = std::fs::File::create(&log)?;
-        let child = Command::new(&bin)
+        let mut cmd = Command::new(&bin);
+        // The harness's own settings (RAYGATE_KUBERAY_VERSION chooses the operator it
+        // runs, RAYGATE_E2E_DIR, ...) share raygate's RAYGATE_ prefix: none may reach
+        // raygate, which a deployment never gives them.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("RAYGATE_") {
+                cmd.env_remove(key);
+            }
+        }
+        let child = cmd
             .arg("run")
             .arg("--kubeconfig")
             .arg(opts.kubeconfig.unwrap_or(cp.kubeconfig_path()))
             .args(["--metrics-addr", "127.0.0.1:0", "--log-format", "text"])
-            .args(version.iter())
             .args(&defaults)
             .args(extra_args)
             .env(

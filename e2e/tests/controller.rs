@@ -212,9 +212,22 @@ fn or_panic<T>(r: Result<T>) -> T {
     r.unwrap_or_else(|e| panic!("{e:#}"))
 }
 
+/// Also the release detection: raygate starts with the chart's old default
+/// `--kuberay-version=1.7` on an older operator (v1.6.2, v1.5.2). Judged by
+/// v1.7.0's rules, the v1.6.2-stamped cluster looked due for KubeRay's in-place
+/// version rewrite, so the image change was "no new cluster" and was never
+/// applied; the stamp on the RayCluster must win and the flag be reported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_that_fits_is_admitted_and_completes() {
-    let e = env(&[8, 8]).await;
+    let e = env_with(&[8, 8], &["--kuberay-version=1.7"]).await;
+    let operator =
+        e.cp.kuberay_version()
+            .expect("a KubeRay operator")
+            .to_string();
+    assert_ne!(
+        operator, "v1.7.0",
+        "the flag must disagree with the operator"
+    );
     or_panic(service_with_plan(&e, "llm", 1, 6, json!({})).await);
     let before = or_panic(cluster_names(&e).await);
     assert_eq!(before.len(), 1);
@@ -250,6 +263,32 @@ async fn an_upgrade_that_fits_is_admitted_and_completes() {
         "one Admitted event on the plan and one on the RayService"
     );
     assert!(or_panic(events_for(&e, "llm", "Completed").await) >= 1);
+
+    // The release applied is the one the operator stamped, and the flag is reported.
+    let release = &done["status"]["kubeRayRelease"];
+    assert_eq!(str_at(release, &["version"]), operator, "{release}");
+    assert_eq!(str_at(release, &["source"]), "RayCluster", "{release}");
+    let cond = arr_at(&done, &["status", "conditions"])
+        .iter()
+        .find(|c| str_at(c, &["type"]) == "KubeRayRelease")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(str_at(&cond, &["status"]), "False", "{cond}");
+    assert_eq!(str_at(&cond, &["reason"]), "FlagMismatch", "{cond}");
+    assert!(
+        str_at(&cond, &["message"]).contains(&format!("stamped {operator}")),
+        "{cond}"
+    );
+    assert!(or_panic(events_for(&e, "llm", "KubeRayReleaseMismatch").await) >= 1);
+    let metrics = e.rg.metrics().expect("metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("raygate_kuberay_release_mismatch{")
+                && l.contains("upgradeplan=\"llm\"")
+                && l.ends_with(" 1")),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,6 +366,20 @@ async fn an_upgrade_that_does_not_fit_waits_until_a_node_is_added() {
         wide.contains("CPU NEEDED") && wide.contains("MEMORY FREE"),
         "{wide}"
     );
+    // Started as the chart starts it (no --kuberay-version): the release is the
+    // operator's own stamp, shown in the wide columns.
+    let operator = e.cp.kuberay_version().expect("a KubeRay operator");
+    assert!(
+        wide.contains("KUBERAY") && wide.contains(operator),
+        "{wide}"
+    );
+    let release = arr_at(&p, &["status", "conditions"])
+        .iter()
+        .find(|c| str_at(c, &["type"]) == "KubeRayRelease")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(str_at(&release, &["status"]), "True", "{release}");
+    assert_eq!(str_at(&release, &["reason"]), "Stamped", "{release}");
 
     let metrics = e.rg.metrics().expect("scrape /metrics");
     let phase_line = format!(

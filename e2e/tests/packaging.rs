@@ -341,6 +341,7 @@ fn every_alert_has_severity_annotations_and_a_runbook_section() {
         "RayServiceUpgradeWaitingForCapacity",
         "RayServiceTwoClustersTooLong",
         "RaygateGateOverridden",
+        "RaygateKubeRayReleaseMismatch",
         "RaygateDown",
         "RaygateReconcileErrors",
     ];
@@ -496,13 +497,17 @@ fn helm_chart_lints_and_renders_with_helm_3_and_4() {
             "--leader-elect=true",
             "--metrics-addr=0.0.0.0:8080",
             "--log-format=json",
-            "--kuberay-version=1.7",
             &format!("--lease-namespace={RELEASE_NS}"),
             "--lease-name=raygate-leader",
             "--lease-duration-seconds=15",
         ] {
             assert!(args.contains(&a), "{h}: Deployment args {args:?} lack {a}");
         }
+        // By default the release is read from the RayClusters, never assumed.
+        assert!(
+            !args.iter().any(|a| a.starts_with("--kuberay-version")),
+            "{h}: Deployment args {args:?} assume a KubeRay release"
+        );
         for (var, field) in [
             ("POD_NAME", "metadata.name"),
             ("POD_NAMESPACE", "metadata.namespace"),
@@ -1297,10 +1302,6 @@ fn run_operator_as_chart_service_account(
                 &format!("--health-addr=127.0.0.1:{health_port}"),
                 "--log-format=json",
                 "--leader-elect=true",
-                &format!(
-                    "--kuberay-version={}",
-                    cp.kuberay_version().unwrap_or("v1.6.2")
-                ),
                 &format!("--lease-namespace={ns}"),
                 "--lease-name=raygate-leader",
                 // Long enough that no renewal falls inside this short test: the

@@ -263,6 +263,7 @@ mod tests {
             now: "2026-12-02T12:00:00Z".parse().unwrap(),
             plan: p,
             settings: Settings::of(p),
+            release: crate::kuberay::Release::assumed(crate::kuberay::KubeRayVersion::latest()),
             service: Ok(ServiceFacts::default()),
             change: Ok(None),
             verdict: None,

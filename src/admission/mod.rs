@@ -131,6 +131,8 @@ pub struct Inputs<'a> {
     pub plan: &'a UpgradePlan,
     /// The plan's spec, parsed when the plan was read.
     pub settings: crate::Result<Settings>,
+    /// The KubeRay release whose rules classified the change, and where it was read.
+    pub release: crate::kuberay::Release,
     /// `Err` when the RayService is missing or unreadable, with the message.
     pub service: Result<ServiceFacts, String>,
     /// `Ok(None)`: nothing needs a new cluster (see `verdict`).

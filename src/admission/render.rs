@@ -9,8 +9,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use super::rules::{REQUEUE_IDLE, REQUEUE_WAITING};
 use super::{Decision, EventNote, Gate, Inputs, Outcome};
 use crate::capacity::{self, ACCELERATORS, FitReport, ResourceList};
+use crate::kuberay::{Release, ReleaseProblem, ReleaseSource};
 use crate::quantity::Quantity;
-use crate::upgradeplan::{CapacityStatus, Phase, UpgradePlanStatus, condition};
+use crate::upgradeplan::{
+    CapacityStatus, KubeRayReleaseStatus, Phase, UpgradePlanStatus, condition,
+};
 
 /// Carries the new status while rules fill it in.
 pub struct Builder<'a> {
@@ -113,6 +116,37 @@ impl<'a> Builder<'a> {
         );
     }
 
+    /// Records the KubeRay release whose rules apply; a flag that disagrees with the
+    /// RayClusters' stamp, or a release raygate does not know, is a False condition
+    /// and one Warning Event when it appears.
+    pub fn kuberay_release(&mut self, r: &Release) {
+        self.status.kube_ray_release = Some(KubeRayReleaseStatus {
+            version: r.version.to_string(),
+            source: r.source.as_str().to_string(),
+        });
+        match r.problem() {
+            Some((problem, msg)) => {
+                let already =
+                    self.prev.conditions.iter().any(|c| {
+                        c.type_ == condition::KUBERAY_RELEASE && c.reason == problem.as_str()
+                    });
+                if !already {
+                    self.event(true, release_event_reason(problem), msg.clone());
+                }
+                self.condition(condition::KUBERAY_RELEASE, false, problem.as_str(), &msg);
+            }
+            None => {
+                let reason = match r.source {
+                    ReleaseSource::Namespace | ReleaseSource::Cluster => "Stamped",
+                    ReleaseSource::Flag => "Flag",
+                    ReleaseSource::Default => "Default",
+                };
+                let msg = format!("{}'s rules apply: {}", r.version, r.describe());
+                self.condition(condition::KUBERAY_RELEASE, true, reason, &msg);
+            }
+        }
+    }
+
     /// Set a condition, keeping `lastTransitionTime` when the status is unchanged.
     pub fn condition(&mut self, type_: &str, ok: bool, reason: &str, message: &str) {
         let status = if ok { "True" } else { "False" };
@@ -184,6 +218,15 @@ impl<'a> Builder<'a> {
             requeue: self.requeue,
             overridden_by,
         }
+    }
+}
+
+/// The Event reason of a release problem.
+fn release_event_reason(p: ReleaseProblem) -> &'static str {
+    match p {
+        ReleaseProblem::FlagMismatch => "KubeRayReleaseMismatch",
+        ReleaseProblem::UnknownRelease => "UnknownKubeRayRelease",
+        ReleaseProblem::NotGateable => "KubeRayNotGateable",
     }
 }
 

@@ -1,7 +1,9 @@
 //! The rules of the decision, in order:
 //!
 //! 1. A plan or RayService that cannot be read is an `Error`; the gate stays
-//!    closed (a broken input never opens it).
+//!    closed (a broken input never opens it). The KubeRay release whose rules
+//!    apply is recorded ([`crate::kuberay::release`]); one without
+//!    `spec.upgradeStrategy` (before v1.3) is an `Error` and the gate is not touched.
 //! 2. An admitted change is tracked: `Admitted` until KubeRay names the new
 //!    cluster (gate open), then `Upgrading` (gate closed again so a further
 //!    commit cannot start another cluster), `Stalled` when [`super::stall`]
@@ -18,6 +20,7 @@ use jiff::Timestamp;
 
 use super::render::{self, Builder};
 use super::{ADMISSION_TTL, ChangeFacts, Gate, Inputs, Outcome, ServiceFacts, Settings, stall};
+use crate::kuberay::ReleaseProblem;
 use crate::schedule;
 use crate::upgradeplan::{
     Admission, PendingChange, Phase, Policy, TransitionOutcome, TransitionRecord, condition,
@@ -38,6 +41,11 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
         Ok(s) => s,
         Err(msg) => return b.error("RayServiceUnavailable", msg.clone(), None),
     };
+    b.kuberay_release(&inp.release);
+    if let Some((ReleaseProblem::NotGateable, msg)) = inp.release.problem() {
+        // The field is pruned by such a release's CRD: nothing to write.
+        return b.error("KubeRayNotGateable", msg, None);
+    }
     b.status.active_cluster = svc.active_cluster.clone();
     b.status.pending_cluster = svc.pending_cluster.clone();
     let r = Rules { inp, svc, settings };

@@ -101,6 +101,7 @@ fn run_built_from(
         now: at,
         plan: p,
         settings: Settings::of(p),
+        release: crate::kuberay::Release::assumed(crate::kuberay::KubeRayVersion::latest()),
         service: svc,
         change: ch,
         verdict: Some(Verdict::NewCluster),
@@ -622,6 +623,7 @@ fn gate_override_is_reported_not_fought() {
         now: now(),
         plan: &p,
         settings: Settings::of(&p),
+        release: crate::kuberay::Release::assumed(crate::kuberay::KubeRayVersion::latest()),
         service: service("llm-a", None),
         change: Ok(None),
         verdict: Some(Verdict::NoChange),
@@ -777,6 +779,7 @@ fn decide_with_gate(
         now: now(),
         plan: p,
         settings: Settings::of(p),
+        release: crate::kuberay::Release::assumed(crate::kuberay::KubeRayVersion::latest()),
         service: service("llm-a", None),
         change: ch,
         verdict: Some(Verdict::NewCluster),
@@ -858,5 +861,87 @@ fn an_invalid_spec_leaves_an_overridden_gate_alone_without_judging_it() {
             .starts_with("spec.stallAfter"),
         "{:?}",
         d.status.message
+    );
+}
+
+fn decide_with_release(p: &UpgradePlan, release: crate::kuberay::Release) -> Decision {
+    decide(&Inputs {
+        now: now(),
+        plan: p,
+        settings: Settings::of(p),
+        release,
+        service: service("llm-a", None),
+        change: Ok(Some(change(vec![gpu_pod("w0", 8)]))),
+        verdict: Some(Verdict::NewCluster),
+        clusters: BTreeSet::from(["llm-a".to_string()]),
+        pods: BTreeMap::new(),
+        pending_ready: false,
+        pending_fingerprint: None,
+        gate: GateFacts::default(),
+        admission_unseen: false,
+        cluster: &fit::Alone(&state(&[8, 8])),
+    })
+}
+
+#[test]
+fn the_release_applied_is_recorded_and_a_disagreeing_flag_reported_once() {
+    use crate::kuberay::{KubeRayVersion, Releases};
+    let flag = KubeRayVersion::parse("1.7").ok();
+    let release = Releases::from_stamps([("ml", "v1.6.2")], flag).for_namespace("ml");
+    let d = decide_with_release(&auto_plan(None), release.clone());
+    // The decision goes on with the stamped release: the upgrade is admitted.
+    assert_eq!(
+        (d.status.phase, d.gate),
+        (Phase::Admitted, Some(Gate::Open))
+    );
+    let r = d.status.kube_ray_release.as_ref().unwrap();
+    assert_eq!(
+        (r.version.as_str(), r.source.as_str()),
+        ("v1.6.2", "RayCluster")
+    );
+    let c = cond(&d.status, "KubeRayRelease");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "FlagMismatch")
+    );
+    let warned: Vec<_> = d
+        .events
+        .iter()
+        .filter(|e| e.reason == "KubeRayReleaseMismatch")
+        .collect();
+    assert_eq!(warned.len(), 1, "{:?}", d.events);
+    assert!(warned[0].warning);
+    // Already reported: the next decision keeps the condition without a new Event.
+    let again = decide_with_release(&auto_plan(Some(d.status.clone())), release);
+    assert!(
+        again
+            .events
+            .iter()
+            .all(|e| e.reason != "KubeRayReleaseMismatch"),
+        "{:?}",
+        again.events
+    );
+    assert_eq!(cond(&again.status, "KubeRayRelease").reason, "FlagMismatch");
+
+    // Agreeing stamps: True, no Event.
+    let ok = Releases::from_stamps([("ml", "v1.6.2")], None).for_namespace("ml");
+    let d = decide_with_release(&auto_plan(None), ok);
+    let c = cond(&d.status, "KubeRayRelease");
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Stamped"));
+    assert!(c.message.contains("v1.6.2's rules apply"), "{}", c.message);
+}
+
+#[test]
+fn a_kuberay_without_the_gate_field_is_an_error_and_the_gate_is_left_alone() {
+    use crate::kuberay::Releases;
+    let old = Releases::from_stamps([("ml", "v1.2.2")], None).for_namespace("ml");
+    let d = decide_with_release(&auto_plan(None), old);
+    assert_eq!(d.status.phase, Phase::Error);
+    assert_eq!(d.gate, None, "the field does not exist in this release");
+    assert_eq!(d.status.waiting_for.as_deref(), Some("KubeRayNotGateable"));
+    let c = cond(&d.status, "KubeRayRelease");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NotGateable")
     );
 }

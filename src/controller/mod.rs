@@ -51,7 +51,9 @@ pub struct Settings {
     /// are watched (one watch per namespace); empty for all. Pods and Nodes are
     /// always watched cluster-wide: free capacity is a cluster-wide fact.
     pub namespaces: Vec<String>,
-    pub kuberay_version: KubeRayVersion,
+    /// `--kuberay-version`: the release assumed where no watched RayCluster is
+    /// stamped with one (see [`crate::kuberay::release`]).
+    pub kuberay_version: Option<KubeRayVersion>,
     /// Identity in Events (`reportingInstance`).
     pub instance: String,
 }
@@ -670,13 +672,14 @@ fn decide_now(
     overlay: &Overlay,
     now: Timestamp,
 ) -> (Seen, Decision) {
-    let version = ctx.settings.kuberay_version;
-    let world = World::new(&ctx.stores, overlay, version, now);
+    let releases = observe::releases(&ctx.stores, ctx.settings.kuberay_version);
+    let world = World::new(&ctx.stores, overlay, &releases, now);
     let key = (plan.namespace().unwrap_or_default(), plan.name_any());
+    let release = releases.for_namespace(&key.0);
     let inputs = observe::observe(
         &ctx.stores,
         plan,
-        version,
+        &release,
         now,
         overlay.contains_key(&key),
         &world,
@@ -847,6 +850,11 @@ fn observe_metrics(
         gate_overridden: d.overridden_by.is_some(),
         shortfall: &shortfall,
         pods_pending_unschedulable: unschedulable,
+        kuberay_release_mismatch: s.conditions.iter().any(|c| {
+            c.type_ == condition::KUBERAY_RELEASE
+                && c.status == "False"
+                && c.reason != "NotGateable"
+        }),
     });
     if let Some(c) = s.capacity.as_ref() {
         ctx.metrics.set_cluster_free(&as_numbers(&c.free));

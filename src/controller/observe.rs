@@ -24,7 +24,8 @@ use crate::admission::pass::Pass;
 use crate::admission::{ChangeFacts, Cluster, GateFacts, Inputs, ServiceFacts, Settings};
 use crate::capacity::{ClusterState, PodGroup};
 use crate::kuberay::{
-    self, KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService, Verdict,
+    self, ANNOTATION_KUBERAY_VERSION, KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster,
+    RayService, Release, Releases, Verdict,
 };
 use crate::upgradeplan::{Admission, Phase, UpgradePlan};
 
@@ -137,19 +138,37 @@ fn key_of(p: &UpgradePlan) -> PlanKey {
     (p.namespace().unwrap_or_default(), p.name_any())
 }
 
+/// The KubeRay releases the watched RayClusters are stamped with
+/// (`ray.io/kuberay-version`); `flag` is `--kuberay-version`.
+pub fn releases(stores: &Stores, flag: Option<KubeRayVersion>) -> Releases {
+    let clusters = stores.clusters.state();
+    let stamps = clusters.iter().filter_map(|c| {
+        let meta = match &c.0 {
+            Ok(c) => &c.metadata,
+            Err(e) => &e.metadata,
+        };
+        let stamp = meta.annotations.as_ref()?.get(ANNOTATION_KUBERAY_VERSION)?;
+        Some((meta.namespace.as_deref()?, stamp.as_str()))
+    });
+    Releases::from_stamps(stamps, flag)
+}
+
 /// The inputs of one decision for `plan`, read from the caches; `cluster`
-/// answers the capacity questions if the decision asks them.
+/// answers the capacity questions if the decision asks them. `release` is
+/// the KubeRay release of the plan's namespace (see [`releases`]).
 pub fn observe<'a>(
     stores: &Stores,
     plan: &'a UpgradePlan,
-    version: KubeRayVersion,
+    release: &Release,
     now: Timestamp,
     admission_unseen: bool,
     cluster: &'a dyn Cluster,
 ) -> Inputs<'a> {
+    let version = release.version;
     let mut inp = Inputs {
         now,
         plan,
+        release: release.clone(),
         settings: Settings::of(plan),
         service: Err(String::new()),
         change: Ok(None),
@@ -307,7 +326,7 @@ fn ledger_pods(
     stores: &Stores,
     except: Option<&PlanKey>,
     overlay: &Overlay,
-    version: KubeRayVersion,
+    releases: &Releases,
 ) -> Vec<PodGroup> {
     let mut out = vec![];
     for p in stores.plans.state() {
@@ -322,6 +341,7 @@ fn ledger_pods(
             continue;
         };
         let Ok(svc) = &guard.0 else { continue };
+        let version = releases.for_namespace(&ns).version;
         let pending = status_cluster(
             svc.status
                 .as_ref()
@@ -359,7 +379,7 @@ fn waiting_plans(
     stores: &Stores,
     except: Option<&PlanKey>,
     overlay: &Overlay,
-    version: KubeRayVersion,
+    releases: &Releases,
     now: Timestamp,
 ) -> Vec<Candidate> {
     let mut q = vec![];
@@ -381,7 +401,7 @@ fn waiting_plans(
             continue;
         };
         let Ok(svc) = &guard.0 else { continue };
-        let Ok(pods) = new_cluster_pods(svc, version) else {
+        let Ok(pods) = new_cluster_pods(svc, releases.for_namespace(&ns).version) else {
             continue;
         };
         q.push(Candidate {
@@ -462,7 +482,7 @@ fn world_key(stores: &Stores, generation: u64, overlay: &Overlay) -> u64 {
 pub struct World<'a> {
     stores: &'a Stores,
     overlay: &'a Overlay,
-    version: KubeRayVersion,
+    releases: &'a Releases,
     now: Timestamp,
     rules: OnceCell<ClusterState>,
 }
@@ -471,13 +491,13 @@ impl<'a> World<'a> {
     pub fn new(
         stores: &'a Stores,
         overlay: &'a Overlay,
-        version: KubeRayVersion,
+        releases: &'a Releases,
         now: Timestamp,
     ) -> Self {
         World {
             stores,
             overlay,
-            version,
+            releases,
             now,
             rules: OnceCell::new(),
         }
@@ -497,11 +517,11 @@ impl Cluster for World<'_> {
     }
 
     fn ledger(&self, except: Option<&PlanKey>) -> Vec<PodGroup> {
-        ledger_pods(self.stores, except, self.overlay, self.version)
+        ledger_pods(self.stores, except, self.overlay, self.releases)
     }
 
     fn waiting(&self, except: Option<&PlanKey>) -> Vec<Candidate> {
-        waiting_plans(self.stores, except, self.overlay, self.version, self.now)
+        waiting_plans(self.stores, except, self.overlay, self.releases, self.now)
     }
 
     /// Kept per digest of the world (see [`world_key`]). The index is not
@@ -574,11 +594,11 @@ mod tests {
         let key = key_of(&plan);
         let stores = stores(plan, svc);
         let now = Timestamp::now();
-        let version = KubeRayVersion::default();
+        let version = Releases::default();
 
         let none = Overlay::new();
-        assert_eq!(waiting_plans(&stores, None, &none, version, now).len(), 1);
-        assert!(ledger_pods(&stores, None, &none, version).is_empty());
+        assert_eq!(waiting_plans(&stores, None, &none, &version, now).len(), 1);
+        assert!(ledger_pods(&stores, None, &none, &version).is_empty());
 
         let admitted = Overlay::from([(
             key,
@@ -589,8 +609,8 @@ mod tests {
                 to_cluster: None,
             },
         )]);
-        assert!(waiting_plans(&stores, None, &admitted, version, now).is_empty());
-        let ledger = ledger_pods(&stores, None, &admitted, version);
+        assert!(waiting_plans(&stores, None, &admitted, &version, now).is_empty());
+        let ledger = ledger_pods(&stores, None, &admitted, &version);
         assert!(
             !ledger.is_empty(),
             "the admitted plan's pods are reserved once"

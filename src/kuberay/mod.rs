@@ -7,12 +7,14 @@
 //! - [`diff`]: structural diff with readable, name-keyed paths.
 //! - [`classify`]: what KubeRay will do with a RayService change.
 //! - [`pods`]: the pods KubeRay will create for a cluster spec.
+//! - [`release`]: which release runs, read from the RayClusters' `ray.io/kuberay-version`.
 //! - [`validate`]: the RayService validation that makes KubeRay reject a change.
 
 pub mod classify;
 pub mod diff;
 pub mod normalize;
 pub mod pods;
+pub mod release;
 pub mod types;
 pub mod validate;
 pub mod version;
@@ -22,6 +24,7 @@ pub use pods::{
     PlanOptions, desired_worker_pods, planned_groups, planned_groups_with, planned_pods,
     planned_pods_with,
 };
+pub use release::{Release, ReleaseProblem, ReleaseSource, Releases};
 pub use types::{
     ANNOTATION_HASH, ANNOTATION_KUBERAY_VERSION, ANNOTATION_NUM_WORKER_GROUPS, LABEL_CLUSTER,
     LABEL_GROUP, LABEL_NODE_TYPE, LABEL_ORIGINATED_FROM_CR_NAME, LABEL_ORIGINATED_FROM_CRD,
