@@ -677,6 +677,20 @@ async fn report(ctx: &Context, r: &Recorded, now: Timestamp) {
         ctx.metrics.admission(outcome);
     }
     observe_metrics(ctx, plan, service, d, now, r.seen.unschedulable);
+    let open = d.status.capacity_request.as_ref().and_then(|c| {
+        use crate::upgradeplan::CapacityRequestState as S;
+        let overdue = match c.state {
+            S::Requested => false,
+            S::NotDelivered => true,
+            S::Queued | S::Failed => return None,
+        };
+        Some((seconds_since(c.requested_time?, now), overdue))
+    });
+    ctx.metrics.observe_capacity_request(
+        &plan.namespace().unwrap_or_default(),
+        &plan.name_any(),
+        open,
+    );
 }
 
 /// What the writes after a decision need from its observation.
