@@ -466,7 +466,7 @@ mod tests {
         let s = shapes(
             &[PodGroup::indexed(pod.clone(), 3, "w-".into())],
             &ResourceList::new(),
-            &[lr.clone()],
+            std::slice::from_ref(&lr),
         )
         .unwrap();
         assert_eq!(s[0].key, "worker-gpu");
