@@ -6,7 +6,10 @@
 //! Karpenter creates): a static CPU node for the Ray heads, and a NodePool `gpu` of one
 //! 8-GPU instance type, tainted `nvidia.com/gpu`, `consolidateAfter: 30s` when empty, with
 //! a GPU limit the scenarios change. raygate runs with `--capacity-requests=true
-//! --max-open-capacity-requests=1`.
+//! --max-open-capacity-requests=1`, as the ServiceAccount of config/overlays/capacity-requests
+//! with exactly its RBAC (config/rbac plus the capacity-requests component): every scenario
+//! below is also the proof that those grants suffice, and `kubectl auth can-i` that they
+//! grant nothing more for these resources.
 //!
 //! (a) an upgrade short by 8 GPUs: buffers for the whole new cluster, exactly one node
 //!     bought, admitted, Completed with one cluster, buffers gone (hold → admit measured);
@@ -27,7 +30,8 @@ use kube::api::{
 use raygate_e2e::control_plane::repo_root;
 use raygate_e2e::json::str_at;
 use raygate_e2e::{
-    Check, ControlPlane, FakeNode, GpuRayService, Options, Raygate, create_namespace, wait_for,
+    Check, ControlPlane, FakeNode, GpuRayService, Options, Raygate, Spawn, create_namespace,
+    wait_for,
 };
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,6 +45,7 @@ struct Env {
     client: Client,
     ns: String,
     rg: Option<Raygate>,
+    kubeconfig: std::path::PathBuf,
     // Dropped last: stops the control plane after the processes using it.
     cp: ControlPlane,
 }
@@ -272,13 +277,252 @@ async fn env() -> Result<Env> {
     let file = cp.log_dir().join("nodepool.yaml");
     std::fs::write(&file, NODEPOOL)?;
     cp.kubectl_ok(&["apply", "-f", &file.to_string_lossy()])?;
-    let rg = Raygate::spawn(&cp, RAYGATE_ARGS)?;
+    let kubeconfig = service_account(&cp)?;
+    let rg = spawn_raygate(&cp, &kubeconfig)?;
     Ok(Env {
         client,
         ns,
         rg: Some(rg),
+        kubeconfig,
         cp,
     })
+}
+
+/// The ServiceAccount, ClusterRoles and bindings of `kubectl kustomize
+/// config/overlays/capacity-requests` applied (nothing else of it: no Deployment), checked
+/// with `kubectl auth can-i`; a kubeconfig with a token of that ServiceAccount.
+fn service_account(cp: &ControlPlane) -> Result<std::path::PathBuf> {
+    let dir = cp.log_dir();
+    let overlay = repo_root().join("config/overlays/capacity-requests");
+    let rendered = cp.kubectl_ok(&["kustomize", &overlay.to_string_lossy()])?;
+    let all = dir.join("capacity-requests-overlay.yaml");
+    std::fs::write(&all, rendered)?;
+    // One JSON object per document, concatenated.
+    let objects = cp.kubectl_ok(&[
+        "create",
+        "--dry-run=client",
+        "-o",
+        "json",
+        "-f",
+        &all.to_string_lossy(),
+    ])?;
+    let keep = [
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ];
+    let mut items = vec![];
+    for o in serde_json::Deserializer::from_str(&objects).into_iter::<Value>() {
+        let o = o?;
+        if keep.contains(&str_at(&o, &["kind"])) {
+            items.push(o);
+        }
+    }
+    assert!(
+        items
+            .iter()
+            .any(|o| str_at(o, &["metadata", "name"]) == "raygate-capacity-requests"),
+        "the overlay has the capacity-requests ClusterRole"
+    );
+    let rbac = dir.join("capacity-requests-rbac.json");
+    std::fs::write(
+        &rbac,
+        serde_json::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": items}))?,
+    )?;
+    cp.kubectl_ok(&["apply", "-f", &rbac.to_string_lossy()])?;
+    let who = "--as=system:serviceaccount:raygate-system:raygate";
+    for (verb, resource, want) in [
+        ("create", "capacitybuffers.autoscaling.x-k8s.io", "yes"),
+        ("patch", "capacitybuffers.autoscaling.x-k8s.io", "yes"),
+        ("delete", "capacitybuffers.autoscaling.x-k8s.io", "yes"),
+        ("watch", "podtemplates", "yes"),
+        ("delete", "podtemplates", "yes"),
+        ("update", "capacitybuffers.autoscaling.x-k8s.io", "no"),
+        ("update", "podtemplates", "no"),
+        ("deletecollection", "podtemplates", "no"),
+        ("create", "nodepools.karpenter.sh", "no"),
+        ("delete", "pods", "no"),
+    ] {
+        let out = cp.kubectl(&["auth", "can-i", verb, resource, "-n", "auto", who])?;
+        let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(said.starts_with(want), "can-i {verb} {resource}: {said}");
+    }
+    // The autoscaler writes the buffers' status, raygate never.
+    let out = cp.kubectl(&[
+        "auth",
+        "can-i",
+        "patch",
+        "capacitybuffers.autoscaling.x-k8s.io",
+        "--subresource=status",
+        "-n",
+        "auto",
+        who,
+    ])?;
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("no"));
+    for (verb, resource, want) in [("get", "podtemplates", "yes")] {
+        let out = cp.kubectl(&["auth", "can-i", verb, resource, "-n", "auto", who])?;
+        let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(said.starts_with(want), "can-i {verb} {resource}: {said}");
+    }
+    let token = cp.kubectl_ok(&[
+        "-n",
+        "raygate-system",
+        "create",
+        "token",
+        "raygate",
+        "--duration=2h",
+    ])?;
+    let admin = std::fs::read_to_string(cp.kubeconfig_path())?;
+    let kubeconfig = dir.join("raygate-sa.kubeconfig");
+    let mine: Vec<String> = admin
+        .lines()
+        .map(|l| match l.trim_start().strip_prefix("token:") {
+            Some(_) => format!("    token: {token}"),
+            None => l.to_string(),
+        })
+        .collect();
+    std::fs::write(&kubeconfig, mine.join("\n"))?;
+    Ok(kubeconfig)
+}
+
+fn spawn_raygate(cp: &ControlPlane, kubeconfig: &std::path::Path) -> Result<Raygate> {
+    Raygate::spawn_with(
+        cp,
+        &Spawn {
+            kubeconfig: Some(kubeconfig),
+            env: &[],
+            args: RAYGATE_ARGS,
+        },
+    )
+}
+
+/// The PodTemplates raygate asked with are the pods the real KubeRay operator then created
+/// for that cluster, in everything scheduling and the autoscaler read: one template per
+/// pod group with `replicas` = its pods; labels (those naming the cluster aside), node
+/// selector, affinity, tolerations (the apiserver's DefaultTolerationSeconds additions
+/// aside), topology spread, priority class, and every container's requests as admitted.
+async fn templates_match_real_pods(
+    e: &Env,
+    asked: &[PodTemplate],
+    replicas: &BTreeMap<String, i64>,
+    cluster: &str,
+) -> Result<()> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(e.client.clone(), &e.ns);
+    let real = pods
+        .list(&ListParams::default().labels(&format!("ray.io/cluster={cluster}")))
+        .await?
+        .items;
+    anyhow::ensure!(!real.is_empty(), "no pods of {cluster}");
+    let by_shape: BTreeMap<String, &PodTemplate> = asked
+        .iter()
+        .filter_map(|t| {
+            let shape = t.metadata.labels.as_ref()?.get("raygate.io/shape")?.clone();
+            Some((shape, t))
+        })
+        .collect();
+    let mut counted: BTreeMap<String, i64> = BTreeMap::new();
+    let cluster_named = ["ray.io/cluster", "ray.io/identifier"];
+    for pod in &real {
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let shape = match labels.get("ray.io/node-type").map(String::as_str) {
+            Some("head") => "head".to_string(),
+            _ => format!(
+                "worker-{}",
+                labels.get("ray.io/group").cloned().unwrap_or_default()
+            ),
+        };
+        let t = by_shape
+            .get(&shape)
+            .with_context(|| format!("no template for {shape} ({:?})", pod.metadata.name))?;
+        *counted.entry(shape.clone()).or_default() += 1;
+        let tl = t
+            .template
+            .as_ref()
+            .and_then(|t| t.metadata.as_ref())
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default();
+        for (k, v) in &tl {
+            if cluster_named.contains(&k.as_str()) {
+                continue;
+            }
+            anyhow::ensure!(
+                labels.get(k) == Some(v),
+                "{shape}: label {k}={v} vs pod {labels:?}"
+            );
+        }
+        let ts = t
+            .template
+            .as_ref()
+            .and_then(|t| t.spec.clone())
+            .unwrap_or_default();
+        let ps = pod.spec.clone().unwrap_or_default();
+        let tolerations = |v: Option<Vec<k8s_openapi::api::core::v1::Toleration>>| {
+            v.unwrap_or_default()
+                .into_iter()
+                .filter(|t| {
+                    !(t.effect.as_deref() == Some("NoExecute")
+                        && t.toleration_seconds == Some(300)
+                        && matches!(
+                            t.key.as_deref(),
+                            Some("node.kubernetes.io/not-ready" | "node.kubernetes.io/unreachable")
+                        ))
+                })
+                .collect::<Vec<_>>()
+        };
+        anyhow::ensure!(
+            tolerations(ts.tolerations.clone()) == tolerations(ps.tolerations.clone()),
+            "{shape}: tolerations"
+        );
+        anyhow::ensure!(
+            ts.node_selector == ps.node_selector,
+            "{shape}: nodeSelector"
+        );
+        anyhow::ensure!(ts.affinity == ps.affinity, "{shape}: affinity");
+        anyhow::ensure!(
+            ts.topology_spread_constraints == ps.topology_spread_constraints,
+            "{shape}: topologySpreadConstraints"
+        );
+        anyhow::ensure!(
+            ts.priority_class_name == ps.priority_class_name,
+            "{shape}: priorityClassName"
+        );
+        let requests = |cs: &[k8s_openapi::api::core::v1::Container]| {
+            cs.iter()
+                .map(|c| {
+                    let r = c
+                        .resources
+                        .as_ref()
+                        .and_then(|r| r.requests.clone())
+                        .unwrap_or_default();
+                    let r: BTreeMap<String, String> =
+                        r.into_iter().map(|(k, q)| (k, q.0)).collect();
+                    (c.name.clone(), r)
+                })
+                .collect::<Vec<_>>()
+        };
+        anyhow::ensure!(
+            requests(&ts.containers) == requests(&ps.containers),
+            "{shape}: containers {:?} vs real {:?}",
+            requests(&ts.containers),
+            requests(&ps.containers)
+        );
+        anyhow::ensure!(
+            requests(ts.init_containers.as_deref().unwrap_or_default())
+                == requests(ps.init_containers.as_deref().unwrap_or_default()),
+            "{shape}: init containers {:?} vs real {:?}",
+            requests(ts.init_containers.as_deref().unwrap_or_default()),
+            requests(ps.init_containers.as_deref().unwrap_or_default())
+        );
+    }
+    anyhow::ensure!(
+        &counted == replicas,
+        "pods per shape {counted:?}, buffers asked for {replicas:?}"
+    );
+    eprintln!("(a) templates match the real pods of {cluster}: {counted:?}");
+    Ok(())
 }
 
 /// A RayService with its plan, serving and Idle.
@@ -344,6 +588,14 @@ async fn held_upgrades_get_their_capacity_from_karpenter() {
         ]),
     );
     let templates: Api<PodTemplate> = Api::namespaced(e.client.clone(), &e.ns);
+    // Kept to compare with the pods the real operator creates once admitted.
+    let asked: Vec<PodTemplate> = or_panic(
+        templates
+            .list(&ListParams::default().labels(&format!("raygate.io/plan-uid={chat_uid}")))
+            .await
+            .map_err(Into::into),
+    )
+    .items;
     let worker = or_panic(
         templates
             .get(&format!("chat-{fp}-worker-gpu-workers"))
@@ -414,6 +666,18 @@ async fn held_upgrades_get_their_capacity_from_karpenter() {
         1
     );
     let chat_node = (*added[0]).clone();
+    let active = str_at(&done, &["status", "activeCluster"]).to_string();
+    let replicas: BTreeMap<String, i64> = requested["status"]["capacityRequest"]["buffers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|b| {
+            let name = str_at(b, &["name"]);
+            let shape = name.trim_start_matches(&format!("chat-{fp}-")).to_string();
+            (shape, b["replicas"].as_i64().unwrap_or(0))
+        })
+        .collect();
+    or_panic(templates_match_real_pods(&e, &asked, &replicas, &active).await);
 
     // (b) The old cluster's node is left empty: Karpenter consolidates it.
     let old_node = first.iter().next().cloned().unwrap_or_default();
@@ -478,7 +742,7 @@ async fn held_upgrades_get_their_capacity_from_karpenter() {
     let before = or_panic(e.buffers_by_plan().await)[&batch_uid].clone();
     e.raygate().kill();
     e.rg = None;
-    e.rg = Some(or_panic(Raygate::spawn(&e.cp, RAYGATE_ARGS)));
+    e.rg = Some(or_panic(spawn_raygate(&e.cp, &e.kubeconfig)));
     or_panic(
         e.wait_plan("batch", "observed by the new raygate", |p| {
             request_state(p) == "NotDelivered"
@@ -492,14 +756,26 @@ async fn held_upgrades_get_their_capacity_from_karpenter() {
         or_panic(e.events("batch", "CapacityNotDelivered").await).len(),
         1
     );
-    let metrics = or_panic(e.raygate().metrics());
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("raygate_capacity_request_not_delivered{")
-                && l.contains("upgradeplan=\"batch\"")
-                && l.ends_with(" 1")),
-        "{metrics}"
+    // The gauge is set right after the status is written.
+    let rg = e.rg.as_ref().expect("raygate runs");
+    or_panic(
+        wait_for("raygate_capacity_request_not_delivered 1", T, || async {
+            let metrics = rg.metrics()?;
+            let line = metrics
+                .lines()
+                .find(|l| {
+                    l.starts_with("raygate_capacity_request_not_delivered{")
+                        && l.contains("upgradeplan=\"batch\"")
+                })
+                .unwrap_or_default()
+                .to_string();
+            Ok(if line.ends_with(" 1") {
+                Check::Done(())
+            } else {
+                Check::NotYet(line)
+            })
+        })
+        .await,
     );
     assert_eq!(or_panic(e.cluster_count("batch").await), 1);
 

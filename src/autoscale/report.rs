@@ -110,6 +110,11 @@ pub fn annotate(d: &mut Decision, plan: &UpgradePlan, f: &Facts<'_>, now: Timest
         .map(|t| Duration::try_from(now.duration_since(t)).unwrap_or_default())
         .unwrap_or_default();
     let overdue = age > request.max_wait;
+    if !overdue {
+        // Looked at again when maxWait runs out, to report it on time.
+        let left = request.max_wait.saturating_sub(age) + Duration::from_secs(1);
+        d.requeue = d.requeue.min(left);
+    }
     let reports = autoscaler_reports(&mine);
     let names: Vec<String> = st
         .buffers
