@@ -361,18 +361,18 @@ fn build(
     ))
 }
 
-/// Makes the plan's objects match `wanted`. A failure to create is
-/// recorded for the plan's status (never an error of the reconcile: the
-/// gate must not wait on the autoscaler); a failure to delete is retried
-/// by the sweep.
-pub async fn act(ctx: &Context, plan: &UpgradePlan, wanted: &Wanted) -> Result<()> {
+/// Makes the plan's objects match `wanted`. Never an error of the
+/// reconcile, so nothing here can keep a gate closed: a failure to create is
+/// recorded for the plan's status, a failure to delete is logged and retried
+/// by the next reconcile and the sweep.
+pub async fn act(ctx: &Context, plan: &UpgradePlan, wanted: &Wanted) {
     let shell = &ctx.buffers;
     if shell.buffers.is_none() {
-        return Ok(());
+        return;
     }
     let key = key_of(plan);
     let Some(uid) = plan.metadata.uid.clone() else {
-        return Ok(());
+        return;
     };
     let ns = key.0.clone();
     let keep = match wanted {
@@ -390,7 +390,7 @@ pub async fn act(ctx: &Context, plan: &UpgradePlan, wanted: &Wanted) -> Result<(
                 Err(e) => {
                     warn!(plan = %key.1, namespace = %ns, error = %e, "creating the capacity request");
                     lock(&shell.errors).insert(key.clone(), e.to_string());
-                    return Ok(());
+                    return;
                 }
             }
             lock(&shell.errors).remove(&key);
@@ -401,14 +401,19 @@ pub async fn act(ctx: &Context, plan: &UpgradePlan, wanted: &Wanted) -> Result<(
             None
         }
     };
-    let stale = delete_stale(ctx, &ns, &uid, keep).await?;
+    match delete_stale(ctx, &ns, &uid, keep).await {
+        Ok(0) => {}
+        Ok(n) => {
+            info!(plan = %key.1, namespace = %ns, objects = n, "capacity request objects deleted")
+        }
+        Err(e) => {
+            warn!(plan = %key.1, namespace = %ns, error = %e, "deleting capacity request objects (retried)");
+            return;
+        }
+    }
     if keep.is_none() {
         lock(&shell.recent).remove(&key);
     }
-    if stale > 0 {
-        info!(plan = %key.1, namespace = %ns, objects = stale, "capacity request objects deleted");
-    }
-    Ok(())
 }
 
 /// Applies the objects the cache does not show complete; how many shapes

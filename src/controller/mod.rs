@@ -463,7 +463,9 @@ async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     }
     // Its capacity request goes with it (the owner reference would let the
     // garbage collector do it too, once the plan object is gone).
-    buffers::forget(ctx, plan).await?;
+    if let Err(e) = buffers::forget(ctx, plan).await {
+        warn!(plan = %plan.name_any(), error = %e, "deleting the plan's capacity request (the garbage collector and the sweep retry)");
+    }
     ctx.metrics.forget_plan(&ns, &plan.name_any());
     ctx.decisions.lock().await.remove(&(ns, plan.name_any()));
     Ok(Action::await_change())
@@ -488,7 +490,7 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     };
     // Before the gate: an admitted plan's buffers go before KubeRay creates
     // the pods that will use their capacity.
-    buffers::act(ctx, &r.plan, &r.seen.wanted).await?;
+    buffers::act(ctx, &r.plan, &r.seen.wanted).await;
     let requeue = set_gate(ctx, &r).await?;
     report(ctx, &r, now).await;
     Ok(Action::requeue(requeue))
