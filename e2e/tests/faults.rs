@@ -638,18 +638,68 @@ fn amounts(m: &Value, what: &str) -> Result<BTreeMap<String, f64>> {
 async fn recount_admission(client: &Client, ns: &str, name: &str, rv: &str) -> Result<String> {
     let (w, at) = match world(client, ns, Some(rv)).await {
         Ok(w) => (w, format!("at resourceVersion {rv} (Exact)")),
-        Err(kube::Error::Api(s)) if s.code == 410 => (
-            world(client, ns, None).await?,
-            format!(
-                "resourceVersion {rv} compacted (410: {}): counted after the admission instead, \
-                 without the new cluster's pods",
-                s.message
-            ),
-        ),
+        Err(kube::Error::Api(s)) if s.code == 410 => {
+            let mut w = world(client, ns, None).await?;
+            let undone = ready_as_at_admission(&mut w, ns, name)?;
+            (
+                w,
+                format!(
+                    "resourceVersion {rv} compacted (410: {}): counted after the admission \
+                     instead, without the new cluster's pods, with {undone} node(s) that turned \
+                     NotReady after the admission (the fault's own restarts) counted Ready",
+                    s.message
+                ),
+            )
+        }
         Err(e) => return Err(e).with_context(|| format!("list at resourceVersion {rv}")),
     };
     let verdict = recount_in(&w, ns, name).with_context(|| format!("recount {at}"))?;
     Ok(format!("{verdict} [{at}]"))
+}
+
+/// For a count made after the admission: the apiserver and etcd restarts of the fault stop
+/// kwok's node heartbeats, and the node lifecycle controller marks nodes NotReady *after*
+/// the admission. A node whose Ready condition changed to not-True after the admission
+/// time was Ready when raygate decided; it is counted as it was then. Returns how many.
+fn ready_as_at_admission(w: &mut World, ns: &str, name: &str) -> Result<usize> {
+    let plan = w
+        .plans
+        .iter()
+        .find(|p| {
+            str_at(p, &["metadata", "namespace"]) == ns && str_at(p, &["metadata", "name"]) == name
+        })
+        .with_context(|| format!("no plan {ns}/{name}"))?;
+    let admitted: jiff::Timestamp = str_at(plan, &["status", "admitted", "admittedTime"])
+        .parse()
+        .with_context(|| format!("plan {ns}/{name}: status.admitted.admittedTime"))?;
+    let mut undone = 0;
+    for n in &mut w.nodes {
+        let conditions = n
+            .status
+            .as_mut()
+            .and_then(|s| s.conditions.as_mut())
+            .into_iter()
+            .flatten();
+        let mut restored = false;
+        for c in conditions {
+            let since = c.last_transition_time.as_ref().map(|t| t.0);
+            if c.type_ == "Ready" && c.status != "True" && since.is_some_and(|t| t > admitted) {
+                c.status = "True".into();
+                restored = true;
+            }
+        }
+        if restored {
+            undone += 1;
+            // The taints the node lifecycle controller adds for that NotReady state.
+            if let Some(taints) = n.spec.as_mut().and_then(|s| s.taints.as_mut()) {
+                taints.retain(|t| {
+                    t.key != "node.kubernetes.io/not-ready"
+                        && t.key != "node.kubernetes.io/unreachable"
+                });
+            }
+        }
+    }
+    Ok(undone)
 }
 
 fn recount_in(w: &World, ns: &str, name: &str) -> Result<String> {
