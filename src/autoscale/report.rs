@@ -119,7 +119,10 @@ pub fn annotate(d: &mut Decision, plan: &UpgradePlan, f: &Facts<'_>, now: Timest
     let names: Vec<String> = st
         .buffers
         .iter()
-        .map(|b| format!("{} ({} pods)", b.name, b.replicas))
+        .map(|b| {
+            let s = if b.replicas == 1 { "" } else { "s" };
+            format!("{} ({} pod{s})", b.name, b.replicas)
+        })
         .collect();
     let asked = if names.is_empty() {
         format!(
