@@ -858,4 +858,52 @@ async fn held_upgrades_get_their_capacity_from_karpenter() {
         "no request left behind"
     );
     eprintln!("(e) both completed in queue order at {:?}", t0.elapsed());
+
+    // Uninstall: with a request open and raygate stopped, `raygate release` (what the
+    // chart's pre-delete hook runs) deletes it with the gate, as this ServiceAccount.
+    or_panic(e.set_gpu_limit(0).await);
+    or_panic(e.change("chat", "rayproject/ray:2.12.0-gpu", Some(4)).await);
+    or_panic(
+        e.wait_plan("chat", "a request open", |p| {
+            request_state(p) == "Requested"
+                && p["status"]["capacityRequest"]["buffers"]
+                    .as_array()
+                    .is_some_and(|b| b.len() == 2)
+        })
+        .await,
+    );
+    e.raygate().kill();
+    e.rg = None;
+    let bin = raygate_e2e::workspace_bin("raygate").expect("the raygate binary");
+    let out = std::process::Command::new(bin)
+        .args(["release", "--kubeconfig"])
+        .arg(&e.kubeconfig)
+        .args(["--namespace", &e.ns])
+        .output()
+        .expect("run raygate release");
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        said.matches("capacity request deleted: CapacityBuffer")
+            .count(),
+        2,
+        "{said}"
+    );
+    assert!(
+        or_panic(e.buffers_by_plan().await).is_empty(),
+        "no request left behind"
+    );
+    let templates: Api<PodTemplate> = Api::namespaced(e.client.clone(), &e.ns);
+    let left = or_panic(
+        templates
+            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=raygate"))
+            .await
+            .map_err(Into::into),
+    );
+    assert!(left.items.is_empty(), "PodTemplates left behind");
+    eprintln!("raygate release: {}", said.trim().replace('\n', "; "));
 }
