@@ -20,6 +20,9 @@
 //! (d) raygate killed while the buffers are open: the same objects are found again;
 //! (f) that change withdrawn: buffers deleted, the node bought for it consolidated;
 //! (e) two plans waiting, cap 1: buffers in queue order, never two requests at once.
+//! Then, with a request open and raygate stopped, `raygate release` deletes it with the gate.
+//! On the way, the PodTemplates raygate asked with are compared with the pods the real
+//! operator creates for that cluster.
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Event, Node, PodTemplate};
