@@ -6,11 +6,13 @@
 //! - [`capacity`]: what fits where, with kube-scheduler's rules.
 //! - [`upgradeplan`]: raygate's own API, the `UpgradePlan` CRD.
 //! - [`admission`]: the decision to hold, admit or track an upgrade.
+//! - [`autoscale`]: asking the node autoscaler for a held upgrade's capacity.
 //! - [`controller`]: the loop that watches, decides and applies.
 //! - [`cli`]: the offline commands built on the same core.
 //! - [`kubectl`]: `kubectl raygate`, the same commands on a live cluster.
 
 pub mod admission;
+pub mod autoscale;
 pub mod capacity;
 pub mod cli;
 pub mod controller;

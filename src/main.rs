@@ -155,6 +155,50 @@ struct RunArgs {
     /// stamped yet.
     #[arg(long, env = "RAYGATE_KUBERAY_RELEASE", value_name = "X.Y[.Z]")]
     kuberay_version: Option<KubeRayVersion>,
+    /// Let plans ask the node autoscaler for the capacity a held upgrade
+    /// misses (spec.capacity.request: CapacityBuffer): raygate then watches and
+    /// writes PodTemplates and autoscaling.x-k8s.io/v1beta1 CapacityBuffers
+    /// labelled app.kubernetes.io/managed-by=raygate in the watched namespaces
+    /// (the CRD of Karpenter or cluster-autoscaler, and RBAC for both, are
+    /// needed; see docs/autoscaling.md). Off: such plans report that nothing
+    /// was asked and hold as usual.
+    #[arg(long, env = "RAYGATE_CAPACITY_REQUESTS", default_value_t = false, action = clap::ArgAction::Set)]
+    capacity_requests: bool,
+    /// spec.capacity.request of plans that do not set it: None, or
+    /// CapacityBuffer to ask for every held upgrade's capacity (needs
+    /// --capacity-requests=true).
+    #[arg(long, env = "RAYGATE_CAPACITY_REQUEST_DEFAULT", value_enum, default_value_t = CapacityRequestArg::None)]
+    capacity_request_default: CapacityRequestArg,
+    /// spec.capacity.maxWait of plans that do not set it: how long the
+    /// autoscaler may take before a plan reports CapacityNotDelivered
+    /// (condition, Warning Event, raygate_capacity_request_not_delivered and
+    /// the RaygateCapacityNotDelivered alert). raygate keeps holding.
+    #[arg(
+        long,
+        env = "RAYGATE_CAPACITY_MAX_WAIT",
+        default_value = "15m",
+        value_name = "DURATION"
+    )]
+    capacity_max_wait: String,
+    /// How many plans may have a capacity request open at once; the others
+    /// queue in admission order (priority, then waiting time), so a GitOps
+    /// sync of many RayServices does not buy every new cluster at once.
+    #[arg(
+        long,
+        env = "RAYGATE_MAX_OPEN_CAPACITY_REQUESTS",
+        default_value_t = 3,
+        value_name = "N"
+    )]
+    max_open_capacity_requests: usize,
+}
+
+/// `--capacity-request-default`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum CapacityRequestArg {
+    #[value(name = "None")]
+    None,
+    #[value(name = "CapacityBuffer")]
+    CapacityBuffer,
 }
 
 #[tokio::main]
@@ -222,6 +266,9 @@ async fn release(args: &ReleaseArgs) -> Result<String> {
     }
     for f in &done.finalizers {
         out.push_str(&format!("finalizer removed: UpgradePlan {f}\n"));
+    }
+    for b in &done.capacity_requests {
+        out.push_str(&format!("capacity request deleted: CapacityBuffer {b}\n"));
     }
     out.push_str(&format!(
         "released {} gates, removed {} finalizers\n",
@@ -334,6 +381,20 @@ async fn run(args: RunArgs) -> Result<()> {
         namespaces: args.namespaces.clone(),
         kuberay_version: args.kuberay_version,
         instance: leader::default_identity(),
+        capacity: raygate::autoscale::Defaults {
+            enabled: args.capacity_requests,
+            mode: match args.capacity_request_default {
+                CapacityRequestArg::None => upgradeplan::CapacityRequestMode::None,
+                CapacityRequestArg::CapacityBuffer => {
+                    upgradeplan::CapacityRequestMode::CapacityBuffer
+                }
+            },
+            max_wait: raygate::schedule::parse_duration(
+                "--capacity-max-wait",
+                &args.capacity_max_wait,
+            )?,
+            max_open: args.max_open_capacity_requests,
+        },
     };
     let lease_namespace = args
         .lease_namespace

@@ -19,6 +19,8 @@
 //! | `raygate_gate_overridden` | gauge | namespace, upgradeplan, rayservice | 1 while a human override lets the upgrade bypass the gate |
 //! | `raygate_upgrade_unschedulable_pods` | gauge | namespace, upgradeplan, rayservice | pods of the new cluster Pending with `Unschedulable` |
 //! | `raygate_capacity_shortfall` | gauge | namespace, upgradeplan, resource | how much of `resource` is missing for the held upgrade; a resource's series goes away when it is no longer short |
+//! | `raygate_capacity_request_open_seconds` | gauge | namespace, upgradeplan | how long the plan's capacity request (CapacityBuffers) has been open; absent when none |
+//! | `raygate_capacity_request_not_delivered` | gauge | namespace, upgradeplan | 1 while the request is open longer than `spec.capacity.maxWait`; absent when none |
 //! | `raygate_capacity_free` | gauge | resource | free capacity on schedulable nodes, as the gate sees it |
 //! | `raygate_admissions_total` | counter | outcome | gate decisions, one of [`Outcome::ALL`] (all pre-created at 0 so `rate()` works from the first scrape) |
 //! | `raygate_gate_overrides_total` | counter | namespace, upgradeplan | times an override was honoured |
@@ -98,6 +100,8 @@ pub struct Metrics {
     overridden: IntGaugeVec,
     unschedulable: IntGaugeVec,
     release_mismatch: IntGaugeVec,
+    request_open: GaugeVec,
+    request_overdue: IntGaugeVec,
     shortfall: GaugeVec,
     free: GaugeVec,
     admissions: IntCounterVec,
@@ -237,6 +241,28 @@ impl Metrics {
                 &PLAN_LABELS,
             )?,
         )?;
+        let request_open = register(
+            r,
+            GaugeVec::new(
+                Opts::new(
+                    "raygate_capacity_request_open_seconds",
+                    "Seconds since the plan asked the node autoscaler for its new cluster \
+                     (CapacityBuffers); absent when nothing is asked.",
+                ),
+                &["namespace", "upgradeplan"],
+            )?,
+        )?;
+        let request_overdue = register(
+            r,
+            IntGaugeVec::new(
+                Opts::new(
+                    "raygate_capacity_request_not_delivered",
+                    "1 while the plan's capacity request is open longer than spec.capacity.maxWait \
+                     (the autoscaler did not deliver); absent when nothing is asked.",
+                ),
+                &["namespace", "upgradeplan"],
+            )?,
+        )?;
         let shortfall = register(
             r,
             GaugeVec::new(
@@ -318,6 +344,8 @@ impl Metrics {
             overridden,
             unschedulable,
             release_mismatch,
+            request_open,
+            request_overdue,
             shortfall,
             free,
             admissions,
@@ -419,8 +447,27 @@ impl Metrics {
         tracked.shortfall = p.shortfall.keys().cloned().collect();
     }
 
+    /// The plan's capacity request: `Some((open seconds, not delivered))`
+    /// while one is open (requested), else its series go.
+    pub fn observe_capacity_request(&self, namespace: &str, plan: &str, open: Option<(f64, bool)>) {
+        let labels = [namespace, plan];
+        match open {
+            Some((seconds, overdue)) => {
+                self.request_open.with_label_values(&labels).set(seconds);
+                self.request_overdue
+                    .with_label_values(&labels)
+                    .set(bool_gauge(overdue));
+            }
+            None => {
+                let _ = self.request_open.remove_label_values(&labels);
+                let _ = self.request_overdue.remove_label_values(&labels);
+            }
+        }
+    }
+
     /// Removes every series of a deleted plan.
     pub fn forget_plan(&self, namespace: &str, plan: &str) {
+        self.observe_capacity_request(namespace, plan, None);
         let Some(tracked) = lock(&self.plans).remove(&(namespace.to_owned(), plan.to_owned()))
         else {
             // Never observed in this process (e.g. deleted before the first

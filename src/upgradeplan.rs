@@ -78,6 +78,7 @@ const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$";
     printcolumn = r#"{"name":"Memory Free","type":"string","jsonPath":".status.capacity.memoryFree","priority":1}"#,
     printcolumn = r#"{"name":"Memory Short","type":"string","jsonPath":".status.capacity.memoryShort","priority":1}"#,
     printcolumn = r#"{"name":"KubeRay","type":"string","jsonPath":".status.kubeRayRelease.version","priority":1,"description":"KubeRay release whose rules apply"}"#,
+    printcolumn = r#"{"name":"Capacity Request","type":"string","jsonPath":".status.capacityRequest.state","priority":1,"description":"What raygate asked the node autoscaler for (spec.capacity.request)"}"#,
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -123,6 +124,44 @@ pub struct UpgradePlanSpec {
     /// When set, upgrades are admitted only inside one of these windows (UTC).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub maintenance_windows: Vec<MaintenanceWindow>,
+
+    /// Asking the node autoscaler for the new cluster while the upgrade waits
+    /// for capacity (docs/autoscaling.md).
+    pub capacity: Option<CapacitySpec>,
+}
+
+/// `spec.capacity`: how a plan waiting for capacity asks the node autoscaler
+/// for it. Admission never depends on the answer: raygate still admits only
+/// when the new cluster fits on Ready nodes.
+#[skip_serializing_none]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacitySpec {
+    /// `CapacityBuffer`: while the upgrade waits for capacity, raygate keeps one
+    /// PodTemplate and one `autoscaling.x-k8s.io/v1beta1` CapacityBuffer per pod
+    /// shape of the new cluster (and one for the headroom), so that Karpenter or
+    /// cluster-autoscaler provisions it; they are deleted when the gate opens or
+    /// the change goes. `None`: never. Unset: the operator's
+    /// `--capacity-request-default` (default `None`).
+    pub request: Option<CapacityRequestMode>,
+    /// `spec.provisioningStrategy` of the CapacityBuffers. Unset:
+    /// `buffer.x-k8s.io/active-capacity`, the only strategy open-source
+    /// cluster-autoscaler honours.
+    #[schemars(length(min = 1, max = 253))]
+    pub provisioning_strategy: Option<String>,
+    /// How long the autoscaler may take to deliver before the plan reports
+    /// `CapacityNotDelivered` (condition, Event, alert); raygate keeps holding
+    /// and the request stays open. Unset: the operator's
+    /// `--capacity-max-wait` (default 15m).
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub max_wait: Option<String>,
+}
+
+/// `spec.capacity.request`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum CapacityRequestMode {
+    None,
+    CapacityBuffer,
 }
 
 fn default_stall_after() -> String {
@@ -245,6 +284,9 @@ pub struct UpgradePlanStatus {
     /// The KubeRay release whose rules raygate applies to the RayService, and
     /// where it was read.
     pub kube_ray_release: Option<KubeRayReleaseStatus>,
+    /// What raygate asked the node autoscaler for, and what it reports
+    /// (`spec.capacity.request`); absent when nothing is asked.
+    pub capacity_request: Option<CapacityRequestStatus>,
 }
 
 /// The KubeRay release raygate applies, as recorded in status.
@@ -279,6 +321,8 @@ pub mod condition {
     /// `--kuberay-version` disagrees with the RayClusters' stamp, the stamp is a
     /// release raygate does not know, or the release cannot be gated.
     pub const KUBERAY_RELEASE: &str = "KubeRayRelease";
+    /// raygate asked the node autoscaler for the new cluster (`spec.capacity`).
+    pub const CAPACITY_REQUESTED: &str = "CapacityRequested";
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -370,6 +414,71 @@ pub enum TransitionOutcome {
     Abandoned,
 }
 
+/// `status.capacityRequest`: the CapacityBuffers kept for the pending change.
+#[skip_serializing_none]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityRequestStatus {
+    /// `Requested`: the buffers exist; `Queued`: behind other plans'
+    /// requests (`--max-open-capacity-requests`); `NotDelivered`: requested
+    /// longer than `spec.capacity.maxWait` ago; `Failed`: they could not be
+    /// created (the message says why).
+    #[schemars(with = "String", extend("enum" = ["Requested", "Queued", "NotDelivered", "Failed"]))]
+    pub state: CapacityRequestState,
+    /// The pending change the request is for.
+    pub fingerprint: String,
+    /// When the oldest buffer of this change was created.
+    #[schemars(with = "Option<String>", extend("format" = "date-time"))]
+    pub requested_time: Option<Timestamp>,
+    /// `Queued`: 1-based place among the plans waiting for a request.
+    pub queue_position: Option<u32>,
+    /// The CapacityBuffers and what the autoscaler reports on each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub buffers: Vec<BufferStatus>,
+    pub message: Option<String>,
+}
+
+/// `status.capacityRequest.state`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CapacityRequestState {
+    #[default]
+    Requested,
+    Queued,
+    NotDelivered,
+    Failed,
+}
+
+impl CapacityRequestState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CapacityRequestState::Requested => "Requested",
+            CapacityRequestState::Queued => "Queued",
+            CapacityRequestState::NotDelivered => "NotDelivered",
+            CapacityRequestState::Failed => "Failed",
+        }
+    }
+}
+
+/// One CapacityBuffer of a request, with its `Provisioning` condition as the
+/// autoscaler wrote it (Karpenter: `True` fits existing capacity, `False`
+/// `RequiresNewCapacity` with "x/n virtual pods required new capacity, f failed";
+/// cluster-autoscaler: `True` only means processed). Reported, never admitted on.
+#[skip_serializing_none]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BufferStatus {
+    pub name: String,
+    /// Pods of this shape asked for (`spec.replicas`).
+    pub replicas: i32,
+    /// `ReadyForProvisioning` is not `True` (the autoscaler could not read the
+    /// buffer or its PodTemplate): its reason and message.
+    pub not_ready: Option<String>,
+    /// `Provisioning` condition: status, reason and message.
+    pub provisioning: Option<String>,
+    pub reason: Option<String>,
+    pub message: Option<String>,
+}
+
 /// The CRD as committed under `crds/` and shipped in the chart.
 pub fn crd_yaml() -> crate::Result<String> {
     use kube::CustomResourceExt;
@@ -441,6 +550,7 @@ mod tests {
             headroom: BTreeMap::new(),
             stall_after: "30m".into(),
             maintenance_windows: vec![],
+            capacity: None,
         })
         .unwrap();
         assert_eq!(
@@ -477,6 +587,7 @@ mod tests {
                 "Memory Free",
                 "Memory Short",
                 "KubeRay",
+                "Capacity Request",
                 "Age"
             ]
         );

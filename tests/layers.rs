@@ -59,6 +59,11 @@ const FORBIDDEN: &[(&str, &str)] = &[
     ("kubectl", "controller"),
     // the controller: the rules (it reads a Decision, never how one is made).
     ("controller", "admission::rules"),
+    // autoscale: pure, it completes a Decision's status; the I/O is controller::buffers.
+    ("autoscale", "controller"),
+    ("autoscale", "admission::rules"),
+    ("autoscale", "kubectl"),
+    ("autoscale", "cli"),
 ];
 
 /// Imports that break the rules today, each to be removed (issue 23). The test fails

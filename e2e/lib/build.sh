@@ -13,11 +13,15 @@ K8S_VERSION=v1.36.3
 ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 KUBERAY_VERSIONS=(v1.6.2 v1.5.2)
+KARPENTER_VERSION=v1.15.0
+# Karpenter's go.mod needs go >= 1.26.9; this toolchain is fetched through the Go module proxy
+# (golang.org/toolchain) into the module cache and used for that one module only.
+KARPENTER_GOTOOLCHAIN=go1.26.11
 K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
-TOOLS=(kubernetes etcd kwok "${KUBERAY_VERSIONS[@]/#/kuberay-}")
+TOOLS=(kubernetes etcd kwok "${KUBERAY_VERSIONS[@]/#/kuberay-}" karpenter)
 
 go_env() { # the Go environment of every build (CONTEXT: pinned, offline-capable module cache)
-  env GOMODCACHE="$CACHE_ROOT/go/mod" GOCACHE="$CACHE_ROOT/go/build" GOTOOLCHAIN=local \
+  env GOMODCACHE="$CACHE_ROOT/go/mod" GOCACHE="$CACHE_ROOT/go/build" GOTOOLCHAIN="${GO_TOOLCHAIN:-local}" \
     GOFLAGS=-mod=readonly CGO_ENABLED=0 "$@"
 }
 
@@ -39,6 +43,7 @@ tool_version() { # $1 tool
     etcd) echo "$ETCD_VERSION" ;;
     kwok) echo "$KWOK_VERSION" ;;
     kuberay-*) echo "${1#kuberay-}" ;;
+    karpenter) echo "$KARPENTER_VERSION" ;;
     *) die "unknown tool '$1'" ;;
   esac
 }
@@ -49,10 +54,18 @@ tool_bins() { # $1 tool -> binary names
     etcd) echo etcd ;;
     kwok) echo kwok ;;
     kuberay-*) echo ray-operator ;;
+    karpenter) echo karpenter ;;
   esac
 }
 
 tool_moddir() { echo "$SCRIPT_DIR/tools/$1"; }
+
+tool_toolchain() { # $1 tool -> the GOTOOLCHAIN its build uses
+  case $1 in
+    karpenter) echo "$KARPENTER_GOTOOLCHAIN" ;;
+    *) echo local ;;
+  esac
+}
 
 tool_dir() { # $1 tool -> cache dir (need not exist)
   local mod sha
@@ -98,6 +111,11 @@ go_build_tool() { # $1 tool, $2 out dir
       # main.go has no version variables; the version is utils.KUBERAY_VERSION of the module.
       go_env go build -o "$out/ray-operator" github.com/ray-project/kuberay/ray-operator
       ;;
+    karpenter)
+      # Karpenter's kwok provider: the real controllers (provisioning, disruption, the
+      # CapacityBuffer controller behind FEATURE_GATES), nodes created as kwok Nodes.
+      go_env go build -o "$out/karpenter" sigs.k8s.io/karpenter/kwok
+      ;;
   esac
 }
 
@@ -126,13 +144,14 @@ build_tool() {
   (
     set -euo pipefail
     exec </dev/null >"$buildlog" 2>&1
-    echo "== raygate build $key at $(date -u +%FT%TZ): $(go version)"
+    GO_TOOLCHAIN=$(tool_toolchain "$tool")
+    echo "== raygate build $key at $(date -u +%FT%TZ): $(go_env go version)"
     go_build_tool "$tool" "$work"
     {
       echo "tool=$tool"
       echo "version=$(tool_version "$tool")"
       echo "module=$(tool_moddir "$tool")"
-      echo "go=$(go version)"
+      echo "go=$(go_env go version)"
       echo "built=$(date -u +%FT%TZ)"
       # The module of each binary's main package, as the binary records it.
       local b

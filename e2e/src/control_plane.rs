@@ -148,6 +148,16 @@ impl ControlPlane {
         ControlPlane::start_inner(opts, &["--audit-log"])
     }
 
+    /// Like `start_with`, plus Karpenter with its kwok cloud provider (`up --karpenter`:
+    /// the CapacityBuffer feature gate on, its CRDs installed, one 8-GPU instance type; no
+    /// NodePool: the test makes its own). Not with `RAYGATE_E2E_KUBECONFIG`.
+    pub fn start_with_karpenter(opts: Options) -> Result<ControlPlane> {
+        if std::env::var_os(REUSE_ENV).is_some() {
+            bail!("{REUSE_ENV} is set, but this test needs Karpenter in a control plane it starts");
+        }
+        ControlPlane::start_inner(opts, &["--karpenter"])
+    }
+
     fn start_inner(opts: Options, up_args: &[&str]) -> Result<ControlPlane> {
         let script = script_path();
         let kuberay = if opts.crds {

@@ -765,8 +765,59 @@ fn chart_and_config_copies_match_their_sources() {
         strs(&container(find(&overlay, "Deployment"))["args"])
             .contains(&"--namespace=ml-serving,research")
     );
+    // Capacity requests: the chart's rules are the kustomize component's, in a role of
+    // their own (the component adds the flag), and only podtemplates and capacitybuffers.
+    let capacity = kustomize("config/overlays/capacity-requests");
+    let capacity_role = find_named(&capacity, "ClusterRole", "raygate-capacity-requests");
+    let granted: BTreeSet<&str> = capacity_role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .flat_map(|r| strs(&r["resources"]))
+        .collect();
+    assert_eq!(granted, BTreeSet::from(["podtemplates", "capacitybuffers"]));
+    assert!(
+        strs(&container(find(&capacity, "Deployment"))["args"])
+            .contains(&"--capacity-requests=true")
+    );
+    for helm in helms() {
+        let objs = helm_template(&helm, &["--set", "capacityRequests.enabled=true"]);
+        assert_eq!(
+            find_named(&objs, "ClusterRole", "rg-raygate-capacity-requests")["rules"],
+            capacity_role["rules"],
+            "the chart's capacity-requests rules differ from config/components/capacity-requests"
+        );
+        assert!(
+            strs(&container(find(&objs, "Deployment"))["args"])
+                .contains(&"--capacity-requests=true")
+        );
+        let objs = helm_template(
+            &helm,
+            &[
+                "--set",
+                "capacityRequests.enabled=true,watchNamespaces={ml-serving}",
+            ],
+        );
+        assert!(
+            objs.iter().any(|o| kind(o) == "Role"
+                && name(o) == "rg-raygate-capacity-requests"
+                && o["metadata"]["namespace"] == "ml-serving"
+                && o["rules"] == capacity_role["rules"]),
+            "with watchNamespaces, a Role per namespace"
+        );
+        assert!(
+            !objs
+                .iter()
+                .any(|o| kind(o) == "ClusterRole" && name(o) == "rg-raygate-capacity-requests"),
+            "no cluster-wide grant with watchNamespaces"
+        );
+    }
     for helm in helms() {
         let objs = helm_template(&helm, &[]);
+        assert!(
+            !objs.iter().any(|o| name(o).ends_with("capacity-requests")),
+            "capacity requests are off by default"
+        );
         assert_eq!(
             find_named(&objs, "ClusterRole", "rg-raygate")["rules"],
             cluster_role["rules"],

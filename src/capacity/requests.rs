@@ -413,6 +413,38 @@ pub fn runtime_class_overhead<'a>(
     }
 }
 
+/// Each container's requests as pod creation leaves them (API defaulting from
+/// limits, then LimitRanger's defaults), init containers first, by name: what a
+/// copy of the pod that no admission will see (a PodTemplate for a node
+/// autoscaler's placeholder pods) must carry explicitly.
+pub fn admitted_container_requests(
+    pod: &Pod,
+    limit_ranges: &[LimitRange],
+) -> crate::Result<Vec<(String, ResourceList)>> {
+    let Some(spec) = &pod.spec else {
+        return Ok(Vec::new());
+    };
+    let defaults = limit_range_defaults(pod, limit_ranges)?;
+    let lists = [
+        (
+            "initContainer",
+            spec.init_containers.as_deref().unwrap_or(&[]),
+        ),
+        ("container", spec.containers.as_slice()),
+    ];
+    let mut out = Vec::new();
+    for (list, containers) in lists {
+        for c in containers {
+            let req = spec_requests(pod, list, c, &defaults)?;
+            out.push((
+                c.name.clone(),
+                req.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            ));
+        }
+    }
+    Ok(out)
+}
+
 /// The scheduler's effective request of `pod` (zero entries dropped).
 /// `limit_ranges` may hold every namespace's; only matching ones are used.
 /// Pass `&[]` for pods that already exist: admission has run for them.

@@ -6,6 +6,7 @@
 //! A crash between the two leaves a status that the next reconcile completes,
 //! never an open gate without a recorded admission.
 
+pub mod buffers;
 pub mod cache;
 pub mod gate;
 pub mod govern;
@@ -56,6 +57,9 @@ pub struct Settings {
     pub kuberay_version: Option<KubeRayVersion>,
     /// Identity in Events (`reportingInstance`).
     pub instance: String,
+    /// Capacity requests to the node autoscaler (`--capacity-requests` and
+    /// the defaults of `spec.capacity`).
+    pub capacity: crate::autoscale::Defaults,
 }
 
 /// How often gates no plan governs any more are looked for.
@@ -75,6 +79,8 @@ pub struct Context {
     /// the overlay holds admissions not yet seen in the plan cache (reserved
     /// before their status is written). Never held across an API call.
     decisions: Mutex<Overlay>,
+    /// Capacity requests: their caches and bookkeeping.
+    pub buffers: buffers::Shell,
 }
 
 fn in_scope(settings: &Settings, ns: Option<&str>) -> bool {
@@ -223,6 +229,13 @@ pub async fn run(
         |_: &LimitRange| vec![],
         tx.clone(),
     );
+    let capacity_requests = buffers::Shell::spawn(
+        &client,
+        &ns,
+        settings.capacity.clone(),
+        plans.clone(),
+        tx.clone(),
+    );
     let runtime_classes = spawn_cache(
         watcher(
             Api::<RuntimeClass>::all(client.clone()),
@@ -253,6 +266,7 @@ pub async fn run(
             ));
         }
     }
+    capacity_requests.wait_ready().await;
     info!("caches synced");
     health.set_ready(true);
 
@@ -276,6 +290,7 @@ pub async fn run(
         metrics,
         settings,
         decisions: Mutex::new(Overlay::new()),
+        buffers: capacity_requests,
     });
     let sweeper = tokio::spawn({
         let ctx = ctx.clone();
@@ -285,6 +300,7 @@ pub async fn run(
             }
             loop {
                 sweep_orphans(&ctx).await;
+                buffers::sweep(&ctx).await;
                 tokio::time::sleep(SWEEP_EVERY).await;
             }
         }
@@ -445,6 +461,11 @@ async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
         )
         .await;
     }
+    // Its capacity request goes with it (the owner reference would let the
+    // garbage collector do it too, once the plan object is gone).
+    if let Err(e) = buffers::forget(ctx, plan).await {
+        warn!(plan = %plan.name_any(), error = %e, "deleting the plan's capacity request (the garbage collector and the sweep retry)");
+    }
     ctx.metrics.forget_plan(&ns, &plan.name_any());
     ctx.decisions.lock().await.remove(&(ns, plan.name_any()));
     Ok(Action::await_change())
@@ -467,6 +488,9 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
         Ok(r) => r,
         Err(later) => return Ok(later),
     };
+    // Before the gate: an admitted plan's buffers go before KubeRay creates
+    // the pods that will use their capacity.
+    buffers::act(ctx, &r.plan, &r.seen.wanted).await;
     let requeue = set_gate(ctx, &r).await?;
     report(ctx, &r, now).await;
     Ok(Action::requeue(requeue))
@@ -655,6 +679,20 @@ async fn report(ctx: &Context, r: &Recorded, now: Timestamp) {
         ctx.metrics.admission(outcome);
     }
     observe_metrics(ctx, plan, service, d, now, r.seen.unschedulable);
+    let open = d.status.capacity_request.as_ref().and_then(|c| {
+        use crate::upgradeplan::CapacityRequestState as S;
+        let overdue = match c.state {
+            S::Requested => false,
+            S::NotDelivered => true,
+            S::Queued | S::Failed => return None,
+        };
+        Some((seconds_since(c.requested_time?, now), overdue))
+    });
+    ctx.metrics.observe_capacity_request(
+        &plan.namespace().unwrap_or_default(),
+        &plan.name_any(),
+        open,
+    );
 }
 
 /// What the writes after a decision need from its observation.
@@ -662,6 +700,8 @@ struct Seen {
     gate: GateFacts,
     /// Pods of the pending cluster the scheduler reported unschedulable.
     unschedulable: u32,
+    /// The plan's capacity request objects as the decision wants them.
+    wanted: buffers::Wanted,
 }
 
 /// Observe and decide without awaiting: the decision borrows caches and a
@@ -684,7 +724,8 @@ fn decide_now(
         overlay.contains_key(&key),
         &world,
     );
-    let decision = admission::decide(&inputs);
+    let mut decision = admission::decide(&inputs);
+    let wanted = buffers::settle(ctx, &inputs, &mut decision, now);
     let unschedulable = inputs
         .service
         .as_ref()
@@ -699,6 +740,7 @@ fn decide_now(
     let seen = Seen {
         gate: inputs.gate,
         unschedulable,
+        wanted,
     };
     (seen, decision)
 }

@@ -62,6 +62,8 @@ pub async fn remove_finalizer(
 pub struct Released {
     pub gates: Vec<String>,
     pub finalizers: Vec<String>,
+    /// CapacityBuffers (and their PodTemplates) deleted, `ns/name`.
+    pub capacity_requests: Vec<String>,
 }
 
 /// Stops the operator: `deployment` (in `ns`) to zero replicas, then waits
@@ -177,6 +179,10 @@ pub async fn release(client: &Client, scope: &Scope) -> Result<Released> {
         let one = release_listed(client, namespace, scope).await?;
         done.gates.extend(one.gates);
         done.finalizers.extend(one.finalizers);
+        // No capacity request may outlive raygate: the autoscaler would keep
+        // paying for it.
+        done.capacity_requests
+            .extend(super::buffers::release(client, namespace, |ns| scope.covers(ns)).await?);
     }
     Ok(done)
 }

@@ -72,6 +72,28 @@ from each (a merge patch), read each gated RayService and give its gate back (ap
 - apiGroups: ["ray.io"]
   resources: ["rayservices"]
   verbs: ["get", "patch"]
+{{- if .Values.capacityRequests.enabled }}
+# raygate's capacity requests go with its gates.
+- apiGroups: [""]
+  resources: ["podtemplates"]
+  verbs: ["list", "delete"]
+- apiGroups: ["autoscaling.x-k8s.io"]
+  resources: ["capacitybuffers"]
+  verbs: ["list", "delete"]
+{{- end }}
+{{- end }}
+
+{{/* Capacity requests (capacityRequests.enabled): the PodTemplates and CapacityBuffers
+raygate keeps for held upgrades, labelled app.kubernetes.io/managed-by=raygate; created and
+found again by server-side apply, deleted when the gate opens. Keep in step with
+config/components/capacity-requests (a test compares them). */}}
+{{- define "raygate.capacityRequestRules" -}}
+- apiGroups: [""]
+  resources: ["podtemplates"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["autoscaling.x-k8s.io"]
+  resources: ["capacitybuffers"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- end }}
 
 {{/* What raygate watches in its scope: the plans, the RayServices they gate and their

@@ -1,0 +1,675 @@
+//! The I/O of capacity requests ([`crate::autoscale`]): the caches of the
+//! PodTemplates and CapacityBuffers raygate made, and the writes that create,
+//! find again and delete them. What should exist is decided purely
+//! ([`crate::autoscale::queue`], [`crate::autoscale::shapes`]); this file only
+//! makes the cluster match, and never blocks a gate on it:
+//!
+//! - a plan whose request is open gets its objects by server-side apply under
+//!   names derived from plan, change and shape, so a restarted raygate applies
+//!   the same names and never duplicates them;
+//! - a plan admitted, withdrawn, superseded, queued behind others or deleted
+//!   loses them; when admitted, before its gate opens (else the autoscaler
+//!   would keep the capacity free a second time for the placeholders);
+//! - a sweep deletes what no plan wants any more (a plan deleted while raygate
+//!   was down: the owner reference lets Kubernetes' garbage collector do it
+//!   too), and `raygate release` deletes them all.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::channel::mpsc;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{LimitRange, PodTemplate};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use tracing::{info, warn};
+
+use super::{Context, cache, gate, guarded, spawn_cache};
+use crate::admission::{Decision, Inputs};
+use crate::autoscale::buffer::CapacityBuffer;
+use crate::autoscale::queue::{self, PlanKey, Slot, Want};
+use crate::autoscale::report::{self, Facts};
+use crate::autoscale::shapes::{self, Objects, Owner};
+use crate::autoscale::{self, Defaults, LABEL_FINGERPRINT, LABEL_PLAN_UID};
+use crate::leader::Fence;
+use crate::upgradeplan::{CapacityRequestState, Phase, UpgradePlan};
+use crate::{Error, Result};
+
+/// The selector of every object raygate makes for a request.
+const SELECTOR: &str = "app.kubernetes.io/managed-by=raygate";
+/// A sweep leaves younger objects alone: their plan's status may not be in
+/// the cache yet.
+const SWEEP_GRACE: Duration = Duration::from_secs(60);
+/// How long start-up waits for the CapacityBuffer cache before going on
+/// without it (the CRD may be missing: the plans then report it).
+const CACHE_WAIT: Duration = Duration::from_secs(20);
+
+/// The caches and the bookkeeping of requests; inert when requests are off.
+pub struct Shell {
+    pub defaults: Defaults,
+    buffers: Option<Store<CapacityBuffer>>,
+    templates: Option<Store<PodTemplate>>,
+    ready: Arc<AtomicBool>,
+    /// Plans whose objects this process created and the cache may not show
+    /// yet: they count against the cap at once.
+    recent: std::sync::Mutex<BTreeSet<PlanKey>>,
+    /// Why the last attempt to create a plan's objects failed.
+    errors: std::sync::Mutex<BTreeMap<PlanKey, String>>,
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn label<'a>(meta: &'a kube::api::ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .map(String::as_str)
+}
+
+impl Shell {
+    /// No requests: nothing is watched or written.
+    pub fn off(defaults: Defaults) -> Shell {
+        Shell {
+            defaults,
+            buffers: None,
+            templates: None,
+            ready: Arc::new(AtomicBool::new(false)),
+            recent: Default::default(),
+            errors: Default::default(),
+        }
+    }
+
+    /// Watches raygate's PodTemplates and CapacityBuffers in `namespaces`
+    /// (all when empty); a buffer's change wakes its plan and the plans
+    /// queued for a request.
+    pub fn spawn(
+        client: &Client,
+        namespaces: &[String],
+        defaults: Defaults,
+        plans: Store<UpgradePlan>,
+        tx: mpsc::UnboundedSender<ObjectRef<UpgradePlan>>,
+    ) -> Shell {
+        if !defaults.enabled {
+            return Shell::off(defaults);
+        }
+        let wc = watcher::Config::default().labels(SELECTOR);
+        let buffers = spawn_cache(
+            cache::scoped_watcher::<CapacityBuffer>(client, namespaces, wc.clone()),
+            |_| {},
+            |_: &CapacityBuffer| None,
+            move |b: &CapacityBuffer| {
+                let uid = label(&b.metadata, LABEL_PLAN_UID);
+                plans
+                    .state()
+                    .iter()
+                    .filter(|p| {
+                        p.metadata.uid.as_deref() == uid
+                            || p.status
+                                .as_ref()
+                                .and_then(|s| s.capacity_request.as_ref())
+                                .is_some_and(|r| r.state == CapacityRequestState::Queued)
+                    })
+                    .map(|p| ObjectRef::from_obj(p.as_ref()))
+                    .collect()
+            },
+            tx.clone(),
+        );
+        let templates = spawn_cache(
+            cache::scoped_watcher::<PodTemplate>(client, namespaces, wc),
+            |t: &mut PodTemplate| t.template = None,
+            |_: &PodTemplate| None,
+            |_: &PodTemplate| vec![],
+            tx,
+        );
+        let ready = Arc::new(AtomicBool::new(false));
+        tokio::spawn({
+            let (ready, b, t) = (ready.clone(), buffers.clone(), templates.clone());
+            async move {
+                if b.wait_until_ready().await.is_ok() && t.wait_until_ready().await.is_ok() {
+                    ready.store(true, Ordering::SeqCst);
+                    info!("CapacityBuffer and PodTemplate caches synced");
+                }
+            }
+        });
+        Shell {
+            defaults,
+            buffers: Some(buffers),
+            templates: Some(templates),
+            ready,
+            recent: Default::default(),
+            errors: Default::default(),
+        }
+    }
+
+    /// Waits a little for the caches, so the cap holds from the start.
+    pub async fn wait_ready(&self) {
+        if self.buffers.is_none() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + CACHE_WAIT;
+        while !self.ready.load(Ordering::SeqCst) {
+            if tokio::time::Instant::now() >= deadline {
+                warn!(
+                    "the CapacityBuffer cache did not sync within {CACHE_WAIT:?} (is the \
+                     autoscaling.x-k8s.io/v1beta1 CRD installed, and may raygate list it?); \
+                     plans asking for capacity report it"
+                );
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn buffers_of(&self, uid: &str) -> Vec<Arc<CapacityBuffer>> {
+        self.buffers
+            .iter()
+            .flat_map(|s| s.state())
+            .filter(|b| label(&b.metadata, LABEL_PLAN_UID) == Some(uid))
+            .collect()
+    }
+
+    fn templates_of(&self, uid: &str) -> Vec<Arc<PodTemplate>> {
+        self.templates
+            .iter()
+            .flat_map(|s| s.state())
+            .filter(|t| label(&t.metadata, LABEL_PLAN_UID) == Some(uid))
+            .collect()
+    }
+
+    /// Plans that have objects now (cached, or just created here).
+    fn open_now(&self, plans: &[Arc<UpgradePlan>]) -> BTreeSet<PlanKey> {
+        let by_uid: BTreeMap<&str, PlanKey> = plans
+            .iter()
+            .filter_map(|p| Some((p.metadata.uid.as_deref()?, key_of(p))))
+            .collect();
+        let mut open = lock(&self.recent).clone();
+        for b in self.buffers.iter().flat_map(|s| s.state()) {
+            let Some(uid) = label(&b.metadata, LABEL_PLAN_UID) else {
+                continue;
+            };
+            open.insert(
+                by_uid
+                    .get(uid)
+                    .cloned()
+                    .unwrap_or_else(|| (b.namespace().unwrap_or_default(), format!("uid:{uid}"))),
+            );
+        }
+        open
+    }
+}
+
+fn key_of(p: &UpgradePlan) -> PlanKey {
+    (p.namespace().unwrap_or_default(), p.name_any())
+}
+
+/// What a decision wants done with the plan's objects.
+#[derive(Debug)]
+pub enum Wanted {
+    /// Keep these (one change's) and no other.
+    Open {
+        fingerprint: String,
+        objects: Vec<Objects>,
+    },
+    /// None.
+    Close,
+}
+
+/// A plan that wants a request, as the cache records it.
+fn recorded_want(p: &UpgradePlan, d: &Defaults) -> Option<Want> {
+    let s = p.status.as_ref()?;
+    if s.phase != Phase::WaitingForCapacity || s.admitted.is_some() {
+        return None;
+    }
+    autoscale::resolve(p, d).ok()??;
+    Some(Want {
+        namespace: p.namespace().unwrap_or_default(),
+        name: p.name_any(),
+        priority: crate::admission::priority::of(p),
+        since: s.pending_change.as_ref()?.detected_time,
+    })
+}
+
+/// Completes a fresh decision with the plan's capacity request
+/// ([`report::annotate`]) and says what its objects should be.
+pub fn settle(ctx: &Context, inputs: &Inputs<'_>, d: &mut Decision, now: Timestamp) -> Wanted {
+    let shell = &ctx.buffers;
+    let plan = inputs.plan;
+    let key = key_of(plan);
+    let request = autoscale::resolve(plan, &shell.defaults).map_err(|e| e.to_string());
+    let waiting = d.status.phase == Phase::WaitingForCapacity && d.status.admitted.is_none();
+    let fingerprint = d
+        .status
+        .pending_change
+        .as_ref()
+        .map(|c| c.fingerprint.clone());
+    let plans = ctx.stores.plans.state();
+    let mut slot = None;
+    let mut objects = None;
+    let mut error = lock(&shell.errors).get(&key).cloned();
+    if let (true, Ok(Some(r)), Some(fp), true) =
+        (waiting, &request, &fingerprint, shell.defaults.enabled)
+    {
+        let mut wants: Vec<Want> = plans
+            .iter()
+            .filter(|p| key_of(p) != key)
+            .filter_map(|p| recorded_want(p, &shell.defaults))
+            .collect();
+        wants.push(Want {
+            namespace: key.0.clone(),
+            name: key.1.clone(),
+            priority: inputs.settings.as_ref().map(|s| s.priority).unwrap_or(0),
+            since: d
+                .status
+                .pending_change
+                .as_ref()
+                .map_or(now, |c| c.detected_time),
+        });
+        let slots = queue::slots(wants, shell.defaults.max_open);
+        let open_now = shell.open_now(&plans);
+        slot = slots.get(&key).copied();
+        if slot == Some(Slot::Open)
+            && !queue::may_open(&key, &slots, &open_now, shell.defaults.max_open)
+        {
+            // Ahead in the queue, but others still hold every request slot.
+            slot = Some(Slot::Queued { position: 1 });
+        }
+        if slot == Some(Slot::Open) {
+            match build(ctx, inputs, fp, r) {
+                Ok(o) => objects = Some(o),
+                Err(e) => error = Some(e.to_string()),
+            }
+        }
+    }
+    let buffers = plan
+        .metadata
+        .uid
+        .as_deref()
+        .map(|uid| shell.buffers_of(uid))
+        .unwrap_or_default();
+    let facts = Facts {
+        enabled: shell.defaults.enabled,
+        request,
+        slot,
+        max_open: shell.defaults.max_open,
+        buffers: buffers.iter().map(AsRef::as_ref).collect(),
+        error,
+    };
+    report::annotate(d, plan, &facts, now);
+    let open = d.status.capacity_request.as_ref().is_some_and(|r| {
+        matches!(
+            r.state,
+            CapacityRequestState::Requested | CapacityRequestState::NotDelivered
+        )
+    });
+    match (open, objects, fingerprint) {
+        (true, Some(objects), Some(fingerprint)) => Wanted::Open {
+            fingerprint,
+            objects,
+        },
+        _ => Wanted::Close,
+    }
+}
+
+/// The objects of the plan's pending change.
+fn build(
+    ctx: &Context,
+    inputs: &Inputs<'_>,
+    fingerprint: &str,
+    r: &autoscale::Request,
+) -> Result<Vec<Objects>> {
+    let change = inputs
+        .change
+        .as_ref()
+        .ok()
+        .and_then(|c| c.as_ref())
+        .ok_or_else(|| Error::invalid("capacity request", "no pending change"))?;
+    let settings = inputs
+        .settings
+        .as_ref()
+        .map_err(|e| Error::invalid("capacity request", e.to_string()))?;
+    let ns = inputs.plan.namespace().unwrap_or_default();
+    let limit_ranges: Vec<LimitRange> = ctx
+        .stores
+        .limit_ranges
+        .state()
+        .iter()
+        .filter(|l| l.metadata.namespace.as_deref() == Some(ns.as_str()))
+        .map(|l| l.as_ref().clone())
+        .collect();
+    let shapes = shapes::shapes(&change.new_pods, &settings.headroom, &limit_ranges)?;
+    let uid = inputs
+        .plan
+        .metadata
+        .uid
+        .as_deref()
+        .ok_or_else(|| Error::invalid("capacity request", "the plan has no uid yet"))?;
+    Ok(shapes::objects(
+        Owner {
+            namespace: &ns,
+            name: &inputs.plan.name_any(),
+            uid,
+        },
+        fingerprint,
+        &r.strategy,
+        &shapes,
+    ))
+}
+
+/// Makes the plan's objects match `wanted`. Never an error of the
+/// reconcile, so nothing here can keep a gate closed: a failure to create is
+/// recorded for the plan's status, a failure to delete is logged and retried
+/// by the next reconcile and the sweep.
+pub async fn act(ctx: &Context, plan: &UpgradePlan, wanted: &Wanted) {
+    let shell = &ctx.buffers;
+    if shell.buffers.is_none() {
+        return;
+    }
+    let key = key_of(plan);
+    let Some(uid) = plan.metadata.uid.clone() else {
+        return;
+    };
+    let ns = key.0.clone();
+    let keep = match wanted {
+        Wanted::Open {
+            fingerprint,
+            objects,
+        } => {
+            match create(ctx, &ns, objects).await {
+                Ok(0) => {}
+                Ok(n) => {
+                    lock(&shell.recent).insert(key.clone());
+                    info!(plan = %key.1, namespace = %ns, change = %fingerprint, shapes = n,
+                          "capacity requested from the node autoscaler");
+                }
+                Err(e) => {
+                    warn!(plan = %key.1, namespace = %ns, error = %e, "creating the capacity request");
+                    lock(&shell.errors).insert(key.clone(), e.to_string());
+                    return;
+                }
+            }
+            lock(&shell.errors).remove(&key);
+            Some(fingerprint.as_str())
+        }
+        Wanted::Close => {
+            lock(&shell.errors).remove(&key);
+            None
+        }
+    };
+    match delete_stale(ctx, &ns, &uid, keep).await {
+        Ok(0) => {}
+        Ok(n) => {
+            info!(plan = %key.1, namespace = %ns, objects = n, "capacity request objects deleted")
+        }
+        Err(e) => {
+            warn!(plan = %key.1, namespace = %ns, error = %e, "deleting capacity request objects (retried)");
+            return;
+        }
+    }
+    if keep.is_none() {
+        lock(&shell.recent).remove(&key);
+    }
+}
+
+/// Applies the objects the cache does not show complete; how many shapes
+/// were written.
+async fn create(ctx: &Context, ns: &str, objects: &[Objects]) -> Result<usize> {
+    let shell = &ctx.buffers;
+    let cached = |name: &str| {
+        let b = shell
+            .buffers
+            .as_ref()
+            .and_then(|s| s.get(&ObjectRef::new(name).within(ns)));
+        let t = shell
+            .templates
+            .as_ref()
+            .and_then(|s| s.get(&ObjectRef::new(name).within(ns)));
+        b.is_some() && t.is_some()
+    };
+    let templates: Api<PodTemplate> = Api::namespaced(ctx.client.clone(), ns);
+    let buffers: Api<CapacityBuffer> = Api::namespaced(ctx.client.clone(), ns);
+    let params = PatchParams::apply(gate::FIELD_MANAGER).force();
+    let mut written = 0;
+    for o in objects {
+        let name = o.template.metadata.name.clone().unwrap_or_default();
+        if cached(&name) {
+            continue;
+        }
+        // The template first: a buffer naming a missing one is reported
+        // not ready by the autoscaler.
+        guarded(
+            &ctx.fence,
+            "applying a PodTemplate",
+            templates.patch(&name, &params, &Patch::Apply(&o.template)),
+        )
+        .await?
+        .map_err(|e| api_error("PodTemplate", &name, e))?;
+        guarded(
+            &ctx.fence,
+            "applying a CapacityBuffer",
+            buffers.patch(&name, &params, &Patch::Apply(&o.buffer)),
+        )
+        .await?
+        .map_err(|e| api_error("CapacityBuffer", &name, e))?;
+        written += 1;
+    }
+    Ok(written)
+}
+
+fn api_error(kind: &str, name: &str, e: kube::Error) -> Error {
+    let why = match &e {
+        kube::Error::Api(s) if s.code == 404 && kind == "CapacityBuffer" => {
+            "the CapacityBuffer API (autoscaling.x-k8s.io/v1beta1) is not installed: install the \
+             autoscaler's CRD (docs/autoscaling.md)"
+                .to_string()
+        }
+        kube::Error::Api(s) if s.code == 403 => format!(
+            "raygate may not write {kind}s here ({}); grant it with the chart's \
+             capacityRequests.enabled or config/components/capacity-requests",
+            s.message
+        ),
+        _ => e.to_string(),
+    };
+    Error::invalid(format!("{kind} {name}"), why)
+}
+
+/// Deletes the plan's objects of any change but `keep`'s; how many.
+async fn delete_stale(ctx: &Context, ns: &str, uid: &str, keep: Option<&str>) -> Result<usize> {
+    let shell = &ctx.buffers;
+    let stale =
+        |meta: &kube::api::ObjectMeta| keep.is_none() || label(meta, LABEL_FINGERPRINT) != keep;
+    let buffers: Vec<String> = shell
+        .buffers_of(uid)
+        .iter()
+        .filter(|b| stale(&b.metadata))
+        .map(|b| b.name_any())
+        .collect();
+    let templates: Vec<String> = shell
+        .templates_of(uid)
+        .iter()
+        .filter(|t| stale(&t.metadata))
+        .map(|t| t.name_any())
+        .collect();
+    delete_named(&ctx.client, &ctx.fence, ns, &buffers, &templates).await?;
+    Ok(buffers.len() + templates.len())
+}
+
+/// Deletes buffers first (the autoscaler drops their placeholders), then
+/// templates; gone already is fine.
+async fn delete_named(
+    client: &Client,
+    fence: &Fence,
+    ns: &str,
+    buffers: &[String],
+    templates: &[String],
+) -> Result<()> {
+    let b_api: Api<CapacityBuffer> = Api::namespaced(client.clone(), ns);
+    let t_api: Api<PodTemplate> = Api::namespaced(client.clone(), ns);
+    let dp = DeleteParams::default();
+    for name in buffers {
+        match guarded(fence, "deleting a CapacityBuffer", b_api.delete(name, &dp)).await? {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    for name in templates {
+        match guarded(fence, "deleting a PodTemplate", t_api.delete(name, &dp)).await? {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// A deleted plan: its objects go now (the garbage collector would too,
+/// through the owner reference, once the plan object is gone).
+pub async fn forget(ctx: &Context, plan: &UpgradePlan) -> Result<()> {
+    let key = key_of(plan);
+    lock(&ctx.buffers.errors).remove(&key);
+    if let Some(uid) = plan.metadata.uid.as_deref() {
+        delete_stale(ctx, &key.0, uid, None).await?;
+    }
+    lock(&ctx.buffers.recent).remove(&key);
+    Ok(())
+}
+
+/// Deletes the objects no plan wants: of a plan gone, of a change that is
+/// not its plan's recorded pending one, of a plan no longer waiting with an
+/// open request. Objects younger than [`SWEEP_GRACE`] are left to their
+/// plan's reconcile.
+pub async fn sweep(ctx: &Context) {
+    let shell = &ctx.buffers;
+    if shell.buffers.is_none() || !shell.ready.load(Ordering::SeqCst) {
+        return;
+    }
+    let plans = ctx.stores.plans.state();
+    let wanted: BTreeMap<&str, &str> = plans
+        .iter()
+        .filter_map(|p| {
+            let s = p.status.as_ref()?;
+            let r = s.capacity_request.as_ref()?;
+            let open = matches!(
+                r.state,
+                CapacityRequestState::Requested | CapacityRequestState::NotDelivered
+            ) && s.phase == Phase::WaitingForCapacity;
+            open.then_some((p.metadata.uid.as_deref()?, r.fingerprint.as_str()))
+        })
+        .collect();
+    let now = Timestamp::now();
+    let old = |meta: &kube::api::ObjectMeta| {
+        meta.creation_timestamp.as_ref().is_none_or(|t| {
+            Duration::try_from(now.duration_since(t.0)).unwrap_or_default() > SWEEP_GRACE
+        })
+    };
+    let unwanted = |meta: &kube::api::ObjectMeta| {
+        let fp = label(meta, LABEL_FINGERPRINT);
+        match label(meta, LABEL_PLAN_UID).and_then(|u| wanted.get(u)) {
+            Some(want) => fp != Some(&want[..want.len().min(63)]),
+            None => true,
+        }
+    };
+    let mut by_ns: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
+    for b in shell.buffers.iter().flat_map(|s| s.state()) {
+        if old(&b.metadata) && unwanted(&b.metadata) {
+            by_ns
+                .entry(b.namespace().unwrap_or_default())
+                .or_default()
+                .0
+                .push(b.name_any());
+        }
+    }
+    for t in shell.templates.iter().flat_map(|s| s.state()) {
+        if old(&t.metadata) && unwanted(&t.metadata) {
+            by_ns
+                .entry(t.namespace().unwrap_or_default())
+                .or_default()
+                .1
+                .push(t.name_any());
+        }
+    }
+    for (ns, (buffers, templates)) in by_ns {
+        warn!(namespace = %ns, buffers = ?buffers, templates = ?templates,
+              "capacity request objects no plan wants; deleting them");
+        if let Err(e) = delete_named(&ctx.client, &ctx.fence, &ns, &buffers, &templates).await {
+            warn!(namespace = %ns, error = %e, "deleting capacity request objects");
+        }
+    }
+    // Plans whose objects are gone no longer count against the cap.
+    let open: BTreeSet<String> = shell
+        .buffers
+        .iter()
+        .flat_map(|s| s.state())
+        .filter_map(|b| label(&b.metadata, LABEL_PLAN_UID).map(str::to_string))
+        .collect();
+    let live: BTreeMap<PlanKey, Option<String>> = plans
+        .iter()
+        .map(|p| (key_of(p), p.metadata.uid.clone()))
+        .collect();
+    lock(&shell.recent).retain(|k| {
+        live.get(k)
+            .and_then(|u| u.as_ref())
+            .is_some_and(|u| open.contains(u) || wanted.contains_key(u.as_str()))
+    });
+}
+
+/// `raygate release`: deletes every PodTemplate and CapacityBuffer raygate
+/// made in `namespaces` (all when `None`); the CapacityBuffer API missing is
+/// fine (nothing to delete). Their names, `ns/name`.
+pub async fn release(
+    client: &Client,
+    namespace: Option<&str>,
+    covers: impl Fn(&str) -> bool,
+) -> Result<Vec<String>> {
+    let fence = Fence::open();
+    let lp = ListParams::default().labels(SELECTOR);
+    let (b_api, t_api): (Api<CapacityBuffer>, Api<PodTemplate>) = match namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    // Not installed (404), or not granted (403: capacity requests were never
+    // enabled, so raygate could not have made any): nothing to delete.
+    let absent =
+        |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.code == 404 || s.code == 403);
+    let buffers = match guarded(&fence, "listing CapacityBuffers", b_api.list_metadata(&lp)).await?
+    {
+        Ok(l) => l.items,
+        Err(e) if absent(&e) => vec![],
+        Err(e) => return Err(e.into()),
+    };
+    let templates = match guarded(&fence, "listing PodTemplates", t_api.list_metadata(&lp)).await? {
+        Ok(l) => l.items,
+        Err(e) if absent(&e) => vec![],
+        Err(e) => return Err(e.into()),
+    };
+    let mut by_ns: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
+    for b in &buffers {
+        by_ns
+            .entry(b.namespace().unwrap_or_default())
+            .or_default()
+            .0
+            .push(b.name_any());
+    }
+    for t in &templates {
+        by_ns
+            .entry(t.namespace().unwrap_or_default())
+            .or_default()
+            .1
+            .push(t.name_any());
+    }
+    let mut done = vec![];
+    for (ns, (b, t)) in by_ns.into_iter().filter(|(ns, _)| covers(ns)) {
+        delete_named(client, &fence, &ns, &b, &t).await?;
+        done.extend(b.iter().map(|n| format!("{ns}/{n}")));
+    }
+    Ok(done)
+}
