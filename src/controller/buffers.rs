@@ -182,13 +182,18 @@ impl Shell {
             .collect()
     }
 
-    /// Plans that have objects now (cached, or just created here).
-    fn open_now(&self, plans: &[Arc<UpgradePlan>]) -> BTreeSet<PlanKey> {
+    /// Plans that have objects now: cached, or reserved here (`recent`, the
+    /// caller holds its lock so deciding and reserving are one step).
+    fn open_now(
+        &self,
+        recent: &BTreeSet<PlanKey>,
+        plans: &[Arc<UpgradePlan>],
+    ) -> BTreeSet<PlanKey> {
         let by_uid: BTreeMap<&str, PlanKey> = plans
             .iter()
             .filter_map(|p| Some((p.metadata.uid.as_deref()?, key_of(p))))
             .collect();
-        let mut open = lock(&self.recent).clone();
+        let mut open = recent.clone();
         for b in self.buffers.iter().flat_map(|s| s.state()) {
             let Some(uid) = label(&b.metadata, LABEL_PLAN_UID) else {
                 continue;
@@ -271,7 +276,11 @@ pub fn settle(ctx: &Context, inputs: &Inputs<'_>, d: &mut Decision, now: Timesta
                 .map_or(now, |c| c.detected_time),
         });
         let slots = queue::slots(wants, shell.defaults.max_open);
-        let open_now = shell.open_now(&plans);
+        // Deciding and reserving happen under one lock: two plans reconciled
+        // at once (before either's objects reach the cache) must not both
+        // take the last slot.
+        let mut recent = lock(&shell.recent);
+        let open_now = shell.open_now(&recent, &plans);
         slot = slots.get(&key).copied();
         if slot == Some(Slot::Open)
             && !queue::may_open(&key, &slots, &open_now, shell.defaults.max_open)
@@ -281,10 +290,14 @@ pub fn settle(ctx: &Context, inputs: &Inputs<'_>, d: &mut Decision, now: Timesta
         }
         if slot == Some(Slot::Open) {
             match build(ctx, inputs, fp, r) {
-                Ok(o) => objects = Some(o),
+                Ok(o) => {
+                    recent.insert(key.clone());
+                    objects = Some(o);
+                }
                 Err(e) => error = Some(e.to_string()),
             }
         }
+        drop(recent);
     }
     let buffers = plan
         .metadata
@@ -383,13 +396,15 @@ pub async fn act(ctx: &Context, plan: &UpgradePlan, wanted: &Wanted) {
             match create(ctx, &ns, objects).await {
                 Ok(0) => {}
                 Ok(n) => {
-                    lock(&shell.recent).insert(key.clone());
                     info!(plan = %key.1, namespace = %ns, change = %fingerprint, shapes = n,
                           "capacity requested from the node autoscaler");
                 }
                 Err(e) => {
                     warn!(plan = %key.1, namespace = %ns, error = %e, "creating the capacity request");
                     lock(&shell.errors).insert(key.clone(), e.to_string());
+                    // What was created shows in the cache; the reservation
+                    // must not hold a slot for objects that do not exist.
+                    lock(&shell.recent).remove(&key);
                     return;
                 }
             }
