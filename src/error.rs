@@ -17,6 +17,11 @@ pub enum Error {
     #[error("{what}: {reason}")]
     Invalid { what: String, reason: String },
 
+    /// Several things wrong with one input, all reported at once so that
+    /// fixing one does not reveal the next.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Several(Vec<Error>),
+
     /// Reading or parsing an input file.
     #[error("{path}: {reason}")]
     Input { path: String, reason: String },
@@ -72,6 +77,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// `errors` as one: itself when there is one, `None` when there is none.
+    pub fn all(mut errors: Vec<Error>) -> Option<Error> {
+        match errors.len() {
+            0 => None,
+            1 => errors.pop(),
+            _ => Some(Error::Several(errors)),
+        }
+    }
+
     pub fn invalid(what: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::Invalid {
             what: what.into(),
@@ -82,7 +96,10 @@ impl Error {
     /// A short, bounded label for `raygate_reconcile_errors_total{reason}`.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Error::Quantity { .. } | Error::Invalid { .. } | Error::Input { .. } => "invalid_input",
+            Error::Quantity { .. }
+            | Error::Invalid { .. }
+            | Error::Input { .. }
+            | Error::Several(_) => "invalid_input",
             Error::Kube(_) => "kube_api",
             Error::Json(_) => "serialization",
             Error::Metrics(_) => "metrics",

@@ -211,7 +211,10 @@ pub enum Phase {
     /// A change was detected and is being evaluated.
     Pending,
     WaitingForCapacity,
+    /// `policy: Manual` and the pending change is not approved.
     WaitingForApproval,
+    /// `policy: Paused`: nothing is admitted until the policy changes.
+    Paused,
     /// Admitted; KubeRay has not named the new cluster yet.
     Admitted,
     /// The second cluster exists and the transition is under way.
@@ -222,11 +225,12 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub const ALL: [Phase; 9] = [
+    pub const ALL: [Phase; 10] = [
         Phase::Idle,
         Phase::Pending,
         Phase::WaitingForCapacity,
         Phase::WaitingForApproval,
+        Phase::Paused,
         Phase::Admitted,
         Phase::Upgrading,
         Phase::Stalled,
@@ -240,6 +244,7 @@ impl Phase {
             Phase::Pending => "Pending",
             Phase::WaitingForCapacity => "WaitingForCapacity",
             Phase::WaitingForApproval => "WaitingForApproval",
+            Phase::Paused => "Paused",
             Phase::Admitted => "Admitted",
             Phase::Upgrading => "Upgrading",
             Phase::Stalled => "Stalled",

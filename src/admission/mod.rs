@@ -123,6 +123,10 @@ pub struct GateFacts {
     pub other_owner: Option<String>,
     /// raygate's own field manager owns the field.
     pub owned_by_us: bool,
+    /// The RayService's `metadata.uid`, sent with every gate write as a
+    /// precondition: the apiserver then refuses the write if the object is
+    /// gone (or was replaced) instead of creating one.
+    pub uid: Option<String>,
 }
 
 /// Everything one decision reads.
@@ -178,6 +182,29 @@ pub struct EventNote {
     pub warning: bool,
     pub reason: &'static str,
     pub note: String,
+    /// The fingerprint of the change the Event is about, if any: Events of
+    /// different changes must never be folded into one series.
+    pub change: Option<String>,
+}
+
+impl EventNote {
+    /// The Event's `action`. kube's Recorder folds Events with the same
+    /// type, reason, action, reporter and objects into one series and keeps
+    /// the first note (`EventKey` in kube-runtime's `events.rs`; client-go's
+    /// recorder keys them alike), so the action names the change the Event
+    /// is about and a digest of what it says (`Gate 07e0ddeed0e9 5d2c9a10`,
+    /// `Gate - 5d2c9a10` for none): Events of different changes, or saying
+    /// different things, stay apart, and only the same Event repeated is
+    /// counted in `series.count`.
+    pub fn action(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let digest: String = Sha256::digest(self.note.as_bytes())
+            .iter()
+            .take(4)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("Gate {} {digest}", self.change.as_deref().unwrap_or("-"))
+    }
 }
 
 #[derive(Debug, Clone)]

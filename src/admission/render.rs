@@ -62,25 +62,70 @@ impl<'a> Builder<'a> {
         self.status.message = Some(long.to_string());
     }
 
+    /// An Event about the plan as a whole (no particular change).
     pub fn event(&mut self, warning: bool, reason: &'static str, note: String) {
         self.events.push(EventNote {
             warning,
             reason,
             note,
+            change: None,
         });
     }
 
-    /// An input that cannot be used: reported once per message, the
-    /// admission and pending change kept as they were.
+    /// An Event about the change `fingerprint`: kept apart from the Events
+    /// of every other change (see [`EventNote::change`]).
+    pub fn change_event(
+        &mut self,
+        warning: bool,
+        reason: &'static str,
+        fingerprint: &str,
+        note: String,
+    ) {
+        self.events.push(EventNote {
+            warning,
+            reason,
+            note,
+            change: (!fingerprint.is_empty()).then(|| fingerprint.to_string()),
+        });
+    }
+
+    /// An input that cannot be used: see [`Builder::errors`].
     pub fn error(&mut self, reason: &'static str, msg: String, gate: Option<Gate>) {
+        self.errors(&[(reason, msg)], gate)
+    }
+
+    /// Inputs that cannot be used, every one of them reported at once (the
+    /// column lists their reasons, the message each one's text), each with
+    /// one Event when it appears; the admission and pending change are kept
+    /// as they were.
+    pub fn errors(&mut self, problems: &[(&'static str, String)], gate: Option<Gate>) {
         self.status.phase = Phase::Error;
         self.status.admitted = self.prev.admitted.clone();
         self.status.pending_change = self.prev.pending_change.clone();
-        self.waiting(reason, &msg);
+        let short = problems
+            .iter()
+            .map(|(reason, _)| *reason)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let long = match problems {
+            [(_, msg)] => msg.clone(),
+            _ => problems
+                .iter()
+                .map(|(reason, msg)| format!("{reason}: {msg}"))
+                .collect::<Vec<_>>()
+                .join("; "),
+        };
+        self.waiting(&short, &long);
         self.gate = gate;
         self.requeue = REQUEUE_WAITING;
-        if self.prev.phase != Phase::Error || self.prev.message.as_deref() != Some(msg.as_str()) {
-            self.event(true, reason, msg);
+        let reported = (self.prev.phase == Phase::Error)
+            .then(|| self.prev.message.clone())
+            .flatten()
+            .unwrap_or_default();
+        for (reason, msg) in problems {
+            if !reported.contains(msg.as_str()) {
+                self.event(true, reason, msg.clone());
+            }
         }
     }
 
@@ -105,6 +150,7 @@ impl<'a> Builder<'a> {
                     warning: true,
                     reason: "GateOverridden",
                     note: msg.clone(),
+                    change: None,
                 },
             );
         }
@@ -335,6 +381,37 @@ pub fn resources_text(m: &ResourceList) -> String {
         .map(|(k, v)| format!("{k} {}", v.canonical()))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// What the new cluster needs and whether it fits now, for a change held
+/// by policy: the numbers an approver decides on.
+pub fn needs_text(r: &FitReport) -> String {
+    if r.fits {
+        format!(
+            "new cluster needs {} and fits now",
+            resources_text(&r.new_requests)
+        )
+    } else {
+        shortfall_text(r).1
+    }
+}
+
+/// The field manager that wrote `spec.approve` (e.g. `kubectl-raygate`), as
+/// the plan's managedFields record it: who approved, for the audit trail.
+pub fn approver(plan: &crate::upgradeplan::UpgradePlan) -> Option<String> {
+    plan.metadata
+        .managed_fields
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|m| {
+            m.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:spec"))
+                .and_then(|s| s.get("f:approve"))
+                .is_some()
+        })
+        .and_then(|m| m.manager.clone())
 }
 
 /// How to approve a change under `policy: Manual`.

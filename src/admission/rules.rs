@@ -11,6 +11,8 @@
 //! 3. A pending change waits for policy (`Paused`, `Manual` approval), the
 //!    maintenance window, then capacity: the new cluster's pods must fit in
 //!    free capacity minus the ledger's reservations and the plan's headroom.
+//!    A change held by policy is fitted too, so what it needs and whether it
+//!    would fit are reported while it waits for a human.
 //!
 //! Each rule fills in a [`Builder`]; [`super::render`] writes the result out.
 
@@ -33,13 +35,22 @@ pub(crate) const REQUEUE_IDLE: Duration = Duration::from_secs(120);
 
 /// Rule 1, then rules 2 and 3.
 pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
-    let settings = match &inp.settings {
-        Ok(s) => s,
-        Err(e) => return b.error("InvalidSpec", e.to_string(), Some(Gate::Hold)),
-    };
-    let svc = match &inp.service {
-        Ok(s) => s,
-        Err(msg) => return b.error("RayServiceUnavailable", msg.clone(), None),
+    let (settings, svc) = match (&inp.settings, &inp.service) {
+        (Ok(settings), Ok(svc)) => (settings, svc),
+        (settings, service) => {
+            // Every problem at once, so fixing one does not reveal the next.
+            let mut problems = vec![];
+            if let Err(e) = settings {
+                problems.push(("InvalidSpec", e.to_string()));
+            }
+            if let Err(msg) = service {
+                problems.push(("RayServiceUnavailable", msg.clone()));
+            }
+            // A RayService that is not there is never written: an apply
+            // would create it.
+            let gate = service.is_ok().then_some(Gate::Hold);
+            return b.errors(&problems, gate);
+        }
     };
     b.kuberay_release(&inp.release);
     if let Some((ReleaseProblem::NotGateable, msg)) = inp.release.problem() {
@@ -56,13 +67,15 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
         // A transition raygate did not admit: the gate was overridden, or it
         // started before the plan existed. Track it rather than pretend.
         (Some(pending), Some(_)) => {
-            b.event(
+            let fingerprint = r.change_fingerprint().unwrap_or_default();
+            b.change_event(
                 true,
                 "UnadmittedUpgrade",
+                &fingerprint,
                 format!("KubeRay started cluster {pending} without raygate's admission"),
             );
             let unadmitted = Admission {
-                fingerprint: r.change_fingerprint().unwrap_or_default(),
+                fingerprint,
                 admitted_time: inp.now,
                 from_cluster: svc.active_cluster.clone(),
                 to_cluster: Some(pending.clone()),
@@ -80,6 +93,15 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
         }
         (None, Some(_)) => r.evaluate(b),
     }
+}
+
+/// Why a pending change waits for a human.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PolicyHold {
+    /// `policy: Paused`.
+    Paused,
+    /// `policy: Manual` and `spec.approve` names another change, or none.
+    Approval,
 }
 
 /// What every rule reads.
@@ -112,10 +134,8 @@ impl Rules<'_> {
             Ok(Some(c)) => c,
         };
         self.record_pending(b, change);
-        if self.held_by_policy(b, change) {
-            return;
-        }
-        if !schedule::any_open(&self.settings.windows, self.now()) {
+        let held = self.policy_hold(change);
+        if held.is_none() && !schedule::any_open(&self.settings.windows, self.now()) {
             return b.hold(
                 Phase::Pending,
                 "maintenance window",
@@ -128,10 +148,25 @@ impl Rules<'_> {
             Err(e) => return b.error("InvalidRayService", e.to_string(), Some(Gate::Hold)),
         };
         b.status.capacity = Some(render::capacity_status(&report));
+        capacity_condition(b, &report);
+        if let Some(hold) = held {
+            return self.await_policy(b, change, &report, hold);
+        }
+        if self.approval_is_news(b, change) {
+            let by = render::approver(self.inp.plan)
+                .map(|m| format!(" by field manager {m}"))
+                .unwrap_or_default();
+            b.change_event(
+                false,
+                "Approved",
+                &change.fingerprint,
+                format!("change {} approved (spec.approve){by}", change.fingerprint),
+            );
+        }
         if report.fits {
             self.admit(b, change, &report);
         } else {
-            wait_for_capacity(b, &report);
+            wait_for_capacity(b, change, &report);
         }
     }
 
@@ -189,30 +224,84 @@ impl Rules<'_> {
     }
 
     /// `Paused`, or `Manual` without this change's approval.
-    fn held_by_policy(&self, b: &mut Builder<'_>, change: &ChangeFacts) -> bool {
+    fn policy_hold(&self, change: &ChangeFacts) -> Option<PolicyHold> {
         let spec = &self.inp.plan.spec;
         match spec.policy {
-            Policy::Paused => b.hold(
-                Phase::WaitingForApproval,
-                "policy Paused",
-                "the plan's policy is Paused; set policy to Auto or Manual to proceed",
-                Outcome::HeldPolicy,
-            ),
+            Policy::Paused => Some(PolicyHold::Paused),
             Policy::Manual if spec.approve.as_deref() != Some(change.fingerprint.as_str()) => {
-                let how = render::approval_hint(
-                    self.inp.plan.metadata.name.as_deref().unwrap_or_default(),
-                    &change.fingerprint,
-                );
-                b.hold(
-                    Phase::WaitingForApproval,
-                    "approval",
-                    &how,
-                    Outcome::HeldPolicy,
-                )
+                Some(PolicyHold::Approval)
             }
-            _ => return false,
+            _ => None,
         }
-        true
+    }
+
+    /// Held by policy, with what the change needs and whether it would fit
+    /// now; one Event when the change starts waiting.
+    fn await_policy(
+        &self,
+        b: &mut Builder<'_>,
+        change: &ChangeFacts,
+        report: &crate::capacity::FitReport,
+        hold: PolicyHold,
+    ) {
+        let needs = render::needs_text(report);
+        let fp = &change.fingerprint;
+        let (phase, short, how, reason, what) = match hold {
+            PolicyHold::Paused => (
+                Phase::Paused,
+                "policy Paused",
+                "the plan's policy is Paused; set policy to Auto or Manual to proceed".to_string(),
+                "Paused",
+                "is held: the plan's policy is Paused",
+            ),
+            PolicyHold::Approval => (
+                Phase::WaitingForApproval,
+                "approval",
+                render::approval_hint(
+                    self.inp.plan.metadata.name.as_deref().unwrap_or_default(),
+                    fp,
+                ),
+                "WaitingForApproval",
+                "waits for approval (policy Manual)",
+            ),
+        };
+        let news = b.prev.phase != phase
+            || b.prev
+                .pending_change
+                .as_ref()
+                .map(|p| p.fingerprint.as_str())
+                != Some(fp);
+        b.hold(
+            phase,
+            short,
+            &format!("{how}; {needs}"),
+            Outcome::HeldPolicy,
+        );
+        if news {
+            let paths = change.triggering_paths.join(", ");
+            b.change_event(
+                false,
+                reason,
+                fp,
+                format!("change {fp} ({paths}) {what}; {needs}"),
+            );
+        }
+    }
+
+    /// `policy: Manual` and this change's approval not acted on yet: it was
+    /// waiting for it, or arrives approved.
+    fn approval_is_news(&self, b: &Builder<'_>, change: &ChangeFacts) -> bool {
+        let fp = change.fingerprint.as_str();
+        let same = |x: Option<&str>| x == Some(fp);
+        self.inp.plan.spec.policy == Policy::Manual
+            && (b.prev.phase == Phase::WaitingForApproval
+                || !same(
+                    b.prev
+                        .pending_change
+                        .as_ref()
+                        .map(|p| p.fingerprint.as_str()),
+                ))
+            && !same(b.prev.admitted.as_ref().map(|a| a.fingerprint.as_str()))
     }
 
     fn admit(
@@ -221,12 +310,6 @@ impl Rules<'_> {
         change: &ChangeFacts,
         report: &crate::capacity::FitReport,
     ) {
-        b.condition(
-            condition::CAPACITY_AVAILABLE,
-            true,
-            "Fits",
-            "the new cluster fits in free capacity",
-        );
         b.condition(
             condition::UPGRADE_ADMITTED,
             true,
@@ -247,9 +330,10 @@ impl Rules<'_> {
         b.gate = Some(Gate::Open);
         b.outcome = Some(Outcome::Admitted);
         b.requeue = REQUEUE_ACTIVE;
-        b.event(
+        b.change_event(
             false,
             "Admitted",
+            &change.fingerprint,
             format!(
                 "admitted change {} ({}); new cluster requests {}",
                 change.fingerprint,
@@ -284,10 +368,14 @@ impl Rules<'_> {
                 b.status.admitted = None;
                 b.status.last_transition =
                     Some(self.ended(&admitted, TransitionOutcome::Abandoned));
-                b.event(
+                b.change_event(
                     true,
                     "Abandoned",
-                    format!("KubeRay dropped new cluster {to} without promoting it"),
+                    &admitted.fingerprint,
+                    format!(
+                        "KubeRay dropped new cluster {to} of change {} without promoting it",
+                        admitted.fingerprint
+                    ),
                 );
                 self.evaluate(b)
             }
@@ -308,9 +396,10 @@ impl Rules<'_> {
             // The spec moved on (new commit or revert) before KubeRay acted:
             // withdraw and evaluate what is there now.
             b.status.admitted = None;
-            b.event(
+            b.change_event(
                 false,
                 "AdmissionWithdrawn",
+                &admitted.fingerprint,
                 format!(
                     "change {} was superseded before KubeRay started it",
                     admitted.fingerprint
@@ -320,9 +409,10 @@ impl Rules<'_> {
         }
         if self.running_for(&admitted) > ADMISSION_TTL {
             b.status.admitted = None;
-            b.event(
+            b.change_event(
                 true,
                 "AdmissionExpired",
+                &admitted.fingerprint,
                 format!(
                     "KubeRay did not start change {} within {}; fitting it again",
                     admitted.fingerprint,
@@ -355,9 +445,10 @@ impl Rules<'_> {
                 );
             }
             Some(fp) if fp != admitted.fingerprint => {
-                b.event(
+                b.change_event(
                     true,
                     "AdmissionMismatch",
+                    &admitted.fingerprint,
                     format!(
                         "KubeRay built cluster {pending} from change {fp}, not from the admitted change {}; \
                          admission withdrawn, the gate stays closed and the transition is tracked as unadmitted",
@@ -390,11 +481,22 @@ impl Rules<'_> {
             outcome: None,
             duration_seconds: None,
         });
-        if b.prev.phase == Phase::Admitted {
-            b.event(
+        // Once per new cluster: the first decision that records it, whether
+        // or not an earlier one saw its name before its spec.
+        let recorded = b
+            .prev
+            .admitted
+            .as_ref()
+            .map(|a| a.to_cluster.as_deref() == Some(pending));
+        if recorded == Some(false) {
+            b.change_event(
                 false,
                 "Upgrading",
-                format!("KubeRay is creating cluster {pending}; gate closed again"),
+                &admitted.fingerprint,
+                format!(
+                    "KubeRay is creating cluster {pending} for change {}; gate closed again",
+                    admitted.fingerprint
+                ),
             );
         }
         let running_for = self.running_for(&admitted);
@@ -471,9 +573,10 @@ impl Rules<'_> {
             "transition completed",
         );
         b.outcome = Some(Outcome::Completed);
-        b.event(
+        b.change_event(
             false,
             "Completed",
+            &admitted.fingerprint,
             format!("change {} completed in {took}", admitted.fingerprint),
         );
         b.requeue = REQUEUE_WAITING;
@@ -491,20 +594,44 @@ impl Rules<'_> {
     }
 }
 
+/// `CapacityAvailable` for a fitted change.
+fn capacity_condition(b: &mut Builder<'_>, report: &crate::capacity::FitReport) {
+    if report.fits {
+        b.condition(
+            condition::CAPACITY_AVAILABLE,
+            true,
+            "Fits",
+            "the new cluster fits in free capacity",
+        );
+    } else {
+        let (_, long) = render::shortfall_text(report);
+        b.condition(
+            condition::CAPACITY_AVAILABLE,
+            false,
+            "InsufficientCapacity",
+            &long,
+        );
+    }
+}
+
 /// The new cluster does not fit: wait, with the exact shortfall.
-fn wait_for_capacity(b: &mut Builder<'_>, report: &crate::capacity::FitReport) {
+fn wait_for_capacity(
+    b: &mut Builder<'_>,
+    change: &ChangeFacts,
+    report: &crate::capacity::FitReport,
+) {
     b.status.phase = Phase::WaitingForCapacity;
     let (short, long) = render::shortfall_text(report);
-    b.condition(
-        condition::CAPACITY_AVAILABLE,
-        false,
-        "InsufficientCapacity",
-        &long,
-    );
     b.waiting(&short, &long);
     b.outcome = Some(Outcome::HeldCapacity);
-    if b.prev.phase != Phase::WaitingForCapacity {
-        b.event(true, "WaitingForCapacity", long);
+    if b.prev.phase != Phase::WaitingForCapacity
+        || b.prev
+            .pending_change
+            .as_ref()
+            .map(|p| p.fingerprint.as_str())
+            != Some(change.fingerprint.as_str())
+    {
+        b.change_event(true, "WaitingForCapacity", &change.fingerprint, long);
     }
 }
 
@@ -522,9 +649,10 @@ fn stalled(b: &mut Builder<'_>, s: stall::Stall, admitted: &Admission) {
     b.status.message = Some(msg.clone());
     if b.prev.phase != Phase::Stalled {
         b.outcome = Some(Outcome::Stalled);
-        b.event(
+        b.change_event(
             true,
             "Stalled",
+            &admitted.fingerprint,
             format!(
                 "transition of change {} stalled: {msg}",
                 admitted.fingerprint

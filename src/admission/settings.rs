@@ -23,34 +23,40 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Parses `plan.spec`; the error names the offending field.
+    /// Parses `plan.spec`; the error names every offending field.
     pub fn of(plan: &UpgradePlan) -> crate::Result<Settings> {
         let spec = &plan.spec;
-        let headroom = spec
-            .headroom
-            .iter()
-            .map(|(name, value)| {
-                Quantity::parse_amount_field(&format!("spec.headroom[{name}]"), value)
-                    .map(|q| (name.clone(), q))
-            })
-            .collect::<crate::Result<ResourceList>>()?;
-        let stall_after = schedule::parse_duration("spec.stallAfter", &spec.stall_after)?;
-        let windows = spec
-            .maintenance_windows
-            .iter()
-            .enumerate()
-            .map(|(i, w)| {
-                Window::parse(
-                    &format!("spec.maintenanceWindows[{i}]"),
-                    &w.schedule,
-                    &w.duration,
-                )
-            })
-            .collect::<crate::Result<Vec<_>>>()?;
+        let mut errors = vec![];
+        let mut headroom = ResourceList::new();
+        for (name, value) in &spec.headroom {
+            match Quantity::parse_amount_field(&format!("spec.headroom[{name}]"), value) {
+                Ok(q) => {
+                    headroom.insert(name.clone(), q);
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        let stall_after = schedule::parse_duration("spec.stallAfter", &spec.stall_after)
+            .map_err(|e| errors.push(e))
+            .ok();
+        let mut windows = vec![];
+        for (i, w) in spec.maintenance_windows.iter().enumerate() {
+            match Window::parse(
+                &format!("spec.maintenanceWindows[{i}]"),
+                &w.schedule,
+                &w.duration,
+            ) {
+                Ok(w) => windows.push(w),
+                Err(e) => errors.push(e),
+            }
+        }
+        if let Some(e) = crate::Error::all(errors) {
+            return Err(e);
+        }
         Ok(Settings {
             priority: super::priority::of(plan),
             headroom,
-            stall_after,
+            stall_after: stall_after.unwrap_or_default(),
             windows,
         })
     }
@@ -103,5 +109,19 @@ mod tests {
             let e = Settings::of(&plan(full)).unwrap_err().to_string();
             assert!(e.starts_with(field), "{field}: {e}");
         }
+    }
+
+    #[test]
+    fn every_bad_field_is_named_at_once() {
+        let e = Settings::of(&plan(json!({
+            "rayServiceRef": {"name": "llm"}, "stallAfter": "soon",
+            "maintenanceWindows": [{"schedule": "61 * * * *", "duration": "1h"}]
+        })))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("spec.stallAfter") && e.contains("; spec.maintenanceWindows[0]"),
+            "{e}"
+        );
     }
 }

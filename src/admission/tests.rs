@@ -142,6 +142,61 @@ fn missing_rayservice_is_an_error_and_leaves_the_gate_alone() {
 }
 
 #[test]
+fn a_bad_spec_and_a_missing_rayservice_are_both_reported_and_nothing_is_written() {
+    let p = plan(
+        json!({"rayServiceRef": {"name": "llm"},
+               "maintenanceWindows": [{"schedule": "61 * * * *", "duration": "1h"}]}),
+        None,
+    );
+    let d = run(
+        &p,
+        Err("RayService ml/llm not found".into()),
+        Ok(None),
+        &state(&[8]),
+        &[],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::Error);
+    assert_eq!(d.gate, None, "a missing RayService is never written");
+    assert_eq!(
+        d.status.waiting_for.as_deref(),
+        Some("InvalidSpec, RayServiceUnavailable")
+    );
+    let msg = d.status.message.as_deref().unwrap_or_default();
+    assert!(
+        msg.starts_with("InvalidSpec: spec.maintenanceWindows[0]")
+            && msg.contains("; RayServiceUnavailable: RayService ml/llm not found"),
+        "{msg}"
+    );
+    let ready = cond(&d.status, "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.message.as_str()),
+        ("False", msg)
+    );
+    let reasons: Vec<&str> = d.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["InvalidSpec", "RayServiceUnavailable"]);
+
+    // Once the RayService exists, the bad spec alone remains, already reported.
+    let d = run(
+        &plan(
+            json!({"rayServiceRef": {"name": "llm"},
+                   "maintenanceWindows": [{"schedule": "61 * * * *", "duration": "1h"}]}),
+            Some(d.status),
+        ),
+        service("llm-a", None),
+        Ok(None),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!((d.status.phase, d.gate), (Phase::Error, Some(Gate::Hold)));
+    assert_eq!(d.status.waiting_for.as_deref(), Some("InvalidSpec"));
+    assert!(d.events.is_empty(), "{:?}", d.events);
+}
+
+#[test]
 fn invalid_spec_is_an_error_that_keeps_holding() {
     let p = plan(
         json!({"rayServiceRef": {"name": "llm"}, "headroom": {"nvidia.com/gpu": "two"}}),
@@ -352,9 +407,12 @@ fn paused_and_manual_policies_wait_for_approval() {
         BTreeMap::new(),
         now(),
     );
+    assert_eq!((d.status.phase, d.gate), (Phase::Paused, Some(Gate::Hold)));
+    assert_eq!(d.status.waiting_for.as_deref(), Some("policy Paused"));
+    assert_eq!(d.events.len(), 1, "{:?}", d.events);
     assert_eq!(
-        (d.status.phase, d.gate),
-        (Phase::WaitingForApproval, Some(Gate::Hold))
+        (d.events[0].reason, d.events[0].change.as_deref()),
+        ("Paused", Some("abc123def456"))
     );
 
     let manual = plan(
@@ -378,6 +436,11 @@ fn paused_and_manual_policies_wait_for_approval() {
             .unwrap()
             .contains("\"approve\":\"abc123def456\"")
     );
+    assert!(
+        !d.events.iter().any(|e| e.reason == "Approved"),
+        "{:?}",
+        d.events
+    );
 
     let approved = plan(
         json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual", "approve": "abc123def456"}),
@@ -396,6 +459,178 @@ fn paused_and_manual_policies_wait_for_approval() {
         (d.status.phase, d.gate),
         (Phase::Admitted, Some(Gate::Open))
     );
+}
+
+#[test]
+fn a_change_awaiting_approval_reports_what_it_needs_and_whether_it_fits() {
+    let manual = |status| {
+        plan(
+            json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual"}),
+            status,
+        )
+    };
+    let ch = || Ok(Some(change(vec![gpu_pod("w0", 4)])));
+    let d = run(
+        &manual(None),
+        service("llm-a", None),
+        ch(),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(
+        (d.status.phase, d.gate),
+        (Phase::WaitingForApproval, Some(Gate::Hold))
+    );
+    let cap = d
+        .status
+        .capacity
+        .as_ref()
+        .expect("capacity while awaiting approval");
+    assert_eq!(
+        (cap.gpus_needed.as_deref(), cap.gpus_free.as_deref()),
+        (Some("4"), Some("8"))
+    );
+    let c = cond(&d.status, "CapacityAvailable");
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Fits"));
+    let msg = d.status.message.as_deref().unwrap_or_default();
+    assert!(
+        msg.contains("kubectl raygate approve")
+            && msg.contains(
+                "new cluster needs cpu 4, memory 16Gi, nvidia.com/gpu 4, pods 1 and fits now"
+            ),
+        "{msg}"
+    );
+    assert_eq!(d.events.len(), 1, "{:?}", d.events);
+    let ev = &d.events[0];
+    assert_eq!(
+        (ev.reason, ev.change.as_deref(), ev.warning),
+        ("WaitingForApproval", Some("abc123def456"), false)
+    );
+    assert!(ev.note.contains("change abc123def456"), "{}", ev.note);
+
+    // Still waiting: no second Event; capacity gone: the condition says so,
+    // and the phase stays WaitingForApproval (no capacity Event either).
+    let d2 = run(
+        &manual(Some(d.status.clone())),
+        service("llm-a", None),
+        ch(),
+        &state(&[2]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d2.status.phase, Phase::WaitingForApproval);
+    assert!(d2.events.is_empty(), "{:?}", d2.events);
+    let c = cond(&d2.status, "CapacityAvailable");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "InsufficientCapacity")
+    );
+    assert_eq!(
+        d2.status.capacity.as_ref().unwrap().gpus_short.as_deref(),
+        Some("2")
+    );
+    assert!(
+        d2.status
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("short by nvidia.com/gpu 2"),
+        "{:?}",
+        d2.status.message
+    );
+}
+
+#[test]
+fn an_approval_is_reported_once_with_who_approved() {
+    let waiting = run(
+        &plan(
+            json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual"}),
+            None,
+        ),
+        service("llm-a", None),
+        Ok(Some(change(vec![gpu_pod("w0", 4)]))),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    let mut approved = plan(
+        json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual", "approve": "abc123def456"}),
+        Some(waiting.status),
+    );
+    approved.metadata.managed_fields = Some(vec![
+        serde_json::from_value(json!({"manager": "kubectl-raygate", "operation": "Update",
+            "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:approve": {}}}}))
+        .unwrap(),
+    ]);
+    let d = run(
+        &approved,
+        service("llm-a", None),
+        Ok(Some(change(vec![gpu_pod("w0", 4)]))),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    let reasons: Vec<&str> = d.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["Approved", "Admitted"]);
+    assert!(
+        d.events[0]
+            .note
+            .contains("by field manager kubectl-raygate"),
+        "{}",
+        d.events[0].note
+    );
+    assert!(
+        d.events
+            .iter()
+            .all(|e| e.change.as_deref() == Some("abc123def456"))
+    );
+    // Admitted: the approval is not reported again.
+    let d = run(
+        &plan(
+            json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual", "approve": "abc123def456"}),
+            Some(d.status),
+        ),
+        service("llm-a", None),
+        Ok(Some(change(vec![gpu_pod("w0", 4)]))),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert!(d.events.is_empty(), "{:?}", d.events);
+}
+
+#[test]
+fn events_of_different_changes_or_texts_are_never_one_series() {
+    let ev = |change: Option<&str>, note: &str| EventNote {
+        warning: false,
+        reason: "Admitted",
+        note: note.into(),
+        change: change.map(Into::into),
+    };
+    let a = ev(Some("07e0ddeed0e9"), "admitted change 07e0ddeed0e9");
+    let b = ev(Some("21dbea861227"), "admitted change 21dbea861227");
+    assert!(
+        a.action().starts_with("Gate 07e0ddeed0e9 "),
+        "{}",
+        a.action()
+    );
+    assert_ne!(a.action(), b.action());
+    assert_ne!(
+        ev(None, "spec.stallAfter: bad").action(),
+        ev(None, "spec.priority: bad").action()
+    );
+    assert_eq!(
+        a.action(),
+        a.clone().action(),
+        "the same Event repeated is one series"
+    );
+    assert!(a.action().len() <= 128, "the API's limit for action");
 }
 
 #[test]
@@ -540,7 +775,9 @@ fn unschedulable_new_pods_stall_the_transition() {
         ("True", "Unschedulable")
     );
     assert_eq!(c.message, "1 pod Insufficient nvidia.com/gpu");
-    assert_eq!(d.events[0].reason, "Stalled");
+    // The cluster is recorded by this decision: Upgrading, then Stalled.
+    let reasons: Vec<&str> = d.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["Upgrading", "Stalled"]);
 }
 
 #[test]
@@ -635,6 +872,7 @@ fn gate_override_is_reported_not_fought() {
             value: Some("NewCluster".into()),
             other_owner: Some("argocd-controller".into()),
             owned_by_us: false,
+            uid: None,
         },
         admission_unseen: false,
         cluster: &fit::Alone(&st),
@@ -731,6 +969,25 @@ fn a_pending_cluster_not_yet_readable_is_adopted_only_once_checked() {
         ("abc123def456", Some("llm-b"))
     );
     assert!(d.events.iter().all(|e| e.reason != "AdmissionMismatch"));
+    // Upgrading is reported when the cluster is adopted, though the phase
+    // already said Upgrading while it was checked.
+    let upgrading: Vec<_> = d
+        .events
+        .iter()
+        .filter(|e| e.reason == "Upgrading")
+        .collect();
+    assert_eq!(upgrading.len(), 1, "{:?}", d.events);
+    assert_eq!(upgrading[0].change.as_deref(), Some("abc123def456"));
+    let again = run(
+        &auto_plan(Some(d.status)),
+        service("llm-a", Some("llm-b")),
+        Ok(None),
+        &state(&[8]),
+        &["llm-a", "llm-b"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert!(again.events.is_empty(), "{:?}", again.events);
 }
 
 #[test]
@@ -798,6 +1055,7 @@ fn owned_by(owner: &str, value: &str) -> GateFacts {
         value: Some(value.into()),
         other_owner: Some(owner.into()),
         owned_by_us: true,
+        uid: None,
     }
 }
 

@@ -161,6 +161,7 @@ pub fn annotate(d: &mut Decision, plan: &UpgradePlan, f: &Facts<'_>, now: Timest
             warning: false,
             reason: "CapacityRequested",
             note: format!("change {fingerprint}: {asked}"),
+            change: Some(fingerprint.to_string()),
         });
     }
     if overdue && was != Some(CapacityRequestState::NotDelivered) {
@@ -168,6 +169,7 @@ pub fn annotate(d: &mut Decision, plan: &UpgradePlan, f: &Facts<'_>, now: Timest
             warning: true,
             reason: "CapacityNotDelivered",
             note: format!("change {fingerprint}: {msg}"),
+            change: Some(fingerprint.to_string()),
         });
     }
     suffix(
@@ -213,6 +215,7 @@ fn clear(d: &mut Decision, prev: &UpgradePlanStatus) {
                 "change {}: the new cluster fits{since}; its CapacityBuffers are deleted before the gate opens",
                 p.fingerprint
             ),
+            change: Some(p.fingerprint.clone()),
         });
     }
     d.status.capacity_request = None;
@@ -240,6 +243,7 @@ fn failed(
             warning: true,
             reason: "CapacityRequestFailed",
             note: format!("change {}: {why}", st.fingerprint),
+            change: Some(st.fingerprint.clone()),
         });
     }
     suffix(d, "request failed");

@@ -9,6 +9,14 @@
 //! field from Git, or a `kubectl edit`) owns the field with another value,
 //! the apiserver refuses and raygate reports GateOverridden instead of
 //! fighting in a loop.
+//!
+//! raygate never creates a RayService. A server-side apply of a missing
+//! object is a create, so every apply carries the `metadata.uid` raygate
+//! read: the apiserver then refuses it when the object is gone (409, "uid
+//! mismatch: ... no existing object was found", `patcher.applyPatch` in
+//! k8s.io/apiserver's endpoints/handlers/patch.go) or was deleted and created
+//! again under the same name (the uid is immutable). [`is_gone`] tells these
+//! apart from a conflict with another field manager.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::{Api, Patch, PatchParams};
@@ -58,14 +66,45 @@ pub fn owned_by_us(managed: &[ManagedFieldsEntry]) -> bool {
         .any(|m| m.manager.as_deref() == Some(FIELD_MANAGER) && owns_gate(m))
 }
 
-/// Set the gate. Only the one field is sent, so nothing else is touched.
-pub async fn apply(api: &Services, name: &str, gate: Gate) -> Result<(), kube::Error> {
-    let patch = json!({
+/// The RayService a gate write is for: its name and the uid raygate read.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    pub name: &'a str,
+    pub uid: &'a str,
+}
+
+/// The apply body: the uid is a precondition, not a field anyone owns
+/// (server-side apply strips it from managedFields).
+fn body(target: Target<'_>, gate: Option<Gate>) -> serde_json::Value {
+    let mut patch = json!({
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
-        "metadata": { "name": name },
-        "spec": { "upgradeStrategy": { "type": gate.strategy() } }
+        "metadata": { "name": target.name, "uid": target.uid },
     });
+    if let Some(g) = gate {
+        patch["spec"] = json!({ "upgradeStrategy": { "type": g.strategy() } });
+    }
+    patch
+}
+
+/// The apiserver refused a gate write because the RayService read is not
+/// there any more: not found, gone (uid precondition on a missing object)
+/// or replaced by another object of the same name (uid immutable).
+pub fn is_gone(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => {
+            s.code == 404
+                || (s.code == 409 && s.message.contains("uid mismatch"))
+                || (s.code == 422 && s.message.contains("metadata.uid"))
+        }
+        _ => false,
+    }
+}
+
+/// Set the gate. Only the one field is sent, so nothing else is touched.
+pub async fn apply(api: &Services, target: Target<'_>, gate: Gate) -> Result<(), kube::Error> {
+    let name = target.name;
+    let patch = body(target, Some(gate));
     api.patch(
         name,
         &PatchParams::apply(FIELD_MANAGER),
@@ -80,12 +119,9 @@ pub async fn apply(api: &Services, name: &str, gate: Gate) -> Result<(), kube::E
 /// it any more, `raygate release`): an apply without the field removes
 /// raygate's ownership, and the field itself when nobody else owns it, so
 /// KubeRay falls back to its default behaviour.
-pub async fn release(api: &Services, name: &str) -> Result<(), kube::Error> {
-    let patch = json!({
-        "apiVersion": "ray.io/v1",
-        "kind": "RayService",
-        "metadata": { "name": name }
-    });
+pub async fn release(api: &Services, target: Target<'_>) -> Result<(), kube::Error> {
+    let name = target.name;
+    let patch = body(target, None);
     api.patch(
         name,
         &PatchParams::apply(FIELD_MANAGER),
@@ -107,6 +143,41 @@ mod tests {
             fields_v1: Some(FieldsV1(fields)),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn every_write_names_the_object_read_by_uid() {
+        let t = Target {
+            name: "llm",
+            uid: "2f1c",
+        };
+        let open = body(t, Some(Gate::Open));
+        assert_eq!(open["metadata"], json!({"name": "llm", "uid": "2f1c"}));
+        assert_eq!(open["spec"]["upgradeStrategy"]["type"], "NewCluster");
+        let release = body(t, None);
+        assert_eq!(release["metadata"]["uid"], "2f1c");
+        assert!(release.get("spec").is_none(), "{release}");
+    }
+
+    #[test]
+    fn a_missing_or_replaced_rayservice_is_told_from_a_field_conflict() {
+        let err = |code: u16, message: &str| {
+            kube::Error::Api(
+                kube::core::Status::failure(message, "")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        assert!(is_gone(&err(404, "rayservices.ray.io \"llm\" not found")));
+        assert!(is_gone(&err(
+            409,
+            "Operation cannot be fulfilled on rayservices.ray.io \"llm\": uid mismatch: \
+             the provided object specified uid 2f1c, and no existing object was found"
+        )));
+        assert!(!is_gone(&err(
+            409,
+            "Apply failed with 1 conflict: conflict with \"argocd-controller\": .spec.upgradeStrategy.type"
+        )));
     }
 
     #[test]

@@ -355,22 +355,26 @@ async fn give_back_gate(
     Ok(Some(name))
 }
 
-/// Give back the gate of `ns/name`. Only an existing RayService is
-/// patched: an apply would create one.
+/// Give back the gate of `ns/name`. Only the RayService in the cache is
+/// patched, by its uid: an apply would create a missing one.
 async fn release_gate(ctx: &Context, ns: &str, name: &str) -> Result<()> {
-    let exists = ctx
+    let Some(uid) = ctx
         .stores
         .services
         .get(&ObjectRef::new(name).within(ns))
-        .is_some();
-    if !exists {
+        .and_then(|s| match &s.0 {
+            Ok(s) => s.metadata.uid.clone(),
+            Err(e) => e.metadata.uid.clone(),
+        })
+    else {
         return Ok(());
-    }
+    };
     let services: gate::Services = Api::namespaced(ctx.client.clone(), ns);
+    let target = gate::Target { name, uid: &uid };
     match guarded(
         &ctx.fence,
         "giving back the gate",
-        gate::release(&services, name),
+        gate::release(&services, target),
     )
     .await?
     {
@@ -378,7 +382,8 @@ async fn release_gate(ctx: &Context, ns: &str, name: &str) -> Result<()> {
             info!(namespace = %ns, rayservice = %name, "gate released");
             Ok(())
         }
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        // Gone: nothing is gated any more.
+        Err(e) if gate::is_gone(&e) => Ok(()),
         Err(e) => Err(e.into()),
     }
 }
@@ -455,9 +460,12 @@ async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
             ctx,
             plan,
             None,
-            false,
-            "GateReleased",
-            format!("raygate no longer gates {name}"),
+            &admission::EventNote {
+                warning: false,
+                reason: "GateReleased",
+                note: format!("raygate no longer gates {name}"),
+                change: None,
+            },
         )
         .await;
     }
@@ -511,9 +519,12 @@ async fn hand_over(
             ctx,
             plan,
             None,
-            false,
-            "GateReleased",
-            format!("rayServiceRef changed: raygate no longer gates {old}"),
+            &admission::EventNote {
+                warning: false,
+                reason: "GateReleased",
+                note: format!("rayServiceRef changed: raygate no longer gates {old}"),
+                change: None,
+            },
         )
         .await;
     }
@@ -529,8 +540,13 @@ async fn report_conflict(
 ) -> Result<Action> {
     let st = govern::conflict_status(plan, governor, now);
     if plan.status.as_ref() != Some(&st) && write_status(ctx, plan, &st).await? {
-        let note = st.message.clone().unwrap_or_default();
-        publish(ctx, plan, None, true, "Conflict", note).await;
+        let note = admission::EventNote {
+            warning: true,
+            reason: "Conflict",
+            note: st.message.clone().unwrap_or_default(),
+            change: None,
+        };
+        publish(ctx, plan, None, &note).await;
     }
     Ok(Action::requeue(Duration::from_secs(30)))
 }
@@ -627,17 +643,28 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
     }
     let (ns, name) = (r.plan.namespace().unwrap_or_default(), r.plan.name_any());
     let service = r.plan.spec.ray_service_ref.name.as_str();
+    // Only the RayService the decision read: never a create.
+    let Some(uid) = r.seen.gate.uid.as_deref() else {
+        return Ok(d.requeue);
+    };
     let services: gate::Services = Api::namespaced(ctx.client.clone(), &ns);
+    let target = gate::Target { name: service, uid };
     match guarded(
         &ctx.fence,
         "setting the gate",
-        gate::apply(&services, service, gate),
+        gate::apply(&services, target, gate),
     )
     .await?
     {
         Ok(()) => {
             info!(plan = %name, rayservice = %service, gate = gate.strategy(), "gate set");
             Ok(d.requeue)
+        }
+        Err(e) if gate::is_gone(&e) => {
+            // Deleted (or replaced) since the cache saw it: decide again
+            // shortly, on what the cache shows then.
+            info!(plan = %name, rayservice = %service, "RayService gone before the gate was set; not creating it");
+            Ok(Duration::from_secs(2))
         }
         Err(kube::Error::Api(e)) if e.code == 409 => {
             // Taken over since our cache saw it: look again shortly, when
@@ -663,15 +690,7 @@ async fn report(ctx: &Context, r: &Recorded, now: Timestamp) {
             .gate_override(&plan.namespace().unwrap_or_default(), &plan.name_any());
     }
     for ev in &d.events {
-        publish(
-            ctx,
-            plan,
-            Some(service),
-            ev.warning,
-            ev.reason,
-            ev.note.clone(),
-        )
-        .await;
+        publish(ctx, plan, Some(service), ev).await;
     }
     if let Some(outcome) = d.outcome
         && (d.status.phase != prev.phase || outcome == Outcome::Admitted)
@@ -795,19 +814,17 @@ async fn publish(
     ctx: &Context,
     plan: &UpgradePlan,
     service: Option<&str>,
-    warning: bool,
-    reason: &str,
-    note: String,
+    note: &admission::EventNote,
 ) {
     let ev = Event {
-        type_: if warning {
+        type_: if note.warning {
             EventType::Warning
         } else {
             EventType::Normal
         },
-        reason: reason.to_string(),
-        note: Some(truncate(note, 1000)),
-        action: "Gate".into(),
+        reason: note.reason.to_string(),
+        note: Some(truncate(note.note.clone(), 1000)),
+        action: note.action(),
         secondary: None,
     };
     if ctx.fence.check().is_err() {
@@ -862,7 +879,7 @@ fn observe_metrics(
     let s = &d.status;
     let waiting = matches!(
         s.phase,
-        Phase::Pending | Phase::WaitingForCapacity | Phase::WaitingForApproval
+        Phase::Pending | Phase::WaitingForCapacity | Phase::WaitingForApproval | Phase::Paused
     )
     .then(|| {
         s.pending_change

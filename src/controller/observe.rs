@@ -256,6 +256,7 @@ fn gate_facts(svc: &RayService) -> GateFacts {
             .map(|t| t.as_str().to_string()),
         other_owner: gate::other_owner(managed),
         owned_by_us: gate::owned_by_us(managed),
+        uid: svc.metadata.uid.clone(),
     }
 }
 

@@ -230,15 +230,19 @@ async fn release_listed(
             if !gate::owned_by_us(svc.metadata.managed_fields.as_deref().unwrap_or(&[])) {
                 continue;
             }
+            let Some(uid) = svc.metadata.uid.as_deref() else {
+                continue;
+            };
+            let target = gate::Target { name: &name, uid };
             match guarded(
                 &fence,
                 "giving back the gate",
-                gate::release(&services, &name),
+                gate::release(&services, target),
             )
             .await?
             {
                 Ok(()) => done.gates.push(format!("{ns}/{name}")),
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) if gate::is_gone(&e) => {}
                 Err(e) => return Err(e.into()),
             }
         }
