@@ -135,6 +135,9 @@ impl Rules<'_> {
         };
         self.record_pending(b, change);
         let held = self.policy_hold(change);
+        if held.is_none() && self.approval_is_news(b, change) {
+            self.approved(b, change);
+        }
         if held.is_none() && !schedule::any_open(&self.settings.windows, self.now()) {
             return b.hold(
                 Phase::Pending,
@@ -151,17 +154,6 @@ impl Rules<'_> {
         capacity_condition(b, &report);
         if let Some(hold) = held {
             return self.await_policy(b, change, &report, hold);
-        }
-        if self.approval_is_news(b, change) {
-            let by = render::approver(self.inp.plan)
-                .map(|m| format!(" by field manager {m}"))
-                .unwrap_or_default();
-            b.change_event(
-                false,
-                "Approved",
-                &change.fingerprint,
-                format!("change {} approved (spec.approve){by}", change.fingerprint),
-            );
         }
         if report.fits {
             self.admit(b, change, &report);
@@ -288,19 +280,34 @@ impl Rules<'_> {
         }
     }
 
+    /// The approval of `change`, with who gave it, for the audit trail.
+    fn approved(&self, b: &mut Builder<'_>, change: &ChangeFacts) {
+        let by = render::approver(self.inp.plan)
+            .map(|m| format!(" by field manager {m}"))
+            .unwrap_or_default();
+        b.change_event(
+            false,
+            "Approved",
+            &change.fingerprint,
+            format!("change {} approved (spec.approve){by}", change.fingerprint),
+        );
+    }
+
     /// `policy: Manual` and this change's approval not acted on yet: it was
     /// waiting for it, or arrives approved.
     fn approval_is_news(&self, b: &Builder<'_>, change: &ChangeFacts) -> bool {
         let fp = change.fingerprint.as_str();
         let same = |x: Option<&str>| x == Some(fp);
+        let pending = b
+            .prev
+            .pending_change
+            .as_ref()
+            .map(|p| p.fingerprint.as_str());
+        // An `Error` keeps the pending change it had, so it cannot tell: no
+        // Event rather than one per retry.
         self.inp.plan.spec.policy == Policy::Manual
             && (b.prev.phase == Phase::WaitingForApproval
-                || !same(
-                    b.prev
-                        .pending_change
-                        .as_ref()
-                        .map(|p| p.fingerprint.as_str()),
-                ))
+                || (b.prev.phase != Phase::Error && !same(pending)))
             && !same(b.prev.admitted.as_ref().map(|a| a.fingerprint.as_str()))
     }
 

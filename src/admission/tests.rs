@@ -606,6 +606,37 @@ fn an_approval_is_reported_once_with_who_approved() {
 }
 
 #[test]
+fn an_approval_outside_the_window_is_reported_once() {
+    let spec = json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual", "approve": "abc123def456",
+        "maintenanceWindows": [{"schedule": "0 2 * * *", "duration": "2h"}]});
+    let ch = || Ok(Some(change(vec![gpu_pod("w0", 4)])));
+    let d = run(
+        &plan(spec.clone(), None),
+        service("llm-a", None),
+        ch(),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::Pending);
+    let reasons: Vec<&str> = d.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["Approved"]);
+    let in_window: Timestamp = "2026-12-02T03:00:00Z".parse().unwrap();
+    let d = run(
+        &plan(spec, Some(d.status)),
+        service("llm-a", None),
+        ch(),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        in_window,
+    );
+    let reasons: Vec<&str> = d.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["Admitted"]);
+}
+
+#[test]
 fn events_of_different_changes_or_texts_are_never_one_series() {
     let ev = |change: Option<&str>, note: &str| EventNote {
         warning: false,
