@@ -805,21 +805,22 @@ async fn forced_serve_failure_stalls_the_upgrade_body(cp: &ControlPlane) -> Resu
     });
     api.patch("llm", &PatchParams::default(), &Patch::Merge(merge))
         .await?;
+    // The pending cluster's readiness is read from the RayCluster itself: the
+    // copy in the RayService's `pendingServiceStatus.rayClusterStatus` is only
+    // written along with another status change (KubeRay v1.6.2
+    // `utils.InconsistentRayServiceStatuses`: "The RayClusterStatus field is
+    // only for observability in RayService CR, and changes to it will not
+    // trigger the status update"), so once the app is DEPLOY_FAILED and the
+    // cluster turns ready later, that copy stays empty for good.
+    let clusters = rc_api(&client, &ns);
     let (rs, pending) = wait_for(
         "pending cluster ready with DEPLOY_FAILED app",
         T,
         || async {
             let rs = get_json(&api, "llm").await?;
             let p = str_at(&rs, &["status", "pendingServiceStatus", "rayClusterName"]).to_string();
-            let ready = str_at(
-                &rs,
-                &[
-                    "status",
-                    "pendingServiceStatus",
-                    "rayClusterStatus",
-                    "state",
-                ],
-            ) == "ready";
+            let ready = !p.is_empty()
+                && str_at(&get_json(&clusters, &p).await?, &["status", "state"]) == "ready";
             let app = str_at(
                 &rs,
                 &[
