@@ -114,6 +114,12 @@ impl<'a> Builder<'a> {
             "OwnedByOtherManager",
             &msg,
         );
+        // In the WAITING FOR column of `kubectl get upgradeplans`: while
+        // another manager keeps the gate, raygate's own reason is moot.
+        self.status.waiting_for = Some(format!(
+            "GateOverridden: {owner} keeps {}",
+            value.unwrap_or("unset")
+        ));
     }
 
     /// Records the KubeRay release whose rules apply; a flag that disagrees with the
@@ -171,6 +177,127 @@ impl<'a> Builder<'a> {
         }
     }
 
+    /// Warns about resource names of the headroom and of the new cluster's
+    /// requests that no schedulable node offers (`allocatable` absent or 0):
+    /// such a name can never be satisfied, so a typo (`gpu`) would hold the
+    /// upgrade forever. Condition `ResourcesOffered` and one Warning Event per
+    /// set of names; the decision itself is unchanged.
+    pub fn resources_offered(&mut self, headroom: &ResourceList, r: &FitReport) {
+        let offered = |k: &str| r.allocatable.get(k).is_some_and(|q| !q.is_zero());
+        let in_headroom: Vec<&str> = headroom
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !offered(k))
+            .collect();
+        let requested: Vec<&str> = r
+            .new_requests
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !offered(k))
+            .collect();
+        if in_headroom.is_empty() && requested.is_empty() {
+            self.condition(
+                condition::RESOURCES_OFFERED,
+                true,
+                "Offered",
+                "every resource of spec.headroom and of the new cluster is offered by a schedulable node",
+            );
+            return;
+        }
+        let mut problems = vec![];
+        if !in_headroom.is_empty() {
+            problems.push(format!(
+                "spec.headroom names {} that no schedulable node offers, so that headroom can never be kept",
+                in_headroom.join(", ")
+            ));
+        }
+        if !requested.is_empty() {
+            problems.push(format!(
+                "the new cluster requests {} that no schedulable node offers: it fits only once such a \
+                 node joins (a node autoscaler may add one)",
+                requested.join(", ")
+            ));
+        }
+        let nodes_offer: Vec<&str> = r
+            .allocatable
+            .iter()
+            .filter(|(_, q)| !q.is_zero())
+            .map(|(k, _)| k.as_str())
+            .collect();
+        let msg = format!(
+            "{} (schedulable nodes offer: {})",
+            problems.join("; "),
+            if nodes_offer.is_empty() {
+                "nothing".to_string()
+            } else {
+                nodes_offer.join(", ")
+            }
+        );
+        let already = self.prev.conditions.iter().any(|c| {
+            c.type_ == condition::RESOURCES_OFFERED && c.status == "False" && c.message == msg
+        });
+        if !already {
+            self.event(true, "ResourceNotOffered", msg.clone());
+        }
+        self.condition(condition::RESOURCES_OFFERED, false, "NotOffered", &msg);
+    }
+
+    /// Drops a condition (when what it reports on is gone).
+    pub fn drop_condition(&mut self, type_: &str) {
+        self.status.conditions.retain(|c| c.type_ != type_);
+    }
+
+    /// `spec.approve` that names no change raygate knows of for this plan
+    /// (pending, admitted, or the last transition's) is reported, not
+    /// silently ignored: a mistyped or outdated fingerprint admits nothing.
+    fn approval_matched(&mut self) {
+        let Some(approve) = self.inp.plan.spec.approve.clone() else {
+            self.drop_condition(condition::APPROVAL_MATCHED);
+            return;
+        };
+        let pending = self
+            .status
+            .pending_change
+            .as_ref()
+            .map(|p| p.fingerprint.as_str());
+        let known = [
+            pending,
+            self.status
+                .admitted
+                .as_ref()
+                .map(|a| a.fingerprint.as_str()),
+            self.status
+                .last_transition
+                .as_ref()
+                .map(|t| t.fingerprint.as_str()),
+        ];
+        if known.contains(&Some(approve.as_str())) {
+            self.condition(
+                condition::APPROVAL_MATCHED,
+                true,
+                "Matched",
+                &format!("spec.approve names change {approve}"),
+            );
+            return;
+        }
+        let msg = match pending {
+            Some(fp) => format!(
+                "spec.approve {approve:?} matches no change of this plan: the pending change is {fp} \
+                 (kubectl raygate approve to approve it)"
+            ),
+            None => format!(
+                "spec.approve {approve:?} matches no change of this plan: no change is pending"
+            ),
+        };
+        let already = self.prev.conditions.iter().any(|c| {
+            c.type_ == condition::APPROVAL_MATCHED && c.status == "False" && c.message == msg
+        });
+        if !already {
+            self.event(true, "ApprovalUnmatched", msg.clone());
+        }
+        self.condition(condition::APPROVAL_MATCHED, false, "NoSuchChange", &msg);
+    }
+
     fn has_condition(&self, type_: &str) -> bool {
         self.status.conditions.iter().any(|c| c.type_ == type_)
     }
@@ -184,6 +311,9 @@ impl<'a> Builder<'a> {
                 "OwnedByRaygate",
                 "raygate owns the gate",
             );
+        }
+        if self.inp.settings.is_ok() && self.inp.service.is_ok() {
+            self.approval_matched();
         }
         let phase = self.status.phase;
         if phase != Phase::Stalled

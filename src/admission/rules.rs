@@ -128,6 +128,7 @@ impl Rules<'_> {
             Err(e) => return b.error("InvalidRayService", e.to_string(), Some(Gate::Hold)),
         };
         b.status.capacity = Some(render::capacity_status(&report));
+        b.resources_offered(&self.settings.headroom, &report);
         if report.fits {
             self.admit(b, change, &report);
         } else {
@@ -139,6 +140,8 @@ impl Rules<'_> {
     /// transition.
     fn nothing_pending(&self, b: &mut Builder<'_>) {
         b.status.pending_change = None;
+        // Checked on the next change's fit.
+        b.drop_condition(condition::RESOURCES_OFFERED);
         let completed = b.prev.last_transition.as_ref().and_then(|t| t.outcome)
             == Some(TransitionOutcome::Completed)
             && b.prev.phase == Phase::Completed;
