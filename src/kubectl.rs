@@ -623,12 +623,7 @@ async fn queue(kube: &KubeArgs, all: bool, output: Format) -> Result<String> {
     render_queue(&entries, all, output, Timestamp::now())
 }
 
-/// Sum of the accelerator resources of a map, `-` when there are none.
-fn gpus(m: &BTreeMap<String, String>) -> String {
-    sum_of(m, &ACCELERATORS)
-}
-
-fn sum_of(m: &BTreeMap<String, String>, names: &[&str]) -> String {
+fn sum_q(m: &BTreeMap<String, String>, names: &[&str]) -> Option<Quantity> {
     let mut total: Option<Quantity> = None;
     for n in names {
         if let Some(q) = m.get(*n).and_then(|v| Quantity::parse(v).ok()) {
@@ -638,7 +633,21 @@ fn sum_of(m: &BTreeMap<String, String>, names: &[&str]) -> String {
             });
         }
     }
-    total.map_or_else(|| "-".into(), |q| q.canonical())
+    total
+}
+
+/// One column of quantities in one unit, as kubectl prints a column
+/// (`18000m 64500m`, never `18 64500m`); `-` where there is none.
+fn column_in_one_unit(cells: &[Option<Quantity>]) -> Vec<String> {
+    let present: Vec<&Quantity> = cells.iter().flatten().collect();
+    let mut printed = crate::quantity::in_one_unit(&present).into_iter();
+    cells
+        .iter()
+        .map(|c| match c {
+            Some(_) => printed.next().unwrap_or_else(|| "-".into()),
+            None => "-".into(),
+        })
+        .collect()
 }
 
 fn age(since: Option<&str>, now: Timestamp) -> String {
@@ -685,7 +694,20 @@ pub fn render_queue(
         head.push("FINGERPRINT");
     }
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
-    for e in entries {
+    let column = |names: &[&str], of: fn(&QueueEntry) -> &BTreeMap<String, String>| {
+        column_in_one_unit(
+            &entries
+                .iter()
+                .map(|e| sum_q(of(e), names))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let gpus_needed = column(&ACCELERATORS, |e| &e.needs);
+    let cpu_needed = column(&["cpu"], |e| &e.needs);
+    let memory_needed = column(&["memory"], |e| &e.needs);
+    let gpus_reserved = column(&ACCELERATORS, |e| &e.reserved);
+    for (i, e) in entries.iter().enumerate() {
+        let cell = |c: &[String]| c.get(i).cloned().unwrap_or_else(|| "-".into());
         let mut r = vec![
             e.position
                 .map_or_else(|| "admitted".into(), |p| p.to_string()),
@@ -701,10 +723,10 @@ pub fn render_queue(
         } else {
             "-".into()
         });
-        r.push(gpus(&e.needs));
+        r.push(cell(&gpus_needed));
         if wide {
-            r.push(sum_of(&e.needs, &["cpu"]));
-            r.push(sum_of(&e.needs, &["memory"]));
+            r.push(cell(&cpu_needed));
+            r.push(cell(&memory_needed));
         }
         r.push(if wide {
             match resources(&e.reserved) {
@@ -712,7 +734,7 @@ pub fn render_queue(
                 s => s,
             }
         } else {
-            gpus(&e.reserved)
+            cell(&gpus_reserved)
         });
         r.push(e.waiting_for.clone().unwrap_or_else(|| "-".into()));
         if wide {
@@ -1303,6 +1325,30 @@ mod tests {
         assert_eq!(v["items"][1]["name"], "urgent");
         assert_eq!(v["items"][1]["position"], 1);
         assert_eq!(v["items"][0].get("position"), None);
+    }
+
+    /// CPU NEEDED of one plan at 500m and another at 8 reads `500m 8000m`.
+    #[test]
+    fn queue_columns_are_in_one_unit() {
+        let mut half = waiting("fp1", "2026-12-02T11:30:00Z", "1");
+        if let Some(c) = half.as_mut().and_then(|s| s.capacity.as_mut()) {
+            c.needed.insert("cpu".into(), "500m".into());
+            c.needed.insert("memory".into(), "1Gi".into());
+        }
+        let mut whole = waiting("fp2", "2026-12-02T11:00:00Z", "8");
+        if let Some(c) = whole.as_mut().and_then(|s| s.capacity.as_mut()) {
+            c.needed.insert("memory".into(), "512Mi".into());
+        }
+        let entries = queue_entries(&[plan("a", 0, half), plan("b", 0, whole)]);
+        let wide = render_queue(&entries, false, Format::Wide, now()).unwrap();
+        let cols: Vec<Vec<&str>> = wide
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        // # NAME PHASE PRIORITY WAITING GPUS CPU MEMORY ...
+        assert_eq!(cols[0][6..8], ["8000m", "512Mi"], "{wide}");
+        assert_eq!(cols[1][6..8], ["500m", "1024Mi"], "{wide}");
     }
 
     #[test]

@@ -362,6 +362,10 @@ fn release_event_reason(p: ReleaseProblem) -> &'static str {
 
 /// Sum of `names` in `m`, canonical; `None` when `m` has none of them.
 fn sum_of(m: &ResourceList, names: &[&str]) -> Option<String> {
+    sum_q(m, names).map(|q| q.canonical())
+}
+
+fn sum_q(m: &ResourceList, names: &[&str]) -> Option<Quantity> {
     let mut total: Option<Quantity> = None;
     for n in names {
         if let Some(q) = m.get(*n) {
@@ -371,7 +375,15 @@ fn sum_of(m: &ResourceList, names: &[&str]) -> Option<String> {
             });
         }
     }
-    total.map(|q| q.canonical())
+    total
+}
+
+/// NEEDED, FREE, SHORT of one resource for one row of `kubectl get
+/// upgradeplans -o wide`, in one unit (`64500m 129000m`, never `64500m 129`).
+fn row_in_one_unit(cells: [Option<Quantity>; 3]) -> [Option<String>; 3] {
+    let present: Vec<&Quantity> = cells.iter().flatten().collect();
+    let mut printed = crate::quantity::in_one_unit(&present).into_iter();
+    cells.map(|c| c.and_then(|_| printed.next()))
 }
 
 /// The status numbers, arranged so the printer columns compare: the new
@@ -380,8 +392,26 @@ pub fn capacity_status(r: &FitReport) -> CapacityStatus {
     let available = available_for_new(r);
     let needs_gpus = sum_of(&r.new_requests, &ACCELERATORS).is_some();
     let short = |names: &[&str], needed: bool| {
-        needed.then(|| sum_of(&r.shortfall, names).unwrap_or_else(|| "0".into()))
+        needed.then(|| sum_q(&r.shortfall, names).unwrap_or_else(Quantity::zero))
     };
+    let [gpus_needed, gpus_free, gpus_short] = row_in_one_unit([
+        sum_q(&r.new_requests, &ACCELERATORS),
+        sum_q(&available, &ACCELERATORS).or_else(|| Some(Quantity::zero())),
+        short(&ACCELERATORS, needs_gpus),
+    ]);
+    let [cpu_needed, cpu_free, cpu_short] = row_in_one_unit([
+        sum_q(&r.new_requests, &[capacity::CPU]),
+        sum_q(&available, &[capacity::CPU]),
+        short(&[capacity::CPU], r.new_requests.contains_key(capacity::CPU)),
+    ]);
+    let [memory_needed, memory_free, memory_short] = row_in_one_unit([
+        sum_q(&r.new_requests, &[capacity::MEMORY]),
+        sum_q(&available, &[capacity::MEMORY]),
+        short(
+            &[capacity::MEMORY],
+            r.new_requests.contains_key(capacity::MEMORY),
+        ),
+    ]);
     CapacityStatus {
         required: capacity::canonical_map(&r.required),
         needed: capacity::canonical_map(&r.new_requests),
@@ -389,19 +419,16 @@ pub fn capacity_status(r: &FitReport) -> CapacityStatus {
         available: capacity::canonical_map(&available),
         reserved: capacity::canonical_map(&r.reserved),
         shortfall: capacity::canonical_map(&r.shortfall),
-        gpus_needed: sum_of(&r.new_requests, &ACCELERATORS),
-        gpus_free: sum_of(&available, &ACCELERATORS).or_else(|| Some("0".into())),
-        gpus_short: short(&ACCELERATORS, needs_gpus),
+        gpus_needed,
+        gpus_free,
+        gpus_short,
         gpus_peak: sum_of(&r.required, &ACCELERATORS),
-        cpu_needed: sum_of(&r.new_requests, &[capacity::CPU]),
-        cpu_free: sum_of(&available, &[capacity::CPU]),
-        cpu_short: short(&[capacity::CPU], r.new_requests.contains_key(capacity::CPU)),
-        memory_needed: sum_of(&r.new_requests, &[capacity::MEMORY]),
-        memory_free: sum_of(&available, &[capacity::MEMORY]),
-        memory_short: short(
-            &[capacity::MEMORY],
-            r.new_requests.contains_key(capacity::MEMORY),
-        ),
+        cpu_needed,
+        cpu_free,
+        cpu_short,
+        memory_needed,
+        memory_free,
+        memory_short,
         unplaced: r
             .unplaced
             .iter()
@@ -507,6 +534,34 @@ mod tests {
         assert_eq!(c.cpu_short.as_deref(), Some("0"));
         assert_eq!(c.memory_needed, None);
         assert!(!c.available.contains_key("memory"), "not requested");
+    }
+
+    /// `kubectl get upgradeplans -o wide` prints CPU NEEDED, FREE, SHORT side by
+    /// side: one unit per row, as kubectl prints.
+    #[test]
+    fn wide_columns_of_a_row_share_one_unit() {
+        let r = FitReport {
+            new_requests: rl(&[("cpu", "64500m"), ("memory", "426496Mi")]),
+            free: rl(&[("cpu", "129"), ("memory", "833Gi")]),
+            shortfall: ResourceList::new(),
+            reserved: ResourceList::new(),
+            ..report()
+        };
+        let c = capacity_status(&r);
+        assert_eq!(
+            (
+                c.cpu_needed.as_deref(),
+                c.cpu_free.as_deref(),
+                c.cpu_short.as_deref()
+            ),
+            (Some("64500m"), Some("129000m"), Some("0"))
+        );
+        assert_eq!(
+            (c.memory_needed.as_deref(), c.memory_free.as_deref()),
+            (Some("426496Mi"), Some("852992Mi"))
+        );
+        // The maps keep canonical quantities (scripts parse them).
+        assert_eq!(c.available["cpu"], "129");
     }
 
     #[test]
