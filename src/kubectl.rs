@@ -209,7 +209,7 @@ pub async fn run(command: Command, cli: clap::Command, bin: &str) -> ExitCode {
 /// A cluster that could not be reached, named by its server URL (from the
 /// kubeconfig in use), with the whole cause: `client error (Connect)` alone
 /// does not say which cluster or why.
-fn unreachable(e: &kube::Error, server: Option<&str>) -> String {
+pub fn unreachable(e: &kube::Error, server: Option<&str>) -> String {
     let mut cause = e.to_string();
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {

@@ -1559,6 +1559,16 @@ current-context: gone
         );
         assert!(stderr.contains("onnect"), "{args:?}: the cause: {stderr}");
     }
+    // `raygate release` (run by hand or by the chart's hooks) too.
+    let r = raygate(&["release", "-n", "llm", "--kubeconfig", &p(&kubeconfig)]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.starts_with(
+            "raygate: cannot reach the Kubernetes API server at https://127.0.0.1:9/: "
+        ),
+        "{}",
+        r.stderr
+    );
 }
 
 /// `./e2e/demo --keep` says `source DIR/env`: afterwards `kubectl raygate` must be
