@@ -140,6 +140,15 @@ pub enum Command {
 /// Runs a command; `cli` is the binary's whole command line definition (for
 /// completion) and `bin` its name.
 pub async fn run(command: Command, cli: clap::Command, bin: &str) -> ExitCode {
+    let kube_args = match &command {
+        Command::Explain { kube, .. }
+        | Command::Fit { kube, .. }
+        | Command::Approve { kube, .. }
+        | Command::Pause { kube, .. }
+        | Command::Resume { kube, .. }
+        | Command::Queue { kube, .. } => Some(kube.clone()),
+        Command::Completion { .. } => None,
+    };
     let result = match command {
         Command::Explain { args, kube } => explain(&args, &kube).await.map(|t| (t, 0)),
         Command::Fit {
@@ -181,10 +190,40 @@ pub async fn run(command: Command, cli: clap::Command, bin: &str) -> ExitCode {
     match result {
         Ok((text, code)) => emit(&text, ExitCode::from(code)),
         Err(e) => {
-            say(&format!("{bin}: {e}"));
+            let msg = match (&e, &kube_args) {
+                (Error::Kube(k), Some(args)) if !matches!(k, kube::Error::Api(_)) => {
+                    let server = kube_config(args.kubeconfig.as_deref(), args.context.as_deref())
+                        .await
+                        .map(|c| c.cluster_url.to_string())
+                        .ok();
+                    unreachable(k, server.as_deref())
+                }
+                _ => e.to_string(),
+            };
+            say(&format!("{bin}: {msg}"));
             ExitCode::from(exit_code(&e))
         }
     }
+}
+
+/// A cluster that could not be reached, named by its server URL (from the
+/// kubeconfig in use), with the whole cause: `client error (Connect)` alone
+/// does not say which cluster or why.
+pub fn unreachable(e: &kube::Error, server: Option<&str>) -> String {
+    let mut cause = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !cause.contains(&text) {
+            cause.push_str(": ");
+            cause.push_str(&text);
+        }
+        source = s.source();
+    }
+    format!(
+        "cannot reach the Kubernetes API server at {}: {cause}",
+        server.unwrap_or("(server unknown)")
+    )
 }
 
 /// 1 for what the user can fix in the input, 4 for the cluster's answers.
@@ -584,12 +623,7 @@ async fn queue(kube: &KubeArgs, all: bool, output: Format) -> Result<String> {
     render_queue(&entries, all, output, Timestamp::now())
 }
 
-/// Sum of the accelerator resources of a map, `-` when there are none.
-fn gpus(m: &BTreeMap<String, String>) -> String {
-    sum_of(m, &ACCELERATORS)
-}
-
-fn sum_of(m: &BTreeMap<String, String>, names: &[&str]) -> String {
+fn sum_q(m: &BTreeMap<String, String>, names: &[&str]) -> Option<Quantity> {
     let mut total: Option<Quantity> = None;
     for n in names {
         if let Some(q) = m.get(*n).and_then(|v| Quantity::parse(v).ok()) {
@@ -599,7 +633,21 @@ fn sum_of(m: &BTreeMap<String, String>, names: &[&str]) -> String {
             });
         }
     }
-    total.map_or_else(|| "-".into(), |q| q.canonical())
+    total
+}
+
+/// One column of quantities in one unit, as kubectl prints a column
+/// (`18000m 64500m`, never `18 64500m`); `-` where there is none.
+fn column_in_one_unit(cells: &[Option<Quantity>]) -> Vec<String> {
+    let present: Vec<&Quantity> = cells.iter().flatten().collect();
+    let mut printed = crate::quantity::in_one_unit(&present).into_iter();
+    cells
+        .iter()
+        .map(|c| match c {
+            Some(_) => printed.next().unwrap_or_else(|| "-".into()),
+            None => "-".into(),
+        })
+        .collect()
 }
 
 fn age(since: Option<&str>, now: Timestamp) -> String {
@@ -646,7 +694,20 @@ pub fn render_queue(
         head.push("FINGERPRINT");
     }
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
-    for e in entries {
+    let column = |names: &[&str], of: fn(&QueueEntry) -> &BTreeMap<String, String>| {
+        column_in_one_unit(
+            &entries
+                .iter()
+                .map(|e| sum_q(of(e), names))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let gpus_needed = column(&ACCELERATORS, |e| &e.needs);
+    let cpu_needed = column(&["cpu"], |e| &e.needs);
+    let memory_needed = column(&["memory"], |e| &e.needs);
+    let gpus_reserved = column(&ACCELERATORS, |e| &e.reserved);
+    for (i, e) in entries.iter().enumerate() {
+        let cell = |c: &[String]| c.get(i).cloned().unwrap_or_else(|| "-".into());
         let mut r = vec![
             e.position
                 .map_or_else(|| "admitted".into(), |p| p.to_string()),
@@ -662,10 +723,10 @@ pub fn render_queue(
         } else {
             "-".into()
         });
-        r.push(gpus(&e.needs));
+        r.push(cell(&gpus_needed));
         if wide {
-            r.push(sum_of(&e.needs, &["cpu"]));
-            r.push(sum_of(&e.needs, &["memory"]));
+            r.push(cell(&cpu_needed));
+            r.push(cell(&memory_needed));
         }
         r.push(if wide {
             match resources(&e.reserved) {
@@ -673,7 +734,7 @@ pub fn render_queue(
                 s => s,
             }
         } else {
-            gpus(&e.reserved)
+            cell(&gpus_reserved)
         });
         r.push(e.waiting_for.clone().unwrap_or_else(|| "-".into()));
         if wide {
@@ -834,6 +895,7 @@ async fn explain(args: &ExplainArgs, kube: &KubeArgs) -> Result<String> {
     let (version, version_note) = live_version(args.kuberay_version.as_deref(), Some(&rc))?;
     let mut new = cli::read_service(&args.new, version)?;
     new.metadata.namespace = Some(ns.clone());
+    let errors = cli::manifest_errors(&new);
     let mut notes = vec![(
         "Compared to:",
         format!("RayCluster {ns}/{cluster} ({role}, live)"),
@@ -841,27 +903,8 @@ async fn explain(args: &ExplainArgs, kube: &KubeArgs) -> Result<String> {
     if let Some(n) = version_note {
         notes.push(("Release:", n));
     }
-    // kubectl apply leaves raygate's gate in place when the file does not set
-    // it; what matters is what KubeRay does once raygate opens it.
-    let file_sets_gate = new
-        .spec
-        .upgrade_strategy
-        .as_ref()
-        .and_then(|u| u.type_.as_ref())
-        .is_some();
-    if !file_sets_gate && gated_by_raygate(&live) {
-        new.spec
-            .upgrade_strategy
-            .get_or_insert_with(Default::default)
-            .type_ = Some(UpgradeType::NewCluster);
-        notes.push((
-            "Gate:",
-            "raygate gates this RayService: a new cluster waits for its admission \
-             (kubectl raygate queue)"
-                .to_string(),
-        ));
-    } else if !file_sets_gate {
-        new.spec.upgrade_strategy = live.spec.upgrade_strategy.clone();
+    if let Some(note) = with_live_gate(&mut new, &live) {
+        notes.push(("Gate:", note));
     }
     let label = format!("RayCluster {ns}/{cluster}");
     cli::explain_against(
@@ -870,8 +913,37 @@ async fn explain(args: &ExplainArgs, kube: &KubeArgs) -> Result<String> {
         &Old::Live(Box::new(rc), Box::new(live)),
         Path::new(&label),
         &new,
+        &errors,
         &notes,
     )
+}
+
+/// The gate KubeRay will see once the file is applied: `kubectl apply` leaves
+/// raygate's gate in place when the file does not set it, and what matters is
+/// what KubeRay does once raygate opens it. Returns a note when raygate gates it.
+fn with_live_gate(new: &mut RayService, live: &RayService) -> Option<String> {
+    let file_sets_gate = new
+        .spec
+        .upgrade_strategy
+        .as_ref()
+        .and_then(|u| u.type_.as_ref())
+        .is_some();
+    if file_sets_gate {
+        return None;
+    }
+    if gated_by_raygate(live) {
+        new.spec
+            .upgrade_strategy
+            .get_or_insert_with(Default::default)
+            .type_ = Some(UpgradeType::NewCluster);
+        return Some(
+            "raygate gates this RayService: a new cluster waits for its admission \
+             (kubectl raygate queue)"
+                .to_string(),
+        );
+    }
+    new.spec.upgrade_strategy = live.spec.upgrade_strategy.clone();
+    None
 }
 
 /// `explain` for a RayService that has no cluster yet: applying it creates one.
@@ -883,15 +955,20 @@ fn created(
 ) -> Result<String> {
     let (pods, requests) = cli::in_file(&args.new, cli::new_cluster_requests(new, version))?;
     let requests = crate::capacity::canonical_map(&requests);
+    let errors = cli::manifest_errors(new);
     let out = json!({
         "verdict": "Create",
         "reason": format!("{what} does not exist: applying it creates its first RayCluster, which raygate does not hold"),
         "newCluster": {"pods": pods, "requests": requests},
+        "errors": errors,
     });
     if let Some(s) = args.output.structured(&out)? {
         return Ok(s);
     }
     let mut s = String::new();
+    for e in &errors {
+        cli::field(&mut s, "ERROR:", &format!("{}: {}", e.path, e.message));
+    }
     cli::field(&mut s, "Verdict:", "Create");
     cli::field(
         &mut s,
@@ -951,6 +1028,40 @@ async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutcome> {
     svc.metadata.namespace = Some(ns.clone());
     if let Some(n) = version_note {
         notes.push(("Release:", n));
+    }
+    // Nothing to fit when KubeRay builds no new cluster for the file (the
+    // change completed, or only replicas or the Serve config changed).
+    if let Some(live) = &live
+        && let Some((cluster, role)) = compared_cluster(live)
+    {
+        let rc = match (&active, role) {
+            (Some(a), "active") if a.name_any() == cluster => Some(a.clone()),
+            _ => {
+                Api::<RayCluster>::namespaced(client.clone(), &ns)
+                    .get_opt(&cluster)
+                    .await?
+            }
+        };
+        if let Some(rc) = rc {
+            let mut as_applied = svc.clone();
+            with_live_gate(&mut as_applied, live);
+            let label = format!("RayCluster {ns}/{cluster}");
+            let c = cli::in_file(
+                Path::new(&label),
+                kuberay::classify(&kuberay::OldSide::RayCluster(&rc), &as_applied, version),
+            )?;
+            let c = cli::with_live_serve_config(c, live, &as_applied);
+            if !cli::needs_new_cluster(&c) {
+                notes.insert(
+                    0,
+                    (
+                        "Compared to:",
+                        format!("RayCluster {ns}/{cluster} ({role}, live)"),
+                    ),
+                );
+                return cli::no_new_cluster(args, &c, &notes);
+            }
+        }
     }
     match live {
         Some(live) => svc.status = live.status,
@@ -1214,6 +1325,30 @@ mod tests {
         assert_eq!(v["items"][1]["name"], "urgent");
         assert_eq!(v["items"][1]["position"], 1);
         assert_eq!(v["items"][0].get("position"), None);
+    }
+
+    /// CPU NEEDED of one plan at 500m and another at 8 reads `500m 8000m`.
+    #[test]
+    fn queue_columns_are_in_one_unit() {
+        let mut half = waiting("fp1", "2026-12-02T11:30:00Z", "1");
+        if let Some(c) = half.as_mut().and_then(|s| s.capacity.as_mut()) {
+            c.needed.insert("cpu".into(), "500m".into());
+            c.needed.insert("memory".into(), "1Gi".into());
+        }
+        let mut whole = waiting("fp2", "2026-12-02T11:00:00Z", "8");
+        if let Some(c) = whole.as_mut().and_then(|s| s.capacity.as_mut()) {
+            c.needed.insert("memory".into(), "512Mi".into());
+        }
+        let entries = queue_entries(&[plan("a", 0, half), plan("b", 0, whole)]);
+        let wide = render_queue(&entries, false, Format::Wide, now()).unwrap();
+        let cols: Vec<Vec<&str>> = wide
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        // # NAME PHASE PRIORITY WAITING GPUS CPU MEMORY ...
+        assert_eq!(cols[0][6..8], ["8000m", "512Mi"], "{wide}");
+        assert_eq!(cols[1][6..8], ["500m", "1024Mi"], "{wide}");
     }
 
     #[test]

@@ -215,6 +215,18 @@ async fn main() -> ExitCode {
         },
         Command::Release(args) => match release(&args).await {
             Ok(text) => kubectl::emit(&text, ExitCode::SUCCESS),
+            // Name the cluster that could not be reached, as kubectl raygate does.
+            Err(Error::Kube(k)) if !matches!(k, kube::Error::Api(_)) => {
+                let server = config(&args.kube)
+                    .await
+                    .map(|c| c.cluster_url.to_string())
+                    .ok();
+                say(&format!(
+                    "raygate: {}",
+                    kubectl::unreachable(&k, server.as_deref())
+                ));
+                ExitCode::from(1)
+            }
             Err(e) => fail(&e),
         },
         Command::Run(args) => match run(args).await {

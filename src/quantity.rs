@@ -480,6 +480,55 @@ impl Quantity {
     }
 }
 
+/// Prints `qs` in one unit, as `kubectl top` prints a column (cpu in `m`,
+/// memory in `Mi`): the largest unit in which every value is a whole number,
+/// binary (`Ki`..`Ei`) when one of them was written in a binary unit, else
+/// decimal (`n`..`E`). A table row reads `64500m 129000m`, never `64500m 129`.
+pub fn in_one_unit(qs: &[&Quantity]) -> Vec<String> {
+    let nonzero: Vec<&&Quantity> = qs.iter().filter(|q| !q.is_zero()).collect();
+    if nonzero.is_empty() {
+        return qs.iter().map(|q| q.canonical()).collect();
+    }
+    let all_divide = |by: i128| nonzero.iter().all(|q| q.nanos % by == 0);
+    let print = |by: i128, suffix: &str| -> Vec<String> {
+        qs.iter()
+            .map(|q| match q.nanos {
+                0 => "0".to_string(),
+                n => format!("{}{suffix}", n / by),
+            })
+            .collect()
+    };
+    if nonzero.iter().any(|q| q.format == Format::BinarySI) {
+        const BINARY: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+        for (i, suffix) in BINARY.iter().enumerate().rev() {
+            let by = NANO * 1024i128.pow(i as u32 + 1);
+            if all_divide(by) {
+                return print(by, suffix);
+            }
+        }
+    }
+    const DECIMAL: [(i32, &str); 10] = [
+        (18, "E"),
+        (15, "P"),
+        (12, "T"),
+        (9, "G"),
+        (6, "M"),
+        (3, "k"),
+        (0, ""),
+        (-3, "m"),
+        (-6, "u"),
+        (-9, "n"),
+    ];
+    for (exp, suffix) in DECIMAL {
+        let by = 10i128.pow((exp + 9) as u32);
+        if all_divide(by) {
+            return print(by, suffix);
+        }
+    }
+    // Unreachable: every value is a whole number of nanos.
+    qs.iter().map(|q| q.canonical()).collect()
+}
+
 impl Default for Quantity {
     fn default() -> Self {
         Quantity::zero()
@@ -589,6 +638,28 @@ mod tests {
             Ok(v) => v,
             Err(e) => panic!("{s}: {e}"),
         }
+    }
+
+    #[test]
+    fn a_row_prints_in_one_unit() {
+        let row = |vals: &[&str]| {
+            let qs: Vec<Quantity> = vals.iter().map(|v| q(v)).collect();
+            in_one_unit(&qs.iter().collect::<Vec<_>>())
+        };
+        assert_eq!(
+            row(&["426496Mi", "833Gi", "3424Gi", "2682056Mi"]),
+            ["426496Mi", "852992Mi", "3506176Mi", "2682056Mi"]
+        );
+        assert_eq!(
+            row(&["64500m", "129", "0", "414540m"]),
+            ["64500m", "129000m", "0", "414540m"]
+        );
+        assert_eq!(row(&["8", "16", "1k"]), ["8", "16", "1000"]);
+        assert_eq!(row(&["2Gi", "4Gi"]), ["2Gi", "4Gi"]);
+        assert_eq!(row(&["1G", "500M"]), ["1000M", "500M"]);
+        assert_eq!(row(&["1Gi", "1G"]), ["1073741824", "1000000000"]);
+        assert_eq!(row(&["0", "0"]), ["0", "0"]);
+        assert_eq!(row(&["3"]), ["3"]);
     }
 
     /// (input, exact nanos, format after parse). Expected values follow

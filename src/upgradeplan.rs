@@ -111,8 +111,13 @@ pub struct UpgradePlanSpec {
     pub priority: i32,
 
     /// Resources to always leave free cluster-wide, per resource name
-    /// (`nvidia.com/gpu: "2"`).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    /// (`nvidia.com/gpu: 2` or `memory: 64Gi`). A name no node offers is
+    /// reported (condition `ResourcesOffered`, Event `ResourceNotOffered`).
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "int_or_string_map"
+    )]
     #[schemars(schema_with = "quantity_map_schema")]
     pub headroom: BTreeMap<String, String>,
 
@@ -168,11 +173,42 @@ fn default_stall_after() -> String {
     "30m".to_string()
 }
 
+/// Quantities as Kubernetes takes them everywhere else (`resources.requests`):
+/// an integer or a string (`x-kubernetes-int-or-string`), so `nvidia.com/gpu: 2`
+/// is accepted. The pattern applies to strings; `minimum` to integers.
 fn quantity_map_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "object",
-        "additionalProperties": { "type": "string", "pattern": QUANTITY_PATTERN }
+        "additionalProperties": {
+            "x-kubernetes-int-or-string": true,
+            "pattern": QUANTITY_PATTERN,
+            "minimum": 0
+        }
     })
+}
+
+/// A map of int-or-string quantities, each kept as its string (`2` → `"2"`).
+fn int_or_string_map<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum IntOrString {
+        Int(i64),
+        Uint(u64),
+        Str(String),
+    }
+    let m: BTreeMap<String, IntOrString> = Deserialize::deserialize(d)?;
+    Ok(m.into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                IntOrString::Int(i) => i.to_string(),
+                IntOrString::Uint(u) => u.to_string(),
+                IntOrString::Str(s) => s,
+            };
+            (k, v)
+        })
+        .collect())
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
@@ -270,7 +306,8 @@ pub struct UpgradePlanStatus {
     /// it) gives that gate back first.
     pub ray_service: Option<String>,
     pub observed_generation: Option<i64>,
-    /// Ready, CapacityAvailable, UpgradeAdmitted, Stalled, GateOverridden, KubeRayRelease.
+    /// Ready, CapacityAvailable, UpgradeAdmitted, Stalled, GateOverridden, KubeRayRelease,
+    /// CapacityRequested, ResourcesOffered, ApprovalMatched.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// One short phrase for the printer column (`capacity: nvidia.com/gpu 8`).
@@ -328,6 +365,13 @@ pub mod condition {
     pub const KUBERAY_RELEASE: &str = "KubeRayRelease";
     /// raygate asked the node autoscaler for the new cluster (`spec.capacity`).
     pub const CAPACITY_REQUESTED: &str = "CapacityRequested";
+    /// Every resource the headroom names and the new cluster requests is
+    /// offered by a schedulable node: False when one is not (a typo such as
+    /// `gpu` for `nvidia.com/gpu` would hold the upgrade forever).
+    pub const RESOURCES_OFFERED: &str = "ResourcesOffered";
+    /// `spec.approve` names the pending change (or the admitted or last one):
+    /// False when it matches none of them. Absent while `spec.approve` is unset.
+    pub const APPROVAL_MATCHED: &str = "ApprovalMatched";
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -625,6 +669,30 @@ mod tests {
                 .unwrap(),
             &serde_json::json!(["Completed", "Abandoned"])
         );
+    }
+
+    /// `headroom: {nvidia.com/gpu: 2}` is what users write (as in pod
+    /// resources): the schema takes integers and strings, raygate reads both.
+    #[test]
+    fn headroom_takes_integers_and_strings() {
+        let crd = serde_json::to_value(UpgradePlan::crd()).unwrap();
+        let h = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+            ["headroom"]["additionalProperties"];
+        assert_eq!(h["x-kubernetes-int-or-string"], true, "{h}");
+        assert!(h.get("type").is_none(), "int-or-string has no type: {h}");
+        assert_eq!(h["pattern"], QUANTITY_PATTERN, "{h}");
+        assert_eq!(h["minimum"].as_f64(), Some(0.0), "{h}");
+        let spec: UpgradePlanSpec = serde_json::from_value(serde_json::json!({
+            "rayServiceRef": {"name": "llm"},
+            "headroom": {"nvidia.com/gpu": 2, "memory": "64Gi"}
+        }))
+        .unwrap();
+        assert_eq!(spec.headroom["nvidia.com/gpu"], "2");
+        assert_eq!(spec.headroom["memory"], "64Gi");
+        let yaml: UpgradePlanSpec =
+            serde_saphyr::from_str("rayServiceRef: {name: llm}\nheadroom: {nvidia.com/gpu: 2}\n")
+                .unwrap();
+        assert_eq!(yaml.headroom["nvidia.com/gpu"], "2");
     }
 
     #[test]

@@ -221,7 +221,41 @@ fn explain_held_reports_why_and_other_spec_changes() {
     assert_eq!(v["zeroDowntime"], false);
     let held = v["heldReason"].as_str().unwrap_or_default();
     assert!(held.contains("upgradeStrategy.type is None"), "{held}");
-    assert_eq!(strs(&v["otherPaths"]), ["upgradeStrategy.type"]);
+    // Setting raygate's gate in the manifest is an error, not a change without effect.
+    assert_eq!(strs(&v["otherPaths"]), Vec::<String>::new());
+    assert_eq!(v["errors"][0]["path"], "spec.upgradeStrategy.type", "{v}");
+}
+
+/// docs/gitops.md: nothing but raygate may set `spec.upgradeStrategy` of a gated
+/// RayService. A manifest that does is flagged as an error whatever the verdict.
+#[test]
+fn explain_flags_a_manifest_that_sets_the_gate() {
+    for (old, new) in [
+        (svc(""), svc("upgrade-none")),
+        // Both sides set it (Git always had it): still an error.
+        (svc("upgrade-none"), svc("upgrade-none")),
+    ] {
+        let v = explain(&old, &new, &[]);
+        let errors = v["errors"].as_array().cloned().unwrap_or_default();
+        assert_eq!(errors.len(), 1, "{v}");
+        assert_eq!(errors[0]["path"], "spec.upgradeStrategy.type");
+        let msg = errors[0]["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.starts_with("set to None: raygate owns this field")
+                && msg.contains("GateOverridden")
+                && msg.contains("docs/gitops.md"),
+            "{msg}"
+        );
+        let text = explain_text(&old, &new, &[]);
+        assert!(
+            text.starts_with("ERROR:        spec.upgradeStrategy.type: set to None: "),
+            "{text}"
+        );
+        assert!(!text.contains("Other spec changes"), "{text}");
+    }
+    // A manifest without it: no errors, and the field is always there for scripts.
+    let v = explain(&svc(""), &svc("image-bump"), &[]);
+    assert_eq!(v["errors"], json!([]));
 }
 
 #[test]
@@ -383,9 +417,18 @@ fn explain_kuberay_versions_differ_where_kuberay_did() {
 
 #[test]
 fn explain_zero_downtime_disabled() {
-    // upgradeStrategy.type NewCluster (v1.3.0+) wins over ENABLE_ZERO_DOWNTIME=false.
-    let v = explain(&svc(""), &svc("image-bump"), &["--zero-downtime-disabled"]);
+    // upgradeStrategy.type NewCluster (v1.3.0+) wins over ENABLE_ZERO_DOWNTIME=false
+    // (a RayService raygate does not gate; raygate's own is flagged).
+    let v = explain(
+        &svc(""),
+        &svc("image-bump-new-cluster"),
+        &["--zero-downtime-disabled"],
+    );
     assert_eq!(v["verdict"], "NewCluster");
+    assert_eq!(v["errors"][0]["path"], "spec.upgradeStrategy.type");
+    // Unset (as raygate's users leave it), the operator setting decides.
+    let v = explain(&svc(""), &svc("image-bump"), &["--zero-downtime-disabled"]);
+    assert_eq!(v["verdict"], "Held", "{v}");
     // Before v1.3.0 only the operator setting counts.
     let v = explain(
         &svc(""),
@@ -467,7 +510,17 @@ fn explain_text_puts_the_verdict_first() {
         (&live, "image-bump", "NewCluster"),
     ];
     for (old, variant, verdict) in cases {
-        let text = explain_text(old, &svc(variant), &[]);
+        let full = explain_text(old, &svc(variant), &[]);
+        // A manifest error comes first (upgrade-none sets raygate's gate), then the verdict.
+        let text = match full.find("\nVerdict:") {
+            Some(i) if full.starts_with("ERROR:") => full[i + 1..].to_string(),
+            _ => full.clone(),
+        };
+        assert_eq!(
+            full.starts_with("ERROR:"),
+            *variant == "upgrade-none",
+            "{full}"
+        );
         let first = text.lines().next().unwrap_or_default();
         assert_eq!(
             first.split_whitespace().collect::<Vec<_>>(),
@@ -691,11 +744,29 @@ fn fit_text_is_short_and_aligned() {
     ]);
     assert_eq!(r.code, 0);
     let text = r.stdout;
-    let mut lines = text.lines();
+    // Without --old the whole new cluster is fitted, and the output says so first.
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Fits:"))
+        .collect::<Vec<_>>()
+        .into_iter();
+    assert!(
+        text.starts_with("Compared to:  nothing (no --old): the whole new cluster is fitted"),
+        "{text}"
+    );
     assert_eq!(lines.next(), Some("Fits:         NO"), "{text}");
     assert_eq!(
         lines.next(),
         Some("Why:          2 of 3 new pods have no node; short of nvidia.com/gpu=2"),
+        "{text}"
+    );
+    // What FREE means, in the header, as `kubectl get upgradeplans` means it.
+    assert_eq!(
+        lines.next(),
+        Some(
+            "FREE:         allocatable minus the pods running now: what the new cluster may use, \
+             as GPUS FREE in"
+        ),
         "{text}"
     );
     assert_aligned(&text);
@@ -705,14 +776,15 @@ fn fit_text_is_short_and_aligned() {
         .skip_while(|l| !l.starts_with("RESOURCE"))
         .take_while(|l| !l.is_empty())
         .collect();
+    // One unit per row, as kubectl prints: never `64500m 129` or `426496Mi 833Gi`.
     assert_eq!(
         table,
         [
-            "RESOURCE             NEW  OLD+NEW  ALLOCATABLE       FREE  SHORTFALL",
-            "cpu               64500m      129      318850m    205090m          -",
-            "memory          426496Mi    833Gi       3424Gi  2682056Mi          -",
-            "nvidia.com/gpu         8       16           24          6          2",
-            "pods                   3        6          970        959          -",
+            "RESOURCE             NEW   OLD+NEW  ALLOCATABLE       FREE  SHORTFALL",
+            "cpu               64500m   129000m      318850m    205090m          -",
+            "memory          426496Mi  852992Mi    3506176Mi  2682056Mi          -",
+            "nvidia.com/gpu         8        16           24          6          2",
+            "pods                   3         6          970        959          -",
         ],
         "{text}"
     );
@@ -729,10 +801,115 @@ fn fit_text_is_short_and_aligned() {
         "fit",
         "--state",
         &p(&fx("state-fits.yaml")),
-        "--new",
+        "--old",
         &p(&svc("")),
+        "--new",
+        &p(&svc("image-bump")),
     ]);
     assert!(r.stdout.starts_with("Fits:         yes\n"), "{}", r.stdout);
+}
+
+/// FREE is what the new cluster may use (after the headroom), in the text and as
+/// `available` in JSON: the meaning of GPUS FREE in `kubectl get upgradeplans`.
+#[test]
+fn fit_free_is_after_the_headroom() {
+    let (v, _) = fit(
+        "state-fits.yaml",
+        &svc(""),
+        &["--headroom", "nvidia.com/gpu=16", "--headroom", "cpu=1"],
+    );
+    // 22 free GPUs − 16 kept free = 6 for the new cluster; 8 needed: short 2.
+    assert_eq!(v["free"]["nvidia.com/gpu"], "22", "before the headroom");
+    assert_eq!(v["available"]["nvidia.com/gpu"], "6", "{v}");
+    assert_eq!(v["available"]["cpu"], "331730m", "{v}");
+    assert_eq!(v["shortfall"]["nvidia.com/gpu"], "2");
+    let r = raygate(&[
+        "fit",
+        "--state",
+        &p(&fx("state-fits.yaml")),
+        "--new",
+        &p(&svc("")),
+        "--headroom",
+        "nvidia.com/gpu=16",
+        "--headroom",
+        "cpu=1",
+    ]);
+    assert!(
+        r.stdout.contains(
+            "FREE:         allocatable minus the pods running now and the headroom: what the new"
+        ),
+        "{}",
+        r.stdout
+    );
+    let gpu_row = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("nvidia.com/gpu"))
+        .unwrap_or_default();
+    assert_eq!(
+        gpu_row.split_whitespace().collect::<Vec<_>>(),
+        ["nvidia.com/gpu", "8", "16", "32", "16", "6", "2"],
+        "NEW OLD+NEW ALLOCATABLE HEADROOM FREE SHORTFALL:\n{}",
+        r.stdout
+    );
+}
+
+/// A replicas-only, Serve-only or no change makes no new cluster: `fit --old` says
+/// so and exits 0 even with --fail-if-no-fit (it planned a 9-pod cluster before).
+#[test]
+fn fit_with_old_says_when_no_new_cluster_is_needed() {
+    for (variant, verdict) in [
+        ("", "NoChange"),
+        ("replicas", "NoChange"),
+        ("serve-replicas", "ServeConfigUpdate"),
+        ("append-group", "InPlaceClusterUpdate"),
+    ] {
+        let (v, code) = fit(
+            "state-no-fit.yaml",
+            &svc(variant),
+            &["--old", &p(&svc("")), "--fail-if-no-fit"],
+        );
+        assert_eq!(code, 0, "{variant}: {v}");
+        assert_eq!(v["newClusterNeeded"], false, "{variant}: {v}");
+        assert_eq!(v["fits"], true, "{variant}: {v}");
+        assert_eq!(v["verdict"], verdict, "{variant}: {v}");
+        assert!(
+            v.get("placements").is_none(),
+            "{variant}: nothing placed: {v}"
+        );
+        let r = raygate(&[
+            "fit",
+            "--state",
+            &p(&fx("state-no-fit.yaml")),
+            "--old",
+            &p(&svc("")),
+            "--new",
+            &p(&svc(variant)),
+        ]);
+        assert!(
+            r.stdout.starts_with(&format!(
+                "Fits:         yes: no new cluster is needed\nWhy:          verdict {verdict}: "
+            )),
+            "{variant}: {}",
+            r.stdout
+        );
+    }
+    // A change that needs one is fitted as before (and does not fit here).
+    let (v, code) = fit(
+        "state-no-fit.yaml",
+        &svc("image-bump"),
+        &["--old", &p(&svc("")), "--fail-if-no-fit"],
+    );
+    assert_eq!(code, 3, "{v}");
+    assert_eq!(v["newClusterNeeded"], true);
+    assert_eq!(v["fits"], false);
+    // The old side may be the live RayCluster, as for explain.
+    let (v, _) = fit(
+        "state-no-fit.yaml",
+        &svc("replicas"),
+        &["--old", &p(&fx("raycluster-llm-live.yaml"))],
+    );
+    assert_eq!(v["newClusterNeeded"], false, "{v}");
 }
 
 // ---------------------------------------------------------------- snapshots
@@ -773,6 +950,7 @@ fn explain_text_snapshots() {
 
 #[test]
 fn fit_text_snapshots() {
+    let old = p(&svc(""));
     let cases: &[(&str, &str, &str, &[&str])] = &[
         ("fits", "state-fits.yaml", "image-bump", &[]),
         ("gpu_shortfall", "state-no-fit.yaml", "", &[]),
@@ -788,6 +966,12 @@ fn fit_text_snapshots() {
             "state-fits.yaml",
             "",
             &["--headroom", "nvidia.com/gpu=16", "--headroom", "cpu=1"],
+        ),
+        (
+            "no_new_cluster",
+            "state-no-fit.yaml",
+            "replicas",
+            &["--old", &old],
         ),
     ];
     for (name, state, variant, extra) in cases {
@@ -1332,4 +1516,102 @@ fn release_takes_one_scope_and_refuses_empty_namespace_names() {
             r.stderr
         );
     }
+}
+
+/// A cluster that does not answer: exit 4, and the message names the server
+/// (not just `ServiceError: client error (Connect)`).
+#[test]
+fn an_unreachable_cluster_is_named_by_its_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Port 9 (discard) on loopback: nothing listens, the connection is refused at once.
+    let kubeconfig = tmp_file(
+        &dir,
+        "kubeconfig",
+        b"apiVersion: v1
+kind: Config
+clusters:
+- name: gone
+  cluster: {server: \"https://127.0.0.1:9\", insecure-skip-tls-verify: true}
+users:
+- name: u
+  user: {token: t}
+contexts:
+- name: gone
+  context: {cluster: gone, user: u, namespace: llm}
+current-context: gone
+",
+    );
+    for args in [vec!["queue"], vec!["approve", "chat"]] {
+        let out = Command::new(PLUGIN)
+            .args(&args)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .expect("run kubectl-raygate");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with(
+                "kubectl-raygate: cannot reach the Kubernetes API server at https://127.0.0.1:9/: "
+            ),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains("onnect"), "{args:?}: the cause: {stderr}");
+    }
+    // `raygate release` (run by hand or by the chart's hooks) too.
+    let r = raygate(&["release", "-n", "llm", "--kubeconfig", &p(&kubeconfig)]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.starts_with(
+            "raygate: cannot reach the Kubernetes API server at https://127.0.0.1:9/: "
+        ),
+        "{}",
+        r.stderr
+    );
+}
+
+/// `./e2e/demo --keep` says `source DIR/env`: afterwards `kubectl raygate` must be
+/// found (the plugin is in a `target-<hash>` directory nobody has on PATH).
+#[test]
+fn the_demo_env_file_puts_the_plugin_on_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = tmp_file(&dir, "env", b"export KUBECONFIG='/tmp/x/kubeconfig'\n");
+    let bin_dir = Path::new(PLUGIN).parent().expect("the plugin's directory");
+    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/lib/demo-env.sh");
+    for _ in 0..2 {
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(r#"source "$0"; demo_env_add_bins "$1" "$2""#)
+            .arg(&lib)
+            .arg(&env)
+            .arg(bin_dir)
+            .output()
+            .expect("bash");
+        assert!(out.status.success(), "{out:?}");
+    }
+    let text = std::fs::read_to_string(&env).expect("env");
+    assert_eq!(
+        text.matches("export PATH=").count(),
+        1,
+        "added once:\n{text}"
+    );
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(r#"PATH=/usr/bin:/bin; source "$0"; command -v kubectl-raygate; command -v raygate"#)
+        .arg(&env)
+        .output()
+        .expect("bash");
+    let found = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        found.lines().collect::<Vec<_>>(),
+        [PLUGIN, BIN],
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // And the demo uses it, telling the user.
+    let demo = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/demo"))
+        .expect("e2e/demo");
+    assert!(demo.contains(r#"demo_env_add_bins "$dir/env" "$bin""#));
+    assert!(demo.contains("kubectl raygate + raygate on PATH"));
 }

@@ -625,6 +625,16 @@ async fn someone_else_flipping_the_gate_is_reported_not_fought() {
     // raygate does not take the field back.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(or_panic(gate(&e, "llm").await), "NewCluster");
+    // `kubectl get upgradeplans` shows it (WAITING FOR), with the manager.
+    let out =
+        e.cp.kubectl(&["get", "upgradeplans", "llm", "-n", &e.ns])
+            .expect("kubectl get upgradeplans");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("GateOverridden: argocd-controller keeps NewCluster"),
+        "{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(or_panic(events_for(&e, "llm", "GateOverridden").await) >= 1);
     let metrics = e.rg.metrics().expect("metrics");
     assert!(

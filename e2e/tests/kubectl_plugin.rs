@@ -334,6 +334,19 @@ async fn explain_and_fit_read_the_live_rayservice_its_cluster_and_the_nodes() {
     assert_eq!(code, 0, "{err}");
     let v: Value = serde_saphyr::from_str(&out).expect("YAML");
     assert_eq!(v["verdict"], "ServeConfigUpdate", "{out}");
+    // fit of what is already running (or only Serve changes): no new cluster, so
+    // nothing to fit, even though the node has no GPU left for a second one.
+    for (file, verdict) in [(&v1, "NoChange"), (&serve, "ServeConfigUpdate")] {
+        let (code, out, err) = plugin(&cp, &["fit", "-f", file, "-n", &ns, "--fail-if-no-fit"]);
+        assert_eq!(code, 0, "{verdict}: {out}{err}");
+        assert!(
+            out.contains("Fits:         yes: no new cluster is needed")
+                && out.contains(&format!("Why:          verdict {verdict}: ")),
+            "{out}"
+        );
+        let (_, out, _) = plugin(&cp, &["fit", "-f", file, "-n", &ns, "-o", "json"]);
+        assert_eq!(json_of(&out)["newClusterNeeded"], false, "{out}");
+    }
 
     // fit: the old cluster holds the node's 8 GPUs, so the new one does not fit.
     let (code, out, err) = plugin(&cp, &["fit", "-f", &v2, "-n", &ns, "-o", "json"]);
@@ -417,6 +430,10 @@ async fn explain_and_fit_read_the_live_rayservice_its_cluster_and_the_nodes() {
             None,
         );
         assert_eq!(code, 4, "{cmd} against a closed port: {err}");
+        assert!(
+            err.contains("cannot reach the Kubernetes API server at https://127.0.0.1:1/"),
+            "{cmd}: the server is named: {err}"
+        );
     }
 
     // raygate gates the RayService: explain says what KubeRay does once it is
@@ -426,7 +443,8 @@ async fn explain_and_fit_read_the_live_rayservice_its_cluster_and_the_nodes() {
     let plan: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan",
         "metadata": {"name": "chat"},
-        "spec": {"rayServiceRef": {"name": "chat"}, "headroom": {"nvidia.com/gpu": "8"}},
+        // An integer, as in pod resources (x-kubernetes-int-or-string).
+        "spec": {"rayServiceRef": {"name": "chat"}, "headroom": {"nvidia.com/gpu": 8}},
     }))
     .expect("plan");
     plans(&client, &ns)

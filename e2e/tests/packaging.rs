@@ -723,6 +723,60 @@ fn assert_least_privilege(rules: &Value, who: &str) {
 // ---------------------------------------------------------------------------
 // (d) copies that must not drift
 
+/// `values.schema.json`: a value raygate would refuse at start (a KubeRay release it
+/// cannot gate, a log format it does not know) or a misspelt key fails `helm install`
+/// at render, with the value's name, instead of leaving a crash-looping pod.
+#[test]
+fn values_schema_refuses_what_raygate_would_refuse_at_render() {
+    for helm in helms() {
+        let h = helm.display().to_string();
+        for bad in [
+            ("kuberayVersion=1.2", "kuberayVersion"),
+            ("kuberayVersion=1.0", "kuberayVersion"),
+            ("kuberayVersion=1.8", "kuberayVersion"),
+            ("kuberayVersion=1.6.3", "kuberayVersion"),
+            ("kuberayVersion=banana", "kuberayVersion"),
+            ("logFormat=xml", "logFormat"),
+            ("capacityRequests.default=Always", "default"),
+            ("replicaCount=0", "replicaCount"),
+            ("kuberayversion=1.6", "kuberayversion"),
+        ] {
+            let args = [
+                "template",
+                RELEASE,
+                "charts/raygate",
+                "--namespace",
+                RELEASE_NS,
+                "--set",
+                bad.0,
+            ];
+            let out = run(&helm, args);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{h}: --set {} rendered", bad.0);
+            assert!(
+                stderr.contains("values don't meet the specifications of the schema")
+                    && stderr.contains(bad.1),
+                "{h}: --set {}: {stderr}",
+                bad.0
+            );
+        }
+        for good in [
+            "kuberayVersion=1.6",
+            "kuberayVersion=v1.7.0",
+            "kuberayVersion=1.3",
+            "kuberayVersion=1.5.2",
+            "logFormat=text",
+            "capacityRequests.default=CapacityBuffer",
+        ] {
+            let objs = helm_template(&helm, &["--set", good]);
+            assert!(
+                objs.iter().any(|o| kind(o) == "Deployment"),
+                "{h}: --set {good}"
+            );
+        }
+    }
+}
+
 #[test]
 fn chart_and_config_copies_match_their_sources() {
     let crd = read("crds/raygate.io_upgradeplans.yaml");
@@ -892,11 +946,31 @@ fn kustomize_config_renders() {
         "Service",
         "Deployment",
         "PodDisruptionBudget",
+        "NetworkPolicy",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
     assert_eq!(kinds(&objs), want);
+    // The chart's NetworkPolicy (networkPolicy.enabled by default): the same ports, on
+    // the pods the Deployment makes.
+    let np = find(&objs, "NetworkPolicy");
+    let chart = helm_template(&helms().remove(0), &[]);
+    let chart_np = find(&chart, "NetworkPolicy");
+    for field in ["policyTypes", "ingress"] {
+        assert_eq!(np["spec"][field], chart_np["spec"][field], "spec.{field}");
+    }
+    let pod_labels = &find(&objs, "Deployment")["spec"]["template"]["metadata"]["labels"];
+    let selector = np["spec"]["podSelector"]["matchLabels"]
+        .as_object()
+        .expect("podSelector.matchLabels");
+    assert!(!selector.is_empty());
+    for (k, v) in selector {
+        assert_eq!(
+            &pod_labels[k], v,
+            "the NetworkPolicy selects the raygate pods ({k})"
+        );
+    }
     for o in &objs {
         let namespaced = !matches!(
             kind(o),
@@ -1662,6 +1736,57 @@ fn pr_check_example_flags_new_gpu_clusters_only() {
         out.contains("does NOT fit") && out.contains("nvidia.com/gpu"),
         "{out}"
     );
+    // The GitOps mistake docs/gitops.md warns about: an error (exit 4) even in
+    // warn mode, never "other spec changes".
+    let gated = write(
+        "gated.yaml",
+        base.replacen(
+            "spec:\n",
+            "spec:\n  upgradeStrategy:\n    type: NewCluster\n",
+            1,
+        ),
+    );
+    assert!(
+        std::fs::read_to_string(&gated)
+            .unwrap()
+            .contains("  upgradeStrategy:\n")
+    );
+    for mode in ["warn", "fail"] {
+        let (rc, out) = check(&gated, mode, None);
+        assert_eq!(rc, 4, "{mode}: {out}");
+        assert!(
+            out.starts_with("::error::gated.yaml: spec.upgradeStrategy.type: set to NewCluster"),
+            "{mode}: {out}"
+        );
+    }
+    // Invalid input is not "needs GPUs": exit 2, naming the file and field.
+    let bad = write(
+        "bad.yaml",
+        base.replace("nvidia.com/gpu: \"1\"", "nvidia.com/gpu: \"-1\""),
+    );
+    assert_ne!(
+        std::fs::read_to_string(&bad).unwrap(),
+        base,
+        "the sample requests nvidia.com/gpu: \"1\""
+    );
+    let (rc, out) = check(&bad, "fail", None);
+    assert_eq!(rc, 2, "{out}");
+    assert!(
+        out.starts_with("::error::bad.yaml: raygate explain could not check it"),
+        "{out}"
+    );
+    assert!(out.contains("nvidia.com/gpu"), "{out}");
+    let missing = dir.path().join("missing.yaml");
+    let (rc, out) = check(&missing, "fail", None);
+    assert_eq!(rc, 2, "{out}");
+    let usage = Command::new("bash")
+        .arg(&script)
+        .arg(sample)
+        .current_dir(repo_root())
+        .env("RAYGATE", raygate_bin())
+        .output()
+        .expect("run raygate-pr-check.sh");
+    assert_eq!(usage.status.code(), Some(2), "{usage:?}");
 }
 
 // ---------------------------------------------------------------------------

@@ -160,6 +160,12 @@ impl<'a> Builder<'a> {
             "OwnedByOtherManager",
             &msg,
         );
+        // In the WAITING FOR column of `kubectl get upgradeplans`: while
+        // another manager keeps the gate, raygate's own reason is moot.
+        self.status.waiting_for = Some(format!(
+            "GateOverridden: {owner} keeps {}",
+            value.unwrap_or("unset")
+        ));
     }
 
     /// Records the KubeRay release whose rules apply; a flag that disagrees with the
@@ -217,6 +223,127 @@ impl<'a> Builder<'a> {
         }
     }
 
+    /// Warns about resource names of the headroom and of the new cluster's
+    /// requests that no schedulable node offers (`allocatable` absent or 0):
+    /// such a name can never be satisfied, so a typo (`gpu`) would hold the
+    /// upgrade forever. Condition `ResourcesOffered` and one Warning Event per
+    /// set of names; the decision itself is unchanged.
+    pub fn resources_offered(&mut self, headroom: &ResourceList, r: &FitReport) {
+        let offered = |k: &str| r.allocatable.get(k).is_some_and(|q| !q.is_zero());
+        let in_headroom: Vec<&str> = headroom
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !offered(k))
+            .collect();
+        let requested: Vec<&str> = r
+            .new_requests
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !offered(k))
+            .collect();
+        if in_headroom.is_empty() && requested.is_empty() {
+            self.condition(
+                condition::RESOURCES_OFFERED,
+                true,
+                "Offered",
+                "every resource of spec.headroom and of the new cluster is offered by a schedulable node",
+            );
+            return;
+        }
+        let mut problems = vec![];
+        if !in_headroom.is_empty() {
+            problems.push(format!(
+                "spec.headroom names {} that no schedulable node offers, so that headroom can never be kept",
+                in_headroom.join(", ")
+            ));
+        }
+        if !requested.is_empty() {
+            problems.push(format!(
+                "the new cluster requests {} that no schedulable node offers: it fits only once such a \
+                 node joins (a node autoscaler may add one)",
+                requested.join(", ")
+            ));
+        }
+        let nodes_offer: Vec<&str> = r
+            .allocatable
+            .iter()
+            .filter(|(_, q)| !q.is_zero())
+            .map(|(k, _)| k.as_str())
+            .collect();
+        let msg = format!(
+            "{} (schedulable nodes offer: {})",
+            problems.join("; "),
+            if nodes_offer.is_empty() {
+                "nothing".to_string()
+            } else {
+                nodes_offer.join(", ")
+            }
+        );
+        let already = self.prev.conditions.iter().any(|c| {
+            c.type_ == condition::RESOURCES_OFFERED && c.status == "False" && c.message == msg
+        });
+        if !already {
+            self.event(true, "ResourceNotOffered", msg.clone());
+        }
+        self.condition(condition::RESOURCES_OFFERED, false, "NotOffered", &msg);
+    }
+
+    /// Drops a condition (when what it reports on is gone).
+    pub fn drop_condition(&mut self, type_: &str) {
+        self.status.conditions.retain(|c| c.type_ != type_);
+    }
+
+    /// `spec.approve` that names no change raygate knows of for this plan
+    /// (pending, admitted, or the last transition's) is reported, not
+    /// silently ignored: a mistyped or outdated fingerprint admits nothing.
+    fn approval_matched(&mut self) {
+        let Some(approve) = self.inp.plan.spec.approve.clone() else {
+            self.drop_condition(condition::APPROVAL_MATCHED);
+            return;
+        };
+        let pending = self
+            .status
+            .pending_change
+            .as_ref()
+            .map(|p| p.fingerprint.as_str());
+        let known = [
+            pending,
+            self.status
+                .admitted
+                .as_ref()
+                .map(|a| a.fingerprint.as_str()),
+            self.status
+                .last_transition
+                .as_ref()
+                .map(|t| t.fingerprint.as_str()),
+        ];
+        if known.contains(&Some(approve.as_str())) {
+            self.condition(
+                condition::APPROVAL_MATCHED,
+                true,
+                "Matched",
+                &format!("spec.approve names change {approve}"),
+            );
+            return;
+        }
+        let msg = match pending {
+            Some(fp) => format!(
+                "spec.approve {approve:?} matches no change of this plan: the pending change is {fp} \
+                 (kubectl raygate approve to approve it)"
+            ),
+            None => format!(
+                "spec.approve {approve:?} matches no change of this plan: no change is pending"
+            ),
+        };
+        let already = self.prev.conditions.iter().any(|c| {
+            c.type_ == condition::APPROVAL_MATCHED && c.status == "False" && c.message == msg
+        });
+        if !already {
+            self.event(true, "ApprovalUnmatched", msg.clone());
+        }
+        self.condition(condition::APPROVAL_MATCHED, false, "NoSuchChange", &msg);
+    }
+
     fn has_condition(&self, type_: &str) -> bool {
         self.status.conditions.iter().any(|c| c.type_ == type_)
     }
@@ -230,6 +357,9 @@ impl<'a> Builder<'a> {
                 "OwnedByRaygate",
                 "raygate owns the gate",
             );
+        }
+        if self.inp.settings.is_ok() && self.inp.service.is_ok() {
+            self.approval_matched();
         }
         let phase = self.status.phase;
         if phase != Phase::Stalled
@@ -278,6 +408,10 @@ fn release_event_reason(p: ReleaseProblem) -> &'static str {
 
 /// Sum of `names` in `m`, canonical; `None` when `m` has none of them.
 fn sum_of(m: &ResourceList, names: &[&str]) -> Option<String> {
+    sum_q(m, names).map(|q| q.canonical())
+}
+
+fn sum_q(m: &ResourceList, names: &[&str]) -> Option<Quantity> {
     let mut total: Option<Quantity> = None;
     for n in names {
         if let Some(q) = m.get(*n) {
@@ -287,7 +421,15 @@ fn sum_of(m: &ResourceList, names: &[&str]) -> Option<String> {
             });
         }
     }
-    total.map(|q| q.canonical())
+    total
+}
+
+/// NEEDED, FREE, SHORT of one resource for one row of `kubectl get
+/// upgradeplans -o wide`, in one unit (`64500m 129000m`, never `64500m 129`).
+fn row_in_one_unit(cells: [Option<Quantity>; 3]) -> [Option<String>; 3] {
+    let present: Vec<&Quantity> = cells.iter().flatten().collect();
+    let mut printed = crate::quantity::in_one_unit(&present).into_iter();
+    cells.map(|c| c.and_then(|_| printed.next()))
 }
 
 /// The status numbers, arranged so the printer columns compare: the new
@@ -296,8 +438,26 @@ pub fn capacity_status(r: &FitReport) -> CapacityStatus {
     let available = available_for_new(r);
     let needs_gpus = sum_of(&r.new_requests, &ACCELERATORS).is_some();
     let short = |names: &[&str], needed: bool| {
-        needed.then(|| sum_of(&r.shortfall, names).unwrap_or_else(|| "0".into()))
+        needed.then(|| sum_q(&r.shortfall, names).unwrap_or_else(Quantity::zero))
     };
+    let [gpus_needed, gpus_free, gpus_short] = row_in_one_unit([
+        sum_q(&r.new_requests, &ACCELERATORS),
+        sum_q(&available, &ACCELERATORS).or_else(|| Some(Quantity::zero())),
+        short(&ACCELERATORS, needs_gpus),
+    ]);
+    let [cpu_needed, cpu_free, cpu_short] = row_in_one_unit([
+        sum_q(&r.new_requests, &[capacity::CPU]),
+        sum_q(&available, &[capacity::CPU]),
+        short(&[capacity::CPU], r.new_requests.contains_key(capacity::CPU)),
+    ]);
+    let [memory_needed, memory_free, memory_short] = row_in_one_unit([
+        sum_q(&r.new_requests, &[capacity::MEMORY]),
+        sum_q(&available, &[capacity::MEMORY]),
+        short(
+            &[capacity::MEMORY],
+            r.new_requests.contains_key(capacity::MEMORY),
+        ),
+    ]);
     CapacityStatus {
         required: capacity::canonical_map(&r.required),
         needed: capacity::canonical_map(&r.new_requests),
@@ -305,19 +465,16 @@ pub fn capacity_status(r: &FitReport) -> CapacityStatus {
         available: capacity::canonical_map(&available),
         reserved: capacity::canonical_map(&r.reserved),
         shortfall: capacity::canonical_map(&r.shortfall),
-        gpus_needed: sum_of(&r.new_requests, &ACCELERATORS),
-        gpus_free: sum_of(&available, &ACCELERATORS).or_else(|| Some("0".into())),
-        gpus_short: short(&ACCELERATORS, needs_gpus),
+        gpus_needed,
+        gpus_free,
+        gpus_short,
         gpus_peak: sum_of(&r.required, &ACCELERATORS),
-        cpu_needed: sum_of(&r.new_requests, &[capacity::CPU]),
-        cpu_free: sum_of(&available, &[capacity::CPU]),
-        cpu_short: short(&[capacity::CPU], r.new_requests.contains_key(capacity::CPU)),
-        memory_needed: sum_of(&r.new_requests, &[capacity::MEMORY]),
-        memory_free: sum_of(&available, &[capacity::MEMORY]),
-        memory_short: short(
-            &[capacity::MEMORY],
-            r.new_requests.contains_key(capacity::MEMORY),
-        ),
+        cpu_needed,
+        cpu_free,
+        cpu_short,
+        memory_needed,
+        memory_free,
+        memory_short,
         unplaced: r
             .unplaced
             .iter()
@@ -454,6 +611,34 @@ mod tests {
         assert_eq!(c.cpu_short.as_deref(), Some("0"));
         assert_eq!(c.memory_needed, None);
         assert!(!c.available.contains_key("memory"), "not requested");
+    }
+
+    /// `kubectl get upgradeplans -o wide` prints CPU NEEDED, FREE, SHORT side by
+    /// side: one unit per row, as kubectl prints.
+    #[test]
+    fn wide_columns_of_a_row_share_one_unit() {
+        let r = FitReport {
+            new_requests: rl(&[("cpu", "64500m"), ("memory", "426496Mi")]),
+            free: rl(&[("cpu", "129"), ("memory", "833Gi")]),
+            shortfall: ResourceList::new(),
+            reserved: ResourceList::new(),
+            ..report()
+        };
+        let c = capacity_status(&r);
+        assert_eq!(
+            (
+                c.cpu_needed.as_deref(),
+                c.cpu_free.as_deref(),
+                c.cpu_short.as_deref()
+            ),
+            (Some("64500m"), Some("129000m"), Some("0"))
+        );
+        assert_eq!(
+            (c.memory_needed.as_deref(), c.memory_free.as_deref()),
+            (Some("426496Mi"), Some("852992Mi"))
+        );
+        // The maps keep canonical quantities (scripts parse them).
+        assert_eq!(c.available["cpu"], "129");
     }
 
     #[test]

@@ -152,6 +152,7 @@ impl Rules<'_> {
         };
         b.status.capacity = Some(render::capacity_status(&report));
         capacity_condition(b, &report);
+        b.resources_offered(&self.settings.headroom, &report);
         if let Some(hold) = held {
             return self.await_policy(b, change, &report, hold);
         }
@@ -166,6 +167,8 @@ impl Rules<'_> {
     /// transition.
     fn nothing_pending(&self, b: &mut Builder<'_>) {
         b.status.pending_change = None;
+        // Checked on the next change's fit.
+        b.drop_condition(condition::RESOURCES_OFFERED);
         let completed = b.prev.last_transition.as_ref().and_then(|t| t.outcome)
             == Some(TransitionOutcome::Completed)
             && b.prev.phase == Phase::Completed;

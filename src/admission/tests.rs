@@ -912,6 +912,11 @@ fn gate_override_is_reported_not_fought() {
     assert_eq!(c.status, "True");
     assert!(c.message.contains("argocd-controller"));
     assert!(d.events.iter().any(|e| e.reason == "GateOverridden"));
+    // Visible in `kubectl get upgradeplans` (WAITING FOR), with the manager.
+    assert_eq!(
+        d.status.waiting_for.as_deref(),
+        Some("GateOverridden: argocd-controller keeps NewCluster")
+    );
 }
 
 #[test]
@@ -1232,5 +1237,195 @@ fn a_kuberay_without_the_gate_field_is_an_error_and_the_gate_is_left_alone() {
     assert_eq!(
         (c.status.as_str(), c.reason.as_str()),
         ("False", "NotGateable")
+    );
+}
+
+/// `headroom: {gpu: 2}` (no node offers `gpu`) held an upgrade forever with
+/// nothing but "short by gpu 2": the name is reported once, the decision kept.
+#[test]
+fn a_resource_no_node_offers_is_reported_once() {
+    let p = plan(
+        json!({"rayServiceRef": {"name": "llm"}, "headroom": {"gpu": "2"}}),
+        None,
+    );
+    let ch = || Ok(Some(change(vec![gpu_pod("w0", 8)])));
+    let d = run(
+        &p,
+        service("llm-a", None),
+        ch(),
+        &state(&[8, 8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::WaitingForCapacity, "still held");
+    let c = cond(&d.status, "ResourcesOffered");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NotOffered")
+    );
+    assert!(
+        c.message
+            .starts_with("spec.headroom names gpu that no schedulable node offers"),
+        "{}",
+        c.message
+    );
+    assert!(
+        c.message
+            .ends_with("(schedulable nodes offer: cpu, memory, nvidia.com/gpu, pods)"),
+        "{}",
+        c.message
+    );
+    let warned: Vec<_> = d
+        .events
+        .iter()
+        .filter(|e| e.reason == "ResourceNotOffered")
+        .collect();
+    assert_eq!(warned.len(), 1, "{:?}", d.events);
+    assert!(warned[0].warning);
+    // Next decision: same names, no second Event.
+    let again = plan(
+        json!({"rayServiceRef": {"name": "llm"}, "headroom": {"gpu": "2"}}),
+        Some(d.status.clone()),
+    );
+    let d2 = run(
+        &again,
+        service("llm-a", None),
+        ch(),
+        &state(&[8, 8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert!(d2.events.iter().all(|e| e.reason != "ResourceNotOffered"));
+    assert_eq!(cond(&d2.status, "ResourcesOffered").status, "False");
+
+    // The new cluster requesting what no node has (CPU-only nodes) is said too.
+    let d = run(
+        &auto_plan(None),
+        service("llm-a", None),
+        ch(),
+        &state(&[0]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    let c = cond(&d.status, "ResourcesOffered");
+    assert!(
+        c.message
+            .starts_with("the new cluster requests nvidia.com/gpu that no schedulable node offers"),
+        "{}",
+        c.message
+    );
+
+    // A correct headroom: True, and no Event.
+    let ok = plan(
+        json!({"rayServiceRef": {"name": "llm"}, "headroom": {"nvidia.com/gpu": 2}}),
+        None,
+    );
+    let d = run(
+        &ok,
+        service("llm-a", None),
+        ch(),
+        &state(&[8, 8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::Admitted);
+    assert_eq!(cond(&d.status, "ResourcesOffered").status, "True");
+    assert!(d.events.iter().all(|e| e.reason != "ResourceNotOffered"));
+}
+
+/// `spec.approve: deadbeef0000` matching nothing was accepted silently.
+#[test]
+fn an_approval_that_matches_no_change_is_reported() {
+    let ch = || Ok(Some(change(vec![gpu_pod("w0", 1)])));
+    let manual = |approve: &str, status| {
+        plan(
+            json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual", "approve": approve}),
+            status,
+        )
+    };
+    let p = manual("deadbeef0000", None);
+    let d = run(
+        &p,
+        service("llm-a", None),
+        ch(),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::WaitingForApproval);
+    let c = cond(&d.status, "ApprovalMatched");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NoSuchChange")
+    );
+    assert_eq!(
+        c.message,
+        "spec.approve \"deadbeef0000\" matches no change of this plan: the pending change is \
+         abc123def456 (kubectl raygate approve to approve it)"
+    );
+    let warned: Vec<_> = d
+        .events
+        .iter()
+        .filter(|e| e.reason == "ApprovalUnmatched")
+        .collect();
+    assert_eq!(warned.len(), 1, "{:?}", d.events);
+    // Reported once.
+    let d2 = run(
+        &manual("deadbeef0000", Some(d.status.clone())),
+        service("llm-a", None),
+        ch(),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert!(d2.events.iter().all(|e| e.reason != "ApprovalUnmatched"));
+    // Nothing pending at all.
+    let d = run(
+        &manual("deadbeef0000", None),
+        service("llm-a", None),
+        Ok(None),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert!(
+        cond(&d.status, "ApprovalMatched")
+            .message
+            .ends_with("no change is pending")
+    );
+    // The right fingerprint: True; admitted.
+    let d = run(
+        &manual("abc123def456", None),
+        service("llm-a", None),
+        ch(),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::Admitted);
+    assert_eq!(cond(&d.status, "ApprovalMatched").status, "True");
+    // Unset: no condition.
+    let d = run(
+        &auto_plan(None),
+        service("llm-a", None),
+        ch(),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert!(
+        d.status
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "ApprovalMatched")
     );
 }

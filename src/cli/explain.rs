@@ -26,6 +26,39 @@ struct ExplainOutput<'a> {
     #[serde(flatten)]
     classification: &'a Classification,
     new_cluster: NewClusterSummary,
+    /// Mistakes in the new manifest that break raygate's gating (empty when
+    /// none): a PR check fails on them whatever the verdict.
+    errors: &'a [ManifestError],
+}
+
+/// A mistake in a RayService manifest, with its field path.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ManifestError {
+    pub path: String,
+    pub message: String,
+}
+
+/// What in a RayService manifest (as written in Git) defeats raygate: only
+/// raygate may set `spec.upgradeStrategy` of a gated RayService (its gate,
+/// docs/gitops.md); a GitOps tool that applies it overrides the gate.
+pub(crate) fn manifest_errors(file: &RayService) -> Vec<ManifestError> {
+    let Some(t) = file
+        .spec
+        .upgrade_strategy
+        .as_ref()
+        .and_then(|u| u.type_.as_ref())
+    else {
+        return vec![];
+    };
+    vec![ManifestError {
+        path: "spec.upgradeStrategy.type".into(),
+        message: format!(
+            "set to {}: raygate owns this field (its gate) on a gated RayService; a manifest \
+             that sets it overrides the gate (GateOverridden) and its upgrades are no longer \
+             held for capacity. Remove spec.upgradeStrategy from the manifest (docs/gitops.md)",
+            t.as_str()
+        ),
+    }]
 }
 
 /// What the change is compared with.
@@ -52,17 +85,20 @@ pub fn explain(args: &ExplainArgs) -> Result<String> {
         Old::Service(Box::new(parse_as(old_path, old)?))
     };
     let new = read_service(&args.new, version)?;
-    explain_against(args, version, &old, old_path, &new, &[])
+    let errors = manifest_errors(&new);
+    explain_against(args, version, &old, old_path, &new, &errors, &[])
 }
 
 /// `explain` once both sides are read; `old_source` names the old side in
-/// errors, `notes` are extra `label value` lines for the text output.
+/// errors, `errors` are the file's [`manifest_errors`], `notes` are extra
+/// `label value` lines for the text output.
 pub(crate) fn explain_against(
     args: &ExplainArgs,
     version: KubeRayVersion,
     old: &Old,
     old_source: &Path,
     new: &RayService,
+    errors: &[ManifestError],
     notes: &[(&str, String)],
 ) -> Result<String> {
     let opts = kuberay::ClassifyOptions {
@@ -81,6 +117,12 @@ pub(crate) fn explain_against(
     if let Old::Live(_, live) = old {
         classification = with_live_serve_config(classification, live, new);
     }
+    if !errors.is_empty() {
+        // Reported as an error, not as a change without effect.
+        classification
+            .other_paths
+            .retain(|p| !p.starts_with("upgradeStrategy"));
+    }
     let pods = in_file(&args.new, plan(new, version))?;
     let requests = in_file(&args.new, sum_requests(&pods))?;
     let out = ExplainOutput {
@@ -89,6 +131,7 @@ pub(crate) fn explain_against(
             pods: pods.len(),
             requests: capacity::canonical_map(&requests),
         },
+        errors,
     };
     Ok(match args.output.structured(&out)? {
         Some(s) => s,
@@ -101,6 +144,7 @@ pub(crate) fn explain_against(
                 &classification,
                 &out.new_cluster,
                 matches!(old, Old::Cluster(_)),
+                errors,
             )
         }
     })
@@ -144,8 +188,16 @@ fn quantity_rows(s: &mut String, rows: &BTreeMap<String, String>) {
     }
 }
 
-fn explain_text(c: &Classification, new: &NewClusterSummary, old_is_cluster: bool) -> String {
+fn explain_text(
+    c: &Classification,
+    new: &NewClusterSummary,
+    old_is_cluster: bool,
+    errors: &[ManifestError],
+) -> String {
     let mut s = String::new();
+    for e in errors {
+        field(&mut s, "ERROR:", &format!("{}: {}", e.path, e.message));
+    }
     field(&mut s, "Verdict:", &format!("{:?}", c.verdict));
     field(&mut s, "Why:", &c.reason);
     if let Some(held) = &c.held_reason {

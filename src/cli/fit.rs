@@ -3,12 +3,85 @@
 
 use std::path::Path;
 
-use super::input::{in_file, read_service, read_state};
+use serde::Serialize;
+
+use super::input::{in_file, kind_of, parse_as, read_one, read_service, read_state};
 use super::{FitArgs, field, kuberay_version, plan_groups};
 use crate::capacity::{self, ClusterState, FitReport, FitRequest, ResourceList};
-use crate::kuberay::{KubeRayVersion, RayService};
-use crate::quantity::Quantity;
+use crate::kuberay::{self, Classification, KubeRayVersion, OldSide, RayService, Verdict};
+use crate::quantity::{Quantity, in_one_unit};
 use crate::{Error, Result};
+
+/// `fit -o json`: the fit report, or why there is nothing to fit.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct FitJson<'a> {
+    /// False when KubeRay builds no new cluster for the change (`verdict`
+    /// says what it does instead); `fits` is then true.
+    new_cluster_needed: bool,
+    /// The verdict, when the old side was known (`--old`, or the live cluster).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    verdict: Option<Verdict>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+    #[serde(flatten)]
+    report: Option<&'a FitReport>,
+    /// Free for the new cluster: `free` minus `reserved` and `headroom`, as
+    /// `status.capacity.available` of an UpgradePlan and the FREE column.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    available: Option<ResourceList>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fits: Option<bool>,
+}
+
+/// Does KubeRay build a second cluster for this change? `Held` counts: the
+/// question is whether the one it would build fits.
+pub(crate) fn needs_new_cluster(c: &Classification) -> bool {
+    matches!(c.verdict, Verdict::NewCluster | Verdict::Held)
+}
+
+/// The answer when KubeRay builds no new cluster: it fits, there is nothing
+/// to place (an in-place update's appended groups are not fitted here).
+pub(crate) fn no_new_cluster(
+    args: &FitArgs,
+    c: &Classification,
+    notes: &[(&str, String)],
+) -> Result<FitOutcome> {
+    let why = format!("verdict {:?}: {}", c.verdict, c.reason);
+    let out = FitJson {
+        new_cluster_needed: false,
+        verdict: Some(c.verdict),
+        reason: Some(&c.reason),
+        report: None,
+        available: None,
+        fits: Some(true),
+    };
+    let text = match args.output.structured(&out)? {
+        Some(s) => s,
+        None => {
+            let mut s = String::new();
+            for (label, value) in notes {
+                field(&mut s, label, value);
+            }
+            field(&mut s, "Fits:", "yes: no new cluster is needed");
+            field(&mut s, "Why:", &why);
+            if c.verdict == Verdict::InPlaceClusterUpdate {
+                field(
+                    &mut s,
+                    "Note:",
+                    "KubeRay adds the new worker groups to the running cluster; their pods are \
+                     scheduled like any other pods and not fitted here",
+                );
+            }
+            s
+        }
+    };
+    Ok(FitOutcome {
+        text,
+        fits: true,
+        warnings: vec![],
+    })
+}
 
 /// Pods in the state that belong to the service's current cluster: the one
 /// its status names, or (for a manifest without status) KubeRay's naming
@@ -66,10 +139,38 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
             "missing (or read the live cluster: `kubectl raygate fit -f FILE`)",
         ));
     };
-    let state = read_state(state_path)?;
     let svc = read_service(&args.new, version)?;
+    let mut notes = vec![];
+    match &args.old {
+        Some(old_path) => {
+            let old = read_one(old_path, &["RayService", "RayCluster"])?;
+            let c = if kind_of(&old) == "RayCluster" {
+                let old: kuberay::RayCluster = parse_as(old_path, old)?;
+                in_file(
+                    old_path,
+                    kuberay::classify(&OldSide::RayCluster(&old), &svc, version),
+                )?
+            } else {
+                let old: RayService = parse_as(old_path, old)?;
+                in_file(
+                    old_path,
+                    kuberay::classify(&OldSide::RayService(&old), &svc, version),
+                )?
+            };
+            if !needs_new_cluster(&c) {
+                return no_new_cluster(args, &c, &notes);
+            }
+        }
+        None => notes.push((
+            "Compared to:",
+            "nothing (no --old): the whole new cluster is fitted, as if KubeRay built one; \
+             give --old to fit only a change that needs a new cluster"
+                .to_string(),
+        )),
+    }
+    let state = read_state(state_path)?;
     let headroom: ResourceList = args.headroom.iter().cloned().collect();
-    fit_in(args, version, state, state_path, &svc, headroom, &[])
+    fit_in(args, version, state, state_path, &svc, headroom, &notes)
 }
 
 /// `fit` once the state and the service are read. The service's status
@@ -102,7 +203,16 @@ pub(crate) fn fit_in(
             },
         ),
     )?;
-    let text = match args.output.structured(&report)? {
+    let available = available(&report);
+    let out = FitJson {
+        new_cluster_needed: true,
+        verdict: None,
+        reason: None,
+        report: Some(&report),
+        available: Some(available),
+        fits: None,
+    };
+    let text = match args.output.structured(&out)? {
         Some(s) => s,
         None => {
             let mut s = String::new();
@@ -117,6 +227,12 @@ pub(crate) fn fit_in(
         fits: report.fits,
         warnings: state.warnings,
     })
+}
+
+/// Free for the new cluster: `free − reserved − headroom`, never below zero
+/// (the meaning of FREE in `kubectl get upgradeplans` and here).
+fn available(r: &FitReport) -> ResourceList {
+    capacity::sub_floor0(&r.free, &capacity::sum(&r.reserved, &r.headroom))
 }
 
 fn list_text(m: &ResourceList) -> String {
@@ -216,35 +332,48 @@ fn fit_text(r: &FitReport) -> String {
     if !r.headroom.is_empty() {
         field(&mut s, "Headroom:", &list_text(&r.headroom));
     }
-    s.push('\n');
-    let show = |m: &ResourceList, k: &str| {
-        m.get(k)
-            .map(Quantity::canonical)
-            .unwrap_or_else(|| "-".into())
+    let minus = if r.headroom.is_empty() {
+        "allocatable minus the pods running now"
+    } else {
+        "allocatable minus the pods running now and the headroom"
     };
-    let mut rows = vec![
-        [
-            "RESOURCE",
-            "NEW",
-            "OLD+NEW",
-            "ALLOCATABLE",
-            "FREE",
-            "SHORTFALL",
-        ]
-        .map(str::to_string)
-        .to_vec(),
+    field(
+        &mut s,
+        "FREE:",
+        &format!(
+            "{minus}: what the new cluster may use, as GPUS FREE in `kubectl get upgradeplans` \
+             (which also subtracts reservations)"
+        ),
+    );
+    s.push('\n');
+    let free = available(r);
+    let mut columns: Vec<(&str, &ResourceList)> = vec![
+        ("NEW", &r.new_requests),
+        ("OLD+NEW", &r.required),
+        ("ALLOCATABLE", &r.allocatable),
     ];
+    if !r.headroom.is_empty() {
+        columns.push(("HEADROOM", &r.headroom));
+    }
+    columns.push(("FREE", &free));
+    columns.push(("SHORTFALL", &r.shortfall));
+    let mut head = vec!["RESOURCE".to_string()];
+    head.extend(columns.iter().map(|(h, _)| h.to_string()));
+    let mut rows = vec![head];
     let names: std::collections::BTreeSet<&String> =
         r.new_requests.keys().chain(r.shortfall.keys()).collect();
     for k in names {
-        rows.push(vec![
-            k.clone(),
-            show(&r.new_requests, k),
-            show(&r.required, k),
-            show(&r.allocatable, k),
-            show(&r.free, k),
-            show(&r.shortfall, k),
-        ]);
+        // One unit per row, as kubectl prints: `64500m 129000m`, not `64500m 129`.
+        let present: Vec<&Quantity> = columns.iter().filter_map(|(_, m)| m.get(k)).collect();
+        let mut printed = in_one_unit(&present).into_iter();
+        let mut row = vec![k.clone()];
+        for (_, m) in &columns {
+            row.push(match m.get(k) {
+                Some(_) => printed.next().unwrap_or_default(),
+                None => "-".into(),
+            });
+        }
+        rows.push(row);
     }
     table(&mut s, &rows);
     let unplaced: Vec<(&str, &str)> = r

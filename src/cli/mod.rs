@@ -26,11 +26,11 @@ use crate::quantity::Quantity;
 use crate::{Error, Result};
 
 pub use explain::explain;
-#[cfg(test)]
 pub(crate) use explain::with_live_serve_config;
-pub(crate) use explain::{Old, explain_against};
+pub(crate) use explain::{Old, explain_against, manifest_errors};
 pub(crate) use fit::fit_in;
 pub use fit::{FitOutcome, fit};
+pub(crate) use fit::{needs_new_cluster, no_new_cluster};
 pub use input::{MAX_INPUT_BYTES, read_objects};
 pub(crate) use input::{in_file, read_service};
 
@@ -89,6 +89,13 @@ pub struct FitArgs {
     /// Without it, the state is read from the cluster.
     #[arg(long, value_name = "FILE")]
     pub state: Option<PathBuf>,
+    /// Offline: the current object (the previous RayService manifest, or the
+    /// live RayCluster), as for `explain --old`. When KubeRay builds no new
+    /// cluster for the change (a replicas-only or Serve-only change), there is
+    /// nothing to fit and `fit` says so (exit 0). Without it, the whole new
+    /// cluster is fitted. Reading the cluster, the live objects are the old side.
+    #[arg(long, value_name = "FILE")]
+    pub old: Option<PathBuf>,
     /// The RayService whose new cluster must fit.
     #[arg(short = 'f', long, visible_alias = "filename", value_name = "FILE")]
     pub new: PathBuf,

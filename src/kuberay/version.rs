@@ -514,6 +514,31 @@ impl Rules {
 mod tests {
     use super::*;
 
+    /// The chart's values schema accepts exactly the `kuberayVersion` values
+    /// `raygate run --kuberay-version` starts with (a known release that can be
+    /// gated), so a wrong one fails `helm install` instead of the pod.
+    #[test]
+    fn the_charts_values_schema_accepts_what_raygate_run_accepts() {
+        let schema: serde_json::Value =
+            serde_json::from_str(include_str!("../../charts/raygate/values.schema.json")).unwrap();
+        let pattern = schema["properties"]["kuberayVersion"]["pattern"]
+            .as_str()
+            .unwrap();
+        let re = regex::Regex::new(pattern).unwrap();
+        assert!(re.is_match(""), "empty: read from the cluster");
+        for prefix in ["", "v"] {
+            for minor in 0..=9u16 {
+                let mut forms = vec![format!("{prefix}1.{minor}")];
+                forms.extend((0..=9u16).map(|p| format!("{prefix}1.{minor}.{p}")));
+                for s in forms {
+                    let starts =
+                        KubeRayVersion::parse(&s).is_ok_and(|v| v.rules().upgrade_strategy_field);
+                    assert_eq!(re.is_match(&s), starts, "{s:?} against {pattern}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn parse_forms() {
         assert_eq!(KubeRayVersion::parse("1.7").unwrap(), v(7, 0));
