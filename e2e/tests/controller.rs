@@ -16,7 +16,8 @@ use kube::api::{
 use raygate_e2e::control_plane::repo_root;
 use raygate_e2e::json::{arr_at, str_at};
 use raygate_e2e::{
-    Check, ControlPlane, FakeNode, GpuRayService, Raygate, create_namespace, wait_for,
+    Check, ControlPlane, FakeNode, GpuRayService, Options, Raygate, create_namespace, wait_for,
+    workspace_bin,
 };
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -39,6 +40,18 @@ async fn env(gpu_nodes: &[u32]) -> Env {
 async fn env_with(gpu_nodes: &[u32], raygate_args: &[&str]) -> Env {
     let cp = ControlPlane::start()
         .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));
+    env_on(cp, gpu_nodes, raygate_args).await
+}
+
+/// [`env`] on a control plane whose apiserver writes an audit log of every write.
+async fn env_audited(gpu_nodes: &[u32]) -> Env {
+    let opts = Options::from_env().unwrap_or_else(|e| panic!("{e:#}"));
+    let cp = ControlPlane::start_audited(opts)
+        .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));
+    env_on(cp, gpu_nodes, &[]).await
+}
+
+async fn env_on(cp: ControlPlane, gpu_nodes: &[u32], raygate_args: &[&str]) -> Env {
     cp.install_crd_file(&repo_root().join("crds/raygate.io_upgradeplans.yaml"))
         .expect("install the UpgradePlan CRD");
     let client = cp.client().await.expect("client");
@@ -175,6 +188,70 @@ async fn cluster_names(e: &Env) -> Result<BTreeSet<String>> {
         .collect())
 }
 
+/// Waits until `plan` is Completed with a transition other than `after`'s;
+/// the fingerprint of the change it completed.
+async fn wait_completed_after(e: &Env, plan: &str, after: &str) -> Result<String> {
+    let api = plan_api(&e.client, &e.ns);
+    wait_for(
+        &format!("UpgradePlan {plan} Completed after change {after}"),
+        T,
+        || async {
+            let p = get(&api, plan).await?;
+            let fp = str_at(&p, &["status", "lastTransition", "fingerprint"]);
+            Ok(if phase(&p) == "Completed" && fp != after {
+                Check::Done(fp.to_string())
+            } else {
+                Check::NotYet(format!("{} lastTransition {fp}", describe(&p)))
+            })
+        },
+    )
+    .await
+}
+
+/// The `events.k8s.io/v1` Events about UpgradePlan `name` with `reason`:
+/// (action, note, series count).
+async fn plan_events(e: &Env, name: &str, reason: &str) -> Result<Vec<(String, String, i32)>> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(e.client.clone(), &e.ns);
+    let fields = format!("regarding.kind=UpgradePlan,regarding.name={name},reason={reason}");
+    let l = api.list(&ListParams::default().fields(&fields)).await?;
+    Ok(l.items
+        .into_iter()
+        .map(|ev| {
+            (
+                ev.action.unwrap_or_default(),
+                ev.note.unwrap_or_default(),
+                ev.series.map_or(1, |s| s.count),
+            )
+        })
+        .collect())
+}
+
+/// `kubectl-raygate ARGS` against the test's cluster: (exit code, stdout, stderr).
+fn plugin(e: &Env, args: &[&str]) -> (i32, String, String) {
+    let bin = workspace_bin("kubectl-raygate")
+        .expect("kubectl-raygate binary (cargo build --workspace --bins)");
+    let out = std::process::Command::new(bin)
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(e.cp.kubeconfig_path())
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run kubectl-raygate");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn set_policy(e: &Env, plan: &str, policy: &str) -> Result<()> {
+    let patch = json!({"spec": {"policy": policy}});
+    plan_api(&e.client, &e.ns)
+        .patch(plan, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
 async fn events_for(e: &Env, name: &str, reason: &str) -> Result<usize> {
     let api: Api<Event> = Api::namespaced(e.client.clone(), &e.ns);
     let l = api.list(&ListParams::default()).await?;
@@ -289,6 +366,129 @@ async fn an_upgrade_that_fits_is_admitted_and_completes() {
                 && l.ends_with(" 1")),
         "{metrics}"
     );
+
+    more_upgrades_each_have_their_own_events(&e, str_at(t, &["fingerprint"])).await;
+}
+
+/// One Admitted, one Upgrading and one Completed Event per change, each
+/// naming it (in its note and action), none folded into a series.
+async fn own_events(e: &Env, changes: &[String]) {
+    let distinct: BTreeSet<&String> = changes.iter().collect();
+    assert_eq!(distinct.len(), changes.len(), "{changes:?}");
+    for reason in ["Admitted", "Upgrading", "Completed"] {
+        let evs = or_panic(plan_events(e, "llm", reason).await);
+        assert_eq!(evs.len(), changes.len(), "{reason}: {evs:?}");
+        for fp in changes {
+            let ev = evs
+                .iter()
+                .filter(|(_, note, _)| note.contains(fp.as_str()))
+                .count();
+            assert_eq!(ev, 1, "one {reason} Event names change {fp}: {evs:?}");
+        }
+        assert!(
+            evs.iter().all(|(action, _, count)| *count == 1
+                && changes.iter().any(|fp| action.contains(fp.as_str()))),
+            "{reason}: {evs:?}"
+        );
+    }
+}
+
+/// Issue 25: after the first upgrade, two more in a row and one under
+/// `policy: Manual`, then a paused one. Each change has its own Admitted,
+/// Upgrading and Completed Events naming it (kube's Recorder folded them
+/// into one series keeping the first note); while a change waits for
+/// approval the status, the columns and `approve` show what it needs.
+async fn more_upgrades_each_have_their_own_events(e: &Env, first: &str) {
+    let mut changes = vec![first.to_string()];
+    for image in ["rayproject/ray:2.11.0-gpu", "rayproject/ray:2.12.0-gpu"] {
+        or_panic(bump_worker(e, "llm", image, None).await);
+        let last = changes.last().cloned().unwrap_or_default();
+        changes.push(or_panic(wait_completed_after(e, "llm", &last).await));
+    }
+
+    own_events(e, &changes).await;
+
+    // Manual: the change waits, fitted, with what it needs in status and columns.
+    or_panic(set_policy(e, "llm", "Manual").await);
+    or_panic(bump_worker(e, "llm", "rayproject/ray:2.13.0-gpu", None).await);
+    let p = or_panic(wait_phase(e, "llm", "WaitingForApproval").await);
+    let pending = str_at(&p, &["status", "pendingChange", "fingerprint"]).to_string();
+    let cap = &p["status"]["capacity"];
+    assert_eq!(str_at(cap, &["gpusNeeded"]), "6", "{}", p["status"]);
+    assert_eq!(str_at(cap, &["gpusShort"]), "0", "{}", p["status"]);
+    let fits = arr_at(&p, &["status", "conditions"])
+        .iter()
+        .find(|c| str_at(c, &["type"]) == "CapacityAvailable")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (str_at(&fits, &["status"]), str_at(&fits, &["reason"])),
+        ("True", "Fits"),
+        "{fits}"
+    );
+    let out =
+        e.cp.kubectl(&["get", "uplan", "-n", &e.ns])
+            .expect("kubectl");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let row: Vec<&str> = text
+        .lines()
+        .find(|l| l.starts_with("llm "))
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        row.get(2..4),
+        Some(&["WaitingForApproval", "6"][..]),
+        "{text}"
+    );
+    let (code, queue, err) = plugin(e, &["queue", "-n", &e.ns]);
+    assert_eq!(code, 0, "{err}");
+    let row: Vec<&str> = queue
+        .lines()
+        .find(|l| l.contains("WaitingForApproval"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        row.get(1..3),
+        Some(&["llm", "WaitingForApproval"][..]),
+        "{queue}"
+    );
+    assert_eq!(row.get(5), Some(&"6"), "GPUS NEEDED: {queue}");
+    let (code, out, err) = plugin(e, &["approve", "llm", "-n", &e.ns]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!("change {pending}"))
+            && out.contains("Needs:")
+            && out.contains("nvidia.com/gpu 6"),
+        "{out}"
+    );
+    changes.push(or_panic(
+        wait_completed_after(e, "llm", changes.last().unwrap()).await,
+    ));
+    assert_eq!(changes.last(), Some(&pending));
+
+    // Paused has its own phase.
+    or_panic(set_policy(e, "llm", "Paused").await);
+    or_panic(bump_worker(e, "llm", "rayproject/ray:2.14.0-gpu", None).await);
+    let p = or_panic(wait_phase(e, "llm", "Paused").await);
+    let paused = str_at(&p, &["status", "pendingChange", "fingerprint"]).to_string();
+    assert_eq!(str_at(&p, &["status", "waitingFor"]), "policy Paused");
+    assert_eq!(str_at(&p, &["status", "capacity", "gpusNeeded"]), "6");
+
+    // Every change its own Events, on the real apiserver.
+    own_events(e, &changes).await;
+    for (reason, fp, also) in [
+        ("WaitingForApproval", &pending, "nvidia.com/gpu 6"),
+        ("Approved", &pending, "kubectl-raygate"),
+        ("Paused", &paused, "nvidia.com/gpu 6"),
+    ] {
+        let evs = or_panic(plan_events(e, "llm", reason).await);
+        assert!(
+            evs.len() == 1 && evs[0].1.contains(fp.as_str()) && evs[0].1.contains(also),
+            "{reason}: {evs:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -523,17 +723,75 @@ async fn killing_raygate_mid_transition_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_inputs_give_a_clear_status_not_a_crash() {
-    let mut e = env(&[8]).await;
+    let mut e = env_audited(&[8]).await;
     let api = plan_api(&e.client, &e.ns);
 
-    // A plan whose RayService does not exist.
-    or_panic(create(&api, plan("orphan", "missing", json!({}))).await);
+    // A plan whose RayService does not exist, with a bad schedule too: both
+    // are reported, and raygate never writes (so never creates) the
+    // RayService: a server-side apply of a missing object is a create.
+    let bad_window = json!({"maintenanceWindows": [{"schedule": "61 * * * *", "duration": "1h"}]});
+    or_panic(create(&api, plan("orphan", "missing", bad_window)).await);
     let p = or_panic(wait_phase(&e, "orphan", "Error").await);
+    let msg = str_at(&p, &["status", "message"]);
     assert!(
-        str_at(&p, &["status", "message"]).contains("not found"),
+        msg.contains("RayServiceUnavailable: RayService")
+            && msg.contains("not found")
+            && msg.contains("InvalidSpec: spec.maintenanceWindows[0]"),
         "{}",
         describe(&p)
     );
+    assert_eq!(
+        str_at(&p, &["status", "waitingFor"]),
+        "InvalidSpec, RayServiceUnavailable"
+    );
+    // The reconcile that wrote this status goes straight on to the gate.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let audit = raygate_e2e::faults::audit_events(&e.cp.audit_log_path().expect("audit log"))
+        .expect("read the audit log");
+    let writes: Vec<String> = audit
+        .iter()
+        .filter(|a| a.resource == "rayservices" && a.name == "missing")
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "writes to the missing RayService: {writes:?}"
+    );
+    assert!(
+        or_panic(
+            rs_api(&e.client, &e.ns)
+                .get_opt("missing")
+                .await
+                .map_err(Into::into)
+        )
+        .is_none(),
+        "no RayService created"
+    );
+    let logs = e.rg.logs();
+    assert!(
+        !logs
+            .lines()
+            .any(|l| l.contains("reconcile failed") && l.contains("orphan")),
+        "a missing RayService is a status, not a failing reconcile:\n{logs}"
+    );
+
+    // What the gate relies on, on the real apiserver: an apply carrying a
+    // uid is refused when no object exists (409, not a create) and when the
+    // object has another uid (deleted and created again).
+    let ghost = json!({"apiVersion": "ray.io/v1", "kind": "RayService",
+        "metadata": {"name": "ghost", "uid": "6f1c0f5e-0000-4000-8000-000000000000"},
+        "spec": {"upgradeStrategy": {"type": "None"}}});
+    match rs_api(&e.client, &e.ns)
+        .patch(
+            "ghost",
+            &PatchParams::apply("e2e-gate"),
+            &Patch::Apply(&ghost),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 409 && s.message.contains("uid mismatch") => {}
+        other => panic!("an apply with a uid of a missing object: {other:?}"),
+    }
 
     // A RayService KubeRay gives no cluster: the real operator refuses a head
     // Service name set in a RayService (ValidateRayServiceSpec, v1.5 and v1.6).
@@ -574,6 +832,22 @@ async fn bad_inputs_give_a_clear_status_not_a_crash() {
         msg.contains("1e1.5") && msg.contains("memory"),
         "message names the field and value: {msg}"
     );
+    let mut replaced = ghost.clone();
+    replaced["metadata"]["name"] = json!("llm");
+    match rs
+        .patch(
+            "llm",
+            &PatchParams::apply("e2e-gate"),
+            &Patch::Apply(&replaced),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s))
+            if s.code == 422
+                && s.message.contains("metadata.uid")
+                && s.message.contains("field is immutable") => {}
+        other => panic!("an apply with another object's uid: {other:?}"),
+    }
     assert_eq!(
         or_panic(gate(&e, "llm").await),
         "None",

@@ -15,8 +15,9 @@
 //! read: the apiserver then refuses it when the object is gone (409, "uid
 //! mismatch: ... no existing object was found", `patcher.applyPatch` in
 //! k8s.io/apiserver's endpoints/handlers/patch.go) or was deleted and created
-//! again under the same name (the uid is immutable). [`is_gone`] tells these
-//! apart from a conflict with another field manager.
+//! again under the same name (422, "metadata.uid: ... field is immutable").
+//! Both are checked against Kubernetes v1.36 in the e2e controller suite.
+//! [`is_gone`] tells these apart from a conflict with another field manager.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::{Api, Patch, PatchParams};
@@ -173,6 +174,10 @@ mod tests {
             409,
             "Operation cannot be fulfilled on rayservices.ray.io \"llm\": uid mismatch: \
              the provided object specified uid 2f1c, and no existing object was found"
+        )));
+        assert!(is_gone(&err(
+            422,
+            "RayService.ray.io \"llm\" is invalid: metadata.uid: Invalid value: \"2f1c\": field is immutable"
         )));
         assert!(!is_gone(&err(
             409,
