@@ -8,9 +8,15 @@
 //!    cluster (gate open), then `Upgrading` (gate closed again so a further
 //!    commit cannot start another cluster), `Stalled` when [`super::stall`]
 //!    says so, `Completed` once the old cluster and its pods are gone.
-//! 3. A pending change waits for policy (`Paused`, `Manual` approval), the
-//!    maintenance window, then capacity: the new cluster's pods must fit in
-//!    free capacity minus the ledger's reservations and the plan's headroom.
+//! 3. A plan with `spec.upgradeType: NewClusterWithIncrementalUpgrade` whose
+//!    RayService or KubeRay release cannot upgrade so is an `Error` (the
+//!    reason and field in the message, [`crate::kuberay::incremental`]); the
+//!    gate stays closed.
+//! 4. A pending change waits for policy (`Paused`, `Manual` approval), the
+//!    maintenance window, then capacity: the new cluster's pods (an
+//!    incremental upgrade's: its surge, [`super::surge`]) must fit in free
+//!    capacity minus the ledger's reservations and the plan's headroom. The
+//!    gate opens with the plan's `upgradeType`.
 //!
 //! Each rule fills in a [`Builder`]; [`super::render`] writes the result out.
 
@@ -66,6 +72,7 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
                 admitted_time: inp.now,
                 from_cluster: svc.active_cluster.clone(),
                 to_cluster: Some(pending.clone()),
+                surge: vec![],
             };
             r.track(b, unadmitted)
         }
@@ -103,9 +110,14 @@ impl Rules<'_> {
             .map(|c| c.fingerprint.clone())
     }
 
-    /// Rule 3: a change that is not admitted yet.
+    /// Rules 3 and 4: a change that is not admitted yet.
     fn evaluate(&self, b: &mut Builder<'_>) {
         b.gate = Some(Gate::Hold);
+        match &self.inp.incremental {
+            Some(Err(p)) => return b.error(p.reason(), p.to_string(), Some(Gate::Hold)),
+            Some(Ok(opts)) => b.status.incremental = Some(render::incremental_status(opts)),
+            None => {}
+        }
         let change = match &self.inp.change {
             Err(msg) => return b.error("InvalidRayService", msg.clone(), Some(Gate::Hold)),
             Ok(None) => return self.nothing_pending(b),
@@ -243,8 +255,17 @@ impl Rules<'_> {
             admitted_time: self.now(),
             from_cluster: b.status.active_cluster.clone(),
             to_cluster: None,
+            surge: change
+                .surge
+                .as_ref()
+                .map(|s| s.budget.clone())
+                .unwrap_or_default(),
         });
-        b.gate = Some(Gate::Open);
+        if let (Some(inc), Some(_)) = (b.status.incremental.as_mut(), &change.surge) {
+            inc.surge_held = render::quantities(&report.new_requests);
+            inc.last_progress_time = Some(self.now());
+        }
+        b.gate = Some(Gate::open(self.settings.upgrade_type));
         b.outcome = Some(Outcome::Admitted);
         b.requeue = REQUEUE_ACTIVE;
         b.event(
@@ -269,6 +290,7 @@ impl Rules<'_> {
         b.requeue = REQUEUE_ACTIVE;
         // What was measured at admission stays visible during the transition.
         b.status.capacity = b.prev.capacity.clone();
+        b.status.incremental = b.prev.incremental.clone();
         let svc = self.svc;
         match (&svc.pending_cluster, &admitted.to_cluster) {
             (None, None) if svc.active_cluster == admitted.from_cluster => {
@@ -337,7 +359,7 @@ impl Rules<'_> {
             "admitted; waiting for KubeRay to create the new cluster",
         );
         b.status.admitted = Some(admitted);
-        b.gate = Some(Gate::Open);
+        b.gate = Some(Gate::open(self.settings.upgrade_type));
     }
 
     /// KubeRay named a new cluster for an admission: adopt it only once its
@@ -369,6 +391,7 @@ impl Rules<'_> {
                     admitted_time: self.now(),
                     from_cluster: admitted.from_cluster.clone(),
                     to_cluster: Some(pending.to_string()),
+                    surge: vec![],
                 };
                 self.track(b, unadmitted)
             }
@@ -398,6 +421,16 @@ impl Rules<'_> {
             );
         }
         let running_for = self.running_for(&admitted);
+        // An incremental transition stalls when a step does not move for
+        // stallAfter, however long the whole transition takes.
+        let stalled_for = match b.status.incremental.as_mut() {
+            Some(inc) => {
+                let since =
+                    render::incremental_progress(inc, self.svc, self.now(), admitted.admitted_time);
+                Duration::try_from(self.now().duration_since(since)).unwrap_or_default()
+            }
+            None => running_for,
+        };
         let pods: Vec<&k8s_openapi::api::core::v1::Pod> = self
             .inp
             .pods
@@ -408,10 +441,17 @@ impl Rules<'_> {
             &pods,
             &self.svc.pending_apps,
             self.inp.pending_ready,
-            running_for,
+            stalled_for,
             self.settings.stall_after,
         ) {
-            Some(s) => stalled(b, s, &admitted),
+            Some(mut s) => {
+                if b.status.incremental.is_some() {
+                    s.message = s
+                        .message
+                        .replace("; transition running for ", "; no incremental step for ");
+                }
+                stalled(b, s, &admitted)
+            }
             None => {
                 b.status.phase = Phase::Upgrading;
                 b.status.waiting_for = Some(if self.inp.pending_ready {

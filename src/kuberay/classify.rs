@@ -249,56 +249,8 @@ fn validate_upgrade(new: &RayService, rules: &Rules, gate: bool) -> Option<Strin
     }
     if *ty == UpgradeType::NewClusterWithIncrementalUpgrade && gate {
         // utils/validation.go ValidateClusterUpgradeOptions.
-        let autoscaling = new
-            .spec
-            .ray_cluster_config
-            .as_ref()
-            .and_then(|c| c.enable_in_tree_autoscaling)
-            .unwrap_or(false);
-        if !autoscaling {
-            return Some(
-                "NewClusterWithIncrementalUpgrade requires enableInTreeAutoscaling: true".into(),
-            );
-        }
-        let Some(opts) = strategy
-            .extra
-            .get("clusterUpgradeOptions")
-            .filter(|o| o.is_object())
-        else {
-            return Some(
-                "NewClusterWithIncrementalUpgrade requires upgradeStrategy.clusterUpgradeOptions"
-                    .into(),
-            );
-        };
-        let int = |k: &str| opts.get(k).and_then(Value::as_i64);
-        let max_surge = int("maxSurgePercent").unwrap_or(100);
-        if !(0..=100).contains(&max_surge) {
-            return Some("clusterUpgradeOptions.maxSurgePercent must be between 0 and 100".into());
-        }
-        let step = match int("stepSizePercent") {
-            Some(s) if (0..=100).contains(&s) => s,
-            _ => {
-                return Some(
-                    "clusterUpgradeOptions.stepSizePercent must be set and between 0 and 100"
-                        .into(),
-                );
-            }
-        };
-        if rules.validates_step_size_within_surge && step > max_surge {
-            return Some(format!(
-                "clusterUpgradeOptions.stepSizePercent {step} must be less than or equal to maxSurgePercent {max_surge} (KubeRay {})",
-                rules.version
-            ));
-        }
-        if int("intervalSeconds").is_none_or(|i| i <= 0) {
-            return Some("clusterUpgradeOptions.intervalSeconds must be greater than 0".into());
-        }
-        if opts
-            .get("gatewayClassName")
-            .and_then(Value::as_str)
-            .is_none_or(str::is_empty)
-        {
-            return Some("clusterUpgradeOptions.gatewayClassName is required".into());
+        if let Err(p) = super::incremental::validate(new, rules, gate) {
+            return Some(p.to_string());
         }
     }
     None
