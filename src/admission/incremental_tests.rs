@@ -105,7 +105,11 @@ struct Case {
 }
 
 fn decide_on(c: &Case, st: &ClusterState) -> Decision {
-    decide(&Inputs {
+    decide(&inputs(c, st))
+}
+
+fn inputs<'a>(c: &'a Case, st: &'a ClusterState) -> Inputs<'a> {
+    Inputs {
         now: c.now,
         plan: &c.plan,
         settings: Settings::of(&c.plan),
@@ -120,8 +124,8 @@ fn decide_on(c: &Case, st: &ClusterState) -> Decision {
         pending_fingerprint: Some("abc123def456".into()),
         gate: GateFacts::default(),
         admission_unseen: false,
-        cluster: &fit::Alone(st),
-    })
+        cluster: Box::leak(Box::new(fit::Alone(st))),
+    }
 }
 
 fn active_only() -> ServiceFacts {
@@ -174,6 +178,40 @@ fn a_surge_that_fits_is_admitted_where_a_new_cluster_is_held() {
     assert_eq!(
         d.status.capacity.as_ref().unwrap().gpus_short.as_deref(),
         Some("16")
+    );
+}
+
+#[test]
+fn the_gate_closes_once_the_new_cluster_is_promoted() {
+    let mut status = upgrading("2026-12-02T11:40:00Z", "2026-12-02T11:59:00Z");
+    if let Some(a) = status.admitted.as_mut() {
+        a.to_cluster = Some("llm-b".into());
+    }
+    let mut c = Case {
+        plan: plan("NewClusterWithIncrementalUpgrade", Some(status)),
+        svc: ServiceFacts {
+            active_cluster: Some("llm-b".into()),
+            ..Default::default()
+        },
+        change: None,
+        incremental: Some(Ok(opts())),
+        now: at("2026-12-02T12:00:00Z"),
+    };
+    let d = decide_on(&c, &nodes(&[64]));
+    // llm-a still exists in `clusters`: waiting for its deletion, gate closed.
+    assert_eq!(
+        (d.status.phase, d.gate),
+        (Phase::Upgrading, Some(Gate::Hold))
+    );
+    c.plan.status = Some(d.status);
+    let st = nodes(&[64]);
+    let d = decide(&Inputs {
+        clusters: ["llm-b".to_string()].into(),
+        ..inputs(&c, &st)
+    });
+    assert_eq!(
+        (d.status.phase, d.gate),
+        (Phase::Completed, Some(Gate::Hold))
     );
 }
 
@@ -245,7 +283,7 @@ fn upgrading(admitted: &str, progress: &str) -> UpgradePlanStatus {
             admitted_time: at(admitted),
             from_cluster: Some("llm-a".into()),
             to_cluster: Some("llm-b".into()),
-            surge: vec![],
+            surge: change(true).surge.unwrap().budget,
         }),
         incremental: Some(IncrementalStatus {
             max_surge_percent: 25,
@@ -290,6 +328,13 @@ fn an_incremental_transition_stalls_only_when_a_step_does_not_move() {
         &st,
     );
     assert_eq!(d.status.phase, Phase::Upgrading, "{:?}", d.status.message);
+    // KubeRay moves traffic only while the type stays incremental.
+    assert_eq!(d.gate, Some(Gate::OpenIncremental));
+    let msg = d.status.message.as_deref().unwrap();
+    assert!(
+        msg.contains("step 1/4, new cluster target capacity 50%, traffic 25%"),
+        "{msg}"
+    );
     let inc = d.status.incremental.as_ref().unwrap();
     assert_eq!(inc.step.as_deref(), Some("1/4"));
     assert_eq!(inc.last_progress_time, Some(at("2026-12-02T11:58:00Z")));
@@ -328,6 +373,7 @@ fn an_incremental_transition_stalls_only_when_a_step_does_not_move() {
         &st,
     );
     assert_eq!(d.status.phase, Phase::Stalled);
+    assert_eq!(d.gate, Some(Gate::OpenIncremental));
     let msg = d.status.message.unwrap();
     assert!(msg.contains("no incremental step for 15m"), "{msg}");
 }

@@ -6,7 +6,9 @@
 //!    `spec.upgradeStrategy` (before v1.3) is an `Error` and the gate is not touched.
 //! 2. An admitted change is tracked: `Admitted` until KubeRay names the new
 //!    cluster (gate open), then `Upgrading` (gate closed again so a further
-//!    commit cannot start another cluster), `Stalled` when [`super::stall`]
+//!    commit cannot start another cluster; an incremental upgrade's stays open
+//!    until the new cluster is promoted, as KubeRay moves traffic only under
+//!    that type), `Stalled` when [`super::stall`]
 //!    says so, `Completed` once the old cluster and its pods are gone.
 //! 3. A plan with `spec.upgradeType: NewClusterWithIncrementalUpgrade` whose
 //!    RayService or KubeRay release cannot upgrade so is an `Error` (the
@@ -286,7 +288,17 @@ impl Rules<'_> {
 
     /// Rule 2: an admitted (or unadmitted but running) transition.
     fn track(&self, b: &mut Builder<'_>, admitted: Admission) {
-        b.gate = Some(Gate::Hold);
+        // KubeRay moves traffic step by step only while the type says
+        // NewClusterWithIncrementalUpgrade (`IsIncrementalUpgradeEnabled`); set
+        // back to None it would switch all traffic to the new cluster at its
+        // current size. An incremental transition keeps the gate open to its
+        // end; a NewCluster one closes it so a further commit cannot start
+        // another cluster.
+        b.gate = Some(if admitted.surge.is_empty() {
+            Gate::Hold
+        } else {
+            Gate::OpenIncremental
+        });
         b.requeue = REQUEUE_ACTIVE;
         // What was measured at admission stays visible during the transition.
         b.status.capacity = b.prev.capacity.clone();
@@ -414,10 +426,15 @@ impl Rules<'_> {
             duration_seconds: None,
         });
         if b.prev.phase == Phase::Admitted {
+            let gate = if admitted.surge.is_empty() {
+                "gate closed again"
+            } else {
+                "gate kept at NewClusterWithIncrementalUpgrade while KubeRay moves traffic"
+            };
             b.event(
                 false,
                 "Upgrading",
-                format!("KubeRay is creating cluster {pending}; gate closed again"),
+                format!("KubeRay is creating cluster {pending}; {gate}"),
             );
         }
         let running_for = self.running_for(&admitted);
@@ -459,8 +476,18 @@ impl Rules<'_> {
                 } else {
                     "new cluster".into()
                 });
+                let steps = b.status.incremental.as_ref().map_or(String::new(), |inc| {
+                    let pct = |v: Option<i32>| v.map_or("-".to_string(), |v| format!("{v}%"));
+                    format!(
+                        " (incremental: step {}, new cluster target capacity {}, traffic {}, old cluster target capacity {})",
+                        inc.step.as_deref().unwrap_or("0"),
+                        pct(inc.target_capacity),
+                        pct(inc.traffic_routed_percent),
+                        pct(inc.active_target_capacity),
+                    )
+                });
                 b.status.message = Some(format!(
-                    "transition to {pending} running for {}",
+                    "transition to {pending} running for {}{steps}",
                     stall::human_duration(running_for)
                 ));
                 b.condition(
@@ -475,6 +502,8 @@ impl Rules<'_> {
 
     /// Promoted: `Completed` once the old cluster and its pods are gone.
     fn promoted(&self, b: &mut Builder<'_>, admitted: Admission) {
+        // The new cluster serves everything: no step is left to take.
+        b.gate = Some(Gate::Hold);
         let old = admitted.from_cluster.clone().unwrap_or_default();
         let inp = self.inp;
         let old_left =
