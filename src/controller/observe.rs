@@ -708,6 +708,99 @@ mod tests {
         }
     }
 
+    /// The sample RayService upgraded incrementally (maxSurge 50 %) next to
+    /// its active cluster `llm-a` of 2 bound workers.
+    fn incremental_stores() -> (Stores, PlanKey) {
+        let mut svc = rayservice();
+        svc.spec.upgrade_strategy = Some(
+            serde_json::from_value(
+                serde_json::json!({"type": "None", "clusterUpgradeOptions": {
+                "maxSurgePercent": 50, "stepSizePercent": 25, "intervalSeconds": 30,
+                "gatewayClassName": "gw"}}),
+            )
+            .unwrap(),
+        );
+        svc.status = Some(
+            serde_json::from_value(
+                serde_json::json!({"activeServiceStatus": {"rayClusterName": "llm-a"}}),
+            )
+            .unwrap(),
+        );
+        let mut plan = waiting_plan(&svc);
+        plan.spec.upgrade_type = PlanUpgradeType::NewClusterWithIncrementalUpgrade;
+        let key = key_of(&plan);
+        let stores = stores(plan, svc);
+        let mut index = stores.capacity.write().unwrap();
+        for i in 0..2 {
+            let pod: crate::capacity::PartialPod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("llm-a-gpu-a100-worker-{i}"), "namespace": "ml-serving",
+                    "labels": {"ray.io/cluster": "llm-a", "ray.io/node-type": "worker",
+                        "ray.io/group": "gpu-a100"}},
+                "spec": {"nodeName": "n1", "containers": [{"name": "ray-worker", "resources": {
+                    "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"}}}]}
+            }))
+            .unwrap();
+            let rec = index.record(&pod);
+            index.apply_pod(rec);
+        }
+        drop(index);
+        (stores, key)
+    }
+
+    fn counts(groups: &[PodGroup]) -> Vec<(String, usize)> {
+        groups
+            .iter()
+            .map(|g| (surge::group_of(&g.template), g.count))
+            .collect()
+    }
+
+    #[test]
+    fn an_incremental_plan_queues_its_surge_and_holds_its_budget_once_admitted() {
+        let (stores, key) = incremental_stores();
+        let now = Timestamp::now();
+        let releases = Releases::default().with_incremental_gate(Some(true));
+        let none = Overlay::new();
+        // minReplicas 2 + ceil(50 % × 2 running) = 3 workers (maxReplicas 4), and the head.
+        let q = waiting_plans(&stores, None, &none, &releases, now);
+        assert_eq!(
+            counts(&q[0].pods),
+            vec![("head".into(), 1), ("gpu-a100".into(), 3)]
+        );
+        // Admitted with that budget: the old cluster's 2 bound workers count
+        // against it, the head and 3 workers are held.
+        let budget = vec![
+            crate::upgradeplan::SurgeBudget {
+                group: "head".into(),
+                pods: 1,
+                shares_active: false,
+            },
+            crate::upgradeplan::SurgeBudget {
+                group: "gpu-a100".into(),
+                pods: 5,
+                shares_active: true,
+            },
+        ];
+        let admitted = Overlay::from([(
+            key,
+            Admission {
+                fingerprint: "f".into(),
+                admitted_time: now,
+                from_cluster: Some("llm-a".into()),
+                to_cluster: None,
+                surge: budget,
+            },
+        )]);
+        let ledger = ledger_pods(&stores, None, &admitted, &releases);
+        assert_eq!(
+            counts(&ledger),
+            vec![("head".into(), 1), ("gpu-a100".into(), 3)]
+        );
+        // The gate off (v1.6 default): the plan is left out of the queue, its
+        // own decision reports the error.
+        let off = Releases::from_stamps([("ml-serving", "v1.6.2")], None);
+        assert!(waiting_plans(&stores, None, &none, &off, now).is_empty());
+    }
+
     #[test]
     fn an_admission_the_cache_has_not_shown_is_in_the_ledger_and_not_in_the_queue() {
         let svc = rayservice();
