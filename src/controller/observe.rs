@@ -304,7 +304,7 @@ pub fn observe<'a>(
                 )),
                 None,
             ),
-            Ok(cluster) => change_against(svc, cluster, version, plan.spec.upgrade_type),
+            Ok(cluster) => change_against(svc, cluster, release, plan.spec.upgrade_type),
         },
     };
     // An incremental upgrade fits its surge next to the active cluster.
@@ -381,11 +381,22 @@ fn cluster_fingerprint(c: &RayCluster, version: KubeRayVersion) -> Option<String
 fn change_against(
     svc: &RayService,
     cluster: &RayCluster,
-    version: KubeRayVersion,
+    release: &Release,
     t: PlanUpgradeType,
 ) -> (Result<Option<ChangeFacts>, String>, Option<Verdict>) {
+    let version = release.version;
     let open = with_gate_open(svc, t);
-    let c = match kuberay::classify(&kuberay::OldSide::RayCluster(cluster), &open, version) {
+    // The operator's incremental-upgrade gate as raygate was told it.
+    let opts = kuberay::ClassifyOptions {
+        incremental_upgrade_gate: Some(release.incremental_gate()),
+        ..Default::default()
+    };
+    let c = match kuberay::classify_with(
+        &kuberay::OldSide::RayCluster(cluster),
+        &open,
+        version,
+        &opts,
+    ) {
         Ok(c) => c,
         Err(e) => return (Err(e.to_string()), None),
     };
