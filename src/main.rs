@@ -155,6 +155,13 @@ struct RunArgs {
     /// stamped yet.
     #[arg(long, env = "RAYGATE_KUBERAY_RELEASE", value_name = "X.Y[.Z]")]
     kuberay_version: Option<KubeRayVersion>,
+    /// Whether the KubeRay operator runs with its RayServiceIncrementalUpgrade
+    /// feature gate on (`--feature-gates=RayServiceIncrementalUpgrade=true`),
+    /// which plans with spec.upgradeType: NewClusterWithIncrementalUpgrade
+    /// need. raygate cannot read the operator's flags. Default: the release's
+    /// default (off in v1.5 and v1.6, on from v1.7).
+    #[arg(long, env = "RAYGATE_KUBERAY_INCREMENTAL_UPGRADES", value_name = "BOOL", action = clap::ArgAction::Set)]
+    kuberay_incremental_upgrades: Option<bool>,
     /// Let plans ask the node autoscaler for the capacity a held upgrade
     /// misses (spec.capacity.request: CapacityBuffer): raygate then watches and
     /// writes PodTemplates and autoscaling.x-k8s.io/v1beta1 CapacityBuffers
@@ -392,6 +399,7 @@ async fn run(args: RunArgs) -> Result<()> {
     let settings = Settings {
         namespaces: args.namespaces.clone(),
         kuberay_version: args.kuberay_version,
+        incremental_gate: args.kuberay_incremental_upgrades,
         instance: leader::default_identity(),
         capacity: raygate::autoscale::Defaults {
             enabled: args.capacity_requests,

@@ -133,6 +133,37 @@ pub struct UpgradePlanSpec {
     /// Asking the node autoscaler for the new cluster while the upgrade waits
     /// for capacity (docs/autoscaling.md).
     pub capacity: Option<CapacitySpec>,
+
+    /// The strategy raygate admits upgrades with: the value it writes into the
+    /// RayService's `spec.upgradeStrategy.type` when it opens the gate.
+    /// `NewCluster`: a full second cluster, the whole new cluster must fit.
+    /// `NewClusterWithIncrementalUpgrade` (KubeRay v1.5+, feature gate
+    /// `RayServiceIncrementalUpgrade`, in-tree autoscaling, the RayService's
+    /// `upgradeStrategy.clusterUpgradeOptions`, which stay the user's): only the
+    /// surge must fit (docs/how-it-works.md).
+    #[serde(default, skip_serializing_if = "PlanUpgradeType::is_new_cluster")]
+    pub upgrade_type: PlanUpgradeType,
+}
+
+/// `spec.upgradeType`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum PlanUpgradeType {
+    #[default]
+    NewCluster,
+    NewClusterWithIncrementalUpgrade,
+}
+
+impl PlanUpgradeType {
+    fn is_new_cluster(&self) -> bool {
+        *self == PlanUpgradeType::NewCluster
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlanUpgradeType::NewCluster => "NewCluster",
+            PlanUpgradeType::NewClusterWithIncrementalUpgrade => "NewClusterWithIncrementalUpgrade",
+        }
+    }
 }
 
 /// `spec.capacity`: how a plan waiting for capacity asks the node autoscaler
@@ -329,6 +360,9 @@ pub struct UpgradePlanStatus {
     /// What raygate asked the node autoscaler for, and what it reports
     /// (`spec.capacity.request`); absent when nothing is asked.
     pub capacity_request: Option<CapacityRequestStatus>,
+    /// An incremental upgrade's step, target capacity and surge held
+    /// (`spec.upgradeType: NewClusterWithIncrementalUpgrade`).
+    pub incremental: Option<IncrementalStatus>,
 }
 
 /// The KubeRay release raygate applies, as recorded in status.
@@ -397,6 +431,51 @@ pub struct Admission {
     pub from_cluster: Option<String>,
     /// The pending cluster KubeRay created for this admission, once named.
     pub to_cluster: Option<String>,
+    /// Incremental upgrades: what the transition may hold per pod group,
+    /// reserved until it ends (empty for `NewCluster`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub surge: Vec<SurgeBudget>,
+}
+
+/// The pods of one group an incremental transition may hold at its peak.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SurgeBudget {
+    /// `head`, or the worker group's name.
+    pub group: String,
+    /// Pods of this group the RayService may hold: with `sharesActive`, the
+    /// active cluster's pods of the group count against it (a pod the
+    /// autoscaler removes there frees room the new cluster takes); without
+    /// (the head, a new group, a group whose pods grew), only the new
+    /// cluster's pods.
+    pub pods: i64,
+    pub shares_active: bool,
+}
+
+/// `status.incremental`: an incremental upgrade's progress, as KubeRay reports it
+/// on the RayService.
+#[skip_serializing_none]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IncrementalStatus {
+    pub max_surge_percent: i32,
+    pub step_size_percent: i32,
+    pub interval_seconds: i32,
+    /// `3/4`: steps of `stepSizePercent` the traffic moved, of all.
+    pub step: Option<String>,
+    /// The new cluster's Serve `target_capacity` (percent).
+    pub target_capacity: Option<i32>,
+    /// Traffic routed to the new cluster (percent).
+    pub traffic_routed_percent: Option<i32>,
+    /// The old cluster's Serve `target_capacity` (percent).
+    pub active_target_capacity: Option<i32>,
+    /// What raygate reserves beyond the old cluster for the transition.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub surge_held: BTreeMap<String, String>,
+    /// When the transition last moved (target capacity or traffic); a step
+    /// that does not move for `stallAfter` is a stall.
+    #[schemars(with = "Option<String>", extend("format" = "date-time"))]
+    pub last_progress_time: Option<Timestamp>,
 }
 
 #[skip_serializing_none]
@@ -570,6 +649,7 @@ mod tests {
                 admitted_time: t,
                 from_cluster: Some("llm-a".into()),
                 to_cluster: None,
+                surge: vec![],
             }),
             last_transition: Some(TransitionRecord {
                 fingerprint: "abc".into(),
@@ -600,6 +680,7 @@ mod tests {
             stall_after: "30m".into(),
             maintenance_windows: vec![],
             capacity: None,
+            upgrade_type: PlanUpgradeType::NewCluster,
         })
         .unwrap();
         assert_eq!(

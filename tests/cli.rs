@@ -447,6 +447,47 @@ fn explain_zero_downtime_disabled() {
 }
 
 #[test]
+fn explain_incremental_step_above_surge_per_release_and_gate() {
+    let new = svc("incremental-step-over-surge");
+    // v1.7.0 (gate on by default) rejects stepSizePercent > maxSurgePercent.
+    let v = explain(&svc(""), &new, &["--kuberay-version", "1.7"]);
+    assert_eq!(
+        (v["verdict"].as_str(), v["rejected"].as_bool()),
+        (Some("Held"), Some(true)),
+        "{v}"
+    );
+    assert!(
+        v["heldReason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("stepSizePercent 25"),
+        "{v}"
+    );
+    // v1.6.2 with the gate on accepts it and upgrades incrementally.
+    let v = explain(
+        &svc(""),
+        &new,
+        &[
+            "--kuberay-version",
+            "1.6.2",
+            "--kuberay-incremental-upgrades=true",
+        ],
+    );
+    assert_eq!(v["verdict"], "NewCluster", "{v}");
+    assert_eq!(v["incremental"], true, "{v}");
+    // v1.6.2 with the gate off (its default): zero-downtime disabled, held.
+    let v = explain(&svc(""), &new, &["--kuberay-version", "1.6.2"]);
+    assert_eq!(v["verdict"], "Held", "{v}");
+    assert!(
+        v["heldReason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("RayServiceIncrementalUpgrade"),
+        "{v}"
+    );
+}
+
+#[test]
 fn explain_unknown_kuberay_version_is_invalid_input() {
     for bad in ["1.0", "1.8", "2.0", "1.7.9", "banana", ""] {
         let r = raygate(&[

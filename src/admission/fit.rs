@@ -104,14 +104,14 @@ pub fn of_change(
             .prev()
             .and_then(|s| s.pending_change.as_ref())
             .map_or(inp.now, |c| c.detected_time),
-        pods: change.new_pods.clone(),
+        pods: change.pods_to_fit().to_vec(),
         headroom: settings.headroom.clone(),
     });
     ledger::order(&mut queue);
     let place = cluster.capacity()?;
     let reserved = ledger::reserved_with(|r| place.fit(r), &ledger, &queue, (&key.0, &key.1))?;
     place.fit(&FitRequest {
-        pods: change.new_pods.clone(),
+        pods: change.pods_to_fit().to_vec(),
         reserved,
         headroom: settings.headroom.clone(),
         old_requests,
@@ -267,6 +267,7 @@ mod tests {
             service: Ok(ServiceFacts::default()),
             change: Ok(None),
             verdict: None,
+            incremental: None,
             clusters: BTreeSet::new(),
             pods: BTreeMap::new(),
             pending_ready: false,
@@ -279,6 +280,7 @@ mod tests {
             fingerprint: "abc".into(),
             triggering_paths: vec![],
             new_pods: vec![PodGroup::from(gpu_pod("me-w-0", 8))],
+            surge: None,
         };
         of_change(&inp, inp.settings.as_ref().unwrap(), &change).unwrap()
     }

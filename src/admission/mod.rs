@@ -12,7 +12,8 @@
 //! - [`render`]: the status, conditions and messages the rules produce;
 //! - [`settings`]: the plan's spec as typed values;
 //! - [`ledger`], [`priority`], [`pass`]: the cluster-wide queue;
-//! - [`stall`]: why a running transition is not finishing.
+//! - [`stall`]: why a running transition is not finishing;
+//! - [`surge`]: what an incremental upgrade needs and holds.
 
 pub mod fit;
 pub mod ledger;
@@ -22,6 +23,7 @@ pub mod render;
 pub mod rules;
 pub mod settings;
 pub mod stall;
+pub mod surge;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -31,7 +33,8 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::kuberay::Verdict;
-use crate::upgradeplan::{UpgradePlan, UpgradePlanStatus};
+use crate::kuberay::incremental;
+use crate::upgradeplan::{PlanUpgradeType, UpgradePlan, UpgradePlanStatus};
 
 pub use fit::Cluster;
 pub use settings::Settings;
@@ -43,13 +46,25 @@ pub enum Gate {
     Hold,
     /// `NewCluster`: KubeRay may prepare the new cluster now.
     Open,
+    /// `NewClusterWithIncrementalUpgrade`: KubeRay may prepare the new cluster
+    /// now and move traffic to it step by step.
+    OpenIncremental,
 }
 
 impl Gate {
+    /// The gate that lets an upgrade through with the plan's strategy.
+    pub fn open(t: PlanUpgradeType) -> Gate {
+        match t {
+            PlanUpgradeType::NewCluster => Gate::Open,
+            PlanUpgradeType::NewClusterWithIncrementalUpgrade => Gate::OpenIncremental,
+        }
+    }
+
     pub fn strategy(self) -> &'static str {
         match self {
             Gate::Hold => "None",
-            Gate::Open => "NewCluster",
+            Gate::Open => PlanUpgradeType::NewCluster.as_str(),
+            Gate::OpenIncremental => PlanUpgradeType::NewClusterWithIncrementalUpgrade.as_str(),
         }
     }
 }
@@ -101,6 +116,11 @@ pub struct ServiceFacts {
     pub pending_cluster: Option<String>,
     /// Pending service's Serve apps: name → status.
     pub pending_apps: BTreeMap<String, String>,
+    /// Incremental upgrades (KubeRay v1.5+): Serve `target_capacity` of the
+    /// pending and active clusters, and traffic routed to the pending one.
+    pub pending_target_capacity: Option<i32>,
+    pub pending_traffic_percent: Option<i32>,
+    pub active_target_capacity: Option<i32>,
 }
 
 /// A detected change that needs a new cluster (verdict NewCluster with the
@@ -111,6 +131,15 @@ pub struct ChangeFacts {
     pub triggering_paths: Vec<String>,
     /// The pods KubeRay will create for the new cluster, as groups.
     pub new_pods: Vec<crate::capacity::PodGroup>,
+    /// An incremental upgrade's surge: what is fitted instead of `new_pods`.
+    pub surge: Option<surge::Surge>,
+}
+
+impl ChangeFacts {
+    /// The pods that must fit for the change to be admitted.
+    pub fn pods_to_fit(&self) -> &[crate::capacity::PodGroup] {
+        self.surge.as_ref().map_or(&self.new_pods, |s| &s.pods)
+    }
 }
 
 /// The gate as observed on the RayService.
@@ -143,6 +172,10 @@ pub struct Inputs<'a> {
     pub change: Result<Option<ChangeFacts>, String>,
     /// How KubeRay would treat the spec; `None` when nothing was classified.
     pub verdict: Option<Verdict>,
+    /// `spec.upgradeType: NewClusterWithIncrementalUpgrade`: the RayService's
+    /// options under its release, or why it cannot be upgraded so. `None` for
+    /// `NewCluster` plans (or no readable RayService).
+    pub incremental: Option<Result<incremental::Options, incremental::Problem>>,
     /// Names of the RayClusters that exist for the service.
     pub clusters: BTreeSet<String>,
     /// Pods per cluster name (only the service's clusters).
@@ -254,3 +287,6 @@ fn overridden_by(gate: &GateFacts, wanted: Option<Gate>) -> Option<String> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod incremental_tests;

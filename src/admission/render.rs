@@ -9,10 +9,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use super::rules::{REQUEUE_IDLE, REQUEUE_WAITING};
 use super::{Decision, EventNote, Gate, Inputs, Outcome};
 use crate::capacity::{self, ACCELERATORS, FitReport, ResourceList};
+use crate::kuberay::incremental::Options;
 use crate::kuberay::{Release, ReleaseProblem, ReleaseSource};
 use crate::quantity::Quantity;
 use crate::upgradeplan::{
-    CapacityStatus, KubeRayReleaseStatus, Phase, UpgradePlanStatus, condition,
+    CapacityStatus, IncrementalStatus, KubeRayReleaseStatus, Phase, UpgradePlanStatus, condition,
 };
 
 /// Carries the new status while rules fill it in.
@@ -430,6 +431,61 @@ fn row_in_one_unit(cells: [Option<Quantity>; 3]) -> [Option<String>; 3] {
     let present: Vec<&Quantity> = cells.iter().flatten().collect();
     let mut printed = crate::quantity::in_one_unit(&present).into_iter();
     cells.map(|c| c.and_then(|_| printed.next()))
+}
+
+/// `status.incremental` before any step: the options KubeRay will use.
+pub fn incremental_status(o: &Options) -> IncrementalStatus {
+    IncrementalStatus {
+        max_surge_percent: i32::from(o.max_surge_percent),
+        step_size_percent: i32::from(o.step_size_percent),
+        interval_seconds: i32::try_from(o.interval_seconds).unwrap_or(i32::MAX),
+        ..Default::default()
+    }
+}
+
+/// Quantities as status strings.
+pub fn quantities(m: &ResourceList) -> std::collections::BTreeMap<String, String> {
+    capacity::canonical_map(m)
+}
+
+/// Records what KubeRay reports of an incremental transition (target
+/// capacities, traffic, the step) and returns when it last moved: `now` when
+/// it moved since the previous status, else the recorded time (the admission
+/// when nothing is recorded).
+pub fn incremental_progress(
+    inc: &mut IncrementalStatus,
+    svc: &super::ServiceFacts,
+    now: jiff::Timestamp,
+    admitted: jiff::Timestamp,
+) -> jiff::Timestamp {
+    let seen = (
+        svc.pending_target_capacity,
+        svc.pending_traffic_percent,
+        svc.active_target_capacity,
+    );
+    let before = (
+        inc.target_capacity,
+        inc.traffic_routed_percent,
+        inc.active_target_capacity,
+    );
+    if seen != before {
+        inc.last_progress_time = Some(now);
+    }
+    (
+        inc.target_capacity,
+        inc.traffic_routed_percent,
+        inc.active_target_capacity,
+    ) = seen;
+    let step = u32::try_from(inc.step_size_percent).unwrap_or(0);
+    if step > 0 {
+        let moved = u32::try_from(svc.pending_traffic_percent.unwrap_or(0)).unwrap_or(0);
+        inc.step = Some(format!(
+            "{}/{}",
+            moved.div_ceil(step),
+            100u32.div_ceil(step)
+        ));
+    }
+    *inc.last_progress_time.get_or_insert(admitted)
 }
 
 /// The status numbers, arranged so the printer columns compare: the new

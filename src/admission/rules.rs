@@ -6,13 +6,21 @@
 //!    `spec.upgradeStrategy` (before v1.3) is an `Error` and the gate is not touched.
 //! 2. An admitted change is tracked: `Admitted` until KubeRay names the new
 //!    cluster (gate open), then `Upgrading` (gate closed again so a further
-//!    commit cannot start another cluster), `Stalled` when [`super::stall`]
+//!    commit cannot start another cluster; an incremental upgrade's stays open
+//!    until the new cluster is promoted, as KubeRay moves traffic only under
+//!    that type), `Stalled` when [`super::stall`]
 //!    says so, `Completed` once the old cluster and its pods are gone.
-//! 3. A pending change waits for policy (`Paused`, `Manual` approval), the
-//!    maintenance window, then capacity: the new cluster's pods must fit in
-//!    free capacity minus the ledger's reservations and the plan's headroom.
-//!    A change held by policy is fitted too, so what it needs and whether it
-//!    would fit are reported while it waits for a human.
+//! 3. A plan with `spec.upgradeType: NewClusterWithIncrementalUpgrade` whose
+//!    RayService or KubeRay release cannot upgrade so is an `Error` (the
+//!    reason and field in the message, [`crate::kuberay::incremental`]); the
+//!    gate stays closed.
+//! 4. A pending change waits for policy (`Paused`, `Manual` approval), the
+//!    maintenance window, then capacity: the new cluster's pods (an
+//!    incremental upgrade's: its surge, [`super::surge`]) must fit in free
+//!    capacity minus the ledger's reservations and the plan's headroom. The
+//!    gate opens with the plan's `upgradeType`. A change held by policy is
+//!    fitted too, so what it needs and whether it would fit are reported
+//!    while it waits for a human.
 //!
 //! Each rule fills in a [`Builder`]; [`super::render`] writes the result out.
 
@@ -79,6 +87,7 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
                 admitted_time: inp.now,
                 from_cluster: svc.active_cluster.clone(),
                 to_cluster: Some(pending.clone()),
+                surge: vec![],
             };
             r.track(b, unadmitted)
         }
@@ -125,9 +134,14 @@ impl Rules<'_> {
             .map(|c| c.fingerprint.clone())
     }
 
-    /// Rule 3: a change that is not admitted yet.
+    /// Rules 3 and 4: a change that is not admitted yet.
     fn evaluate(&self, b: &mut Builder<'_>) {
         b.gate = Some(Gate::Hold);
+        match &self.inp.incremental {
+            Some(Err(p)) => return b.error(p.reason(), p.to_string(), Some(Gate::Hold)),
+            Some(Ok(opts)) => b.status.incremental = Some(render::incremental_status(opts)),
+            None => {}
+        }
         let change = match &self.inp.change {
             Err(msg) => return b.error("InvalidRayService", msg.clone(), Some(Gate::Hold)),
             Ok(None) => return self.nothing_pending(b),
@@ -336,8 +350,17 @@ impl Rules<'_> {
             admitted_time: self.now(),
             from_cluster: b.status.active_cluster.clone(),
             to_cluster: None,
+            surge: change
+                .surge
+                .as_ref()
+                .map(|s| s.budget.clone())
+                .unwrap_or_default(),
         });
-        b.gate = Some(Gate::Open);
+        if let (Some(inc), Some(_)) = (b.status.incremental.as_mut(), &change.surge) {
+            inc.surge_held = render::quantities(&report.new_requests);
+            inc.last_progress_time = Some(self.now());
+        }
+        b.gate = Some(Gate::open(self.settings.upgrade_type));
         b.outcome = Some(Outcome::Admitted);
         b.requeue = REQUEUE_ACTIVE;
         b.change_event(
@@ -359,10 +382,21 @@ impl Rules<'_> {
 
     /// Rule 2: an admitted (or unadmitted but running) transition.
     fn track(&self, b: &mut Builder<'_>, admitted: Admission) {
-        b.gate = Some(Gate::Hold);
+        // KubeRay moves traffic step by step only while the type says
+        // NewClusterWithIncrementalUpgrade (`IsIncrementalUpgradeEnabled`); set
+        // back to None it would switch all traffic to the new cluster at its
+        // current size. An incremental transition keeps the gate open to its
+        // end; a NewCluster one closes it so a further commit cannot start
+        // another cluster.
+        b.gate = Some(if admitted.surge.is_empty() {
+            Gate::Hold
+        } else {
+            Gate::OpenIncremental
+        });
         b.requeue = REQUEUE_ACTIVE;
         // What was measured at admission stays visible during the transition.
         b.status.capacity = b.prev.capacity.clone();
+        b.status.incremental = b.prev.incremental.clone();
         let svc = self.svc;
         match (&svc.pending_cluster, &admitted.to_cluster) {
             (None, None) if svc.active_cluster == admitted.from_cluster => {
@@ -437,7 +471,7 @@ impl Rules<'_> {
             "admitted; waiting for KubeRay to create the new cluster",
         );
         b.status.admitted = Some(admitted);
-        b.gate = Some(Gate::Open);
+        b.gate = Some(Gate::open(self.settings.upgrade_type));
     }
 
     /// KubeRay named a new cluster for an admission: adopt it only once its
@@ -470,6 +504,7 @@ impl Rules<'_> {
                     admitted_time: self.now(),
                     from_cluster: admitted.from_cluster.clone(),
                     to_cluster: Some(pending.to_string()),
+                    surge: vec![],
                 };
                 self.track(b, unadmitted)
             }
@@ -499,17 +534,32 @@ impl Rules<'_> {
             .as_ref()
             .map(|a| a.to_cluster.as_deref() == Some(pending));
         if recorded == Some(false) {
+            let gate = if admitted.surge.is_empty() {
+                "gate closed again"
+            } else {
+                "gate kept at NewClusterWithIncrementalUpgrade while KubeRay moves traffic"
+            };
             b.change_event(
                 false,
                 "Upgrading",
                 &admitted.fingerprint,
                 format!(
-                    "KubeRay is creating cluster {pending} for change {}; gate closed again",
+                    "KubeRay is creating cluster {pending} for change {}; {gate}",
                     admitted.fingerprint
                 ),
             );
         }
         let running_for = self.running_for(&admitted);
+        // An incremental transition stalls when a step does not move for
+        // stallAfter, however long the whole transition takes.
+        let stalled_for = match b.status.incremental.as_mut() {
+            Some(inc) => {
+                let since =
+                    render::incremental_progress(inc, self.svc, self.now(), admitted.admitted_time);
+                Duration::try_from(self.now().duration_since(since)).unwrap_or_default()
+            }
+            None => running_for,
+        };
         let pods: Vec<&k8s_openapi::api::core::v1::Pod> = self
             .inp
             .pods
@@ -520,10 +570,17 @@ impl Rules<'_> {
             &pods,
             &self.svc.pending_apps,
             self.inp.pending_ready,
-            running_for,
+            stalled_for,
             self.settings.stall_after,
         ) {
-            Some(s) => stalled(b, s, &admitted),
+            Some(mut s) => {
+                if b.status.incremental.is_some() {
+                    s.message = s
+                        .message
+                        .replace("; transition running for ", "; no incremental step for ");
+                }
+                stalled(b, s, &admitted)
+            }
             None => {
                 b.status.phase = Phase::Upgrading;
                 b.status.waiting_for = Some(if self.inp.pending_ready {
@@ -531,8 +588,18 @@ impl Rules<'_> {
                 } else {
                     "new cluster".into()
                 });
+                let steps = b.status.incremental.as_ref().map_or(String::new(), |inc| {
+                    let pct = |v: Option<i32>| v.map_or("-".to_string(), |v| format!("{v}%"));
+                    format!(
+                        " (incremental: step {}, new cluster target capacity {}, traffic {}, old cluster target capacity {})",
+                        inc.step.as_deref().unwrap_or("0"),
+                        pct(inc.target_capacity),
+                        pct(inc.traffic_routed_percent),
+                        pct(inc.active_target_capacity),
+                    )
+                });
                 b.status.message = Some(format!(
-                    "transition to {pending} running for {}",
+                    "transition to {pending} running for {}{steps}",
                     stall::human_duration(running_for)
                 ));
                 b.condition(
@@ -547,6 +614,8 @@ impl Rules<'_> {
 
     /// Promoted: `Completed` once the old cluster and its pods are gone.
     fn promoted(&self, b: &mut Builder<'_>, admitted: Admission) {
+        // The new cluster serves everything: no step is left to take.
+        b.gate = Some(Gate::Hold);
         let old = admitted.from_cluster.clone().unwrap_or_default();
         let inp = self.inp;
         let old_left =

@@ -20,6 +20,8 @@ pub struct Settings {
     pub stall_after: Duration,
     /// Empty: upgrades may start at any time.
     pub windows: Vec<Window>,
+    /// The strategy the gate opens with.
+    pub upgrade_type: crate::upgradeplan::PlanUpgradeType,
 }
 
 impl Settings {
@@ -58,6 +60,7 @@ impl Settings {
             headroom,
             stall_after: stall_after.unwrap_or_default(),
             windows,
+            upgrade_type: spec.upgrade_type,
         })
     }
 }

@@ -61,6 +61,7 @@ fn change(pods: Vec<Pod>) -> ChangeFacts {
             .into_iter()
             .map(crate::capacity::PodGroup::from)
             .collect(),
+        surge: None,
     }
 }
 
@@ -69,6 +70,7 @@ fn service(active: &str, pending: Option<&str>) -> Result<ServiceFacts, String> 
         active_cluster: Some(active.into()),
         pending_cluster: pending.map(Into::into),
         pending_apps: BTreeMap::new(),
+        ..Default::default()
     })
 }
 
@@ -105,6 +107,7 @@ fn run_built_from(
         service: svc,
         change: ch,
         verdict: Some(Verdict::NewCluster),
+        incremental: None,
         clusters: clusters.iter().map(|s| s.to_string()).collect(),
         pods,
         pending_ready: false,
@@ -895,6 +898,7 @@ fn gate_override_is_reported_not_fought() {
         service: service("llm-a", None),
         change: Ok(None),
         verdict: Some(Verdict::NoChange),
+        incremental: None,
         clusters: BTreeSet::from(["llm-a".to_string()]),
         pods: BTreeMap::new(),
         pending_ready: false,
@@ -1076,6 +1080,7 @@ fn decide_with_gate(
         service: service("llm-a", None),
         change: ch,
         verdict: Some(Verdict::NewCluster),
+        incremental: None,
         clusters: BTreeSet::from(["llm-a".to_string()]),
         pods: BTreeMap::new(),
         pending_ready: false,
@@ -1167,6 +1172,7 @@ fn decide_with_release(p: &UpgradePlan, release: crate::kuberay::Release) -> Dec
         service: service("llm-a", None),
         change: Ok(Some(change(vec![gpu_pod("w0", 8)]))),
         verdict: Some(Verdict::NewCluster),
+        incremental: None,
         clusters: BTreeSet::from(["llm-a".to_string()]),
         pods: BTreeMap::new(),
         pending_ready: false,

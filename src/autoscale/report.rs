@@ -648,6 +648,7 @@ mod tests {
             admitted_time: t("2026-12-04T10:01:30Z"),
             from_cluster: None,
             to_cluster: None,
+            surge: vec![],
         });
         annotate(
             &mut admitted,

@@ -103,7 +103,7 @@ pub(crate) fn explain_against(
 ) -> Result<String> {
     let opts = kuberay::ClassifyOptions {
         zero_downtime_enabled: !args.zero_downtime_disabled,
-        ..Default::default()
+        incremental_upgrade_gate: args.kuberay_incremental_upgrades,
     };
     let side = match old {
         Old::Cluster(c) | Old::Live(c, _) => OldSide::RayCluster(c),

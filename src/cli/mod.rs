@@ -79,6 +79,12 @@ pub struct ExplainArgs {
     /// (ENABLE_ZERO_DOWNTIME=false).
     #[arg(long)]
     pub zero_downtime_disabled: bool,
+    /// Whether KubeRay runs with its RayServiceIncrementalUpgrade feature
+    /// gate on (`--feature-gates=RayServiceIncrementalUpgrade=true`), which
+    /// decides what `upgradeStrategy.type: NewClusterWithIncrementalUpgrade`
+    /// does. Default: the release's default (off in v1.5 and v1.6, on from v1.7).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub kuberay_incremental_upgrades: Option<bool>,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
 }

@@ -355,7 +355,7 @@ fn build(
         .filter(|l| l.metadata.namespace.as_deref() == Some(ns.as_str()))
         .map(|l| l.as_ref().clone())
         .collect();
-    let shapes = shapes::shapes(&change.new_pods, &settings.headroom, &limit_ranges)?;
+    let shapes = shapes::shapes(change.pods_to_fit(), &settings.headroom, &limit_ranges)?;
     let uid = inputs
         .plan
         .metadata

@@ -55,6 +55,9 @@ pub struct Settings {
     /// `--kuberay-version`: the release assumed where no watched RayCluster is
     /// stamped with one (see [`crate::kuberay::release`]).
     pub kuberay_version: Option<KubeRayVersion>,
+    /// `--kuberay-incremental-upgrades`: the operator's `RayServiceIncrementalUpgrade`
+    /// feature gate; `None`: the release's default.
+    pub incremental_gate: Option<bool>,
     /// Identity in Events (`reportingInstance`).
     pub instance: String,
     /// Capacity requests to the node autoscaler (`--capacity-requests` and
@@ -731,7 +734,8 @@ fn decide_now(
     overlay: &Overlay,
     now: Timestamp,
 ) -> (Seen, Decision) {
-    let releases = observe::releases(&ctx.stores, ctx.settings.kuberay_version);
+    let releases = observe::releases(&ctx.stores, ctx.settings.kuberay_version)
+        .with_incremental_gate(ctx.settings.incremental_gate);
     let world = World::new(&ctx.stores, overlay, &releases, now);
     let key = (plan.namespace().unwrap_or_default(), plan.name_any());
     let release = releases.for_namespace(&key.0);

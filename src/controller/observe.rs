@@ -21,13 +21,15 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use crate::admission::fit::{OnIndex, Placement, PlanKey};
 use crate::admission::ledger::{self, Candidate};
 use crate::admission::pass::Pass;
+use crate::admission::surge::{self, Surge};
 use crate::admission::{ChangeFacts, Cluster, GateFacts, Inputs, ServiceFacts, Settings};
 use crate::capacity::{ClusterState, PodGroup};
+use crate::kuberay::incremental;
 use crate::kuberay::{
     self, ANNOTATION_KUBERAY_VERSION, KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster,
     RayService, Release, Releases, Verdict,
 };
-use crate::upgradeplan::{Admission, Phase, UpgradePlan};
+use crate::upgradeplan::{Admission, Phase, PlanUpgradeType, UpgradePlan};
 
 use super::gate;
 
@@ -111,13 +113,76 @@ fn pods_by_cluster(
     out
 }
 
-/// The service's spec with the gate forced open: raygate's own `None` must
-/// not hide what KubeRay would do once the gate opens.
-fn with_gate_open(svc: &RayService) -> RayService {
+/// The service's spec with the gate forced open with the plan's strategy:
+/// raygate's own `None` must not hide what KubeRay would do once the gate opens.
+fn with_gate_open(svc: &RayService, t: PlanUpgradeType) -> RayService {
     let mut s = svc.clone();
     let strategy = s.spec.upgrade_strategy.get_or_insert_with(Default::default);
-    strategy.type_ = Some(kuberay::UpgradeType::NewCluster);
+    strategy.type_ = Some(match t {
+        PlanUpgradeType::NewCluster => kuberay::UpgradeType::NewCluster,
+        PlanUpgradeType::NewClusterWithIncrementalUpgrade => {
+            kuberay::UpgradeType::NewClusterWithIncrementalUpgrade
+        }
+    });
     s
+}
+
+/// A plan's incremental options under the release, `None` for `NewCluster`.
+fn incremental_of(
+    plan: &UpgradePlan,
+    svc: &RayService,
+    release: &Release,
+) -> Option<Result<incremental::Options, incremental::Problem>> {
+    (plan.spec.upgrade_type == PlanUpgradeType::NewClusterWithIncrementalUpgrade)
+        .then(|| incremental::validate(svc, &release.version.rules(), release.incremental_gate()))
+}
+
+/// The surge of `svc`'s new cluster next to its active cluster's pods.
+fn surge_of(
+    svc: &RayService,
+    full: &[PodGroup],
+    active: &[&Pod],
+    opts: &incremental::Options,
+    version: KubeRayVersion,
+    limit_ranges: &[LimitRange],
+) -> crate::Result<Surge> {
+    let bounds = incremental::group_bounds(svc, &version.rules());
+    let active = surge::active_groups(active, limit_ranges)?;
+    surge::plan(full, &bounds, &active, opts, limit_ranges)
+}
+
+/// The pods a waiting plan needs to fit: its surge when incremental, else
+/// the whole new cluster.
+fn pods_to_fit(
+    stores: &Stores,
+    plan: &UpgradePlan,
+    svc: &RayService,
+    release: &Release,
+    limit_ranges: &[LimitRange],
+) -> crate::Result<Vec<PodGroup>> {
+    let full = new_cluster_pods(svc, release.version)?;
+    let Some(opts) = incremental_of(plan, svc, release) else {
+        return Ok(full);
+    };
+    let opts = opts.map_err(|p| crate::Error::invalid("RayService", p.to_string()))?;
+    let active = active_pods(stores, svc);
+    let refs: Vec<&Pod> = active.iter().map(|p| p.as_ref()).collect();
+    Ok(surge_of(svc, &full, &refs, &opts, release.version, limit_ranges)?.pods)
+}
+
+/// The pods of the RayService's active cluster.
+fn active_pods(stores: &Stores, svc: &RayService) -> Vec<Arc<Pod>> {
+    let ns = svc.namespace().unwrap_or_default();
+    let Some(active) = status_cluster(
+        svc.status
+            .as_ref()
+            .and_then(|s| s.active_service_status.as_ref()),
+    ) else {
+        return vec![];
+    };
+    pods_by_cluster(stores, &ns, &BTreeSet::from([active.clone()]))
+        .remove(&active)
+        .unwrap_or_default()
 }
 
 /// The pods KubeRay will create for the service's new cluster, named after
@@ -173,6 +238,7 @@ pub fn observe<'a>(
         service: Err(String::new()),
         change: Ok(None),
         verdict: None,
+        incremental: None,
         clusters: BTreeSet::new(),
         pods: BTreeMap::new(),
         pending_ready: false,
@@ -201,6 +267,7 @@ pub fn observe<'a>(
         }
     };
     inp.gate = gate_facts(svc);
+    inp.incremental = incremental_of(plan, svc, release);
     let facts = service_facts(svc);
 
     let clusters = clusters_of(stores, &ns, svc_name);
@@ -237,9 +304,29 @@ pub fn observe<'a>(
                 )),
                 None,
             ),
-            Ok(cluster) => change_against(svc, cluster, version),
+            Ok(cluster) => change_against(svc, cluster, release, plan.spec.upgrade_type),
         },
     };
+    // An incremental upgrade fits its surge next to the active cluster.
+    if let (Ok(Some(change)), Some(Ok(opts))) = (&mut inp.change, &inp.incremental) {
+        let active: Vec<&Pod> = facts
+            .active_cluster
+            .as_ref()
+            .and_then(|a| inp.pods.get(a))
+            .map(|p| p.iter().map(AsRef::as_ref).collect())
+            .unwrap_or_default();
+        match surge_of(
+            svc,
+            &change.new_pods,
+            &active,
+            opts,
+            version,
+            &cluster.rules().limit_ranges,
+        ) {
+            Ok(s) => change.surge = Some(s),
+            Err(e) => inp.change = Err(e.to_string()),
+        }
+    }
     inp.service = Ok(facts);
     inp
 }
@@ -264,8 +351,12 @@ fn gate_facts(svc: &RayService) -> GateFacts {
 fn service_facts(svc: &RayService) -> ServiceFacts {
     let status = svc.status.as_ref();
     let pending = status.and_then(|s| s.pending_service_status.as_ref());
+    let active = status.and_then(|s| s.active_service_status.as_ref());
     ServiceFacts {
-        active_cluster: status_cluster(status.and_then(|s| s.active_service_status.as_ref())),
+        pending_target_capacity: pending.and_then(|p| p.target_capacity),
+        pending_traffic_percent: pending.and_then(|p| p.traffic_routed_percent),
+        active_target_capacity: active.and_then(|a| a.target_capacity),
+        active_cluster: status_cluster(active),
         pending_cluster: status_cluster(pending),
         pending_apps: pending
             .and_then(|p| p.application_statuses.as_ref())
@@ -291,10 +382,22 @@ fn cluster_fingerprint(c: &RayCluster, version: KubeRayVersion) -> Option<String
 fn change_against(
     svc: &RayService,
     cluster: &RayCluster,
-    version: KubeRayVersion,
+    release: &Release,
+    t: PlanUpgradeType,
 ) -> (Result<Option<ChangeFacts>, String>, Option<Verdict>) {
-    let open = with_gate_open(svc);
-    let c = match kuberay::classify(&kuberay::OldSide::RayCluster(cluster), &open, version) {
+    let version = release.version;
+    let open = with_gate_open(svc, t);
+    // The operator's incremental-upgrade gate as raygate was told it.
+    let opts = kuberay::ClassifyOptions {
+        incremental_upgrade_gate: Some(release.incremental_gate()),
+        ..Default::default()
+    };
+    let c = match kuberay::classify_with(
+        &kuberay::OldSide::RayCluster(cluster),
+        &open,
+        version,
+        &opts,
+    ) {
         Ok(c) => c,
         Err(e) => return (Err(e.to_string()), None),
     };
@@ -307,6 +410,7 @@ fn change_against(
                 fingerprint: c.fingerprint.clone(),
                 triggering_paths: c.triggering_paths.clone(),
                 new_pods: pods,
+                surge: None,
             })
         })
         .map_err(|e| e.to_string());
@@ -366,6 +470,26 @@ fn ledger_pods(
             None => vec![],
         };
         let refs: Vec<&Pod> = existing.iter().map(|p| p.as_ref()).collect();
+        if !adm.surge.is_empty() {
+            // An incremental transition holds its surge budget to the end.
+            let Ok(full) = new_cluster_pods(svc, version) else {
+                continue;
+            };
+            let active: Vec<Arc<Pod>> = match &adm.from_cluster {
+                Some(a) => pods_by_cluster(stores, &ns, &BTreeSet::from([a.clone()]))
+                    .remove(a)
+                    .unwrap_or_default(),
+                None => vec![],
+            };
+            let active: Vec<&Pod> = active.iter().map(|p| p.as_ref()).collect();
+            out.extend(surge::held(
+                &full,
+                &adm.surge,
+                &surge::bound_by_group(&active),
+                &surge::bound_by_group(&refs),
+            ));
+            continue;
+        }
         out.extend(ledger::unbound(&planned, &refs));
     }
     out
@@ -402,7 +526,15 @@ fn waiting_plans(
             continue;
         };
         let Ok(svc) = &guard.0 else { continue };
-        let Ok(pods) = new_cluster_pods(svc, releases.for_namespace(&ns).version) else {
+        let limit_ranges: Vec<LimitRange> = stores
+            .limit_ranges
+            .state()
+            .iter()
+            .filter(|l| l.metadata.namespace.as_deref() == Some(ns.as_str()))
+            .map(|l| l.as_ref().clone())
+            .collect();
+        let release = releases.for_namespace(&ns);
+        let Ok(pods) = pods_to_fit(stores, &p, svc, &release, &limit_ranges) else {
             continue;
         };
         q.push(Candidate {
@@ -588,6 +720,99 @@ mod tests {
         }
     }
 
+    /// The sample RayService upgraded incrementally (maxSurge 50 %) next to
+    /// its active cluster `llm-a` of 2 bound workers.
+    fn incremental_stores() -> (Stores, PlanKey) {
+        let mut svc = rayservice();
+        svc.spec.upgrade_strategy = Some(
+            serde_json::from_value(
+                serde_json::json!({"type": "None", "clusterUpgradeOptions": {
+                "maxSurgePercent": 50, "stepSizePercent": 25, "intervalSeconds": 30,
+                "gatewayClassName": "gw"}}),
+            )
+            .unwrap(),
+        );
+        svc.status = Some(
+            serde_json::from_value(
+                serde_json::json!({"activeServiceStatus": {"rayClusterName": "llm-a"}}),
+            )
+            .unwrap(),
+        );
+        let mut plan = waiting_plan(&svc);
+        plan.spec.upgrade_type = PlanUpgradeType::NewClusterWithIncrementalUpgrade;
+        let key = key_of(&plan);
+        let stores = stores(plan, svc);
+        let mut index = stores.capacity.write().unwrap();
+        for i in 0..2 {
+            let pod: crate::capacity::PartialPod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("llm-a-gpu-a100-worker-{i}"), "namespace": "ml-serving",
+                    "labels": {"ray.io/cluster": "llm-a", "ray.io/node-type": "worker",
+                        "ray.io/group": "gpu-a100"}},
+                "spec": {"nodeName": "n1", "containers": [{"name": "ray-worker", "resources": {
+                    "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"}}}]}
+            }))
+            .unwrap();
+            let rec = index.record(&pod);
+            index.apply_pod(rec);
+        }
+        drop(index);
+        (stores, key)
+    }
+
+    fn counts(groups: &[PodGroup]) -> Vec<(String, usize)> {
+        groups
+            .iter()
+            .map(|g| (surge::group_of(&g.template), g.count))
+            .collect()
+    }
+
+    #[test]
+    fn an_incremental_plan_queues_its_surge_and_holds_its_budget_once_admitted() {
+        let (stores, key) = incremental_stores();
+        let now = Timestamp::now();
+        let releases = Releases::default().with_incremental_gate(Some(true));
+        let none = Overlay::new();
+        // minReplicas 2 + ceil(50 % × 2 running) = 3 workers (maxReplicas 4), and the head.
+        let q = waiting_plans(&stores, None, &none, &releases, now);
+        assert_eq!(
+            counts(&q[0].pods),
+            vec![("head".into(), 1), ("gpu-a100".into(), 3)]
+        );
+        // Admitted with that budget: the old cluster's 2 bound workers count
+        // against it, the head and 3 workers are held.
+        let budget = vec![
+            crate::upgradeplan::SurgeBudget {
+                group: "head".into(),
+                pods: 1,
+                shares_active: false,
+            },
+            crate::upgradeplan::SurgeBudget {
+                group: "gpu-a100".into(),
+                pods: 5,
+                shares_active: true,
+            },
+        ];
+        let admitted = Overlay::from([(
+            key,
+            Admission {
+                fingerprint: "f".into(),
+                admitted_time: now,
+                from_cluster: Some("llm-a".into()),
+                to_cluster: None,
+                surge: budget,
+            },
+        )]);
+        let ledger = ledger_pods(&stores, None, &admitted, &releases);
+        assert_eq!(
+            counts(&ledger),
+            vec![("head".into(), 1), ("gpu-a100".into(), 3)]
+        );
+        // The gate off (v1.6 default): the plan is left out of the queue, its
+        // own decision reports the error.
+        let off = Releases::from_stamps([("ml-serving", "v1.6.2")], None);
+        assert!(waiting_plans(&stores, None, &none, &off, now).is_empty());
+    }
+
     #[test]
     fn an_admission_the_cache_has_not_shown_is_in_the_ledger_and_not_in_the_queue() {
         let svc = rayservice();
@@ -608,6 +833,7 @@ mod tests {
                 admitted_time: now,
                 from_cluster: None,
                 to_cluster: None,
+                surge: vec![],
             },
         )]);
         assert!(waiting_plans(&stores, None, &admitted, &version, now).is_empty());

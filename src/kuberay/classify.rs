@@ -249,50 +249,8 @@ fn validate_upgrade(new: &RayService, rules: &Rules, gate: bool) -> Option<Strin
     }
     if *ty == UpgradeType::NewClusterWithIncrementalUpgrade && gate {
         // utils/validation.go ValidateClusterUpgradeOptions.
-        let autoscaling = new
-            .spec
-            .ray_cluster_config
-            .as_ref()
-            .and_then(|c| c.enable_in_tree_autoscaling)
-            .unwrap_or(false);
-        if !autoscaling {
-            return Some(
-                "NewClusterWithIncrementalUpgrade requires enableInTreeAutoscaling: true".into(),
-            );
-        }
-        let Some(opts) = strategy
-            .extra
-            .get("clusterUpgradeOptions")
-            .filter(|o| o.is_object())
-        else {
-            return Some(
-                "NewClusterWithIncrementalUpgrade requires upgradeStrategy.clusterUpgradeOptions"
-                    .into(),
-            );
-        };
-        let int = |k: &str| opts.get(k).and_then(Value::as_i64);
-        let max_surge = int("maxSurgePercent").unwrap_or(100);
-        if !(0..=100).contains(&max_surge) {
-            return Some("clusterUpgradeOptions.maxSurgePercent must be between 0 and 100".into());
-        }
-        match int("stepSizePercent") {
-            Some(s) if (0..=100).contains(&s) && s <= max_surge => {}
-            _ => {
-                return Some(
-                    "clusterUpgradeOptions.stepSizePercent must be set, between 0 and 100 and <= maxSurgePercent"
-                        .into(),
-                );
-            }
-        }
-        if int("intervalSeconds").is_none_or(|i| i <= 0) {
-            return Some("clusterUpgradeOptions.intervalSeconds must be greater than 0".into());
-        }
-        if opts
-            .get("gatewayClassName")
-            .and_then(Value::as_str)
-            .is_none_or(str::is_empty)
-        {
-            return Some("clusterUpgradeOptions.gatewayClassName is required".into());
+        if let Err(p) = super::incremental::validate(new, rules, gate) {
+            return Some(p.to_string());
         }
     }
     None
@@ -1059,6 +1017,39 @@ mod tests {
         );
     }
 
+    /// `stepSizePercent > maxSurgePercent` is rejected by v1.7.0 only (kuberay#4663);
+    /// v1.5.2 and v1.6.2 with the gate on accept it and create the new cluster.
+    #[test]
+    fn step_size_above_max_surge_rejected_from_v1_7() {
+        let over = edit(&edit(&svc(), incremental), |v| {
+            v["spec"]["upgradeStrategy"]["clusterUpgradeOptions"]["stepSizePercent"] = json!(60);
+        });
+        let c = run(&svc(), &over, "1.7");
+        assert!(c.rejected);
+        assert_eq!(c.verdict, Verdict::Held);
+        let why = c.held_reason.unwrap();
+        assert!(
+            why.contains("stepSizePercent 60") && why.contains("maxSurgePercent 50"),
+            "{why}"
+        );
+        let gate_on = ClassifyOptions {
+            incremental_upgrade_gate: Some(true),
+            ..Default::default()
+        };
+        for v in ["1.5.2", "1.6.2"] {
+            let c = classify_with(&OldSide::RayService(&svc()), &over, ver(v), &gate_on).unwrap();
+            assert!(!c.rejected, "{v}");
+            assert_eq!(c.verdict, Verdict::NewCluster, "{v}");
+            assert!(c.incremental, "{v}");
+        }
+        // Out of range is rejected by every release with the type.
+        let out = edit(&over, |v| {
+            v["spec"]["upgradeStrategy"]["clusterUpgradeOptions"]["stepSizePercent"] = json!(101);
+        });
+        let c = classify_with(&OldSide::RayService(&svc()), &out, ver("1.6.2"), &gate_on).unwrap();
+        assert!(c.rejected);
+    }
+
     /// (field, mutation) pairs for the muted-field table.
     type Edit = Box<dyn Fn(&mut Value)>;
 
@@ -1418,7 +1409,11 @@ mod tests {
             c.ignored_paths,
             vec!["workerGroupSpecs[gpu-workers].priority"]
         );
-        assert_eq!(run(&svc(), &new, "1.7").verdict, Verdict::NewCluster);
+        // v1.7.0 knows the field and validates it: a priority needs Ray 2.56 and
+        // autoscaler v2.
+        let c = run(&svc(), &new, "1.7");
+        assert_eq!((c.verdict, c.rejected), (Verdict::Held, true));
+        assert!(c.held_reason.unwrap().contains("priority"));
     }
 
     #[test]

@@ -12,6 +12,7 @@
 
 pub mod classify;
 pub mod diff;
+pub mod incremental;
 pub mod normalize;
 pub mod pods;
 pub mod release;

@@ -96,6 +96,9 @@ pub struct Release {
     pub stamp: Option<Stamp>,
     /// `--kuberay-version`, when given.
     pub flag: Option<KubeRayVersion>,
+    /// `--kuberay-incremental-upgrades`: the operator's `RayServiceIncrementalUpgrade`
+    /// feature gate, when given (it is not in any object raygate can read).
+    pub incremental_gate: Option<bool>,
 }
 
 impl Release {
@@ -106,7 +109,15 @@ impl Release {
             source: ReleaseSource::Flag,
             stamp: None,
             flag: Some(version),
+            incremental_gate: None,
         }
+    }
+
+    /// Whether the operator runs incremental upgrades: the flag, else the release's
+    /// default (off in v1.5–v1.6, on in v1.7).
+    pub fn incremental_gate(&self) -> bool {
+        self.incremental_gate
+            .unwrap_or(self.version.rules().incremental_upgrade_gate_default)
     }
 
     /// `--kuberay-version` names another release than the RayClusters' stamps.
@@ -216,9 +227,16 @@ pub struct Releases {
     by_namespace: HashMap<String, Stamp>,
     newest: Option<Stamp>,
     flag: Option<KubeRayVersion>,
+    incremental_gate: Option<bool>,
 }
 
 impl Releases {
+    /// With the operator's `RayServiceIncrementalUpgrade` feature gate as configured.
+    pub fn with_incremental_gate(mut self, gate: Option<bool>) -> Releases {
+        self.incremental_gate = gate;
+        self
+    }
+
     /// From `(namespace, ray.io/kuberay-version)` of every watched RayCluster; values that
     /// are not versions are skipped.
     pub fn from_stamps<'a>(
@@ -262,6 +280,7 @@ impl Releases {
             source,
             stamp,
             flag: self.flag,
+            incremental_gate: self.incremental_gate,
         }
     }
 }

@@ -171,6 +171,12 @@ pub struct RayServiceStatus {
     pub ray_cluster_name: Option<String>,
     #[serde(default)]
     pub application_statuses: Option<BTreeMap<String, AppStatus>>,
+    /// Serve `target_capacity` (percent) during an incremental upgrade (v1.5+).
+    #[serde(default)]
+    pub target_capacity: Option<i32>,
+    /// Traffic routed to this cluster (percent) during an incremental upgrade (v1.5+).
+    #[serde(default)]
+    pub traffic_routed_percent: Option<i32>,
     #[serde(flatten)]
     pub extra: Extra,
 }

@@ -6,9 +6,12 @@
 //! nothing else runs, so no cluster is created or updated and no Serve config is
 //! submitted, whatever else changed.
 //!
-//! Read at v1.5.0, v1.5.2, v1.6.0 and v1.6.1 (v1.7.0 is taken to be v1.6.1's). Checks that
-//! the differential conformance test (`e2e/tests/conformance.rs`) found missing are marked
-//! with their corpus case.
+//! Read at v1.5.0, v1.5.2, v1.6.0, v1.6.1, v1.6.2 and v1.7.0 (`git diff` of
+//! `utils/validation.go` between the tags: v1.5.0→v1.5.2 adds the `authOptions` check,
+//! v1.6.0→v1.6.2 changes nothing, v1.6.2→v1.7.0 keeps every check below and adds those under
+//! [`Rules::validates_v1_7_cluster_checks`] and `stepSizePercent <= maxSurgePercent`, see
+//! `classify::validate_upgrade`). Checks that the differential conformance test
+//! (`e2e/tests/conformance.rs`) found missing are marked with their corpus case.
 
 use serde_json::Value;
 
@@ -75,6 +78,11 @@ pub fn cluster_spec_error(new: &RayService, cluster: &Value, rules: &Rules) -> O
                 ));
             }
         }
+        if rules.validates_v1_7_cluster_checks
+            && let Some(e) = priority_error(&name, g, cluster, autoscaler_v2_env)
+        {
+            return Some(e);
+        }
         if rules.validates_replica_bounds {
             let min = g.get("minReplicas").and_then(Value::as_i64);
             let max = g.get("maxReplicas").and_then(Value::as_i64);
@@ -138,6 +146,23 @@ pub fn cluster_spec_error(new: &RayService, cluster: &Value, rules: &Rules) -> O
                 "cannot set {what} when GcsFaultToleranceOptions is enabled"
             ));
         }
+        if rules.validates_v1_7_cluster_checks {
+            let opts = cluster
+                .get("gcsFaultToleranceOptions")
+                .unwrap_or(&Value::Null);
+            let backend = opts.get("backend").and_then(Value::as_str).unwrap_or("");
+            if backend == "rocksdb" {
+                return Some(format!(
+                    "the embedded RocksDB GCS fault tolerance backend (gcsFaultToleranceOptions.backend: rocksdb) requires the GCSFaultToleranceEmbeddedStorage feature gate (off by default in {})",
+                    rules.version
+                ));
+            }
+            if opts.get("storage").is_some_and(|v| !v.is_null()) {
+                return Some(
+                    "cannot set gcsFaultToleranceOptions.storage when backend is 'redis' - it only applies to the 'rocksdb' backend".into(),
+                );
+            }
+        }
     }
     // c67-redis-username.
     if start_param("redis-username") || env("REDIS_USERNAME").is_some() {
@@ -161,6 +186,27 @@ pub fn cluster_spec_error(new: &RayService, cluster: &Value, rules: &Rules) -> O
         return Some(format!(
             "autoscalerOptions.idleTimeoutSeconds must be non-negative, got {t}"
         ));
+    }
+    if rules.validates_v1_7_cluster_checks {
+        let start_cmd_env = cluster
+            .pointer("/autoscalerOptions/env")
+            .and_then(Value::as_array)
+            .is_some_and(|env| {
+                env.iter().any(|e| {
+                    e.get("name").and_then(Value::as_str) == Some(AUTOSCALER_START_CMD_ENV)
+                })
+            });
+        if start_cmd_env {
+            return Some(format!(
+                "autoscalerOptions.env must not contain {AUTOSCALER_START_CMD_ENV}: it is managed by KubeRay"
+            ));
+        }
+        if present(cluster, "historyServerOptions") {
+            return Some(format!(
+                "historyServerOptions needs the RayClusterHistoryServer feature gate (off by default in {})",
+                rules.version
+            ));
+        }
     }
     let suspended = groups
         .iter()
@@ -209,6 +255,19 @@ pub fn cluster_spec_error(new: &RayService, cluster: &Value, rules: &Rules) -> O
             Some(_) => {}
         }
     }
+    if rules.validates_v1_7_cluster_checks {
+        for (field, gate) in [
+            ("networkPolicy", "RayClusterNetworkPolicy"),
+            ("tlsOptions", "RayClusterMTLS"),
+        ] {
+            if present(cluster, field) {
+                return Some(format!(
+                    "spec.{field} requires the {gate} feature gate (off by default in {})",
+                    rules.version
+                ));
+            }
+        }
+    }
     if cluster
         .pointer("/headGroupSpec/headService/metadata/name")
         .and_then(Value::as_str)
@@ -231,6 +290,53 @@ pub fn cluster_spec_error(new: &RayService, cluster: &Value, rules: &Rules) -> O
 }
 
 const AUTOSCALER_V2_ENV: &str = "RAY_enable_autoscaler_v2";
+const AUTOSCALER_START_CMD_ENV: &str = "KUBERAY_GEN_AUTOSCALER_START_CMD";
+
+/// A field given with a value (Go: a non-nil pointer).
+fn present(v: &Value, field: &str) -> bool {
+    v.get(field).is_some_and(|f| !f.is_null())
+}
+
+/// v1.7.0 `validateWorkerGroupPriority`: a non-zero `priority` needs Ray 2.56.0 and
+/// autoscaler v2 (by `autoscalerOptions.version` or the head's env var).
+fn priority_error(
+    name: &str,
+    g: &Value,
+    cluster: &Value,
+    autoscaler_v2_env: bool,
+) -> Option<String> {
+    // IsAutoscalingV2Enabled reads autoscalerOptions.version alone (not
+    // enableInTreeAutoscaling).
+    let autoscaler_v2 = cluster
+        .pointer("/autoscalerOptions/version")
+        .and_then(Value::as_str)
+        == Some("v2");
+    let priority = g
+        .get("priority")
+        .and_then(Value::as_i64)
+        .filter(|p| *p != 0)?;
+    let ray_version = cluster
+        .get("rayVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if ray_version.is_empty() {
+        return Some(format!(
+            "worker group {name}: priority is set, but rayVersion is not set (Ray 2.56.0 or later is required)"
+        ));
+    }
+    match generic_version(ray_version) {
+        None => Some(format!(
+            "worker group {name}: priority is set, but rayVersion {ray_version:?} is not a version"
+        )),
+        Some(v) if v < vec![2, 56, 0] => Some(format!(
+            "worker group {name}: priority is set, but the minimum Ray version is 2.56.0, got {ray_version}"
+        )),
+        Some(_) if autoscaler_v2 || autoscaler_v2_env => None,
+        Some(_) => Some(format!(
+            "worker group {name}: priority is set to {priority}, but autoscaler v2 is not enabled"
+        )),
+    }
+}
 const REDIS_ADDRESS_ENV: &str = "RAY_REDIS_ADDRESS";
 const FT_ENABLED_ANNOTATION: &str = "ray.io/ft-enabled";
 
@@ -517,6 +623,57 @@ mod tests {
         let negative = json!({"enableInTreeAutoscaling": true, "autoscalerOptions": {"version": "v2", "idleTimeoutSeconds": -1}});
         assert!(cluster_spec_error(&s, &negative, &rules("1.6.1")).is_some());
         assert!(cluster_spec_error(&s, &negative, &rules("1.5.2")).is_none());
+    }
+
+    #[test]
+    fn v1_7_checks_only_from_v1_7() {
+        let s = svc(json!({}));
+        let err = |c: &Value, v: &str| cluster_spec_error(&s, c, &rules(v));
+        let prio = |ray: &str, v2: bool| {
+            let mut c =
+                json!({"rayVersion": ray, "workerGroupSpecs": [group(json!({"priority": 5}))]});
+            if v2 {
+                c["autoscalerOptions"] = json!({"version": "v2"});
+            }
+            c
+        };
+        assert!(
+            err(&prio("2.56.0", false), "1.7")
+                .unwrap()
+                .contains("autoscaler v2")
+        );
+        assert!(
+            err(&prio("2.50.0", true), "1.7")
+                .unwrap()
+                .contains("2.56.0")
+        );
+        assert!(err(&prio("2.56.0", true), "1.7").is_none());
+        assert!(err(&prio("2.50.0", false), "1.6.2").is_none());
+        let cmd = json!({"autoscalerOptions": {"env": [{"name": "KUBERAY_GEN_AUTOSCALER_START_CMD", "value": "x"}]}});
+        assert!(
+            err(&cmd, "1.7")
+                .unwrap()
+                .contains("KUBERAY_GEN_AUTOSCALER_START_CMD")
+        );
+        assert!(err(&cmd, "1.6.2").is_none());
+        for (field, gate) in [
+            ("networkPolicy", "RayClusterNetworkPolicy"),
+            ("tlsOptions", "RayClusterMTLS"),
+            ("historyServerOptions", "RayClusterHistoryServer"),
+        ] {
+            let c = json!({field: {}});
+            assert!(err(&c, "1.7").unwrap().contains(gate), "{field}");
+            assert!(err(&c, "1.6.2").is_none(), "{field}");
+        }
+        let rocks = json!({"gcsFaultToleranceOptions": {"backend": "rocksdb"}});
+        assert!(
+            err(&rocks, "1.7")
+                .unwrap()
+                .contains("GCSFaultToleranceEmbeddedStorage")
+        );
+        assert!(err(&rocks, "1.6.2").is_none());
+        let storage = json!({"gcsFaultToleranceOptions": {"redisAddress": "r:6379", "storage": {"size": "1Gi"}}});
+        assert!(err(&storage, "1.7").unwrap().contains("storage"));
     }
 
     #[test]

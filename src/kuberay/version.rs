@@ -234,6 +234,11 @@ pub struct Rules {
     /// Default of the `RayServiceIncrementalUpgrade` feature gate
     /// (`pkg/features/features.go`): Alpha/false in v1.5–v1.6, Beta/true in v1.7.0.
     pub incremental_upgrade_gate_default: bool,
+    /// `clusterUpgradeOptions.stepSizePercent > maxSurgePercent` fails validation: v1.7.0+
+    /// (`utils/validation.go` `ValidateClusterUpgradeOptions`, ray-project/kuberay#4663,
+    /// commit fb47c0665 "Directly fail RayService when stepSize is greater than maxSurge");
+    /// v1.5.0–v1.6.2 check only that each lies in 0..=100 and accept it.
+    pub validates_step_size_within_surge: bool,
     /// `shouldPrepareNewCluster` compares against the pending cluster when there is one
     /// (v1.3.0+); v1.1–v1.2 never prepare while a pending cluster exists.
     pub compares_pending_cluster: bool,
@@ -265,6 +270,16 @@ pub struct Rules {
     /// `RayClusterSpec.authOptions` exists (v1.5.2, v1.6.0+; not in v1.5.0) and
     /// `mode: token` requires `rayVersion` >= 2.52.0.
     pub auth_options: bool,
+    /// `utils/validation.go` checks added in v1.7.0 (diffed v1.6.2..v1.7.0; none of them
+    /// exist in v1.5.0–v1.6.2): a worker group `priority` other than 0 needs `rayVersion`
+    /// at least 2.56.0 and autoscaler v2 (`validateWorkerGroupPriority`);
+    /// `autoscalerOptions.env` must not set `KUBERAY_GEN_AUTOSCALER_START_CMD`;
+    /// `networkPolicy`, `tlsOptions`, `historyServerOptions` and the `rocksdb` GCS FT
+    /// backend each need an Alpha feature gate that is off by default
+    /// (`pkg/features/features.go`: `RayClusterNetworkPolicy`, `RayClusterMTLS`,
+    /// `RayClusterHistoryServer`, `GCSFaultToleranceEmbeddedStorage`); the `redis` backend
+    /// rejects `gcsFaultToleranceOptions.storage` (`validateGcsFaultToleranceBackend`).
+    pub validates_v1_7_cluster_checks: bool,
     /// Fields of RayClusterSpec / HeadGroupSpec / WorkerGroupSpec this release's Go types
     /// know (`apis/ray/v1/raycluster_types.go`); others are pruned by the API server and
     /// dropped by Go's unmarshal, so they can never trigger anything.
@@ -465,6 +480,7 @@ impl Rules {
             upgrade_strategy_field: at_least(3, 0),
             upgrade_types,
             incremental_upgrade_gate_default: at_least(7, 0),
+            validates_step_size_within_surge: at_least(7, 0),
             compares_pending_cluster: at_least(3, 0),
             worker_group_suspend: at_least(3, 0),
             desired_includes_num_of_hosts: at_least(4, 0),
@@ -479,6 +495,7 @@ impl Rules {
             validates_idle_timeout: at_least(6, 0),
             job_deletion_policy_gate_default: at_least(6, 0),
             auth_options: at_least(5, 2),
+            validates_v1_7_cluster_checks: at_least(7, 0),
             cluster_fields: if at_least(7, 0) {
                 CLUSTER_1_7
             } else if at_least(6, 0) {
@@ -591,6 +608,13 @@ mod tests {
         assert!(!r("1.5.2").job_deletion_policy_gate_default);
         assert!(r("1.6.1").job_deletion_policy_gate_default);
         assert!(!r("1.5.0").auth_options && r("1.5.2").auth_options);
+        for old in ["1.5.0", "1.5.2", "1.6.0", "1.6.2"] {
+            assert!(!r(old).validates_step_size_within_surge, "{old}");
+            assert!(!r(old).validates_v1_7_cluster_checks, "{old}");
+        }
+        assert!(
+            r("1.7").validates_step_size_within_surge && r("1.7").validates_v1_7_cluster_checks
+        );
         let json = serde_json::to_value(r("1.7")).unwrap();
         assert_eq!(json["version"], "v1.7.0");
         assert_eq!(json["muted"][0], "workerReplicas");
