@@ -33,6 +33,8 @@ pub mod demand;
 pub mod select;
 pub mod view;
 
+#[cfg(test)]
+mod fit_tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 
