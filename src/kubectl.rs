@@ -1095,7 +1095,11 @@ async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutcome> {
             ),
         ));
     }
-    let state = live_state(&client).await?;
+    let mut state = live_state(&client).await?;
+    state
+        .dra
+        .plain_count
+        .extend(args.dra_plain_count_class.iter().cloned());
     let reserved = reservations(&plans, &name);
     if !reserved.is_empty() {
         notes.push((
@@ -1185,14 +1189,55 @@ async fn live_state(client: &Client) -> Result<ClusterState> {
         .list(&ListParams::default())
         .await?
         .items;
+    let (dra, warnings) = live_dra(client).await;
     Ok(ClusterState {
         nodes,
         pods,
         limit_ranges,
         runtime_classes,
         strings,
-        ..Default::default()
+        dra,
+        warnings,
     })
+}
+
+/// The cluster's resource.k8s.io/v1 objects; a kind that cannot be listed (an older
+/// cluster, no RBAC) is left out with a warning: its devices then count as absent.
+async fn live_dra(client: &Client) -> (crate::capacity::dra::DraState, Vec<String>) {
+    use k8s_openapi::api::resource::v1::{
+        DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+    };
+    let mut dra = crate::capacity::dra::DraState::default();
+    let mut warnings = Vec::new();
+    let lp = ListParams::default();
+    match Api::<ResourceSlice>::all(client.clone()).list(&lp).await {
+        Ok(l) => l.items.iter().for_each(|o| {
+            dra.apply_slice(o);
+        }),
+        Err(e) => warnings.push(format!("resourceslices not read: {e}")),
+    }
+    match Api::<DeviceClass>::all(client.clone()).list(&lp).await {
+        Ok(l) => l.items.iter().for_each(|o| {
+            dra.apply_class(o);
+        }),
+        Err(e) => warnings.push(format!("deviceclasses not read: {e}")),
+    }
+    match Api::<ResourceClaim>::all(client.clone()).list(&lp).await {
+        Ok(l) => l.items.iter().for_each(|o| {
+            dra.apply_claim(o);
+        }),
+        Err(e) => warnings.push(format!("resourceclaims not read: {e}")),
+    }
+    match Api::<ResourceClaimTemplate>::all(client.clone())
+        .list(&lp)
+        .await
+    {
+        Ok(l) => l.items.iter().for_each(|o| {
+            dra.apply_template(o);
+        }),
+        Err(e) => warnings.push(format!("resourceclaimtemplates not read: {e}")),
+    }
+    (dra, warnings)
 }
 
 /// Adds a page of listed pods as records; the token of the next page, if any.

@@ -121,6 +121,19 @@ struct RunArgs {
     /// can run and only one acts.
     #[arg(long, env = "RAYGATE_LEADER_ELECT", default_value_t = false, action = clap::ArgAction::Set)]
     leader_elect: bool,
+    /// DeviceClass whose devices count as plain units (repeat or comma-separate). raygate
+    /// refuses to guess where it cannot follow the scheduler's DRA allocator exactly (a CEL
+    /// selector it cannot evaluate, partitionable devices, consumable capacity, device
+    /// taints) and holds the upgrade, saying so; for these classes every device a class
+    /// matches counts as one unit instead: selectors that cannot be evaluated match, and
+    /// taints, counters and capacity are ignored.
+    #[arg(
+        long,
+        env = "RAYGATE_DRA_PLAIN_COUNT_CLASS",
+        value_delimiter = ',',
+        value_name = "CLASS"
+    )]
+    dra_plain_count_class: Vec<String>,
     /// Namespace of the leader-election Lease (default: POD_NAMESPACE or "default").
     #[arg(long, env = "RAYGATE_LEASE_NAMESPACE")]
     lease_namespace: Option<String>,
@@ -415,6 +428,7 @@ async fn run(args: RunArgs) -> Result<()> {
             )?,
             max_open: args.max_open_capacity_requests,
         },
+        dra_plain_count: args.dra_plain_count_class.clone(),
     };
     let lease_namespace = args
         .lease_namespace

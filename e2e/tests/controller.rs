@@ -1096,3 +1096,89 @@ async fn the_apiserver_refuses_status_values_raygate_could_not_read() {
         }
     }
 }
+
+/// `kubectl create -f` of a List of `items`.
+fn kubectl_create(e: &Env, items: Vec<Value>) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("objects.json");
+    std::fs::write(
+        &file,
+        serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "List", "items": items}))?,
+    )?;
+    e.cp.kubectl_ok(&["create", "-f", &file.to_string_lossy()])?;
+    Ok(())
+}
+
+/// A node's 8 GPUs published in a ResourceSlice, as a DRA driver's kubelet plugin does.
+fn gpu_slice(node: &str) -> Value {
+    let devices: Vec<Value> = (0..8)
+        .map(|i| json!({"name": format!("gpu-{i}"), "attributes": {"index": {"int": i}}}))
+        .collect();
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": node},
+        "spec": {"driver": "gpu.example.com", "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices}})
+}
+
+/// Dynamic Resource Allocation: the nodes publish their GPUs in ResourceSlices, not in
+/// allocatable, and a DeviceClass maps `nvidia.com/gpu` to them (DRAExtendedResource, on by
+/// default in v1.36). The running cluster holds 6 of the one node's 8 devices (through the
+/// claim the scheduler made for its worker); the upgrade's 6 more are held, with the
+/// shortfall in `nvidia.com/gpu`, and no pod is left Unschedulable. A second node alone
+/// changes nothing (no devices); once its ResourceSlice appears the upgrade is admitted
+/// and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_on_dra_gpus_waits_until_a_node_publishes_its_devices() {
+    let e = env(&[]).await;
+    add_node(&e.client, "dra-0", 0).await;
+    or_panic(kubectl_create(
+        &e,
+        vec![
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                "metadata": {"name": "gpu"},
+                "spec": {"selectors": [{"cel": {"expression": "device.driver == \"gpu.example.com\""}}],
+                    "extendedResourceName": "nvidia.com/gpu"}}),
+            gpu_slice("dra-0"),
+        ],
+    ));
+    or_panic(service_with_plan(&e, "llm", 1, 6, json!({})).await);
+    or_panic(bump_worker(&e, "llm", "rayproject/ray:2.10.0-gpu", None).await);
+    let p = or_panic(wait_phase(&e, "llm", "WaitingForCapacity").await);
+    let cap = &p["status"]["capacity"];
+    assert_eq!(
+        str_at(cap, &["shortfall", "nvidia.com/gpu"]),
+        "4",
+        "6 needed, 2 of the DRA node's devices free: {cap}"
+    );
+    assert_eq!(str_at(cap, &["gpusFree"]), "2", "{cap}");
+
+    // A node without a ResourceSlice has no GPUs: still held.
+    add_node(&e.client, "dra-1", 0).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let p = or_panic(get(&plan_api(&e.client, &e.ns), "llm").await);
+    assert_eq!(phase(&p), "WaitingForCapacity", "{}", describe(&p));
+    assert_eq!(or_panic(cluster_names(&e).await).len(), 1);
+    assert_eq!(or_panic(gate(&e, "llm").await), "None");
+    let pods: Api<DynamicObject> = Api::namespaced_with(
+        e.client.clone(),
+        &e.ns,
+        &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods"),
+    );
+    let listed = or_panic(
+        pods.list(&ListParams::default())
+            .await
+            .map_err(anyhow::Error::from),
+    );
+    for pod in &listed.items {
+        let v = serde_json::to_value(pod).unwrap_or_default();
+        let unschedulable = arr_at(&v, &["status", "conditions"]).iter().any(|c| {
+            str_at(c, &["type"]) == "PodScheduled" && str_at(c, &["reason"]) == "Unschedulable"
+        });
+        assert!(!unschedulable, "pod left Unschedulable: {v}");
+    }
+
+    // Its devices are published: the upgrade goes ahead.
+    or_panic(kubectl_create(&e, vec![gpu_slice("dra-1")]));
+    or_panic(wait_phase(&e, "llm", "Completed").await);
+}

@@ -1154,6 +1154,19 @@ fn check_rbac(cp: &ControlPlane, ns: &str, sa: &str) -> Result<()> {
         &["list", "limitranges", "--all-namespaces"],
         &["list", "runtimeclasses.node.k8s.io"],
         &["watch", "runtimeclasses.node.k8s.io"],
+        &["list", "resourceslices.resource.k8s.io"],
+        &["watch", "resourceslices.resource.k8s.io"],
+        &["watch", "deviceclasses.resource.k8s.io"],
+        &[
+            "watch",
+            "resourceclaims.resource.k8s.io",
+            "--all-namespaces",
+        ],
+        &[
+            "watch",
+            "resourceclaimtemplates.resource.k8s.io",
+            "--all-namespaces",
+        ],
         &["watch", "upgradeplans.raygate.io", "--all-namespaces"],
         &["patch", "upgradeplans.raygate.io", "-n", "ml-serving"],
         &[
@@ -1302,6 +1315,12 @@ fn check_namespaced_rbac(cp: &ControlPlane, ns: &str, sa: &str) -> Result<()> {
         vec!["list", "nodes"],
         vec!["watch", "nodes"],
         vec!["watch", "runtimeclasses.node.k8s.io"],
+        vec!["watch", "resourceslices.resource.k8s.io"],
+        vec![
+            "watch",
+            "resourceclaims.resource.k8s.io",
+            "--all-namespaces",
+        ],
         vec!["create", "tokenreviews.authentication.k8s.io"],
         vec!["create", "subjectaccessreviews.authorization.k8s.io"],
         vec!["patch", "leases.coordination.k8s.io", "-n", ns],

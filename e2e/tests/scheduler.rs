@@ -19,8 +19,15 @@
 //! pod-level resize also needs the node to declare `InPlacePodLevelResourcesVerticalScaling`
 //! in `status.declaredFeatures` (the `NodeDeclaredFeatures` admission plugin, beta in v1.36).
 //!
+//! Dynamic Resource Allocation (ResourceSlices, DeviceClasses, claims, `nvidia.com/gpu` mapped
+//! to devices) has its own cases, run at the same time on the same control plane: see
+//! `scheduler_dra/mod.rs`.
+//!
 //! Run: `e2e/setup`, `cargo build -p raygate`, then `cargo test -p raygate-e2e --test scheduler`
 //! (about 1.5 min on 2 cores).
+
+#[path = "scheduler_dra/mod.rs"]
+mod dra;
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Node;
@@ -742,7 +749,16 @@ async fn body(cp: &ControlPlane) -> Result<()> {
 async fn raygate_fit_agrees_with_the_real_scheduler() {
     let cp = ControlPlane::start()
         .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));
-    if let Err(e) = body(&cp).await {
-        panic!("{e:#}");
+    let bin = raygate_e2e::workspace_bin("raygate").expect(
+        "raygate binary not found next to the test executable: run `cargo build -p raygate` first",
+    );
+    // The DRA cases run at the same time, on their own nodes and namespace.
+    let (plain, dra) = tokio::join!(body(&cp), dra::body(&cp, &bin));
+    let problems: Vec<String> = [plain, dra]
+        .into_iter()
+        .filter_map(|r| r.err().map(|e| format!("{e:#}")))
+        .collect();
+    if !problems.is_empty() {
+        panic!("{}", problems.join("\n"));
     }
 }

@@ -40,6 +40,7 @@ use super::{
     CPU, MEMORY, PODS, ResourceList, from_scheduler_units, is_accelerator, scheduler_units, sum,
 };
 use crate::capacity::ClusterState;
+use crate::capacity::dra::{self, DraView, PodDemand, Undecided, alloc::NodeRequest};
 use crate::capacity::group::PodGroup;
 
 /// What to fit.
@@ -102,6 +103,11 @@ pub(crate) struct Entry<'a> {
     dominant: usize,
     /// (accelerators, cpu, memory), compared descending.
     size: (i128, i128, i128),
+    /// What the pod asks of DRA; `None` on a cluster without DRA or a pod asking nothing.
+    dra: Option<Rc<PodDemand>>,
+    /// Devices its claims ask, per class (`deviceclass.resource.kubernetes.io/<class>`),
+    /// counted in the totals and the shortfall only.
+    devices: Vec<(usize, i128)>,
 }
 
 fn pod_key(pod: &Pod) -> String {
@@ -160,6 +166,8 @@ fn entry<'a>(
         req,
         dominant,
         size,
+        dra: None,
+        devices: Vec::new(),
     })
 }
 
@@ -399,8 +407,10 @@ pub(crate) struct Placer<'c, 'a> {
     /// Per placement signature, computed (or found in the index's cache)
     /// on first use.
     statics: HashMap<String, Arc<Statics>>,
-    /// (node, request) of every pod placed, in order.
-    placed: Vec<(usize, Units)>,
+    /// Every pod placed, in order.
+    placed: Vec<Placed>,
+    /// Devices on the usable nodes, when the cluster has DRA objects.
+    dra: Option<DraRun<'a>>,
     /// Keys handed out, for `name#2` on duplicates.
     seen: HashMap<String, usize>,
     seen_log: Vec<String>,
@@ -419,6 +429,7 @@ impl<'c, 'a> Placer<'c, 'a> {
             allocatable: cap.rows.total_allocatable(),
             free: Overlay::new(&cap.rows),
             statics: HashMap::new(),
+            dra: cap.dra.map(|state| DraRun::new(state, cap)),
             placed: Vec::new(),
             seen: HashMap::new(),
             seen_log: Vec::new(),
@@ -435,7 +446,8 @@ impl<'c, 'a> Placer<'c, 'a> {
     ) -> crate::Result<Vec<Entry<'g>>> {
         let mut out = Vec::new();
         for g in groups {
-            if let Some(e) = group_entry(g, reserved, rules, &mut self.names, bound)? {
+            if let Some(mut e) = group_entry(g, reserved, rules, &mut self.names, bound)? {
+                self.demand(&mut e, rules)?;
                 out.push(e);
             }
         }
@@ -472,7 +484,7 @@ impl<'c, 'a> Placer<'c, 'a> {
         let mut t = Amounts::new();
         for e in entries {
             let n = e.keys.len() as i128;
-            for &(r, u) in &e.req {
+            for &(r, u) in e.req.iter().chain(&e.devices) {
                 add_amount(&mut t, r, u.saturating_mul(n));
             }
         }
@@ -489,12 +501,18 @@ impl<'c, 'a> Placer<'c, 'a> {
     /// Gives back what was placed (and the keys handed out) since `m`.
     pub(crate) fn undo(&mut self, m: Mark) {
         while self.placed.len() > m.placed {
-            let Some((n, req)) = self.placed.pop() else {
+            let Some(p) = self.placed.pop() else {
                 break;
             };
-            for &(r, u) in req.iter() {
-                self.free.add(n, r, u);
+            for &(r, u) in p.units.iter() {
+                self.free.add(p.node, r, u);
                 add_amount(&mut self.cluster_free, r, u);
+            }
+            for &(r, u) in &p.cluster_only {
+                add_amount(&mut self.cluster_free, r, u);
+            }
+            if let Some(d) = self.dra.as_mut() {
+                d.release(p.node, &p.devices);
             }
         }
         while self.seen_log.len() > m.keys {
@@ -537,9 +555,26 @@ impl<'c, 'a> Placer<'c, 'a> {
         let req: Units = e.req.clone().into();
         let mut last: Option<usize> = None;
         for (k, key) in e.keys.iter().enumerate() {
-            let chosen = match last.filter(|&n| self.fits(e, n)) {
-                Some(n) => Some(n),
-                None => self.best_node(e, &statics.feasible),
+            let chosen = match last.map(|n| self.fits(e, n).map(|d| d.map(|d| (n, d)))) {
+                Some(Ok(Some(c))) => Ok(Some(c)),
+                Some(Err(u)) => Err(u),
+                _ => self.best_node(e, &statics.feasible),
+            };
+            let chosen = match chosen {
+                Ok(c) => c,
+                Err(u) => {
+                    let reason = undecided_reason(&u);
+                    unplaced.extend(e.keys[k..].iter().map(|key| Unplaced {
+                        pod: key.clone(),
+                        reason: reason.clone(),
+                        reserved: e.reserved,
+                    }));
+                    return;
+                }
+            };
+            let (chosen, devices) = match chosen {
+                Some((n, d)) => (Some(n), d),
+                None => (None, Vec::new()),
             };
             if let Some(reason) = self.failure(e, chosen, &statics, headroom) {
                 unplaced.extend(e.keys[k..].iter().map(|key| Unplaced {
@@ -550,7 +585,7 @@ impl<'c, 'a> Placer<'c, 'a> {
                 return;
             }
             let Some(n) = chosen else { return };
-            self.take(n, &req);
+            self.take(e, n, &req, devices);
             placements.push((key.clone(), node_name(self.cap.nodes[n]).to_string()));
             last = Some(n);
         }
@@ -579,32 +614,64 @@ impl<'c, 'a> Placer<'c, 'a> {
         s
     }
 
-    /// Whether node `n` has room for one copy of `e` now.
-    fn fits(&self, e: &Entry<'_>, n: usize) -> bool {
+    /// Whether node `n` has room for one copy of `e` now: `Some(devices it takes)`.
+    fn fits(&mut self, e: &Entry<'_>, n: usize) -> Result<Option<Vec<usize>>, Undecided> {
+        if !self.rows_fit(e, n) {
+            return Ok(None);
+        }
+        match (&e.dra, self.dra.as_mut()) {
+            (Some(d), Some(run)) => run.allocate(d, n, &self.cap.rows, &self.names),
+            _ => Ok(Some(Vec::new())),
+        }
+    }
+
+    /// The node's rows have room for `e`; an extended resource a DeviceClass maps does not
+    /// count where the node's allocatable has none of it (DRA serves it there).
+    fn rows_fit(&self, e: &Entry<'_>, n: usize) -> bool {
         let f = self.free.get(n);
-        e.req.iter().all(|&(r, u)| amount(f, r) >= u)
+        e.req
+            .iter()
+            .all(|&(r, u)| amount(f, r) >= u || self.served_by_dra(e, n, r))
+    }
+
+    fn served_by_dra(&self, e: &Entry<'_>, n: usize, r: usize) -> bool {
+        let Some(d) = &e.dra else { return false };
+        amount(self.cap.rows.allocatable(n), r) == 0
+            && self
+                .names
+                .names
+                .get(r)
+                .is_some_and(|name| d.mapped.iter().any(|(m, _, _)| m == name))
     }
 
     /// Best fit: the feasible node that leaves the least of the dominant
-    /// resource, first by name on ties.
-    fn best_node(&self, e: &Entry<'_>, feasible: &[usize]) -> Option<usize> {
+    /// resource, first by name on ties. On a node where DRA serves the dominant resource,
+    /// its leftover is the devices left.
+    fn best_node(
+        &mut self,
+        e: &Entry<'_>,
+        feasible: &[usize],
+    ) -> Result<Option<(usize, Vec<usize>)>, Undecided> {
         let dom_req = e
             .req
             .iter()
             .find(|(r, _)| *r == e.dominant)
             .map_or(0, |x| x.1);
-        let mut best: Option<(i128, usize)> = None;
+        let mut best: Option<(i128, usize, Vec<usize>)> = None;
         for &n in feasible {
-            let f = self.free.get(n);
-            if !e.req.iter().all(|&(r, u)| amount(f, r) >= u) {
+            let Some(devices) = self.fits(e, n)? else {
                 continue;
-            }
-            let left = amount(f, e.dominant) - dom_req;
-            if best.is_none_or(|(b, _)| left < b) {
-                best = Some((left, n));
+            };
+            let left = if self.served_by_dra(e, n, e.dominant) {
+                self.dra.as_ref().map_or(0, |d| d.free_devices(n)) - dom_req
+            } else {
+                amount(self.free.get(n), e.dominant) - dom_req
+            };
+            if best.as_ref().is_none_or(|(b, _, _)| left < *b) {
+                best = Some((left, n, devices));
             }
         }
-        best.map(|(_, n)| n)
+        Ok(best.map(|(_, n, d)| (n, d)))
     }
 
     /// Why a copy of `e` cannot go to `chosen`, if it cannot: no node took
@@ -623,6 +690,7 @@ impl<'c, 'a> Placer<'c, 'a> {
                 &self.free,
                 &self.names,
                 &self.cap.skipped,
+                &|n| self.rows_fit(e, n),
             )),
             Some(_) if !e.reserved => {
                 headroom_violation(e, &self.cluster_free, headroom, &self.names)
@@ -631,13 +699,73 @@ impl<'c, 'a> Placer<'c, 'a> {
         }
     }
 
-    /// Takes one copy's request from node `n`, in the undo log.
-    fn take(&mut self, n: usize, req: &Units) {
-        for &(r, u) in req.iter() {
+    /// Takes one copy's request (and `devices`) from node `n`, in the undo log. Extended
+    /// resources DRA serves on `n` leave the node's row alone but count cluster-wide.
+    fn take(&mut self, e: &Entry<'_>, n: usize, req: &Units, devices: Vec<usize>) {
+        let mut cluster_only: Vec<(usize, i128)> = e.devices.clone();
+        let units: Units =
+            if e.dra.is_some() && req.iter().any(|&(r, _)| self.served_by_dra(e, n, r)) {
+                let (dra, rows): (Vec<_>, Vec<_>) = req
+                    .iter()
+                    .copied()
+                    .partition(|&(r, _)| self.served_by_dra(e, n, r));
+                cluster_only.extend(dra);
+                rows.into()
+            } else {
+                req.clone()
+            };
+        for &(r, u) in units.iter() {
             self.free.add(n, r, -u);
             add_amount(&mut self.cluster_free, r, -u);
         }
-        self.placed.push((n, req.clone()));
+        for &(r, u) in &cluster_only {
+            add_amount(&mut self.cluster_free, r, -u);
+        }
+        if let Some(d) = self.dra.as_mut() {
+            d.hold(n, &devices);
+        }
+        self.placed.push(Placed {
+            node: n,
+            units,
+            cluster_only,
+            devices,
+        });
+    }
+
+    /// Resolves `e`'s DRA demand, and credits the totals with the devices of the classes
+    /// it names (once per class).
+    fn demand(&mut self, e: &mut Entry<'_>, rules: &ClusterState) -> crate::Result<()> {
+        let Some(run) = self.dra.as_mut() else {
+            return Ok(());
+        };
+        // Only extended resources map to devices: overhead (cpu, memory) cannot.
+        let req: ResourceList = pod_requests_borrowed(e.pod, &rules.limit_ranges)?
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let d = dra::pod_demand(e.pod, &req, run.view.state);
+        if d.is_empty() {
+            return Ok(());
+        }
+        for r in &d.claims {
+            if let Some(x) = r.alternatives.first() {
+                let id = self
+                    .names
+                    .id(&format!("{}{}", dra::IMPLICIT_PREFIX, x.class));
+                if let dra::Mode::Count(k) = x.mode {
+                    add_amount_pair(&mut e.devices, id, i128::from(k));
+                    e.size.0 = e.size.0.saturating_add(i128::from(k));
+                }
+            }
+        }
+        let credit = run.credit(&d, &self.cap.rows, &mut self.names);
+        for (id, total, free, now) in credit {
+            add_amount(&mut self.allocatable, id, total);
+            add_amount(&mut self.free_before, id, free);
+            add_amount(&mut self.cluster_free, id, now);
+        }
+        e.dra = Some(Rc::new(d));
+        Ok(())
     }
 
     /// The answer for `new` placed after reservations totalling `reserved`.
@@ -652,8 +780,12 @@ impl<'c, 'a> Placer<'c, 'a> {
     ) -> FitReport {
         let width = self.names.names.len();
         let new_total = Self::total(new);
-        let headroom_kept =
-            (0..width).all(|r| amount(&self.cluster_free, r) >= amount(headroom, r));
+        // Only where there is a headroom: a device class's free count is an estimate (a
+        // `firstAvailable` request counts its first alternative) and may go below zero.
+        let headroom_kept = (0..width).all(|r| {
+            let h = amount(headroom, r);
+            h <= 0 || amount(&self.cluster_free, r) >= h
+        });
         let mut shortfall = Amounts::new();
         for r in 0..width {
             let need = amount(&new_total, r)
@@ -684,14 +816,20 @@ impl<'c, 'a> Placer<'c, 'a> {
 
 /// Why no node took the pod, as the scheduler's aggregated message. Nodes
 /// are counted per reason id and per resource first; the message's strings
-/// are made once per reason, not once per node.
+/// are made once per reason, not once per node. A node whose rows fit
+/// (`rows_fit`) failed on DRA devices.
 fn explain(
     e: &Entry<'_>,
     statics: &Statics,
     free: &Overlay<'_>,
     names: &Names,
     skipped: &[SkippedNode],
+    rows_fit: &dyn Fn(usize) -> bool,
 ) -> String {
+    if let Some(why) = e.dra.as_ref().and_then(|d| d.impossible.as_ref()) {
+        return why.clone();
+    }
+    let mut devices = 0usize;
     let (verdicts, reason_text) = (&statics.verdicts, &statics.reasons);
     let mut by_reason = vec![0usize; reason_text.len()];
     let mut by_resource = vec![0usize; names.names.len()];
@@ -700,6 +838,10 @@ fn explain(
             if let Some(c) = by_reason.get_mut(*id) {
                 *c += 1;
             }
+            continue;
+        }
+        if rows_fit(n) {
+            devices += 1;
             continue;
         }
         let f = free.get(n);
@@ -720,6 +862,7 @@ fn explain(
     for s in skipped {
         bump(s.scheduler_reason.to_string(), 1);
     }
+    bump(REASON_DEVICES.to_string(), devices);
     for (text, &k) in reason_text.iter().zip(&by_reason) {
         bump(text.clone(), k);
     }
@@ -731,6 +874,206 @@ fn explain(
         }
     }
     aggregate_message(verdicts.len() + skipped.len(), &reasons)
+}
+
+/// The scheduler's words for a node whose devices cannot satisfy the pod's claims.
+pub const REASON_DEVICES: &str = "cannot allocate all claims";
+
+/// The reason of a pod raygate cannot place because it cannot decide its devices.
+fn undecided_reason(u: &Undecided) -> String {
+    format!(
+        "raygate cannot decide its DRA devices exactly: {u} (--dra-plain-count-class CLASS \
+         counts a class's devices as plain units)"
+    )
+}
+
+fn add_amount_pair(v: &mut Vec<(usize, i128)>, id: usize, x: i128) {
+    match v.iter_mut().find(|(r, _)| *r == id) {
+        Some(p) => p.1 = p.1.saturating_add(x),
+        None => v.push((id, x)),
+    }
+}
+
+/// One pod placed, for the undo log.
+struct Placed {
+    node: usize,
+    /// Taken from the node's row and cluster-wide.
+    units: Units,
+    /// Taken cluster-wide only: devices, and extended resources DRA served.
+    cluster_only: Vec<(usize, i128)>,
+    /// Devices held on the node.
+    devices: Vec<usize>,
+}
+
+/// The devices of the usable nodes while placing: which are held, by the cluster's claims
+/// and by pods placed so far.
+pub(crate) struct DraRun<'a> {
+    view: DraView<'a>,
+    /// Per usable node: its name, whether a pool is incomplete, and device busy flags.
+    nodes: Vec<(&'a str, bool, Vec<bool>)>,
+    /// Totals already credited, by resource name.
+    credited: std::collections::HashSet<String>,
+}
+
+impl<'a> DraRun<'a> {
+    fn new(state: &'a dra::DraState, cap: &Capacity<'a>) -> DraRun<'a> {
+        let view = DraView::new(state);
+        let nodes = cap
+            .nodes
+            .iter()
+            .map(|&node| {
+                let name: &'a str = node_name(node);
+                match view.nodes.get(name) {
+                    Some(d) => (name, d.incomplete, d.used.clone()),
+                    None => (name, false, Vec::new()),
+                }
+            })
+            .collect();
+        DraRun {
+            view,
+            nodes,
+            credited: Default::default(),
+        }
+    }
+
+    fn free_devices(&self, n: usize) -> i128 {
+        self.nodes.get(n).map_or(0, |(_, _, used)| {
+            used.iter().filter(|u| !**u).count() as i128
+        })
+    }
+
+    fn hold(&mut self, n: usize, devices: &[usize]) {
+        if let Some((_, _, used)) = self.nodes.get_mut(n) {
+            for &d in devices {
+                if let Some(u) = used.get_mut(d) {
+                    *u = true;
+                }
+            }
+        }
+    }
+
+    fn release(&mut self, n: usize, devices: &[usize]) {
+        if let Some((_, _, used)) = self.nodes.get_mut(n) {
+            for &d in devices {
+                if let Some(u) = used.get_mut(d) {
+                    *u = false;
+                }
+            }
+        }
+    }
+
+    /// The requests of `d` on node `n` and the devices they would take.
+    fn allocate(
+        &mut self,
+        d: &PodDemand,
+        n: usize,
+        rows: &super::node::Rows,
+        names: &Names,
+    ) -> Result<Option<Vec<usize>>, Undecided> {
+        if let Some(u) = &d.undecided {
+            return Err(u.clone());
+        }
+        if d.impossible.is_some() {
+            return Ok(None);
+        }
+        let Some((node, incomplete, _)) = self.nodes.get(n) else {
+            return Ok(None);
+        };
+        let (node, incomplete) = (*node, *incomplete);
+        let mut reqs = Vec::with_capacity(d.claims.len() + d.mapped.len());
+        for r in &d.claims {
+            let mut alternatives = Vec::with_capacity(r.alternatives.len());
+            for x in &r.alternatives {
+                alternatives.push((x.mode, self.view.candidates(node, x)?));
+            }
+            reqs.push(NodeRequest { alternatives });
+        }
+        for (resource, count, class) in &d.mapped {
+            let on_node = names
+                .get(resource)
+                .is_some_and(|r| amount(rows.allocatable(n), r) > 0);
+            if on_node {
+                continue; // a device plugin serves it here
+            }
+            let x = dra::Exact {
+                class: class.clone(),
+                selectors: Vec::new(),
+                mode: dra::Mode::Count(*count),
+                unmodeled: None,
+            };
+            let c = self.view.candidates(node, &x)?;
+            reqs.push(NodeRequest {
+                alternatives: vec![(x.mode, c)],
+            });
+        }
+        let used = self.nodes.get(n).map(|x| x.2.as_slice()).unwrap_or(&[]);
+        dra::allocate(used, incomplete, &reqs)
+    }
+
+    /// Totals to credit for the classes `d` names, once each: (resource id, allocatable,
+    /// free before, free now). A class's own total is its matching devices on every usable
+    /// node; an extended resource it maps counts them where the node's allocatable has none.
+    fn credit(
+        &mut self,
+        d: &PodDemand,
+        rows: &super::node::Rows,
+        names: &mut Names,
+    ) -> Vec<(usize, i128, i128, i128)> {
+        let mut wanted: Vec<(String, String, Option<String>)> = Vec::new();
+        for r in &d.claims {
+            for x in &r.alternatives {
+                wanted.push((
+                    format!("{}{}", dra::IMPLICIT_PREFIX, x.class),
+                    x.class.clone(),
+                    None,
+                ));
+            }
+        }
+        for (resource, _, class) in &d.mapped {
+            wanted.push((resource.clone(), class.clone(), Some(resource.clone())));
+        }
+        let mut out = Vec::new();
+        for (name, class, mapped) in wanted {
+            if !self.credited.insert(name.clone()) {
+                continue;
+            }
+            let x = dra::Exact {
+                class,
+                selectors: Vec::new(),
+                mode: dra::Mode::Count(1),
+                unmodeled: None,
+            };
+            let id = names.id(&name);
+            let (mut total, mut free, mut now) = (0i128, 0i128, 0i128);
+            for n in 0..self.nodes.len() {
+                let node = self.nodes[n].0;
+                if mapped.is_some() && amount(rows.allocatable(n), id) > 0 {
+                    continue;
+                }
+                let Ok(c) = self.view.candidates(node, &x) else {
+                    continue;
+                };
+                let base = self
+                    .view
+                    .nodes
+                    .get(node)
+                    .map(|d| d.used.as_slice())
+                    .unwrap_or(&[]);
+                let busy = &self.nodes[n].2;
+                total += c.len() as i128;
+                free += c
+                    .iter()
+                    .filter(|&&i| !base.get(i).copied().unwrap_or(true))
+                    .count() as i128;
+                now += c
+                    .iter()
+                    .filter(|&&i| !busy.get(i).copied().unwrap_or(true))
+                    .count() as i128;
+            }
+            out.push((id, total, free, now));
+        }
+        out
+    }
 }
 
 /// A reason if placing `e` would take cluster-wide free below headroom.

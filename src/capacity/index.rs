@@ -106,6 +106,8 @@ pub struct CapacityIndex {
     /// (namespace, `ray.io/cluster`) → keys of its pods.
     by_cluster: HashMap<ClusterKey, HashSet<Box<str>>>,
     generation: u64,
+    /// ResourceSlices, DeviceClasses, ResourceClaims and ResourceClaimTemplates.
+    dra: super::dra::DraState,
     pod_epoch: u32,
     node_epoch: u32,
 }
@@ -402,6 +404,30 @@ impl CapacityIndex {
         self.skipped = skipped;
     }
 
+    /// The DRA objects the fit reads.
+    pub fn dra(&self) -> &super::dra::DraState {
+        &self.dra
+    }
+
+    /// Changes the DRA objects (a ResourceSlice, DeviceClass, ResourceClaim or
+    /// ResourceClaimTemplate event) with `f`, which says whether anything changed: a
+    /// change of capacity like a pod's.
+    pub fn update_dra(&mut self, f: impl FnOnce(&mut super::dra::DraState) -> bool) -> bool {
+        let changed = f(&mut self.dra);
+        if changed {
+            self.generation += 1;
+        }
+        changed
+    }
+
+    /// Classes counted as plain units (`--dra-plain-count-class`).
+    pub fn set_dra_plain_count(&mut self, classes: impl IntoIterator<Item = String>) {
+        self.update_dra(|d| {
+            d.plain_count = classes.into_iter().collect();
+            true
+        });
+    }
+
     /// Whether `ns/name` is counted on a usable node.
     pub(crate) fn counted_on_usable(&self, ns: &str, name: &str) -> bool {
         self.pods
@@ -458,6 +484,7 @@ impl CapacityIndex {
             skipped: Cow::Borrowed(&self.skipped),
             bound: Bound::Index(self),
             statics: Some((&self.statics, self.layout)),
+            dra: (!self.dra.is_empty()).then_some(&self.dra),
         })
     }
 

@@ -12,6 +12,7 @@
 //! every other resource in whole units, each pod rounded up), so that our
 //! answer matches the scheduler's even for odd values like `100u` cpu.
 
+pub mod dra;
 pub mod fit;
 pub mod group;
 pub mod index;

@@ -173,6 +173,8 @@ pub(crate) struct Capacity<'a> {
     /// The index's cache of static verdicts and the node layout it holds
     /// for; none from scratch.
     pub(crate) statics: Option<(&'a super::fit::StaticsCache, u64)>,
+    /// The cluster's DRA objects, when it has any (see [`super::dra`]).
+    pub(crate) dra: Option<&'a super::dra::DraState>,
 }
 
 /// Which pods are bound to a usable node and counted there.
@@ -379,6 +381,7 @@ pub(crate) fn capacity(state: &ClusterState) -> crate::Result<Capacity<'_>> {
         skipped: Cow::Owned(skipped),
         bound: Bound::Set(bound),
         statics: None,
+        dra: (!state.dra.is_empty()).then_some(&state.dra),
     })
 }
 

@@ -18,6 +18,8 @@ pub struct ClusterState {
     pub limit_ranges: Vec<LimitRange>,
     /// For the overhead RuntimeClass admission gives pods not created yet.
     pub runtime_classes: Vec<RuntimeClass>,
+    /// ResourceSlices, DeviceClasses, ResourceClaims and ResourceClaimTemplates.
+    pub dra: super::dra::DraState,
     /// What was ignored while reading, for the user to see.
     pub warnings: Vec<String>,
     /// Shares namespace and node names between pod records.
@@ -97,6 +99,18 @@ impl ClusterState {
             }
             "LimitRange" => self.limit_ranges.push(decode(path, value)?),
             "RuntimeClass" => self.runtime_classes.push(decode(path, value)?),
+            "ResourceSlice" => {
+                self.dra.apply_slice(&decode(path, value)?);
+            }
+            "DeviceClass" => {
+                self.dra.apply_class(&decode(path, value)?);
+            }
+            "ResourceClaim" => {
+                self.dra.apply_claim(&decode(path, value)?);
+            }
+            "ResourceClaimTemplate" => {
+                self.dra.apply_template(&decode(path, value)?);
+            }
             other => self.warnings.push(format!(
                 "ignored {path}: kind {other} ({})",
                 describe(&value)

@@ -168,7 +168,11 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
                 .to_string(),
         )),
     }
-    let state = read_state(state_path)?;
+    let mut state = read_state(state_path)?;
+    state
+        .dra
+        .plain_count
+        .extend(args.dra_plain_count_class.iter().cloned());
     let headroom: ResourceList = args.headroom.iter().cloned().collect();
     fit_in(args, version, state, state_path, &svc, headroom, &notes)
 }

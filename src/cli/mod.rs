@@ -92,6 +92,8 @@ pub struct ExplainArgs {
 #[derive(Args, Debug)]
 pub struct FitArgs {
     /// Cluster state: the v1 List `kubectl get nodes,pods,limitranges,runtimeclasses -A -o yaml` prints.
+    /// On a cluster with Dynamic Resource Allocation add
+    /// `resourceslices,deviceclasses,resourceclaims,resourceclaimtemplates` to the kinds.
     /// Without it, the state is read from the cluster.
     #[arg(long, value_name = "FILE")]
     pub state: Option<PathBuf>,
@@ -102,6 +104,12 @@ pub struct FitArgs {
     /// cluster is fitted. Reading the cluster, the live objects are the old side.
     #[arg(long, value_name = "FILE")]
     pub old: Option<PathBuf>,
+    /// DeviceClass whose devices count as plain units (repeat or comma-separate): where
+    /// raygate cannot follow the scheduler's DRA allocator exactly (a selector it cannot
+    /// evaluate, partitionable devices, consumable capacity, device taints) it reports the
+    /// pods unplaced and says why; for these classes every matching device counts as one.
+    #[arg(long, value_name = "CLASS", value_delimiter = ',')]
+    pub dra_plain_count_class: Vec<String>,
     /// The RayService whose new cluster must fit.
     #[arg(short = 'f', long, visible_alias = "filename", value_name = "FILE")]
     pub new: PathBuf,

@@ -7,12 +7,15 @@
 //! RayService and RayCluster status constantly; each watch passes on only the
 //! changes the decision depends on, so status churn causes no reconcile storm.
 
-use std::collections::BTreeMap;
 use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 
 use k8s_openapi::api::core::v1::{
     Container, LimitRange, Node, Pod, PodCondition, PodSpec, PodStatus,
+};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use kube::core::DeserializeGuard;
@@ -26,6 +29,7 @@ use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tracing::warn;
 
+use crate::capacity::dra::{DraKind, DraState};
 use crate::capacity::record::PodPhase;
 use crate::capacity::{CapacityIndex, PartialPod, PodBody, pod_requests};
 use crate::kuberay::{LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService};
@@ -304,10 +308,18 @@ impl IndexReady {
 /// changes that matter ([`node_changes`]) wake every plan (`wake_all`).
 pub fn spawn_capacity_index(
     client: kube::Client,
+    dra_plain_count: &[String],
     wake: impl Fn(&str, &str) + Send + 'static,
-    wake_all: impl Fn() + Send + 'static,
+    wake_all: impl Fn() + Send + Sync + 'static,
 ) -> (SharedIndex, IndexReady) {
-    let index: SharedIndex = Arc::new(RwLock::new(CapacityIndex::new()));
+    let mut fresh = CapacityIndex::new();
+    fresh.set_dra_plain_count(dra_plain_count.iter().cloned());
+    let index: SharedIndex = Arc::new(RwLock::new(fresh));
+    let wake_all: Arc<dyn Fn() + Send + Sync> = Arc::new(wake_all);
+    spawn_dra::<ResourceSlice>(&client, &index, &wake_all, DraKind::Slice);
+    spawn_dra::<DeviceClass>(&client, &index, &wake_all, DraKind::Class);
+    spawn_dra::<ResourceClaim>(&client, &index, &wake_all, DraKind::Claim);
+    spawn_dra::<ResourceClaimTemplate>(&client, &index, &wake_all, DraKind::Template);
     let (ready_tx, ready_rx) = tokio::sync::watch::channel(0u8);
     let ready_tx = Arc::new(ready_tx);
 
@@ -356,6 +368,117 @@ pub fn spawn_capacity_index(
         future::ready(())
     }));
     (index, IndexReady(ready_rx))
+}
+
+/// A resource.k8s.io/v1 kind the capacity index keeps (slim, see
+/// [`crate::capacity::dra`]).
+trait DraObject:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + 'static
+{
+    fn apply(&self, d: &mut DraState) -> bool;
+}
+
+impl DraObject for ResourceSlice {
+    fn apply(&self, d: &mut DraState) -> bool {
+        d.apply_slice(self)
+    }
+}
+
+impl DraObject for DeviceClass {
+    fn apply(&self, d: &mut DraState) -> bool {
+        d.apply_class(self)
+    }
+}
+
+impl DraObject for ResourceClaim {
+    fn apply(&self, d: &mut DraState) -> bool {
+        d.apply_claim(self)
+    }
+}
+
+impl DraObject for ResourceClaimTemplate {
+    fn apply(&self, d: &mut DraState) -> bool {
+        d.apply_template(self)
+    }
+}
+
+/// Watches one DRA kind cluster-wide into the index; a change wakes every plan, as a
+/// node's does. On a cluster without resource.k8s.io/v1 the watch only logs and retries
+/// with backoff.
+fn spawn_dra<K: DraObject>(
+    client: &kube::Client,
+    index: &SharedIndex,
+    wake_all: &Arc<dyn Fn() + Send + Sync>,
+    kind: DraKind,
+) {
+    let w = watcher(Api::<K>::all(client.clone()), watcher::Config::default()).default_backoff();
+    let (idx, wake_all) = (index.clone(), wake_all.clone());
+    // Keys listed since the relist began: the objects not among them are gone.
+    let mut seen: Option<BTreeSet<String>> = None;
+    tokio::spawn(w.for_each(move |ev| {
+        let changed = match ev {
+            Ok(ev) => match idx.write() {
+                Ok(mut i) => dra_event(&mut i, ev, kind, &mut seen),
+                Err(_) => false,
+            },
+            Err(e) => {
+                warn!(kind = ?kind, error = %e, "watch error");
+                false
+            }
+        };
+        if changed {
+            wake_all();
+        }
+        future::ready(())
+    }));
+}
+
+fn dra_key<K: kube::Resource>(o: &K) -> String {
+    crate::capacity::dra::key(o.meta().namespace.as_deref(), o.meta().name.as_deref())
+}
+
+fn dra_event<K: DraObject>(
+    index: &mut CapacityIndex,
+    ev: watcher::Event<K>,
+    kind: DraKind,
+    seen: &mut Option<BTreeSet<String>>,
+) -> bool {
+    match ev {
+        watcher::Event::Init => {
+            *seen = Some(BTreeSet::new());
+            false
+        }
+        watcher::Event::InitDone => match seen.take() {
+            Some(keys) => index.update_dra(|d| d.retain(kind, &keys)),
+            None => false,
+        },
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
+            if let Some(keys) = seen.as_mut() {
+                keys.insert(dra_key(&o));
+            }
+            index.update_dra(|d| o.apply(d))
+        }
+        watcher::Event::Delete(o) => {
+            let k = dra_key(&o);
+            index.update_dra(|d| match kind {
+                DraKind::Slice => d.delete_slice(&k),
+                DraKind::Class => d.delete_class(&k),
+                DraKind::Claim | DraKind::Template => {
+                    let (ns, name) = k.split_once('/').unwrap_or(("", &k));
+                    if kind == DraKind::Claim {
+                        d.delete_claim(ns, name)
+                    } else {
+                        d.delete_template(ns, name)
+                    }
+                }
+            })
+        }
+    }
 }
 
 fn pod_event(

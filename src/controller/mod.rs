@@ -63,6 +63,9 @@ pub struct Settings {
     /// Capacity requests to the node autoscaler (`--capacity-requests` and
     /// the defaults of `spec.capacity`).
     pub capacity: crate::autoscale::Defaults,
+    /// `--dra-plain-count-class`: DeviceClasses counted as plain units (see
+    /// [`crate::capacity::dra`]).
+    pub dra_plain_count: Vec<String>,
 }
 
 /// How often gates no plan governs any more are looked for.
@@ -208,6 +211,7 @@ pub async fn run(
     let p_all = plans.clone();
     let (capacity, capacity_ready) = cache::spawn_capacity_index(
         client.clone(),
+        &settings.dra_plain_count,
         move |ns, cluster| {
             let plans = cl
                 .get(&ObjectRef::new(cluster).within(ns))

@@ -1,0 +1,105 @@
+//! The cost of Dynamic Resource Allocation in one admission decision, at the scale of
+//! `benches/fit.rs` (5,000 nodes, 150,000 pods, a 250-pod new cluster of one-GPU workers):
+//! the same cluster with its 1,250 GPU nodes' `nvidia.com/gpu` in allocatable (a device
+//! plugin) and in ResourceSlices of 8 devices each, mapped by a DeviceClass with a CEL
+//! selector. Both decisions run on the incremental index in the same process; the ratio is
+//! printed. Run by hand: `cargo bench --bench dra`.
+
+mod common;
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use raygate::capacity::{CapacityIndex, ClusterState, FitRequest};
+use serde_json::json;
+
+fn slice(i: usize) -> ResourceSlice {
+    let node = format!("node-{i:05}");
+    let devices: Vec<_> = (0..8)
+        .map(|d| {
+            json!({"name": format!("gpu-{d}"), "attributes": {
+                "productName": {"string": "NVIDIA H100 80GB HBM3"}, "index": {"int": d},
+                "uuid": {"string": format!("GPU-{i:05}-{d}")}}})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("{node}-gpu.nvidia.com")},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices}}))
+    .unwrap_or_default()
+}
+
+/// The index of `common::cluster` with the GPU nodes' GPUs moved from allocatable to
+/// ResourceSlices.
+fn dra_index() -> CapacityIndex {
+    let mut index = CapacityIndex::new();
+    for i in 0..common::PODS {
+        let rec = index.record(&common::partial(i));
+        index.apply_pod(rec);
+    }
+    for i in 0..common::NODES {
+        let mut n = common::node(i);
+        if let Some(a) = n.status.as_mut().and_then(|s| s.allocatable.as_mut()) {
+            a.remove("nvidia.com/gpu");
+        }
+        index.apply_node(n);
+    }
+    let class: DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == \"gpu.nvidia.com\""}}],
+            "extendedResourceName": "nvidia.com/gpu"}}))
+    .unwrap_or_default();
+    index.update_dra(|d| d.apply_class(&class));
+    for i in (0..common::NODES).filter(|i| i.is_multiple_of(4)) {
+        let s = slice(i);
+        index.update_dra(|d| d.apply_slice(&s));
+    }
+    index
+}
+
+fn bench(c: &mut Criterion) {
+    let (_, plugin) = common::cluster();
+    let dra = dra_index();
+    let rules = ClusterState::default();
+    let req = FitRequest {
+        pods: common::new_cluster("ray/next"),
+        ..Default::default()
+    };
+    let (a, b) = (
+        plugin
+            .fit(&rules, &req)
+            .map(|r| (r.fits, r.placements.len())),
+        dra.fit(&rules, &req).map(|r| (r.fits, r.placements.len())),
+    );
+    println!("device plugin: {a:?}; DRA: {b:?} (fits, pods placed)");
+    c.bench_function("decision, GPUs from a device plugin", |b| {
+        b.iter(|| {
+            plugin
+                .fit(black_box(&rules), black_box(&req))
+                .map(|r| r.fits)
+        })
+    });
+    c.bench_function("decision, GPUs from ResourceSlices", |b| {
+        b.iter(|| dra.fit(black_box(&rules), black_box(&req)).map(|r| r.fits))
+    });
+    let p = common::median_ms(11, || {
+        let _ = black_box(plugin.fit(&rules, &req));
+    });
+    let d = common::median_ms(11, || {
+        let _ = black_box(dra.fit(&rules, &req));
+    });
+    println!(
+        "decision (5,000 nodes, 150,000 pods, 1,250 GPU nodes, 250-pod cluster): device plugin \
+         {p:.2} ms, DRA {d:.2} ms, {:.1}x",
+        d / p
+    );
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(10);
+    targets = bench
+}
+criterion_main!(benches);

@@ -1,0 +1,278 @@
+//! The fit with DRA devices: pods placed with their device requests in the same pass as
+//! cpu, memory and pod slots.
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::{Value, json};
+
+use super::tests::*;
+use crate::capacity::node::tests::{node, pod};
+use crate::capacity::{ClusterState, FitRequest, PodGroup, canonical_map, fit};
+
+fn dra_node(name: &str) -> Node {
+    node(name, json!({"cpu": "64", "memory": "512Gi"}), json!({}))
+}
+
+fn plugin_node(name: &str, gpus: u32) -> Node {
+    node(
+        name,
+        json!({"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": gpus.to_string()}),
+        json!({}),
+    )
+}
+
+fn gpu_pod(name: &str, gpus: u32) -> Pod {
+    pod(
+        name,
+        json!({"cpu": "1", "nvidia.com/gpu": gpus.to_string()}),
+        None,
+    )
+}
+
+fn claim_pod(name: &str, template: &str) -> Pod {
+    let mut p = pod(name, json!({"cpu": "1"}), None);
+    if let Some(spec) = p.spec.as_mut() {
+        spec.resource_claims = Some(vec![
+            serde_json::from_value(json!({"name": "gpus", "resourceClaimTemplateName": template}))
+                .unwrap(),
+        ]);
+    }
+    p
+}
+
+fn state(nodes: Vec<Node>, objects: &[Value]) -> ClusterState {
+    ClusterState {
+        nodes,
+        dra: state_of(objects),
+        ..Default::default()
+    }
+}
+
+fn request(pods: Vec<Pod>) -> FitRequest {
+    FitRequest {
+        pods: pods.into_iter().map(PodGroup::from).collect(),
+        ..Default::default()
+    }
+}
+
+fn mapping() -> Value {
+    class("gpu", None, Some("nvidia.com/gpu"))
+}
+
+#[test]
+fn mapped_gpus_count_on_nodes_that_publish_them_in_slices() {
+    let s = state(
+        vec![dra_node("a"), dra_node("b")],
+        &[
+            slice("a", "a", "a", 1, 8),
+            slice("b", "b", "b", 1, 8),
+            mapping(),
+        ],
+    );
+    let r = fit(&s, &request(vec![gpu_pod("w-0", 8), gpu_pod("w-1", 8)])).unwrap();
+    assert!(r.fits, "{:?}", r.unplaced);
+    assert_eq!(canonical_map(&r.free)["nvidia.com/gpu"], "16");
+    assert_eq!(r.placements["default/w-0"], "a");
+    assert_eq!(r.placements["default/w-1"], "b");
+
+    let r = fit(
+        &s,
+        &request(vec![
+            gpu_pod("w-0", 8),
+            gpu_pod("w-1", 8),
+            gpu_pod("w-2", 1),
+        ]),
+    )
+    .unwrap();
+    assert!(!r.fits);
+    assert_eq!(canonical_map(&r.shortfall)["nvidia.com/gpu"], "1");
+    assert_eq!(
+        r.unplaced[0].reason,
+        "0/2 nodes are available: 2 cannot allocate all claims."
+    );
+
+    // Without the DeviceClass nothing maps: the scheduler finds no nvidia.com/gpu.
+    let bare = state(vec![dra_node("a")], &[slice("a", "a", "a", 1, 8)]);
+    let r = fit(&bare, &request(vec![gpu_pod("w-0", 1)])).unwrap();
+    assert_eq!(
+        r.unplaced[0].reason,
+        "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    );
+}
+
+#[test]
+fn device_plugin_nodes_keep_counting_allocatable() {
+    let s = state(
+        vec![plugin_node("a", 4), dra_node("b")],
+        &[
+            // a's slice is ignored for nvidia.com/gpu: a's allocatable has it.
+            slice("a", "a", "a", 1, 8),
+            slice("b", "b", "b", 1, 2),
+            mapping(),
+        ],
+    );
+    let r = fit(&s, &request(vec![gpu_pod("big", 4), gpu_pod("small", 2)])).unwrap();
+    assert!(r.fits, "{:?}", r.unplaced);
+    assert_eq!(r.placements["default/big"], "a");
+    assert_eq!(r.placements["default/small"], "b");
+    assert_eq!(canonical_map(&r.free)["nvidia.com/gpu"], "6");
+    let r = fit(&s, &request(vec![gpu_pod("x", 5)])).unwrap();
+    assert!(!r.fits);
+}
+
+#[test]
+fn claims_from_templates_fragment_and_allocated_devices_are_used() {
+    let objects = [
+        slice("a", "a", "a", 1, 8),
+        slice("b", "b", "b", 1, 8),
+        class("gpu", None, None),
+        template(
+            "default",
+            "two",
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu", "count": 2}}]),
+        ),
+        // 7 of a's devices and 7 of b's are held: one free on each.
+        allocated_claim(
+            "other",
+            "x",
+            "a",
+            &[
+                "gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-6",
+            ],
+        ),
+        allocated_claim(
+            "other",
+            "y",
+            "b",
+            &[
+                "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7",
+            ],
+        ),
+    ];
+    let s = state(vec![dra_node("a"), dra_node("b")], &objects);
+    let r = fit(&s, &request(vec![claim_pod("w", "two")])).unwrap();
+    assert!(!r.fits, "2 free devices, on two nodes");
+    let class_total = "deviceclass.resource.kubernetes.io/gpu";
+    assert_eq!(canonical_map(&r.free)[class_total], "2");
+    assert_eq!(canonical_map(&r.new_requests)[class_total], "2");
+    assert!(r.shortfall.is_empty(), "fragmentation, not a shortfall");
+    let one = template(
+        "default",
+        "one",
+        json!([{"name": "g", "exactly": {"deviceClassName": "gpu"}}]),
+    );
+    let mut more = objects.to_vec();
+    more.push(one);
+    let s = state(vec![dra_node("a"), dra_node("b")], &more);
+    let r = fit(
+        &s,
+        &request(vec![
+            claim_pod("p", "one"),
+            claim_pod("q", "one"),
+            claim_pod("r", "one"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(r.placements.len(), 2);
+    assert_eq!(canonical_map(&r.shortfall)[class_total], "1");
+}
+
+#[test]
+fn all_mode_selectors_and_first_available() {
+    let objects = [
+        slice("a", "a", "a", 1, 4),
+        slice_with("b", "b", "b", 1, 1, 2, "A100"),
+        class("gpu", None, None),
+        class(
+            "h100",
+            Some(r#"device.attributes["gpu.example.com"].productName == "H100""#),
+            None,
+        ),
+        template(
+            "default",
+            "all",
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu", "allocationMode": "All"}}]),
+        ),
+        template(
+            "default",
+            "h100x2",
+            json!([{"name": "g", "exactly": {"deviceClassName": "h100", "count": 2}}]),
+        ),
+        template(
+            "default",
+            "fa",
+            json!([{"name": "g", "firstAvailable": [
+                {"name": "h", "deviceClassName": "h100", "count": 4},
+                {"name": "any", "deviceClassName": "gpu", "count": 2}]}]),
+        ),
+    ];
+    let s = state(vec![dra_node("a"), dra_node("b")], &objects);
+    // `All` on b (2 devices) and two H100 on a: both fit, the H100 pair only on a.
+    let r = fit(
+        &s,
+        &request(vec![claim_pod("h", "h100x2"), claim_pod("x", "all")]),
+    )
+    .unwrap();
+    assert!(r.fits, "{:?}", r.unplaced);
+    assert_eq!(r.placements["default/h"], "a");
+    // x takes all of a remaining node: with a's two left busy... `All` needs every device free.
+    assert_eq!(r.placements["default/x"], "b");
+    let r = fit(
+        &s,
+        &request(vec![
+            claim_pod("h", "h100x2"),
+            claim_pod("x", "all"),
+            claim_pod("y", "all"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(r.unplaced.len(), 1, "a has devices in use: All fails there");
+    let r = fit(
+        &s,
+        &request(vec![claim_pod("f", "fa"), claim_pod("g", "fa")]),
+    )
+    .unwrap();
+    assert!(r.fits, "{:?}", r.unplaced);
+}
+
+#[test]
+fn what_raygate_cannot_decide_holds_and_says_so() {
+    let mut tainted = slice("a", "a", "a", 1, 8);
+    tainted["spec"]["devices"][0]["taints"] = json!([{"key": "k", "effect": "NoSchedule"}]);
+    let mut s = state(vec![dra_node("a")], &[tainted, mapping()]);
+    let r = fit(&s, &request(vec![gpu_pod("w", 1)])).unwrap();
+    assert!(!r.fits);
+    assert!(
+        r.unplaced[0].reason.contains("raygate cannot decide")
+            && r.unplaced[0].reason.contains("device taints")
+            && r.unplaced[0].reason.contains("--dra-plain-count-class"),
+        "{}",
+        r.unplaced[0].reason
+    );
+    s.dra.plain_count.insert("gpu".into());
+    let r = fit(&s, &request(vec![gpu_pod("w", 8)])).unwrap();
+    assert!(r.fits, "{:?}", r.unplaced);
+
+    let s = state(
+        vec![dra_node("a")],
+        &[slice("a", "a", "a", 1, 8), mapping()],
+    );
+    let r = fit(&s, &request(vec![claim_pod("w", "missing")])).unwrap();
+    assert_eq!(
+        r.unplaced[0].reason,
+        "ResourceClaimTemplate default/missing (claim gpus) not found"
+    );
+}
+
+#[test]
+fn a_pool_with_two_generations_counts_the_newest() {
+    let s = state(
+        vec![dra_node("a")],
+        &[
+            slice("a-1", "a", "a", 1, 8),
+            slice("a-2", "a", "a", 2, 2),
+            mapping(),
+        ],
+    );
+    assert!(fit(&s, &request(vec![gpu_pod("w", 2)])).unwrap().fits);
+    assert!(!fit(&s, &request(vec![gpu_pod("w", 3)])).unwrap().fits);
+}

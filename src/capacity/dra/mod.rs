@@ -1,0 +1,639 @@
+//! GPUs published through Dynamic Resource Allocation (`resource.k8s.io/v1`), counted the way
+//! kube-scheduler's `DynamicResources` plugin allocates them (Kubernetes v1.36).
+//!
+//! - [`DraState`]: slim records of ResourceSlices (devices per driver/pool/generation),
+//!   DeviceClasses (CEL selectors, `extendedResourceName`), ResourceClaims (the devices their
+//!   `status.allocation` holds) and ResourceClaimTemplates (what a new pod's claims ask).
+//! - [`view`]: per node, the devices the scheduler would consider: of each pool only the newest
+//!   generation, and only when that generation's slices are all there (`resourceSliceCount`);
+//!   which of them are in use; which match each DeviceClass ([`select`], CEL).
+//! - [`demand`]: what a pod asks: its `resourceClaims` (from templates) and the extended
+//!   resources a DeviceClass maps (`nvidia.com/gpu` via `extendedResourceName`, or the implicit
+//!   `deviceclass.resource.kubernetes.io/<class>`). The mapping applies per node, as
+//!   `noderesources.Fit` does: only where the node's allocatable has none of the resource (a
+//!   device-plugin node keeps counting it in allocatable).
+//! - [`alloc`]: the scheduler's allocator on one node: requests in order, devices first fit in
+//!   slice order, backtracking, `count`, `allocationMode: All`, `firstAvailable`.
+//!
+//! What raygate cannot decide exactly it refuses to guess ([`Undecided`]): a selector the CEL
+//! crate cannot evaluate (`quantity()`, `semver()`, a runtime error), partitionable devices
+//! (`consumesCounters`, `sharedCounters`), consumable capacity (`allowMultipleAllocations`,
+//! capacity requests), device taints, binding conditions, `constraints`, admin access and
+//! claims a pod names (`resourceClaimName`, shared between pods). Such a pod is not placed, so
+//! the upgrade holds and says why. `--dra-plain-count-class CLASS` ([`DraState::plain_count`])
+//! treats a class as plain counts instead: every device it matches is one unit, selectors that
+//! cannot be evaluated match, and taints, counters and capacity are ignored.
+//!
+//! Not counted: slices published for several nodes (`allNodes`, `nodeSelector`,
+//! `perDeviceNodeSelection`, network-attached devices). raygate then sees fewer devices than
+//! the scheduler and holds where the scheduler might place: the safe direction.
+
+pub mod alloc;
+pub mod demand;
+pub mod select;
+pub mod view;
+
+#[cfg(test)]
+mod fit_tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, DeviceRequest, DeviceSubRequest, ExactDeviceRequest, ResourceClaim,
+    ResourceClaimSpec, ResourceClaimTemplate, ResourceSlice,
+};
+
+pub use alloc::allocate;
+pub use demand::{PodDemand, class_for_resource, pod_demand};
+pub use view::{DraView, NodeDevices};
+
+/// The implicit extended resource name of a DeviceClass: `deviceclass.resource.kubernetes.io/<class>`.
+pub const IMPLICIT_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
+
+/// Why raygate cannot decide a device request exactly.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Undecided(pub String);
+
+impl std::fmt::Display for Undecided {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A device attribute's value, as CEL sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttrValue {
+    Bool(bool),
+    Int(i64),
+    Str(String),
+    /// A semantic version: CEL compares it with `semver()`, which raygate does not evaluate.
+    Version(String),
+}
+
+/// A device of a ResourceSlice, slim.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Device {
+    pub name: String,
+    /// Qualified name as published (`productName` or `gpu.nvidia.com/productName`).
+    pub attributes: BTreeMap<String, AttrValue>,
+    /// Capacity names as published; values are only looked at by `quantity()` selectors.
+    pub capacity: BTreeSet<String>,
+    /// Why the allocator treats this device in ways raygate does not model, if it does.
+    pub unmodeled: Option<&'static str>,
+}
+
+/// A ResourceSlice, slim.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slice {
+    pub driver: String,
+    pub pool: String,
+    pub generation: i64,
+    pub slice_count: i64,
+    /// `spec.nodeName`; `None` for slices published for several nodes (not counted).
+    pub node: Option<String>,
+    /// `sharedCounters`: partitionable devices.
+    pub shared_counters: bool,
+    pub devices: Vec<Device>,
+}
+
+/// A DeviceClass, slim.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Class {
+    pub selectors: Vec<String>,
+    pub extended_resource_name: Option<String>,
+    /// `metadata.creationTimestamp` in seconds: the newest class mapping a resource wins.
+    pub created: i64,
+}
+
+/// How many devices a request takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Count(u32),
+    All,
+}
+
+/// An `exactly` request or one `firstAvailable` subrequest.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Exact {
+    pub class: String,
+    pub selectors: Vec<String>,
+    pub mode: Mode,
+    /// Set when the request uses something raygate does not model.
+    pub unmodeled: Option<&'static str>,
+}
+
+/// One request of a claim: its alternatives in order (one for `exactly`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub name: String,
+    pub alternatives: Vec<Exact>,
+}
+
+/// What a claim asks.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct ClaimSpec {
+    pub requests: Vec<Request>,
+    /// Set when the claim uses something raygate does not model (`constraints`, `config`
+    /// is fine).
+    pub unmodeled: Option<&'static str>,
+}
+
+/// A device's identity: driver, pool, name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceId {
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+}
+
+/// A ResourceClaim, slim: what it asks and the devices its allocation holds.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Claim {
+    pub spec: ClaimSpec,
+    /// Devices of `status.allocation` (admin-access results excluded: they hold nothing).
+    pub allocated: Vec<DeviceId>,
+}
+
+/// Bounds that keep a tenant's objects from growing memory without end: the API's own
+/// limits (128 devices a slice, 32 requests a claim, 32 attributes a device) are far below.
+pub const MAX_DEVICES_PER_SLICE: usize = 1024;
+pub const MAX_REQUESTS_PER_CLAIM: usize = 64;
+pub const MAX_ATTRIBUTES_PER_DEVICE: usize = 64;
+
+/// The resource.k8s.io/v1 objects the fit reads, keyed by name (`namespace/name` for
+/// namespaced kinds).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DraState {
+    pub slices: BTreeMap<String, Slice>,
+    pub classes: BTreeMap<String, Class>,
+    pub claims: BTreeMap<String, Claim>,
+    pub templates: BTreeMap<String, ClaimSpec>,
+    /// Classes counted as plain units (see the module docs), set by
+    /// `--dra-plain-count-class`.
+    pub plain_count: BTreeSet<String>,
+}
+
+/// The four kinds, for relists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DraKind {
+    Slice,
+    Class,
+    Claim,
+    Template,
+}
+
+fn put<V: PartialEq>(m: &mut BTreeMap<String, V>, k: String, v: V) -> bool {
+    match m.get(&k) {
+        Some(old) if *old == v => false,
+        _ => {
+            m.insert(k, v);
+            true
+        }
+    }
+}
+
+/// The key of an object: `namespace/name`, or `name` for cluster-scoped kinds.
+pub fn key(ns: Option<&str>, name: Option<&str>) -> String {
+    match ns.filter(|n| !n.is_empty()) {
+        Some(ns) => format!("{ns}/{}", name.unwrap_or("")),
+        None => name.unwrap_or("").to_string(),
+    }
+}
+
+impl DraState {
+    /// Whether there is nothing DRA in the cluster: the fit then runs exactly as without it.
+    pub fn is_empty(&self) -> bool {
+        self.slices.is_empty() && self.classes.is_empty()
+    }
+
+    /// Each `apply_*` / `delete_*` says whether anything the fit reads changed.
+    pub fn apply_slice(&mut self, s: &ResourceSlice) -> bool {
+        put(
+            &mut self.slices,
+            key(None, s.metadata.name.as_deref()),
+            Slice::from_api(s),
+        )
+    }
+
+    pub fn delete_slice(&mut self, name: &str) -> bool {
+        self.slices.remove(name).is_some()
+    }
+
+    pub fn apply_class(&mut self, c: &DeviceClass) -> bool {
+        put(
+            &mut self.classes,
+            key(None, c.metadata.name.as_deref()),
+            Class::from_api(c),
+        )
+    }
+
+    pub fn delete_class(&mut self, name: &str) -> bool {
+        self.classes.remove(name).is_some()
+    }
+
+    pub fn apply_claim(&mut self, c: &ResourceClaim) -> bool {
+        put(
+            &mut self.claims,
+            key(c.metadata.namespace.as_deref(), c.metadata.name.as_deref()),
+            Claim::from_api(c),
+        )
+    }
+
+    pub fn delete_claim(&mut self, ns: &str, name: &str) -> bool {
+        self.claims.remove(&key(Some(ns), Some(name))).is_some()
+    }
+
+    pub fn apply_template(&mut self, t: &ResourceClaimTemplate) -> bool {
+        put(
+            &mut self.templates,
+            key(t.metadata.namespace.as_deref(), t.metadata.name.as_deref()),
+            ClaimSpec::from_api(&t.spec.spec),
+        )
+    }
+
+    pub fn delete_template(&mut self, ns: &str, name: &str) -> bool {
+        self.templates.remove(&key(Some(ns), Some(name))).is_some()
+    }
+
+    /// Drops the objects of `kind` whose keys are not in `seen` (a relist ended); whether
+    /// any was dropped.
+    pub fn retain(&mut self, kind: DraKind, seen: &BTreeSet<String>) -> bool {
+        fn keep<V>(m: &mut BTreeMap<String, V>, seen: &BTreeSet<String>) -> bool {
+            let before = m.len();
+            m.retain(|k, _| seen.contains(k));
+            m.len() != before
+        }
+        match kind {
+            DraKind::Slice => keep(&mut self.slices, seen),
+            DraKind::Class => keep(&mut self.classes, seen),
+            DraKind::Claim => keep(&mut self.claims, seen),
+            DraKind::Template => keep(&mut self.templates, seen),
+        }
+    }
+
+    /// Every device some allocated claim holds.
+    pub fn in_use(&self) -> BTreeSet<&DeviceId> {
+        self.claims.values().flat_map(|c| &c.allocated).collect()
+    }
+}
+
+fn attr_value(a: &k8s_openapi::api::resource::v1::DeviceAttribute) -> Option<AttrValue> {
+    if let Some(b) = a.bool {
+        return Some(AttrValue::Bool(b));
+    }
+    if let Some(i) = a.int {
+        return Some(AttrValue::Int(i));
+    }
+    if let Some(s) = &a.string {
+        return Some(AttrValue::Str(s.clone()));
+    }
+    a.version.as_ref().map(|v| AttrValue::Version(v.clone()))
+}
+
+impl Device {
+    pub fn from_api(d: &k8s_openapi::api::resource::v1::Device) -> Device {
+        let attributes = d
+            .attributes
+            .iter()
+            .flatten()
+            .take(MAX_ATTRIBUTES_PER_DEVICE)
+            .filter_map(|(k, v)| Some((k.clone(), attr_value(v)?)))
+            .collect();
+        let capacity = d
+            .capacity
+            .iter()
+            .flatten()
+            .take(MAX_ATTRIBUTES_PER_DEVICE)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let unmodeled = if d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty()) {
+            Some("partitionable device (consumesCounters)")
+        } else if d.allow_multiple_allocations == Some(true) {
+            Some("consumable capacity (allowMultipleAllocations)")
+        } else if d.taints.as_ref().is_some_and(|t| !t.is_empty()) {
+            Some("device taints")
+        } else if d.binding_conditions.as_ref().is_some_and(|c| !c.is_empty()) {
+            Some("binding conditions")
+        } else if d.node_name.is_some() || d.all_nodes.is_some() || d.node_selector.is_some() {
+            Some("per-device node selection")
+        } else {
+            None
+        };
+        Device {
+            name: d.name.clone(),
+            attributes,
+            capacity,
+            unmodeled,
+        }
+    }
+}
+
+impl Slice {
+    pub fn from_api(s: &ResourceSlice) -> Slice {
+        let spec = &s.spec;
+        let per_device = spec.per_device_node_selection == Some(true);
+        Slice {
+            driver: spec.driver.clone(),
+            pool: spec.pool.name.clone(),
+            generation: spec.pool.generation,
+            slice_count: spec.pool.resource_slice_count,
+            node: spec.node_name.clone().filter(|_| !per_device),
+            shared_counters: spec.shared_counters.as_ref().is_some_and(|c| !c.is_empty()),
+            devices: spec
+                .devices
+                .iter()
+                .flatten()
+                .take(MAX_DEVICES_PER_SLICE)
+                .map(Device::from_api)
+                .collect(),
+        }
+    }
+}
+
+impl Class {
+    pub fn from_api(c: &DeviceClass) -> Class {
+        Class {
+            selectors: c
+                .spec
+                .selectors
+                .iter()
+                .flatten()
+                .filter_map(|s| s.cel.as_ref().map(|c| c.expression.clone()))
+                .collect(),
+            extended_resource_name: c.spec.extended_resource_name.clone(),
+            created: c
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(0, |t| t.0.as_second()),
+        }
+    }
+}
+
+fn mode_of(allocation_mode: Option<&str>, count: Option<i64>) -> (Mode, Option<&'static str>) {
+    match allocation_mode {
+        Some("All") => (Mode::All, None),
+        Some("ExactCount") | None => {
+            let n = count.unwrap_or(1);
+            match u32::try_from(n) {
+                Ok(n) if n >= 1 => (Mode::Count(n), None),
+                _ => (Mode::Count(1), Some("a count out of range")),
+            }
+        }
+        Some(_) => (Mode::Count(1), Some("an unknown allocationMode")),
+    }
+}
+
+fn selectors_of(s: Option<&Vec<k8s_openapi::api::resource::v1::DeviceSelector>>) -> Vec<String> {
+    s.into_iter()
+        .flatten()
+        .filter_map(|s| s.cel.as_ref().map(|c| c.expression.clone()))
+        .collect()
+}
+
+impl Exact {
+    fn from_exact(e: &ExactDeviceRequest) -> Exact {
+        let (mode, mut unmodeled) = mode_of(e.allocation_mode.as_deref(), e.count);
+        if e.admin_access == Some(true) {
+            unmodeled = unmodeled.or(Some("admin access"));
+        }
+        if e.capacity.is_some() {
+            unmodeled = unmodeled.or(Some("a capacity request"));
+        }
+        Exact {
+            class: e.device_class_name.clone(),
+            selectors: selectors_of(e.selectors.as_ref()),
+            mode,
+            unmodeled,
+        }
+    }
+
+    fn from_sub(e: &DeviceSubRequest) -> Exact {
+        let (mode, mut unmodeled) = mode_of(e.allocation_mode.as_deref(), e.count);
+        if e.capacity.is_some() {
+            unmodeled = unmodeled.or(Some("a capacity request"));
+        }
+        Exact {
+            class: e.device_class_name.clone(),
+            selectors: selectors_of(e.selectors.as_ref()),
+            mode,
+            unmodeled,
+        }
+    }
+}
+
+impl Request {
+    fn from_api(r: &DeviceRequest) -> Request {
+        let alternatives = match (&r.exactly, &r.first_available) {
+            (Some(e), _) => vec![Exact::from_exact(e)],
+            (None, Some(subs)) => subs.iter().map(Exact::from_sub).collect(),
+            (None, None) => vec![],
+        };
+        Request {
+            name: r.name.clone(),
+            alternatives,
+        }
+    }
+}
+
+impl ClaimSpec {
+    pub fn from_api(s: &ResourceClaimSpec) -> ClaimSpec {
+        let devices = s.devices.as_ref();
+        let reqs: Vec<&DeviceRequest> = devices
+            .and_then(|d| d.requests.as_ref())
+            .into_iter()
+            .flatten()
+            .collect();
+        let mut unmodeled = None;
+        if devices
+            .and_then(|d| d.constraints.as_ref())
+            .is_some_and(|c| !c.is_empty())
+        {
+            unmodeled = Some("claim constraints (matchAttribute, distinctAttribute)");
+        }
+        if reqs.len() > MAX_REQUESTS_PER_CLAIM {
+            unmodeled = Some("more requests than raygate reads");
+        }
+        ClaimSpec {
+            requests: reqs
+                .into_iter()
+                .take(MAX_REQUESTS_PER_CLAIM)
+                .map(Request::from_api)
+                .collect(),
+            unmodeled,
+        }
+    }
+}
+
+impl Claim {
+    pub fn from_api(c: &ResourceClaim) -> Claim {
+        let allocated = c
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|r| r.admin_access != Some(true))
+            .take(MAX_DEVICES_PER_SLICE)
+            .map(|r| DeviceId {
+                driver: r.driver.clone(),
+                pool: r.pool.clone(),
+                device: r.device.clone(),
+            })
+            .collect();
+        Claim {
+            spec: ClaimSpec::from_api(&c.spec),
+            allocated,
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    /// A node-local ResourceSlice of `n` GPUs named `gpu-0..`, with `productName` and `index`.
+    pub(crate) fn slice(name: &str, node: &str, pool: &str, generation: i64, n: usize) -> Value {
+        slice_with(name, node, pool, generation, 1, n, "H100")
+    }
+
+    pub(crate) fn slice_with(
+        name: &str,
+        node: &str,
+        pool: &str,
+        generation: i64,
+        count: i64,
+        n: usize,
+        product: &str,
+    ) -> Value {
+        let devices: Vec<Value> = (0..n)
+            .map(|i| {
+                json!({"name": format!("gpu-{i}"), "attributes": {
+                    "productName": {"string": product}, "index": {"int": i}}})
+            })
+            .collect();
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {"driver": "gpu.example.com", "nodeName": node,
+                "pool": {"name": pool, "generation": generation, "resourceSliceCount": count},
+                "devices": devices}})
+    }
+
+    pub(crate) fn class(name: &str, selector: Option<&str>, ext: Option<&str>) -> Value {
+        let mut selectors =
+            vec![json!({"cel": {"expression": "device.driver == \"gpu.example.com\""}})];
+        if let Some(s) = selector {
+            selectors.push(json!({"cel": {"expression": s}}));
+        }
+        let mut spec = json!({"selectors": selectors});
+        if let Some(e) = ext {
+            spec["extendedResourceName"] = json!(e);
+        }
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": name, "creationTimestamp": "2026-01-01T00:00:00Z"}, "spec": spec})
+    }
+
+    pub(crate) fn template(ns: &str, name: &str, requests: Value) -> Value {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"spec": {"devices": {"requests": requests}}}})
+    }
+
+    pub(crate) fn allocated_claim(ns: &str, name: &str, pool: &str, devices: &[&str]) -> Value {
+        let results: Vec<Value> = devices
+            .iter()
+            .map(
+                |d| json!({"request": "r", "driver": "gpu.example.com", "pool": pool, "device": d}),
+            )
+            .collect();
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu"}}]}},
+            "status": {"allocation": {"devices": {"results": results}}}})
+    }
+
+    pub(crate) fn state_of(objects: &[Value]) -> DraState {
+        let mut s = DraState::default();
+        for o in objects {
+            let _changed = match o["kind"].as_str() {
+                Some("ResourceSlice") => s.apply_slice(&serde_json::from_value(o.clone()).unwrap()),
+                Some("DeviceClass") => s.apply_class(&serde_json::from_value(o.clone()).unwrap()),
+                Some("ResourceClaim") => s.apply_claim(&serde_json::from_value(o.clone()).unwrap()),
+                Some("ResourceClaimTemplate") => {
+                    s.apply_template(&serde_json::from_value(o.clone()).unwrap())
+                }
+                k => panic!("kind {k:?}"),
+            };
+        }
+        s
+    }
+
+    #[test]
+    fn records_keep_what_the_allocator_reads() {
+        let s = state_of(&[
+            slice("a-gpus", "a", "a", 1, 2),
+            class("gpu", None, Some("nvidia.com/gpu")),
+            template(
+                "ml",
+                "two",
+                json!([{"name": "g", "exactly": {"deviceClassName": "gpu", "count": 2}},
+                       {"name": "all", "exactly": {"deviceClassName": "gpu", "allocationMode": "All"}},
+                       {"name": "fa", "firstAvailable": [
+                           {"name": "big", "deviceClassName": "gpu", "count": 4},
+                           {"name": "small", "deviceClassName": "gpu"}]}]),
+            ),
+            allocated_claim("ml", "used", "a", &["gpu-1"]),
+        ]);
+        let sl = &s.slices["a-gpus"];
+        assert_eq!(sl.node.as_deref(), Some("a"));
+        assert_eq!(sl.devices.len(), 2);
+        assert_eq!(
+            sl.devices[1].attributes["index"],
+            AttrValue::Int(1),
+            "{:?}",
+            sl.devices[1]
+        );
+        assert_eq!(
+            s.classes["gpu"].extended_resource_name.as_deref(),
+            Some("nvidia.com/gpu")
+        );
+        assert_eq!(s.classes["gpu"].created, 1_767_225_600);
+        let t = &s.templates["ml/two"];
+        assert_eq!(t.requests[0].alternatives[0].mode, Mode::Count(2));
+        assert_eq!(t.requests[1].alternatives[0].mode, Mode::All);
+        assert_eq!(t.requests[2].alternatives.len(), 2);
+        assert_eq!(t.requests[2].alternatives[1].mode, Mode::Count(1));
+        assert_eq!(s.claims["ml/used"].allocated[0].device, "gpu-1");
+        assert_eq!(s.in_use().len(), 1);
+        let mut s2 = s.clone();
+        s2.delete_claim("ml", "used");
+        s2.delete_slice("a-gpus");
+        s2.delete_template("ml", "two");
+        s2.delete_class("gpu");
+        assert!(s2.is_empty() && s2.claims.is_empty() && s2.templates.is_empty());
+    }
+
+    #[test]
+    fn unmodeled_features_are_named() {
+        let mut sl = slice("s", "a", "a", 1, 1);
+        sl["spec"]["devices"][0]["taints"] = json!([{"key": "k", "effect": "NoSchedule"}]);
+        let s = state_of(&[sl]);
+        assert_eq!(s.slices["s"].devices[0].unmodeled, Some("device taints"));
+        let t = state_of(&[
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "t", "namespace": "ns"},
+            "spec": {"spec": {"devices": {
+                "requests": [{"name": "a", "exactly": {"deviceClassName": "gpu", "adminAccess": true}}],
+                "constraints": [{"matchAttribute": "gpu.example.com/numa"}]}}}}),
+        ]);
+        let spec = &t.templates["ns/t"];
+        assert!(spec.unmodeled.unwrap().contains("constraints"));
+        assert_eq!(
+            spec.requests[0].alternatives[0].unmodeled,
+            Some("admin access")
+        );
+    }
+}
