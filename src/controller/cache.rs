@@ -122,6 +122,10 @@ pub fn slim_pod(pod: &mut Pod) {
 pub fn slim_node(node: &mut Node) {
     node.metadata.managed_fields = None;
     node.metadata.annotations = None;
+    // Moves with every heartbeat: kept, each one would count as a change of
+    // the node in the capacity index (a new generation, the admission pass
+    // computed again) though nothing the index reads changed.
+    node.metadata.resource_version = None;
     if let Some(status) = node.status.as_mut() {
         status.images = None;
         status.volumes_attached = None;
@@ -798,7 +802,7 @@ mod tests {
     fn node_heartbeats_do_not_trigger() {
         let mk = |beat: &str| -> Node {
             serde_json::from_value(json!({
-                "metadata": {"name": "n"},
+                "metadata": {"name": "n", "resourceVersion": beat},
                 "status": {"allocatable": {"nvidia.com/gpu": "8"},
                     "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": beat}]}
             }))
@@ -808,6 +812,12 @@ mod tests {
         slim_node(&mut a);
         slim_node(&mut b);
         assert_eq!(node_changes(&a), node_changes(&b));
+        // Nor do they change the capacity index (no new generation).
+        let mut index = CapacityIndex::new();
+        index.apply_node(a.clone());
+        let g = index.generation();
+        index.apply_node(b);
+        assert_eq!(index.generation(), g);
         let mut c = mk("2026-12-02T10:00:10Z");
         c.status
             .as_mut()

@@ -518,20 +518,27 @@ impl CachedPass {
     /// admissions of one pass computed the pass again, twice (the written
     /// admission, then the status in the cache).
     fn holds_for(&self, now: &WorldDigest) -> bool {
-        self.world.rest == now.rest
-            && self.world.plans.len() == now.plans.len()
-            && now
-                .plans
-                .iter()
-                .all(|(k, (digest, admitted))| match self.world.plans.get(k) {
-                    Some((d, _)) if d == digest => true,
-                    Some((_, false)) if *admitted => self
-                        .pass
-                        .get(&k.0, &k.1)
-                        .is_some_and(|r| r.as_ref().is_ok_and(|r| r.fits)),
-                    _ => false,
-                })
+        holds(&self.world, now, |k| {
+            self.pass
+                .get(&k.0, &k.1)
+                .is_some_and(|r| r.as_ref().is_ok_and(|r| r.fits))
+        })
     }
+}
+
+/// Whether a pass computed on `then` holds on `now`; `let_through`: the
+/// pass admitted that plan.
+fn holds(then: &WorldDigest, now: &WorldDigest, let_through: impl Fn(&PlanKey) -> bool) -> bool {
+    then.rest == now.rest
+        && then.plans.len() == now.plans.len()
+        && now
+            .plans
+            .iter()
+            .all(|(k, (digest, admitted))| match then.plans.get(k) {
+                Some((d, _)) if d == digest => true,
+                Some((_, false)) if *admitted => let_through(k),
+                _ => false,
+            })
 }
 
 /// The caches as one decision's [`Cluster`]: the capacity index, the other
@@ -666,6 +673,44 @@ mod tests {
             limit_ranges: reflector::store().0,
             runtime_classes: reflector::store().0,
         }
+    }
+
+    #[test]
+    fn a_pass_holds_while_only_its_own_admissions_are_recorded() {
+        let svc = rayservice();
+        let plan = waiting_plan(&svc);
+        let key = key_of(&plan);
+        let stores_now = stores(plan.clone(), svc);
+        let none = Overlay::new();
+        let then = world_digest(&stores_now, 7, &none);
+        assert!(holds(&then, &world_digest(&stores_now, 7, &none), |_| {
+            false
+        }));
+        // Another index generation: computed again.
+        assert!(!holds(&then, &world_digest(&stores_now, 8, &none), |_| {
+            true
+        }));
+        // The plan's admission written (not cached yet): holds if the pass
+        // admitted it, not otherwise.
+        let admitted = Overlay::from([(
+            key.clone(),
+            Admission {
+                fingerprint: "f".into(),
+                admitted_time: Timestamp::now(),
+                from_cluster: None,
+                to_cluster: None,
+            },
+        )]);
+        let now = world_digest(&stores_now, 7, &admitted);
+        assert_ne!(now, then);
+        assert!(holds(&then, &now, |k| *k == key));
+        assert!(!holds(&then, &now, |_| false));
+        // KubeRay rewriting the RayService status (a new resourceVersion,
+        // nothing the filters keep) does not move the digest.
+        let mut svc = rayservice();
+        svc.metadata.resource_version = Some("999".into());
+        let churned = stores(plan, svc);
+        assert_eq!(world_digest(&churned, 7, &none), then);
     }
 
     #[test]
