@@ -141,6 +141,9 @@ struct Inner {
     /// Per plan: its last decision that did not admit it, and what it was
     /// short of then if it waited for capacity.
     held: HashMap<PlanKey, Held>,
+    /// Per plan: the stages of its next decision so far (queued, started).
+    live: HashMap<PlanKey, Stages>,
+    /// Per plan: the stages of its last decision.
     stages: HashMap<PlanKey, Stages>,
 }
 
@@ -179,17 +182,45 @@ impl Causes {
         inner.log.push_back(cause);
     }
 
-    /// Plans were sent to the reconcile queue at `at`.
+    /// Plans were sent to the reconcile queue at `at`: kept if they were
+    /// not queued already (the controller's debounce only moves the start).
     pub fn queued<'a>(&self, plans: impl IntoIterator<Item = &'a PlanKey>, at: Timestamp) {
         let mut inner = self.lock();
         for p in plans {
-            inner.stages.entry(p.clone()).or_default().queued = Some(at);
+            inner
+                .live
+                .entry(p.clone())
+                .or_default()
+                .queued
+                .get_or_insert(at);
         }
     }
 
-    /// Records one stage of `plan`.
-    pub fn stage(&self, plan: &PlanKey, set: impl FnOnce(&mut Stages)) {
-        set(self.lock().stages.entry(plan.clone()).or_default());
+    /// `plan`'s reconcile started.
+    pub fn started(&self, plan: &PlanKey, at: Timestamp) {
+        self.lock().live.entry(plan.clone()).or_default().started = Some(at);
+    }
+
+    /// `plan` was decided at `at`, on a pass computed at `pass`: the stages
+    /// so far are this decision's; wakes from now on queue the next one.
+    pub fn decided(&self, plan: &PlanKey, at: Timestamp, pass: Option<Timestamp>) {
+        let mut inner = self.lock();
+        let live = inner.live.entry(plan.clone()).or_default();
+        let stages = Stages {
+            queued: live.queued.take(),
+            started: live.started,
+            pass,
+            decided: Some(at),
+            status: None,
+        };
+        inner.stages.insert(plan.clone(), stages);
+    }
+
+    /// The status of `plan`'s last decision was written at `at`.
+    pub fn status_written(&self, plan: &PlanKey, at: Timestamp) {
+        if let Some(s) = self.lock().stages.get_mut(plan) {
+            s.status = Some(at);
+        }
     }
 
     /// A decision that did not admit `plan` (it holds, or tracks an
@@ -220,6 +251,7 @@ impl Causes {
     pub fn forget(&self, plan: &PlanKey) {
         let mut inner = self.lock();
         inner.held.remove(plan);
+        inner.live.remove(plan);
         inner.stages.remove(plan);
     }
 }
@@ -320,9 +352,16 @@ mod tests {
         causes.held(&p, t(0), Some(short(&["nvidia.com/gpu"])));
         causes.note(node("gpu-0", 100, &["nvidia.com/gpu"]));
         causes.queued([&p], t(110));
-        causes.stage(&p, |s| s.started = Some(t(310)));
-        causes.stage(&p, |s| s.decided = Some(t(320)));
+        // Wakes while queued do not move when it was queued.
+        causes.queued([&p], t(150));
+        causes.started(&p, t(310));
+        causes.decided(&p, t(320), Some(t(315)));
+        // A wake after the decision (its own status write) is the next one's.
+        causes.queued([&p], t(450));
+        causes.status_written(&p, t(400));
         let timed = causes.admitted(&p, t(600)).unwrap();
+        assert_eq!(ms_after(timed.cause.at, timed.stages.status), 300);
+        assert_eq!(ms_after(timed.cause.at, timed.stages.pass), 215);
         assert_eq!(timed.cause.object, "node/gpu-0");
         assert!((timed.seconds - 0.5).abs() < 1e-9);
         assert_eq!(ms_after(timed.cause.at, timed.stages.queued), 10);

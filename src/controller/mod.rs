@@ -506,7 +506,7 @@ async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context>) -> Result<Action> 
     let key = (plan.namespace().unwrap_or_default(), plan.name_any());
     let span = tracing::info_span!("reconcile", namespace = %key.0, plan = %key.1);
     let now = Timestamp::now();
-    ctx.causes.stage(&key, |s| s.started = Some(now));
+    ctx.causes.started(&key, now);
     debug!(parent: &span, stage = "reconcile started", "reconcile started");
     reconcile_plan(plan, ctx).instrument(span).await
 }
@@ -677,10 +677,7 @@ async fn record(
             }
             let decided = Timestamp::now();
             let (seen, decision, pass_at) = decide_now(ctx, &current, &overlay, now);
-            ctx.causes.stage(&key, |s| {
-                s.decided = Some(decided);
-                s.pass = pass_at;
-            });
+            ctx.causes.decided(&key, decided, pass_at);
             if decision.status.admitted.is_none() {
                 // Events up to here did not let it through.
                 let short = (decision.status.phase == Phase::WaitingForCapacity).then(|| {
@@ -708,7 +705,7 @@ async fn record(
         if matches!(written, Ok(true)) {
             if decision.status != prev {
                 let at = Timestamp::now();
-                ctx.causes.stage(&key, |s| s.status = Some(at));
+                ctx.causes.status_written(&key, at);
             }
             return Ok(Ok(Recorded {
                 plan: current,
