@@ -292,10 +292,11 @@ fn by_kind(reqs: &[&Request]) -> BTreeMap<String, usize> {
     m
 }
 
-/// `key=value` or `key="value"` of a text log line.
+/// `key=value` or `key="value"` of a text log line: the last one (the event's fields come
+/// after its spans', `reconcile{namespace=.. plan=..}`).
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     let pat = format!(" {key}=");
-    let rest = &line[line.find(&pat)? + pat.len()..];
+    let rest = &line[line.rfind(&pat)? + pat.len()..];
     match rest.strip_prefix('"') {
         Some(q) => q.split('"').next(),
         None => rest.split_whitespace().next(),
@@ -857,4 +858,26 @@ async fn main() -> Result<()> {
     }
     rg.kill();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gate_line_is_read_from_raygates_text_log() {
+        let line = "2026-12-04T22:40:01.743512Z  INFO reconcile{namespace=svc-ab plan=svc-3}: \
+            raygate::controller: gate set plan=svc-3 rayservice=svc-3 gate=\"NewCluster\" \
+            stage=\"gate written\" cause=\"node\" cause_object=node/gpu-new-1 \
+            cause_at=2026-12-04T22:40:01.331Z latency_ms=412 queued_ms=0 started_ms=201 \
+            pass_ms=-1 decided_ms=229 status_ms=318";
+        let a = admissions_logged(line);
+        assert_eq!(a.len(), 1);
+        assert_eq!(a[0].plan, "svc-3");
+        assert_eq!(a[0].cause, "node");
+        assert_eq!(a[0].cause_object, "node/gpu-new-1");
+        assert_eq!(a[0].ms["latency_ms"], 412.0);
+        assert_eq!(a[0].ms["pass_ms"], -1.0);
+        assert_eq!(a[0].at.to_string(), "2026-12-04T22:40:01.743512Z");
+    }
 }
