@@ -656,11 +656,13 @@ async fn main() -> Result<()> {
         .map(|i| format!("gpu-new-{i}"))
         .collect();
     let last_node = last_node_received(&logs, &added_names);
+    // -1: a stage the decision did not go through (no pass read).
     let stage = |k: &str| {
         sorted(
             logged
                 .values()
                 .filter_map(|a| a.ms.get(k).copied())
+                .filter(|ms| *ms >= 0.0)
                 .collect(),
         )
     };
