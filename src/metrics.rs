@@ -25,6 +25,7 @@
 //! | `raygate_admissions_total` | counter | outcome | gate decisions, one of [`Outcome::ALL`] (all pre-created at 0 so `rate()` works from the first scrape) |
 //! | `raygate_gate_overrides_total` | counter | namespace, upgradeplan | times an override was honoured |
 //! | `raygate_reconcile_duration_seconds` | histogram | – | wall time of one reconcile, buckets 1 ms .. 10 s |
+//! | `raygate_admission_latency_seconds` | histogram | cause | from the event that let a held upgrade through (`node`, `pod`, `approval`, `rayservice`; see [`crate::controller::latency`]) to its gate write, buckets 10 ms .. 60 s |
 //! | `raygate_reconcile_errors_total` | counter | reason | failed reconciles by short machine-readable reason |
 //! | `raygate_build_info` | gauge | version | always 1; joins the version onto other series |
 //!
@@ -40,8 +41,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use prometheus::proto::MetricType;
 use prometheus::{
-    GaugeVec, Histogram, HistogramOpts, HistogramTimer, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    GaugeVec, Histogram, HistogramOpts, HistogramTimer, HistogramVec, IntCounterVec, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 use crate::admission::Outcome;
@@ -55,6 +56,16 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 const RECONCILE_BUCKETS: [f64; 13] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
+
+/// Admission latency buckets: the target is under a second at 1,000 nodes;
+/// the debounce alone is 0.2 s, a loaded apiserver's write up to seconds.
+const ADMISSION_BUCKETS: [f64; 15] = [
+    0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// The `cause` label values of `raygate_admission_latency_seconds`, all
+/// pre-created so `rate()` works from the first scrape.
+pub const ADMISSION_CAUSES: [&str; 4] = ["node", "pod", "approval", "rayservice"];
 
 const PLAN_LABELS: [&str; 3] = ["namespace", "upgradeplan", "rayservice"];
 
@@ -107,6 +118,7 @@ pub struct Metrics {
     admissions: IntCounterVec,
     overrides: IntCounterVec,
     reconcile_duration: Histogram,
+    admission_latency: HistogramVec,
     reconcile_errors: IntCounterVec,
     /// Which label values exist per plan; prometheus' vectors cannot list them.
     plans: Mutex<HashMap<PlanKey, PlanSeries>>,
@@ -310,6 +322,21 @@ impl Metrics {
                 .buckets(RECONCILE_BUCKETS.to_vec()),
             )?,
         )?;
+        let admission_latency = register(
+            r,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "raygate_admission_latency_seconds",
+                    "Seconds from the event that let a held upgrade through (a node usable, a pod \
+                     gone, the plan approved, its RayService changed) to the gate write admitting it.",
+                )
+                .buckets(ADMISSION_BUCKETS.to_vec()),
+                &["cause"],
+            )?,
+        )?;
+        for cause in ADMISSION_CAUSES {
+            admission_latency.with_label_values(&[cause]);
+        }
         let reconcile_errors = register(
             r,
             IntCounterVec::new(
@@ -351,6 +378,7 @@ impl Metrics {
             admissions,
             overrides,
             reconcile_duration,
+            admission_latency,
             reconcile_errors,
             plans: Mutex::default(),
             free_resources: Mutex::default(),
@@ -524,6 +552,14 @@ impl Metrics {
     /// Starts timing a reconcile; the observation happens when it is dropped.
     pub fn reconcile_timer(&self) -> ReconcileTimer {
         ReconcileTimer(self.reconcile_duration.start_timer())
+    }
+
+    /// An admission's latency from its cause to the gate write; `cause`
+    /// is one of [`ADMISSION_CAUSES`].
+    pub fn admission_latency(&self, cause: &str, seconds: f64) {
+        self.admission_latency
+            .with_label_values(&[cause])
+            .observe(seconds);
     }
 
     /// Counts a failed reconcile; `reason` must be a short fixed word, never
@@ -909,6 +945,46 @@ pub(crate) mod tests {
                 &[("le", "10")]
             ),
             2.0
+        );
+    }
+
+    #[test]
+    fn admission_latency_per_cause_from_the_first_scrape() {
+        let m = Metrics::new().unwrap();
+        let s = samples(&m);
+        for cause in ADMISSION_CAUSES {
+            assert_eq!(
+                value(
+                    &s,
+                    "raygate_admission_latency_seconds_count",
+                    &[("cause", cause)]
+                ),
+                0.0
+            );
+        }
+        assert!(
+            m.exported_names()
+                .contains("raygate_admission_latency_seconds_bucket")
+        );
+        m.admission_latency("node", 0.4);
+        m.admission_latency("node", 2.0);
+        let s = samples(&m);
+        let le = |b: &str| {
+            value(
+                &s,
+                "raygate_admission_latency_seconds_bucket",
+                &[("cause", "node"), ("le", b)],
+            )
+        };
+        assert_eq!((le("0.3"), le("0.5"), le("2.5")), (0.0, 1.0, 2.0));
+        assert_eq!(
+            find(
+                &s,
+                "raygate_admission_latency_seconds_bucket",
+                &[("cause", "node")]
+            )
+            .len(),
+            ADMISSION_BUCKETS.len() + 1
         );
     }
 }

@@ -231,6 +231,7 @@ fn every_query_uses_only_series_raygate_exports() {
         "raygate_upgrade_stalled",
         "raygate_reconcile_errors_total",
         "raygate_reconcile_duration_seconds_bucket",
+        "raygate_admission_latency_seconds_bucket",
         "up",
     ] {
         assert!(used.contains(needed), "no panel shows {needed}");

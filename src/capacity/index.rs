@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use std::borrow::Cow;
 
-use super::fit::StaticsCache;
+use super::fit::{Layout, StaticsCache};
 use super::node::{
     Amounts, Bound, Capacity, Names, Rows, SkippedNode, add_amount, allocatable_of, node_name,
     record_error, skip_reason,
@@ -88,7 +88,7 @@ pub struct CapacityIndex {
     strings: Strings,
     nodes: HashMap<Arc<str>, Slot>,
     /// Usable nodes, sorted by name; and the skipped ones with why.
-    usable: Vec<Arc<Node>>,
+    usable: Layout,
     skipped: Vec<SkippedNode>,
     /// The usable nodes' aggregates in the order of `usable`, patched by
     /// each pod event, so a decision borrows them instead of copying.
@@ -97,9 +97,8 @@ pub struct CapacityIndex {
     broken_rows: Vec<usize>,
     /// The first usable node (by name) whose allocatable did not parse.
     allocatable_error: Option<String>,
-    /// Bumped whenever the rows are laid out again (a node changed): the
-    /// static verdicts cached for one layout hold until then.
-    layout: u64,
+    /// Static verdicts per group shape, patched on the next decision
+    /// after a node change for the changed nodes only.
     statics: StaticsCache,
     /// `namespace/name` → pod.
     pods: HashMap<Box<str>, Entry>,
@@ -384,7 +383,6 @@ impl CapacityIndex {
             nodes.push(node);
         }
         self.rows = rows;
-        self.layout += 1;
         self.broken_rows = broken_rows;
         self.allocatable_error = allocatable_error;
         let mut skipped: Vec<SkippedNode> = self
@@ -400,7 +398,7 @@ impl CapacityIndex {
             })
             .collect();
         skipped.sort_by(|a, b| a.node.cmp(&b.node));
-        self.usable = nodes;
+        self.usable = Arc::new(nodes);
         self.skipped = skipped;
     }
 
@@ -483,7 +481,7 @@ impl CapacityIndex {
             rows: Cow::Borrowed(&self.rows),
             skipped: Cow::Borrowed(&self.skipped),
             bound: Bound::Index(self),
-            statics: Some((&self.statics, self.layout)),
+            statics: Some((&self.statics, &self.usable)),
             dra: (!self.dra.is_empty()).then_some(&self.dra),
         })
     }
@@ -501,6 +499,20 @@ impl CapacityIndex {
     /// Per-node capacity, as [`super::node_free`] gives it.
     pub fn node_free(&self) -> crate::Result<super::NodeSummary> {
         super::node::summary(&self.capacity()?)
+    }
+
+    /// Static filter runs (node name, taints, selector, affinity) made for
+    /// decisions on this index so far: a node change costs one per changed
+    /// node and group shape, not one per node.
+    pub fn static_evaluations(&self) -> usize {
+        self.statics.evaluated()
+    }
+
+    /// Forgets the cached static verdicts, so the next decision evaluates
+    /// every node again (what every node change cost before the verdicts
+    /// were patched; the benches' baseline).
+    pub fn forget_static_verdicts(&self) {
+        self.statics.clear();
     }
 }
 
@@ -551,7 +563,28 @@ mod tests {
                 g.map(|_| ())
             ),
         }
+        // A fit that reads the static filters (selector, taints): the
+        // index's cached, patched verdicts answer as a fit from scratch.
+        let req = static_request();
+        let want = crate::capacity::fit(&state, &req);
+        let got = index.fit(&ClusterState::default(), &req);
+        match (want, got) {
+            (Ok(w), Ok(g)) => prop_assert_eq!(w, g),
+            (Err(_), Err(_)) => {}
+            (w, g) => prop_assert!(false, "oracle {:?} index {:?}", w.is_ok(), g.is_ok()),
+        }
         Ok(())
+    }
+
+    /// Two one-GPU pods for the `pool: gpu` nodes, tolerating nothing.
+    fn static_request() -> crate::capacity::FitRequest {
+        let mut p = pod("w", json!({"cpu": "100m", "nvidia.com/gpu": "1"}), None);
+        p.spec.as_mut().unwrap().node_selector =
+            Some(BTreeMap::from([("pool".to_string(), "gpu".to_string())]));
+        crate::capacity::FitRequest {
+            pods: vec![crate::capacity::PodGroup::indexed(p, 2, "w-".into())],
+            ..Default::default()
+        }
     }
 
     #[derive(Debug, Clone)]
@@ -572,6 +605,10 @@ mod tests {
             cordoned: bool,
             gpu: u32,
             bad: bool,
+            /// Labelled `pool: gpu` (else `cpu`) and tainted: the static
+            /// filters the fit's cached verdicts keep.
+            pool: bool,
+            tainted: bool,
         },
         DeleteNode(usize),
         /// Relist: keep pods whose bit is set, then drop the rest.
@@ -592,8 +629,8 @@ mod tests {
             4 => (0..12usize, proptest::option::of(0..5usize), 0..5usize, 0..4000u32, 0..3u32, any::<bool>(), proptest::bool::weighted(0.05))
                 .prop_map(|(i, node, phase, cpu, gpu, ray, bad)| Op::Pod { i, node, phase, cpu, gpu, ray, bad }),
             1 => (0..12usize).prop_map(Op::DeletePod),
-            2 => (0..5usize, proptest::bool::weighted(0.8), proptest::bool::weighted(0.2), 0..9u32, proptest::bool::weighted(0.05))
-                .prop_map(|(i, ready, cordoned, gpu, bad)| Op::Node { i, ready, cordoned, gpu, bad }),
+            2 => (0..5usize, proptest::bool::weighted(0.8), proptest::bool::weighted(0.2), 0..9u32, proptest::bool::weighted(0.05), any::<bool>(), proptest::bool::weighted(0.2))
+                .prop_map(|(i, ready, cordoned, gpu, bad, pool, tainted)| Op::Node { i, ready, cordoned, gpu, bad, pool, tainted }),
             1 => (0..5usize).prop_map(Op::DeleteNode),
             1 => any::<u16>().prop_map(Op::Relist),
             1 => any::<u8>().prop_map(Op::NodeRelist),
@@ -634,18 +671,34 @@ mod tests {
         p
     }
 
-    fn make_node(i: usize, ready: bool, cordoned: bool, gpu: u32, bad: bool) -> Node {
+    fn make_node(
+        i: usize,
+        ready: bool,
+        cordoned: bool,
+        gpu: u32,
+        bad: bool,
+        pool: bool,
+        tainted: bool,
+    ) -> Node {
         let cpu = if bad { "x" } else { "4" };
         let mut n = node(
             &format!("n{i}"),
             json!({"cpu": cpu, "nvidia.com/gpu": gpu.to_string(), "pods": "5"}),
-            json!({}),
+            json!({"pool": if pool { "gpu" } else { "cpu" }}),
         );
+        if tainted {
+            n.spec = Some(
+                serde_json::from_value(
+                    json!({"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}),
+                )
+                .unwrap(),
+            );
+        }
         if !ready {
             n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
         }
         if cordoned {
-            n.spec = Some(serde_json::from_value(json!({"unschedulable": true})).unwrap());
+            n.spec.get_or_insert_with(Default::default).unschedulable = Some(true);
         }
         n
     }
@@ -675,8 +728,8 @@ mod tests {
                         let had = m.pods.remove(&key_of(i)).is_some();
                         prop_assert_eq!(index.delete_pod(&ns, &name).is_some(), had);
                     }
-                    Op::Node { i, ready, cordoned, gpu, bad } => {
-                        let n = make_node(i, ready, cordoned, gpu, bad);
+                    Op::Node { i, ready, cordoned, gpu, bad, pool, tainted } => {
+                        let n = make_node(i, ready, cordoned, gpu, bad, pool, tainted);
                         index.apply_node(n.clone());
                         m.nodes.insert(format!("n{i}"), n);
                     }
@@ -756,9 +809,11 @@ mod tests {
     }
 
     #[test]
-    fn cached_static_verdicts_end_when_a_node_changes() {
+    fn cached_static_verdicts_follow_node_changes_evaluating_only_those_nodes() {
         let mut index = CapacityIndex::new();
-        index.apply_node(node("a", json!({"cpu": "8"}), json!({"pool": "cpu"})));
+        for n in ["a", "b", "c"] {
+            index.apply_node(node(n, json!({"cpu": "8"}), json!({"pool": "cpu"})));
+        }
         let mut p = pod("w", json!({"cpu": "1"}), None);
         p.spec.as_mut().unwrap().node_selector =
             Some(BTreeMap::from([("pool".to_string(), "gpu".to_string())]));
@@ -768,19 +823,35 @@ mod tests {
         };
         let rules = ClusterState::default();
         assert!(!index.fit(&rules, &req).unwrap().fits);
+        assert_eq!(index.static_evaluations(), 3, "every node, once");
         // Asked again on the same nodes: the cached verdicts answer alike.
         assert!(!index.fit(&rules, &req).unwrap().fits);
-        index.apply_node(node("a", json!({"cpu": "8"}), json!({"pool": "gpu"})));
+        assert_eq!(index.static_evaluations(), 3);
+        // One node changes: only it is evaluated again.
+        index.apply_node(node("b", json!({"cpu": "8"}), json!({"pool": "gpu"})));
+        let r = index.fit(&rules, &req).unwrap();
+        assert!(r.fits);
+        assert_eq!(r.placements.values().collect::<Vec<_>>(), ["b"]);
+        assert_eq!(index.static_evaluations(), 4);
+        // A node added before it: one more; a node deleted: none.
+        index.apply_node(node("aa", json!({"cpu": "8"}), json!({"pool": "cpu"})));
         assert!(index.fit(&rules, &req).unwrap().fits);
-        // A pod event keeps the layout (and the cache).
-        let layout = index.layout;
+        assert_eq!(index.static_evaluations(), 5);
+        index.delete_node("b");
+        assert!(!index.fit(&rules, &req).unwrap().fits);
+        assert_eq!(index.static_evaluations(), 5);
+        // A pod event keeps the layout (and the verdicts).
+        let layout = index.usable.clone();
         index.apply_pod(PodRecord::from_pod(&pod(
             "x",
             json!({"cpu": "1"}),
             Some("a"),
         )));
-        assert_eq!(index.layout, layout);
-        assert!(index.fit(&rules, &req).unwrap().fits);
+        assert!(Arc::ptr_eq(&layout, &index.usable));
+        // Forgotten, every node is evaluated again (the benches' baseline).
+        index.forget_static_verdicts();
+        assert!(!index.fit(&rules, &req).unwrap().fits);
+        assert_eq!(index.static_evaluations(), 8);
     }
 
     #[test]

@@ -170,9 +170,9 @@ pub(crate) struct Capacity<'a> {
     pub(crate) rows: Cow<'a, Rows>,
     pub(crate) skipped: Cow<'a, [SkippedNode]>,
     pub(crate) bound: Bound<'a>,
-    /// The index's cache of static verdicts and the node layout it holds
-    /// for; none from scratch.
-    pub(crate) statics: Option<(&'a super::fit::StaticsCache, u64)>,
+    /// The index's cache of static verdicts and its node layout (the
+    /// `Arc`s behind `nodes`); none from scratch.
+    pub(crate) statics: Option<(&'a super::fit::StaticsCache, &'a super::fit::Layout)>,
     /// The cluster's DRA objects, when it has any (see [`super::dra`]).
     pub(crate) dra: Option<&'a super::dra::DraState>,
 }

@@ -25,9 +25,13 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use futures::stream::BoxStream;
 use futures::{StreamExt, future};
+use jiff::Timestamp;
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
-use tracing::warn;
+use tracing::{debug, info, warn};
+
+use super::latency::{Cause, CauseKind, Causes};
+use crate::capacity::node::skip_reason;
 
 use crate::capacity::dra::{DraKind, DraState};
 use crate::capacity::record::PodPhase;
@@ -122,6 +126,10 @@ pub fn slim_pod(pod: &mut Pod) {
 pub fn slim_node(node: &mut Node) {
     node.metadata.managed_fields = None;
     node.metadata.annotations = None;
+    // Moves with every heartbeat: kept, each one would count as a change of
+    // the node in the capacity index (a new generation, the admission pass
+    // computed again) though nothing the index reads changed.
+    node.metadata.resource_version = None;
     if let Some(status) = node.status.as_mut() {
         status.images = None;
         status.volumes_attached = None;
@@ -306,9 +314,13 @@ impl IndexReady {
 /// [`PartialPod`]s, so only what the capacity model reads is parsed. Ray pod
 /// changes wake their plan through `wake` (namespace, cluster); node
 /// changes that matter ([`node_changes`]) wake every plan (`wake_all`).
+///
+/// Events that can let a held upgrade through (a node turning usable, a pod
+/// gone from a node) are noted in `causes` with the time they arrived.
 pub fn spawn_capacity_index(
     client: kube::Client,
     dra_plain_count: &[String],
+    causes: Arc<Causes>,
     wake: impl Fn(&str, &str) + Send + 'static,
     wake_all: impl Fn() + Send + Sync + 'static,
 ) -> (SharedIndex, IndexReady) {
@@ -328,12 +340,12 @@ pub fn spawn_capacity_index(
         watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed"),
     )
     .default_backoff();
-    let (idx, ready) = (index.clone(), ready_tx.clone());
+    let (idx, ready, noted) = (index.clone(), ready_tx.clone(), causes.clone());
     let mut listed = false;
     tokio::spawn(pods.for_each(move |ev| {
         let woken = match ev {
             Ok(ev) => match idx.write() {
-                Ok(mut i) => pod_event(&mut i, ev, &ready, &mut listed),
+                Ok(mut i) => pod_event(&mut i, ev, &ready, &mut listed, &noted),
                 Err(_) => None,
             },
             Err(e) => {
@@ -354,7 +366,7 @@ pub fn spawn_capacity_index(
     tokio::spawn(nodes.for_each(move |ev| {
         let wakes = match ev {
             Ok(ev) => match idx.write() {
-                Ok(mut i) => node_event(&mut i, ev, &ready, &mut seen, &mut listed),
+                Ok(mut i) => node_event(&mut i, ev, &ready, &mut seen, &mut listed, &causes),
                 Err(_) => false,
             },
             Err(e) => {
@@ -486,6 +498,7 @@ fn pod_event(
     ev: watcher::Event<PartialPod>,
     ready: &tokio::sync::watch::Sender<u8>,
     listed: &mut bool,
+    causes: &Causes,
 ) -> Option<(String, String)> {
     match ev {
         watcher::Event::Init => {
@@ -510,6 +523,23 @@ fn pod_event(
             let ns = p.metadata.namespace.clone().unwrap_or_default();
             let name = p.metadata.name.clone().unwrap_or_default();
             let old = index.delete_pod(&ns, &name);
+            if let Some(b) = old.as_ref().filter(|b| b.holds().is_some()) {
+                // Its request goes back to its node (a pod that finished
+                // arrives here too: the watch leaves out terminal pods).
+                let object = format!("pod/{ns}/{name}");
+                debug!(stage = "event received", cause = "pod", object = %object, "pod gone from its node");
+                causes.note(Cause {
+                    kind: CauseKind::Pod,
+                    object,
+                    at: Timestamp::now(),
+                    resources: b
+                        .requests
+                        .as_ref()
+                        .map(|u| u.iter().map(|(r, _)| r.as_str().to_string()).collect())
+                        .unwrap_or_default(),
+                    plan: None,
+                });
+            }
             pod_wakes(old.as_ref(), None).map(|(_, c)| (ns, c))
         }
     }
@@ -521,6 +551,7 @@ fn node_event(
     ready: &tokio::sync::watch::Sender<u8>,
     seen: &mut HashMap<String, Option<u64>>,
     listed: &mut bool,
+    causes: &Causes,
 ) -> bool {
     match ev {
         watcher::Event::Init => {
@@ -538,7 +569,25 @@ fn node_event(
             slim_node(&mut n);
             let key = node_changes(&n);
             let name = n.metadata.name.clone().unwrap_or_default();
-            let changed = seen.insert(name, key) != Some(key);
+            let changed = seen.insert(name.clone(), key) != Some(key);
+            // After the first list, a change that leaves the node usable can
+            // let an upgrade through (Ready, uncordoned, more capacity).
+            if changed && *listed && skip_reason(&n).is_none() {
+                let object = format!("node/{name}");
+                info!(stage = "event received", cause = "node", object = %object, "node usable");
+                causes.note(Cause {
+                    kind: CauseKind::Node,
+                    object,
+                    at: Timestamp::now(),
+                    resources: n
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.allocatable.as_ref())
+                        .map(|a| a.keys().cloned().collect())
+                        .unwrap_or_default(),
+                    plan: None,
+                });
+            }
             index.apply_node(n);
             changed
         }
@@ -876,7 +925,7 @@ mod tests {
     fn node_heartbeats_do_not_trigger() {
         let mk = |beat: &str| -> Node {
             serde_json::from_value(json!({
-                "metadata": {"name": "n"},
+                "metadata": {"name": "n", "resourceVersion": beat},
                 "status": {"allocatable": {"nvidia.com/gpu": "8"},
                     "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": beat}]}
             }))
@@ -886,6 +935,12 @@ mod tests {
         slim_node(&mut a);
         slim_node(&mut b);
         assert_eq!(node_changes(&a), node_changes(&b));
+        // Nor do they change the capacity index (no new generation).
+        let mut index = CapacityIndex::new();
+        index.apply_node(a.clone());
+        let g = index.generation();
+        index.apply_node(b);
+        assert_eq!(index.generation(), g);
         let mut c = mk("2026-12-02T10:00:10Z");
         c.status
             .as_mut()

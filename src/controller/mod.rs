@@ -10,10 +10,12 @@ pub mod buffers;
 pub mod cache;
 pub mod gate;
 pub mod govern;
+pub mod latency;
 pub mod observe;
 pub mod patch;
 pub mod release;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,7 +33,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::Mutex;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use crate::admission::{self, Decision, GateFacts, Outcome};
 use crate::kuberay::{KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService};
@@ -87,6 +89,8 @@ pub struct Context {
     decisions: Mutex<Overlay>,
     /// Capacity requests: their caches and bookkeeping.
     pub buffers: buffers::Shell,
+    /// Events that can let an upgrade through, and each plan's stages.
+    pub causes: Arc<latency::Causes>,
 }
 
 fn in_scope(settings: &Settings, ns: Option<&str>) -> bool {
@@ -101,6 +105,71 @@ fn plans_for(plans: &Store<UpgradePlan>, ns: &str, svc: &str) -> Vec<ObjectRef<U
         .filter(|p| p.namespace().as_deref() == Some(ns) && p.spec.ray_service_ref.name == svc)
         .map(|p| ObjectRef::from_obj(p.as_ref()))
         .collect()
+}
+
+fn ref_key(r: &ObjectRef<UpgradePlan>) -> latency::PlanKey {
+    (r.namespace.clone().unwrap_or_default(), r.name.clone())
+}
+
+/// A plan's `spec.approve` set or changed (after its first sighting) is an
+/// event that can let its upgrade through; any plan event queues it.
+fn note_plan(
+    causes: &latency::Causes,
+    approvals: &mut HashMap<latency::PlanKey, Option<String>>,
+    plan: &UpgradePlan,
+) {
+    let key = (plan.namespace().unwrap_or_default(), plan.name_any());
+    let now = Timestamp::now();
+    causes.queued([&key], now);
+    let approve = plan.spec.approve.clone().filter(|a| !a.is_empty());
+    let before = approvals.insert(key.clone(), approve.clone());
+    if let (Some(before), Some(a)) = (before, approve)
+        && before.as_ref() != Some(&a)
+    {
+        let object = format!("upgradeplan/{}/{}", key.0, key.1);
+        info!(stage = "event received", cause = "approval", object = %object, fingerprint = %a, "plan approved");
+        causes.note(latency::Cause {
+            kind: latency::CauseKind::Approval,
+            object,
+            at: now,
+            resources: vec![],
+            plan: Some(key),
+        });
+    }
+}
+
+/// A RayService's spec changed (its generation moved, after its first
+/// sighting): an event that can let its plans' upgrade through at once.
+fn note_service(
+    causes: &latency::Causes,
+    generations: &std::sync::Mutex<HashMap<(String, String), Option<i64>>>,
+    meta: &kube::api::ObjectMeta,
+    plans: &[ObjectRef<UpgradePlan>],
+) {
+    let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) else {
+        return;
+    };
+    let now = Timestamp::now();
+    let keys: Vec<latency::PlanKey> = plans.iter().map(ref_key).collect();
+    causes.queued(&keys, now);
+    let Ok(mut generations) = generations.lock() else {
+        return;
+    };
+    let before = generations.insert((ns.clone(), name.clone()), meta.generation);
+    if before.is_none() || before == Some(meta.generation) {
+        return;
+    }
+    let object = format!("rayservice/{ns}/{name}");
+    info!(stage = "event received", cause = "rayservice", object = %object, "RayService spec changed");
+    for key in keys {
+        causes.note(latency::Cause {
+            kind: latency::CauseKind::RayService,
+            object: object.clone(),
+            at: now,
+            resources: vec![],
+            plan: Some(key),
+        });
+    }
 }
 
 /// Start a cache: a watcher that slims objects, fills a store, and sends the
@@ -157,14 +226,22 @@ pub async fn run(
     let client = watch;
     // With several namespaces, one watcher per namespace (cache::scoped_watcher),
     // so that reads need only Roles there.
+    let causes = Arc::new(latency::Causes::default());
     let (plans, plan_writer) = reflector::store();
+    let mut approvals = std::collections::HashMap::new();
+    let noted = causes.clone();
     let plan_events = cache::scoped_watcher::<UpgradePlan>(
         &client,
         &ns,
         watcher::Config::default().any_semantic(),
     )
     .reflect(plan_writer)
-    .applied_objects();
+    .applied_objects()
+    .inspect(move |p| {
+        if let Ok(p) = p {
+            note_plan(&noted, &mut approvals, p);
+        }
+    });
     let controller = Controller::for_stream(plan_events, plans.clone())
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(200)));
     let (tx, rx) = mpsc::unbounded::<ObjectRef<UpgradePlan>>();
@@ -178,14 +255,19 @@ pub async fn run(
         ),
         |_| {},
         cache::service_changes,
-        move |s: &DeserializeGuard<RayService>| {
-            let meta = match &s.0 {
-                Ok(s) => &s.metadata,
-                Err(e) => &e.metadata,
-            };
-            match (&meta.namespace, &meta.name) {
-                (Some(ns), Some(n)) => plans_for(&p, ns, n),
-                _ => vec![],
+        {
+            let (causes, generations) = (causes.clone(), std::sync::Mutex::new(HashMap::new()));
+            move |s: &DeserializeGuard<RayService>| {
+                let meta = match &s.0 {
+                    Ok(s) => &s.metadata,
+                    Err(e) => &e.metadata,
+                };
+                let plans = match (&meta.namespace, &meta.name) {
+                    (Some(ns), Some(n)) => plans_for(&p, ns, n),
+                    _ => vec![],
+                };
+                note_service(&causes, &generations, meta, &plans);
+                plans
             }
         },
         tx.clone(),
@@ -209,21 +291,31 @@ pub async fn run(
     // Pods map to plans through their cluster's origin label.
     let (p, cl, tx_pods, tx_nodes) = (plans.clone(), clusters.clone(), tx.clone(), tx.clone());
     let p_all = plans.clone();
+    let (queued_pods, queued_nodes) = (causes.clone(), causes.clone());
     let (capacity, capacity_ready) = cache::spawn_capacity_index(
         client.clone(),
         &settings.dra_plain_count,
+        causes.clone(),
         move |ns, cluster| {
             let plans = cl
                 .get(&ObjectRef::new(cluster).within(ns))
                 .and_then(|c| cache::cluster_service(&c))
                 .map(|(ns, svc)| plans_for(&p, &ns, &svc))
                 .unwrap_or_default();
+            let keys: Vec<latency::PlanKey> = plans.iter().map(ref_key).collect();
+            queued_pods.queued(&keys, Timestamp::now());
             for r in plans {
                 let _ = tx_pods.unbounded_send(r);
             }
         },
         move || {
-            for x in p_all.state().iter() {
+            let plans = p_all.state();
+            let keys: Vec<latency::PlanKey> = plans
+                .iter()
+                .map(|x| (x.namespace().unwrap_or_default(), x.name_any()))
+                .collect();
+            queued_nodes.queued(&keys, Timestamp::now());
+            for x in plans.iter() {
                 let _ = tx_nodes.unbounded_send(ObjectRef::from_obj(x.as_ref()));
             }
         },
@@ -298,6 +390,7 @@ pub async fn run(
         settings,
         decisions: Mutex::new(Overlay::new()),
         buffers: capacity_requests,
+        causes,
     });
     let sweeper = tokio::spawn({
         let ctx = ctx.clone();
@@ -419,7 +512,18 @@ async fn sweep_orphans(ctx: &Context) {
     }
 }
 
+/// One reconcile, in a span naming the plan (every log line in it says
+/// which plan it is about).
 async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context>) -> Result<Action> {
+    let key = (plan.namespace().unwrap_or_default(), plan.name_any());
+    let span = tracing::info_span!("reconcile", namespace = %key.0, plan = %key.1);
+    let now = Timestamp::now();
+    ctx.causes.started(&key, now);
+    debug!(parent: &span, stage = "reconcile started", "reconcile started");
+    reconcile_plan(plan, ctx).instrument(span).await
+}
+
+async fn reconcile_plan(plan: Arc<UpgradePlan>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile_timer();
     ctx.fence.check()?;
     let ns = plan.namespace().unwrap_or_default();
@@ -482,6 +586,7 @@ async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
         warn!(plan = %plan.name_any(), error = %e, "deleting the plan's capacity request (the garbage collector and the sweep retry)");
     }
     ctx.metrics.forget_plan(&ns, &plan.name_any());
+    ctx.causes.forget(&(ns.clone(), plan.name_any()));
     ctx.decisions.lock().await.remove(&(ns, plan.name_any()));
     Ok(Action::await_change())
 }
@@ -593,7 +698,21 @@ async fn record(
             {
                 overlay.remove(&key);
             }
-            let (seen, decision) = decide_now(ctx, &current, &overlay, now);
+            let decided = Timestamp::now();
+            let (seen, decision, pass_at) = decide_now(ctx, &current, &overlay, now);
+            ctx.causes.decided(&key, decided, pass_at);
+            if decision.status.admitted.is_none() {
+                // Events up to here did not let it through.
+                let short = (decision.status.phase == Phase::WaitingForCapacity).then(|| {
+                    decision
+                        .status
+                        .capacity
+                        .as_ref()
+                        .map(|c| c.shortfall.keys().cloned().collect())
+                        .unwrap_or_default()
+                });
+                ctx.causes.held(&key, decided, short);
+            }
             let before = match decision.status.admitted.clone() {
                 Some(admitted) => overlay.insert(key.clone(), admitted),
                 None => overlay.remove(&key),
@@ -607,6 +726,10 @@ async fn record(
             write_status(ctx, &current, &decision.status).await
         };
         if matches!(written, Ok(true)) {
+            if decision.status != prev {
+                let at = Timestamp::now();
+                ctx.causes.status_written(&key, at);
+            }
             return Ok(Ok(Recorded {
                 plan: current,
                 seen,
@@ -664,7 +787,29 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
     .await?
     {
         Ok(()) => {
-            info!(plan = %name, rayservice = %service, gate = gate.strategy(), "gate set");
+            let at = Timestamp::now();
+            let timed = matches!(
+                gate,
+                admission::Gate::Open | admission::Gate::OpenIncremental
+            )
+            .then(|| ctx.causes.admitted(&(ns.clone(), name.clone()), at))
+            .flatten();
+            match timed {
+                Some(t) => {
+                    ctx.metrics
+                        .admission_latency(t.cause.kind.as_str(), t.seconds);
+                    let after = |x| latency::ms_after(t.cause.at, x);
+                    info!(plan = %name, rayservice = %service, gate = gate.strategy(),
+                          stage = "gate written", cause = t.cause.kind.as_str(), cause_object = %t.cause.object,
+                          cause_at = %t.cause.at, latency_ms = (t.seconds * 1e3) as i64,
+                          queued_ms = after(t.stages.queued), started_ms = after(t.stages.started),
+                          pass_ms = after(t.stages.pass), decided_ms = after(t.stages.decided),
+                          status_ms = after(t.stages.status), "gate set");
+                }
+                None => {
+                    info!(plan = %name, rayservice = %service, gate = gate.strategy(), stage = "gate written", "gate set");
+                }
+            }
             Ok(d.requeue)
         }
         Err(e) if gate::is_gone(&e) => {
@@ -737,7 +882,7 @@ fn decide_now(
     plan: &UpgradePlan,
     overlay: &Overlay,
     now: Timestamp,
-) -> (Seen, Decision) {
+) -> (Seen, Decision, Option<Timestamp>) {
     let releases = observe::releases(&ctx.stores, ctx.settings.kuberay_version)
         .with_incremental_gate(ctx.settings.incremental_gate);
     let world = World::new(&ctx.stores, overlay, &releases, now);
@@ -769,7 +914,7 @@ fn decide_now(
         unschedulable,
         wanted,
     };
-    (seen, decision)
+    (seen, decision, world.pass_at())
 }
 
 /// Writes the status (see [`patch`]); `false` when the plan changed since it

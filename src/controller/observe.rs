@@ -572,41 +572,106 @@ fn cluster_state(stores: &Stores) -> ClusterState {
     }
 }
 
-/// The last admission pass and what it was computed on.
-pub type PassCache = Arc<std::sync::Mutex<Option<(u64, Arc<Pass>)>>>;
+/// The last admission pass, the world it was computed on, and when.
+pub type PassCache = Arc<std::sync::Mutex<Option<CachedPass>>>;
 
-/// A digest of everything the pass reads: the index's generation, every
-/// plan, RayService and RayCluster version, the admissions not yet cached.
-/// Order-independent, as the stores are unordered.
-fn world_key(stores: &Stores, generation: u64, overlay: &Overlay) -> u64 {
-    fn h<T: Hash>(t: T) -> u64 {
-        let mut s = DefaultHasher::new();
-        t.hash(&mut s);
-        s.finish()
-    }
-    let mut key = h(("generation", generation));
-    for p in stores.plans.state() {
-        let m = &p.metadata;
-        key = key.wrapping_add(h(("plan", &m.namespace, &m.name, &m.resource_version)));
-    }
+#[derive(Debug)]
+pub struct CachedPass {
+    world: WorldDigest,
+    pass: Arc<Pass>,
+    at: Timestamp,
+}
+
+/// A digest of what the pass reads: the index's generation; of each
+/// RayService and RayCluster, what their change filters keep (spec
+/// generation, deletion, the clusters named, the cluster state, the release
+/// stamp: KubeRay's other status rewrites do not move it); of each plan, its
+/// spec generation, phase, admission (from the status or written but not
+/// cached yet) and waiting time. Order-independent, as the stores are
+/// unordered.
+#[derive(Debug, PartialEq)]
+struct WorldDigest {
+    /// Everything but the plans.
+    rest: u64,
+    /// Per plan: its digest, and whether it holds an admission.
+    plans: HashMap<PlanKey, (u64, bool)>,
+}
+
+fn h<T: Hash>(t: T) -> u64 {
+    let mut s = DefaultHasher::new();
+    t.hash(&mut s);
+    s.finish()
+}
+
+fn world_digest(stores: &Stores, generation: u64, overlay: &Overlay) -> WorldDigest {
+    let mut rest = h(("generation", generation));
     for s in stores.services.state() {
         let m = match &s.0 {
             Ok(s) => &s.metadata,
             Err(e) => &e.metadata,
         };
-        key = key.wrapping_add(h(("svc", &m.namespace, &m.name, &m.resource_version)));
+        let changes = super::cache::service_changes(&s);
+        rest = rest.wrapping_add(h(("svc", &m.namespace, &m.name, changes)));
     }
     for c in stores.clusters.state() {
         let m = match &c.0 {
             Ok(c) => &c.metadata,
             Err(e) => &e.metadata,
         };
-        key = key.wrapping_add(h(("rc", &m.namespace, &m.name, &m.resource_version)));
+        let stamp = m
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_KUBERAY_VERSION));
+        let changes = super::cache::cluster_changes(&c);
+        rest = rest.wrapping_add(h(("rc", &m.namespace, &m.name, &m.labels, stamp, changes)));
     }
-    for (k, a) in overlay {
-        key = key.wrapping_add(h(("overlay", k, &a.fingerprint, &a.to_cluster)));
+    let mut plans = HashMap::new();
+    for p in stores.plans.state() {
+        let status = p.status.as_ref();
+        let admission = admission_of(&p, overlay);
+        let digest = h((
+            p.metadata.generation,
+            serde_json::to_string(&p.spec).ok(),
+            status.map(|s| s.phase),
+            admission.as_ref().map(|a| (&a.fingerprint, &a.to_cluster)),
+            status
+                .and_then(|s| s.pending_change.as_ref())
+                .map(|c| c.detected_time),
+        ));
+        plans.insert(key_of(&p), (digest, admission.is_some()));
     }
-    key
+    WorldDigest { rest, plans }
+}
+
+impl CachedPass {
+    /// Whether the pass still holds for `now`: the same world, but for
+    /// plans the pass itself let through that hold their admission now (in
+    /// their status or written but not cached yet). Recording what the pass
+    /// decided does not change what it decided: without this, each of N
+    /// admissions of one pass computed the pass again, twice (the written
+    /// admission, then the status in the cache).
+    fn holds_for(&self, now: &WorldDigest) -> bool {
+        holds(&self.world, now, |k| {
+            self.pass
+                .get(&k.0, &k.1)
+                .is_some_and(|r| r.as_ref().is_ok_and(|r| r.fits))
+        })
+    }
+}
+
+/// Whether a pass computed on `then` holds on `now`; `let_through`: the
+/// pass admitted that plan.
+fn holds(then: &WorldDigest, now: &WorldDigest, let_through: impl Fn(&PlanKey) -> bool) -> bool {
+    then.rest == now.rest
+        && then.plans.len() == now.plans.len()
+        && now
+            .plans
+            .iter()
+            .all(|(k, (digest, admitted))| match then.plans.get(k) {
+                Some((d, _)) if d == digest => true,
+                Some((_, false)) if *admitted => let_through(k),
+                _ => false,
+            })
 }
 
 /// The caches as one decision's [`Cluster`]: the capacity index, the other
@@ -618,6 +683,8 @@ pub struct World<'a> {
     releases: &'a Releases,
     now: Timestamp,
     rules: OnceCell<ClusterState>,
+    /// When the pass this decision read was computed.
+    pass_at: std::cell::Cell<Option<Timestamp>>,
 }
 
 impl<'a> World<'a> {
@@ -633,7 +700,14 @@ impl<'a> World<'a> {
             releases,
             now,
             rules: OnceCell::new(),
+            pass_at: Default::default(),
         }
+    }
+
+    /// When the admission pass this world's decision read was computed;
+    /// `None` if it read none.
+    pub fn pass_at(&self) -> Option<Timestamp> {
+        self.pass_at.get()
     }
 }
 
@@ -662,16 +736,30 @@ impl Cluster for World<'_> {
     /// thread waits behind a queued writer forever.
     fn pass(&self, run: &dyn Fn() -> crate::Result<Pass>) -> crate::Result<Arc<Pass>> {
         let generation = super::cache::read_index(&self.stores.capacity)?.generation();
-        let key = world_key(self.stores, generation, self.overlay);
+        let world = world_digest(self.stores, generation, self.overlay);
         if let Ok(cached) = self.stores.pass.lock()
-            && let Some((k, pass)) = cached.as_ref()
-            && *k == key
+            && let Some(c) = cached.as_ref()
+            && c.holds_for(&world)
         {
-            return Ok(pass.clone());
+            self.pass_at.set(Some(c.at));
+            return Ok(c.pass.clone());
         }
+        let started = std::time::Instant::now();
         let pass = Arc::new(run()?);
+        let at = Timestamp::now();
+        tracing::info!(
+            stage = "pass computed",
+            generation,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "admission pass computed"
+        );
+        self.pass_at.set(Some(at));
         if let Ok(mut cached) = self.stores.pass.lock() {
-            *cached = Some((key, pass.clone()));
+            *cached = Some(CachedPass {
+                world,
+                pass: pass.clone(),
+                at,
+            });
         }
         Ok(pass)
     }
@@ -811,6 +899,45 @@ mod tests {
         // own decision reports the error.
         let off = Releases::from_stamps([("ml-serving", "v1.6.2")], None);
         assert!(waiting_plans(&stores, None, &none, &off, now).is_empty());
+    }
+
+    #[test]
+    fn a_pass_holds_while_only_its_own_admissions_are_recorded() {
+        let svc = rayservice();
+        let plan = waiting_plan(&svc);
+        let key = key_of(&plan);
+        let stores_now = stores(plan.clone(), svc);
+        let none = Overlay::new();
+        let then = world_digest(&stores_now, 7, &none);
+        assert!(holds(&then, &world_digest(&stores_now, 7, &none), |_| {
+            false
+        }));
+        // Another index generation: computed again.
+        assert!(!holds(&then, &world_digest(&stores_now, 8, &none), |_| {
+            true
+        }));
+        // The plan's admission written (not cached yet): holds if the pass
+        // admitted it, not otherwise.
+        let admitted = Overlay::from([(
+            key.clone(),
+            Admission {
+                fingerprint: "f".into(),
+                admitted_time: Timestamp::now(),
+                from_cluster: None,
+                to_cluster: None,
+                surge: Default::default(),
+            },
+        )]);
+        let now = world_digest(&stores_now, 7, &admitted);
+        assert_ne!(now, then);
+        assert!(holds(&then, &now, |k| *k == key));
+        assert!(!holds(&then, &now, |_| false));
+        // KubeRay rewriting the RayService status (a new resourceVersion,
+        // nothing the filters keep) does not move the digest.
+        let mut svc = rayservice();
+        svc.metadata.resource_version = Some("999".into());
+        let churned = stores(plan, svc);
+        assert_eq!(world_digest(&churned, 7, &none), then);
     }
 
     #[test]

@@ -7,9 +7,18 @@
 //! operator, then plain pods up to `--pods` in all, and raygate restarted on that full
 //! cluster; then `--waiting` of the services change their worker image at once and wait for
 //! GPUs, and a batch of GPU nodes is added. Reported: raygate's time to ready on the full
-//! cluster, its resident memory (now and peak), the time from the capacity change to each
-//! admission (p50/p99/max), the time until every upgrade completed, and the
-//! reconcile-duration p50/p99 from raygate's own `/metrics` histogram.
+//! cluster, its resident memory (now and peak), the latency of each admission as raygate
+//! recorded it (from the event that let it through, the last added node as raygate received
+//! it, to the gate write: its log line per admission and `raygate_admission_latency_seconds`;
+//! the driver's own polling of the plans is printed beside it, as an upper bound only), the
+//! stages in between, the time until every upgrade completed, the reconcile-duration p50/p99,
+//! and raygate's cost to the apiserver read from the apiserver's audit log: raygate runs as
+//! its own user (`raygate`, a token added to the control plane before the nodes), the only
+//! user the audit policy logs, one event per request (RequestReceived). Each run's figures
+//! are also written as JSON to `docs/scale-runs/` (`--out`).
+
+// The figures' `json!` is larger than the default limit expands.
+#![recursion_limit = "256"]
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
@@ -19,13 +28,18 @@ use kube::Client;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
+use raygate_e2e::control_plane::Options;
 use raygate_e2e::control_plane::repo_root;
+use raygate_e2e::raygate::Spawn;
 use raygate_e2e::{
     Check, ControlPlane, FakeNode, GpuRayService, Raygate, create_namespace, wait_for,
 };
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
 
 /// GPUs per GPU node; each RayService's worker group takes `WORKERS` of them.
 const GPUS_PER_NODE: u32 = 8;
@@ -53,6 +67,16 @@ struct Args {
     /// Give up on any one phase after this many seconds.
     #[arg(long, default_value_t = 1200)]
     timeout: u64,
+    /// Seconds raygate is watched at rest (every plan decided, nothing changing) to count
+    /// its requests per minute.
+    #[arg(long, default_value_t = 60)]
+    rest: u64,
+    /// Where the run's figures go as JSON (a file per run); empty: nowhere.
+    #[arg(long, default_value = "docs/scale-runs")]
+    out: String,
+    /// A note on the machine, kept in the JSON (e.g. what else ran on it).
+    #[arg(long, default_value = "")]
+    note: String,
 }
 
 fn ar(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
@@ -180,6 +204,219 @@ async fn wait_phases(client: &Client, want: &[&str], n: usize, timeout: Duration
     .await
 }
 
+/// The audit policy of the run: every request of the user `raygate`, one event each (when
+/// received, with its URI: `limit`, `continue`, `allowWatchBookmarks` show), nothing else
+/// (the other clients' writes at this scale would slow the apiserver they are measured on).
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [ResponseStarted, ResponseComplete]
+rules:
+  - level: Metadata
+    users: [raygate]
+  - level: None
+";
+
+/// raygate as its own user, the one the audit log records: a token (in `system:masters`,
+/// as the admin) added to the control plane's token file, the policy above, the apiserver
+/// restarted to read both. Returns raygate's kubeconfig.
+fn raygate_identity(cp: &ControlPlane) -> Result<PathBuf> {
+    let dir = cp
+        .audit_log_path()?
+        .parent()
+        .and_then(Path::parent)
+        .context("control plane directory")?
+        .to_path_buf();
+    let token = format!("{:032x}", rand::random::<u128>());
+    let mut tokens = std::fs::read_to_string(dir.join("tokens.csv"))?;
+    if !tokens.ends_with('\n') {
+        tokens.push('\n');
+    }
+    tokens.push_str(&format!("{token},raygate,raygate,\"system:masters\"\n"));
+    std::fs::write(dir.join("tokens.csv"), tokens)?;
+    std::fs::write(dir.join("audit-policy.yaml"), AUDIT_POLICY)?;
+    cp.restart("kube-apiserver")?;
+    let admin = std::fs::read_to_string(dir.join("token"))?;
+    let kubeconfig = std::fs::read_to_string(cp.kubeconfig_path())?.replace(admin.trim(), &token);
+    let path = dir.join("raygate.kubeconfig");
+    std::fs::write(&path, kubeconfig)?;
+    Ok(path)
+}
+
+/// One request of raygate's, from the audit log.
+#[derive(Debug, Clone)]
+struct Request {
+    at: Timestamp,
+    verb: String,
+    /// `resource` or `resource/subresource`.
+    what: String,
+    uri: String,
+}
+
+fn audited(path: &Path) -> Result<Vec<Request>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["user"]["username"] == "raygate")
+        .filter_map(|e| {
+            let o = &e["objectRef"];
+            let mut what = o["resource"].as_str().unwrap_or("-").to_string();
+            if let Some(sub) = o["subresource"].as_str() {
+                what = format!("{what}/{sub}");
+            }
+            Some(Request {
+                at: e["requestReceivedTimestamp"].as_str()?.parse().ok()?,
+                verb: e["verb"].as_str()?.to_string(),
+                what,
+                uri: e["requestURI"].as_str().unwrap_or("").to_string(),
+            })
+        })
+        .collect())
+}
+
+fn between(reqs: &[Request], from: Timestamp, to: Timestamp) -> Vec<&Request> {
+    reqs.iter().filter(|r| r.at >= from && r.at <= to).collect()
+}
+
+/// Leader election and long-running watches: not what a decision costs.
+fn is_background(r: &Request) -> bool {
+    r.verb == "watch" || r.what == "leases"
+}
+
+/// `verb resource` → count.
+fn by_kind(reqs: &[&Request]) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for r in reqs {
+        *m.entry(format!("{} {}", r.verb, r.what)).or_default() += 1;
+    }
+    m
+}
+
+/// `key=value` or `key="value"` of a text log line: the last one (the event's fields come
+/// after its spans', `reconcile{namespace=.. plan=..}`).
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let pat = format!(" {key}=");
+    let rest = &line[line.rfind(&pat)? + pat.len()..];
+    match rest.strip_prefix('"') {
+        Some(q) => q.split('"').next(),
+        None => rest.split_whitespace().next(),
+    }
+}
+
+fn log_time(line: &str) -> Option<Timestamp> {
+    line.split_whitespace().next()?.parse().ok()
+}
+
+/// One admission as raygate's log line "gate written" tells it.
+#[derive(Debug, Clone)]
+struct Admitted {
+    plan: String,
+    at: Timestamp,
+    cause: String,
+    cause_object: String,
+    /// Milliseconds after the cause: total, and each stage.
+    ms: BTreeMap<&'static str, f64>,
+}
+
+const STAGES: [&str; 6] = [
+    "queued_ms",
+    "started_ms",
+    "pass_ms",
+    "decided_ms",
+    "status_ms",
+    "latency_ms",
+];
+
+fn admissions_logged(logs: &str) -> Vec<Admitted> {
+    logs.lines()
+        .filter(|l| field(l, "stage") == Some("gate written") && field(l, "latency_ms").is_some())
+        .filter_map(|l| {
+            Some(Admitted {
+                plan: field(l, "plan")?.to_string(),
+                at: log_time(l)?,
+                cause: field(l, "cause")?.to_string(),
+                cause_object: field(l, "cause_object").unwrap_or("").to_string(),
+                ms: STAGES
+                    .iter()
+                    .filter_map(|k| Some((*k, field(l, k)?.parse::<f64>().ok()?)))
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// When raygate received the last of `nodes` as usable (its "event received" line).
+fn last_node_received(logs: &str, nodes: &[String]) -> Option<Timestamp> {
+    logs.lines()
+        .filter(|l| {
+            field(l, "stage") == Some("event received") && field(l, "cause") == Some("node")
+        })
+        .filter(|l| {
+            field(l, "object")
+                .and_then(|o| o.strip_prefix("node/"))
+                .is_some_and(|n| nodes.iter().any(|x| x == n))
+        })
+        .filter_map(log_time)
+        .max()
+}
+
+/// (count, total ms) of the admission passes raygate computed at or after `from`.
+fn passes_after(logs: &str, from: Timestamp) -> (usize, f64) {
+    logs.lines()
+        .filter(|l| field(l, "stage") == Some("pass computed"))
+        .filter(|l| log_time(l).is_some_and(|t| t >= from))
+        .filter_map(|l| field(l, "ms")?.parse::<f64>().ok())
+        .fold((0, 0.0), |(n, t), ms| (n + 1, t + ms))
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+fn secs(from: Timestamp, to: Timestamp) -> f64 {
+    to.duration_since(from).as_secs_f64()
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn git(args: &[&str]) -> String {
+    std::process::Command::new("git")
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The label names of the apiserver's `apiserver_request_total` (which client sent a
+/// request is not one of them in v1.36: hence the audit log).
+fn request_total_labels(cp: &ControlPlane) -> Vec<String> {
+    let Ok(metrics) = cp.kubectl_ok(&["get", "--raw", "/metrics"]) else {
+        return vec![];
+    };
+    let Some(line) = metrics
+        .lines()
+        .find(|l| l.starts_with("apiserver_request_total{"))
+    else {
+        return vec![];
+    };
+    line.split('{')
+        .nth(1)
+        .and_then(|r| r.split('}').next())
+        .map(|ls| {
+            ls.split("\",")
+                .filter_map(|kv| kv.split('=').next())
+                .map(|k| k.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let a = Args::parse();
@@ -198,7 +435,13 @@ async fn main() -> Result<()> {
         a.nodes, a.pods, a.services, a.waiting
     );
 
-    let cp = ControlPlane::start()?;
+    let load_start = loadavg();
+    let cp = ControlPlane::start_audited(Options::from_env()?)?;
+    let kubeconfig = raygate_identity(&cp)?;
+    let spawn = Spawn {
+        kubeconfig: Some(&kubeconfig),
+        ..Spawn::default()
+    };
     cp.install_crd_file(&repo_root().join("crds/raygate.io_upgradeplans.yaml"))?;
     let client = cp.client().await?;
 
@@ -231,7 +474,7 @@ async fn main() -> Result<()> {
     // raygate first, then the services: KubeRay brings them up while kwok has only their
     // pods to start (with 29,400 filler pods queued ahead, kwok's four pod workers kept the
     // Ray pods Pending for minutes on 2 cores).
-    let mut rg = Raygate::spawn(&cp, &[])?;
+    let mut rg = Raygate::spawn_with(&cp, &spawn)?;
     let t = Instant::now();
     let mut namespaces = Vec::new();
     for _ in 0..a.namespaces {
@@ -321,9 +564,17 @@ async fn main() -> Result<()> {
         rg.kill();
     }
     let t = Instant::now();
-    let mut rg = Raygate::spawn(&cp, &[])?;
+    let restarted_at = Timestamp::now();
+    let mut rg = Raygate::spawn_with(&cp, &spawn)?;
     let ready_s = t.elapsed().as_secs_f64();
     eprintln!("scale: raygate restarted, ready in {ready_s:.1} s");
+    let (_, peak_after_lists) = rss_mib(rg.pid())?;
+    // At rest: every plan decided again after the restart, nothing changing.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let rest_from = Timestamp::now();
+    tokio::time::sleep(Duration::from_secs(a.rest)).await;
+    let rest_to = Timestamp::now();
+    eprintln!("scale: {} s at rest watched", a.rest);
     // The waiting upgrades: every GPU is taken, so each holds at WaitingForCapacity.
     let waiting = &services[..a.waiting as usize];
     for (ns, name) in waiting {
@@ -349,6 +600,7 @@ async fn main() -> Result<()> {
                 .label("raygate.io/pool", "gpu")
         })
         .collect();
+    let capacity_at = Timestamp::now();
     stream::iter(added.iter().map(|n| n.create(&client)))
         .buffer_unordered(16)
         .try_collect::<Vec<_>>()
@@ -385,11 +637,74 @@ async fn main() -> Result<()> {
         .await?
         .items
         .len();
-    let q = |p| {
-        histogram_quantile(&metrics, "raygate_reconcile_duration_seconds", p)
+    let q = |name: &str, p| {
+        histogram_quantile(&metrics, name, p)
             .map(|s| format!("{:.0} ms", s * 1000.0))
             .unwrap_or_else(|| "n/a".into())
     };
+
+    // raygate's own record of each admission.
+    let logs = rg.logs();
+    let wanted: Vec<&str> = waiting.iter().map(|(_, n)| n.as_str()).collect();
+    let mut logged: BTreeMap<String, Admitted> = BTreeMap::new();
+    for adm in admissions_logged(&logs) {
+        if wanted.contains(&adm.plan.as_str()) && adm.at >= capacity_at {
+            logged.entry(adm.plan.clone()).or_insert(adm);
+        }
+    }
+    let added_names: Vec<String> = (0..extra_gpu_nodes)
+        .map(|i| format!("gpu-new-{i}"))
+        .collect();
+    let last_node = last_node_received(&logs, &added_names);
+    // -1: a stage the decision did not go through (no pass read).
+    let stage = |k: &str| {
+        sorted(
+            logged
+                .values()
+                .filter_map(|a| a.ms.get(k).copied())
+                .filter(|ms| *ms >= 0.0)
+                .collect(),
+        )
+    };
+    let latency = sorted(stage("latency_ms").iter().map(|ms| ms / 1e3).collect());
+    let from_last_node = sorted(
+        last_node
+            .map(|n| logged.values().map(|a| secs(n, a.at)).collect())
+            .unwrap_or_default(),
+    );
+    let mut causes: BTreeMap<String, usize> = BTreeMap::new();
+    for a in logged.values() {
+        *causes.entry(a.cause.clone()).or_default() += 1;
+    }
+    let last_gate = logged.values().map(|a| a.at).max().unwrap_or(capacity_at);
+    let (passes, pass_ms) = passes_after(&logs, capacity_at);
+
+    // raygate's requests, from the apiserver's audit log.
+    let reqs = audited(&cp.audit_log_path()?)?;
+    let startup = between(&reqs, restarted_at, rest_from);
+    let lists: Vec<&&Request> = startup.iter().filter(|r| r.verb == "list").collect();
+    let paged = lists.iter().filter(|r| r.uri.contains("limit=")).count();
+    let continued = lists.iter().filter(|r| r.uri.contains("continue=")).count();
+    let watches: Vec<&&Request> = startup.iter().filter(|r| r.verb == "watch").collect();
+    let bookmarked = watches
+        .iter()
+        .filter(|r| r.uri.contains("allowWatchBookmarks=true"))
+        .count();
+    let rest = between(&reqs, rest_from, rest_to);
+    let minutes = secs(rest_from, rest_to) / 60.0;
+    let rest_per_min = rest.len() as f64 / minutes;
+    let rest_foreground: Vec<&Request> =
+        rest.iter().copied().filter(|r| !is_background(r)).collect();
+    let admission_window = between(&reqs, capacity_at, last_gate + Duration::from_millis(500));
+    let admission_foreground: Vec<&Request> = admission_window
+        .iter()
+        .copied()
+        .filter(|r| !is_background(r))
+        .collect();
+    let per_admission = admission_foreground.len() as f64 / logged.len().max(1) as f64;
+    let labels = request_total_labels(&cp);
+
+    let p = percentile;
     println!("| what | measured |");
     println!("|---|---|");
     println!(
@@ -399,14 +714,58 @@ async fn main() -> Result<()> {
         cp.kuberay_version().unwrap_or("none"),
         std::env::var("RAYGATE_KUBERAY_ARGS").unwrap_or_default()
     );
-    println!("| raygate restarted on the full cluster: ready (initial lists) | {ready_s:.1} s |");
-    println!("| raygate resident memory (now / peak) | {rss:.0} MiB / {peak:.0} MiB |");
     println!(
-        "| capacity change → admission, {} upgrades (p50 / p99 / max) | {:.2} s / {:.2} s / {:.2} s |",
-        lat.len(),
-        percentile(&lat, 0.5),
-        percentile(&lat, 0.99),
-        percentile(&lat, 1.0)
+        "| machine | {} cores; load average at start {load_start}, at the end {} |",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        loadavg()
+    );
+    println!("| raygate restarted on the full cluster: ready (initial lists) | {ready_s:.1} s |");
+    println!(
+        "| raygate resident memory (now / peak; peak right after the initial lists) | {rss:.0} MiB / {peak:.0} MiB; {peak_after_lists:.0} MiB |"
+    );
+    println!(
+        "| admission latency as raygate recorded it: cause → gate write, {} of {} upgrades (p50 / p99 / max) | {:.2} s / {:.2} s / {:.2} s (causes: {causes:?}) |",
+        latency.len(),
+        a.waiting,
+        p(&latency, 0.5),
+        p(&latency, 0.99),
+        p(&latency, 1.0)
+    );
+    println!(
+        "| last added node received by raygate → gate write (p50 / p99 / max) | {:.2} s / {:.2} s / {:.2} s |",
+        p(&from_last_node, 0.5),
+        p(&from_last_node, 0.99),
+        p(&from_last_node, 1.0)
+    );
+    let stages: Vec<String> = STAGES
+        .iter()
+        .map(|k| {
+            let v = stage(k);
+            format!(
+                "{} {:.0} / {:.0}",
+                k.trim_end_matches("_ms"),
+                p(&v, 0.5),
+                p(&v, 1.0)
+            )
+        })
+        .collect();
+    println!(
+        "| stages, ms after the cause (p50 / max) | {} |",
+        stages.join("; ")
+    );
+    println!(
+        "| `raygate_admission_latency_seconds` (p50 / p99, bucket upper bounds) | {} / {} |",
+        q("raygate_admission_latency_seconds", 0.5),
+        q("raygate_admission_latency_seconds", 0.99)
+    );
+    println!(
+        "| admission passes computed from the capacity change to the last gate write | {passes} ({pass_ms:.0} ms in all) |"
+    );
+    println!(
+        "| the driver's poll of the plans (every 100 ms, a list of {} plans): capacity change → admitted (p50 / p99; an upper bound) | {:.2} s / {:.2} s |",
+        a.services,
+        p(&lat, 0.5),
+        p(&lat, 0.99)
     );
     println!(
         "| capacity change → all {} upgrades Completed | {completed_s:.0} s |",
@@ -414,10 +773,113 @@ async fn main() -> Result<()> {
     );
     println!(
         "| reconcile duration from /metrics (p50 / p99, bucket upper bounds) | {} / {} |",
-        q(0.5),
-        q(0.99)
+        q("raygate_reconcile_duration_seconds", 0.5),
+        q("raygate_reconcile_duration_seconds", 0.99)
     );
+    println!(
+        "| API requests per admission (audit log; capacity change to the last gate write, leases and watches left out) | {per_admission:.2} ({:?}) |",
+        by_kind(&admission_foreground)
+    );
+    println!(
+        "| API requests per minute at rest ({} s) | {rest_per_min:.1} in all; {:.1} without leases and watches ({:?}) |",
+        a.rest,
+        rest_foreground.len() as f64 / minutes,
+        by_kind(&rest)
+    );
+    println!(
+        "| initial lists after the restart | {} list requests, {paged} with `limit`, {continued} with `continue` ({:?}); {} watches, {bookmarked} with `allowWatchBookmarks=true` |",
+        lists.len(),
+        by_kind(&lists.iter().map(|r| **r).collect::<Vec<_>>()),
+        watches.len()
+    );
+    println!("| `apiserver_request_total` labels | {labels:?} |");
     println!("| whole run | {:.0} s |", t_all.elapsed().as_secs_f64());
+
+    if !a.out.is_empty() {
+        let date = Timestamp::now();
+        let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+        let commit = git(&["rev-parse", "HEAD"]);
+        let figures = json!({
+            "date": date.to_string(),
+            "commit": commit,
+            "commit_dirty": dirty,
+            "nodes": a.nodes,
+            "pods": total_pods,
+            "services": a.services,
+            "waiting": a.waiting,
+            "admitted": logged.len(),
+            "latency_p50_s": p(&latency, 0.5),
+            "latency_p99_s": p(&latency, 0.99),
+            "latency_max_s": p(&latency, 1.0),
+            "latency_from": "raygate's log line per admission: the event that let it through (as raygate received it) to the gate write",
+            "causes": causes,
+            "cause_objects": logged.values().map(|a| a.cause_object.clone()).collect::<std::collections::BTreeSet<_>>(),
+            "last_added_node_to_gate_p50_s": p(&from_last_node, 0.5),
+            "last_added_node_to_gate_p99_s": p(&from_last_node, 0.99),
+            "stages_ms_after_cause_p50": STAGES.iter().map(|k| (k.to_string(), p(&stage(k), 0.5))).collect::<BTreeMap<_, _>>(),
+            "stages_ms_after_cause_max": STAGES.iter().map(|k| (k.to_string(), p(&stage(k), 1.0))).collect::<BTreeMap<_, _>>(),
+            "histogram_p50_le_s": histogram_quantile(&metrics, "raygate_admission_latency_seconds", 0.5),
+            "histogram_p99_le_s": histogram_quantile(&metrics, "raygate_admission_latency_seconds", 0.99),
+            "passes_computed": passes,
+            "passes_ms": pass_ms,
+            "driver_poll_p50_s": p(&lat, 0.5),
+            "driver_poll_p99_s": p(&lat, 0.99),
+            "completed_s": completed_s,
+            "api_requests_per_admission": per_admission,
+            "api_requests_per_admission_by_kind": by_kind(&admission_foreground),
+            "api_requests_per_minute_at_rest": rest_per_min,
+            "api_requests_per_minute_at_rest_without_leases_and_watches": rest_foreground.len() as f64 / minutes,
+            "api_requests_at_rest_by_kind": by_kind(&rest),
+            "rest_s": a.rest,
+            "initial_lists": lists.len(),
+            "initial_lists_with_limit": paged,
+            "initial_lists_with_continue": continued,
+            "initial_lists_by_kind": by_kind(&lists.iter().map(|r| **r).collect::<Vec<_>>()),
+            "initial_watches": watches.len(),
+            "initial_watches_with_bookmarks": bookmarked,
+            "apiserver_request_total_labels": labels,
+            "rss_mib": peak,
+            "rss_mib_now": rss,
+            "rss_mib_after_initial_lists": peak_after_lists,
+            "ready_s": ready_s,
+            "whole_run_s": t_all.elapsed().as_secs_f64(),
+            "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
+            "load_average_start": load_start,
+            "load_average_end": loadavg(),
+            "note": a.note,
+            "kuberay": cp.kuberay_version().unwrap_or("none"),
+            "kuberay_args": std::env::var("RAYGATE_KUBERAY_ARGS").unwrap_or_default(),
+            "kwok_parallelism": std::env::var("RAYGATE_KWOK_PARALLELISM").unwrap_or_default(),
+        });
+        let dir = repo_root().join(&a.out);
+        std::fs::create_dir_all(&dir)?;
+        let stamp = date.strftime("%Y-%m-%dT%H%M%SZ");
+        let file = dir.join(format!("{stamp}-{}nodes.json", a.nodes));
+        std::fs::write(&file, serde_json::to_string_pretty(&figures)? + "\n")?;
+        eprintln!("scale: figures written to {}", file.display());
+    }
     rg.kill();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gate_line_is_read_from_raygates_text_log() {
+        let line = "2026-12-04T22:40:01.743512Z  INFO reconcile{namespace=svc-ab plan=svc-3}: \
+            raygate::controller: gate set plan=svc-3 rayservice=svc-3 gate=\"NewCluster\" \
+            stage=\"gate written\" cause=\"node\" cause_object=node/gpu-new-1 \
+            cause_at=2026-12-04T22:40:01.331Z latency_ms=412 queued_ms=0 started_ms=201 \
+            pass_ms=-1 decided_ms=229 status_ms=318";
+        let a = admissions_logged(line);
+        assert_eq!(a.len(), 1);
+        assert_eq!(a[0].plan, "svc-3");
+        assert_eq!(a[0].cause, "node");
+        assert_eq!(a[0].cause_object, "node/gpu-new-1");
+        assert_eq!(a[0].ms["latency_ms"], 412.0);
+        assert_eq!(a[0].ms["pass_ms"], -1.0);
+        assert_eq!(a[0].at.to_string(), "2026-12-04T22:40:01.743512Z");
+    }
 }
