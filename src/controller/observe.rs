@@ -125,7 +125,7 @@ fn with_gate_open(svc: &RayService) -> RayService {
 fn new_cluster_pods(svc: &RayService, version: KubeRayVersion) -> crate::Result<Vec<PodGroup>> {
     let ns = svc.namespace().unwrap_or_default();
     let name = format!("{}-next", svc.name_any());
-    kuberay::planned_groups(&name, &ns, svc.cluster_config()?, version)
+    kuberay::planned_groups(&name, &ns, svc.checked_cluster_config()?, version)
 }
 
 /// A cluster name the RayService status gives (empty means none).
@@ -585,6 +585,89 @@ mod tests {
             limit_ranges: reflector::store().0,
             runtime_classes: reflector::store().0,
         }
+    }
+
+    /// The sample RayService, active on `llm-abcde`, whose cluster is in the store.
+    fn serving(svc: &mut RayService, plan: UpgradePlan) -> Stores {
+        svc.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "activeServiceStatus": {"rayClusterName": "llm-abcde"}
+            }))
+            .unwrap(),
+        );
+        let cluster: RayCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ray.io/v1", "kind": "RayCluster",
+            "metadata": {"name": "llm-abcde", "namespace": svc.namespace(),
+                "labels": {LABEL_ORIGINATED_FROM_CR_NAME: svc.name_any()},
+                "annotations": {kuberay::ANNOTATION_NUM_WORKER_GROUPS: "1",
+                    ANNOTATION_KUBERAY_VERSION: KubeRayVersion::latest().tag()}},
+            "spec": svc.spec.ray_cluster_config,
+        }))
+        .unwrap();
+        let mut stores = stores(plan, svc.clone());
+        let (clusters, mut w) = reflector::store();
+        w.apply_watcher_event(&Event::Apply(DeserializeGuard(Ok(cluster))));
+        stores.clusters = clusters;
+        stores
+    }
+
+    #[test]
+    fn a_fractional_gpu_is_an_error_with_its_path_and_the_gate_stays_closed() {
+        let mut svc = rayservice();
+        let plan = waiting_plan(&svc);
+        let mut changed = svc.clone();
+        let worker = &mut changed
+            .spec
+            .ray_cluster_config
+            .as_mut()
+            .unwrap()
+            .worker_group_specs
+            .as_mut()
+            .unwrap()[0];
+        let resources = worker
+            .template
+            .as_mut()
+            .unwrap()
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0]
+            .resources
+            .as_mut()
+            .unwrap();
+        for list in [&mut resources.limits, &mut resources.requests] {
+            list.as_mut().unwrap().insert(
+                "nvidia.com/gpu".into(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("1.5".into()),
+            );
+        }
+        let stores = serving(&mut svc, plan.clone());
+        changed.status = svc.status.clone();
+        let (services, mut w) = reflector::store();
+        w.apply_watcher_event(&Event::Apply(DeserializeGuard(Ok(changed))));
+        let stores = Stores { services, ..stores };
+        let releases = Releases::default();
+        let now = Timestamp::now();
+        let overlay = Overlay::new();
+        let world = World::new(&stores, &overlay, &releases, now);
+        let release = releases.for_namespace("ml-serving");
+        let inp = observe(&stores, &plan, &release, now, false, &world);
+        let d = crate::admission::decide(&inp);
+        let msg = d.status.message.clone().unwrap_or_default();
+        assert_eq!(d.status.phase, Phase::Error, "{msg}");
+        assert!(
+            msg.contains(
+                "RayService ml-serving/llm: spec.rayClusterConfig.workerGroupSpecs[0].template.spec.containers[0].resources.limits[nvidia.com/gpu]: 1.5 must be an integer"
+            ),
+            "{msg}"
+        );
+        assert_eq!(d.gate, Some(crate::admission::Gate::Hold));
+        assert!(d.status.admitted.is_none());
+        assert!(
+            d.events.iter().any(|e| e.reason == "InvalidRayService"),
+            "{:?}",
+            d.events
+        );
     }
 
     #[test]
