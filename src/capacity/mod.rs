@@ -6,7 +6,6 @@
 //! - [`node`]: which nodes are usable and what is free on each.
 //! - [`scheduling`]: node selector, required node affinity, taints.
 //! - [`fit`]: place the new cluster's pods by simulation and explain why not.
-//! - [`valid`]: the apiserver's rules on a container's resources (whole extended resources).
 //!
 //! Accounting unit: [`pod_requests`] is exact, but node and cluster amounts
 //! are kept the way kube-scheduler keeps them (`cpu` in whole millicores,
@@ -21,7 +20,6 @@ pub mod record;
 pub mod requests;
 pub mod scheduling;
 pub mod state;
-pub mod valid;
 
 use std::collections::BTreeMap;
 

@@ -125,7 +125,7 @@ fn with_gate_open(svc: &RayService) -> RayService {
 fn new_cluster_pods(svc: &RayService, version: KubeRayVersion) -> crate::Result<Vec<PodGroup>> {
     let ns = svc.namespace().unwrap_or_default();
     let name = format!("{}-next", svc.name_any());
-    kuberay::planned_groups(&name, &ns, svc.checked_cluster_config()?, version)
+    kuberay::planned_groups(&name, &ns, kuberay::checked_cluster_config(svc)?, version)
 }
 
 /// A cluster name the RayService status gives (empty means none).

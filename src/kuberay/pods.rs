@@ -32,11 +32,11 @@ use serde_json::Value;
 
 use super::types::{
     HEAD_GROUP_LABEL_VALUE, LABEL_CLUSTER, LABEL_GROUP, LABEL_IDENTIFIER, LABEL_IS_RAY_NODE,
-    LABEL_NODE_TYPE, RayClusterSpec, WorkerGroupSpec,
+    LABEL_NODE_TYPE, RayClusterSpec, RayService, WorkerGroupSpec, object_name,
 };
+use super::valid::check_resources;
 use super::version::{KubeRayVersion, ReplicaClamp, Rules};
 use crate::capacity::group::{MAX_PLANNED_PODS, PodGroup};
-use crate::capacity::valid::check_resources;
 
 /// Name of the injected autoscaler sidecar (`common.AutoscalerContainerName`).
 pub const AUTOSCALER_CONTAINER: &str = "autoscaler";
@@ -272,6 +272,20 @@ pub fn check_cluster_resources(
     Ok(())
 }
 
+/// A RayService's `spec.rayClusterConfig` whose pod templates the apiserver
+/// would accept ([`check_cluster_resources`]): the spec a new cluster is
+/// planned from.
+pub fn checked_cluster_config(svc: &RayService) -> crate::Result<&RayClusterSpec> {
+    let spec = svc.cluster_config()?;
+    check_cluster_resources(spec, "spec.rayClusterConfig").map_err(|(path, why)| {
+        crate::Error::invalid(
+            format!("RayService {}", object_name(&svc.metadata)),
+            format!("{path}: {why}"),
+        )
+    })?;
+    Ok(spec)
+}
+
 /// Like [`planned_pods`], with operator settings.
 pub fn planned_pods_with(
     cluster_name: &str,
@@ -437,7 +451,7 @@ pub fn planned_groups_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kuberay::types::{RayCluster, RayService};
+    use crate::kuberay::types::RayCluster;
 
     const MULTI: &str = include_str!("../../tests/fixtures/raycluster-multihost.yaml");
     const SVC: &str = include_str!("../../tests/fixtures/rayservice-llm.yaml");

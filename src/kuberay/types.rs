@@ -357,22 +357,6 @@ impl RayService {
         })
     }
 
-    /// [`RayService::cluster_config`] whose pod templates the apiserver would
-    /// accept ([`super::pods::check_cluster_resources`]): the spec a new
-    /// cluster is planned from.
-    pub fn checked_cluster_config(&self) -> crate::Result<&RayClusterSpec> {
-        let spec = self.cluster_config()?;
-        super::pods::check_cluster_resources(spec, "spec.rayClusterConfig").map_err(
-            |(path, why)| {
-                crate::Error::invalid(
-                    format!("RayService {}", object_name(&self.metadata)),
-                    format!("{path}: {why}"),
-                )
-            },
-        )?;
-        Ok(spec)
-    }
-
     /// Whether `status.conditions` has `type` with status `True`.
     pub fn condition_true(&self, type_: &str) -> bool {
         self.status

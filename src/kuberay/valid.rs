@@ -17,6 +17,7 @@
 //!   limit`).
 //!
 //! A quantity that does not parse is left to the parsers that report it.
+//! Only the apiserver's rules live here; how much a pod takes is `capacity`'s.
 
 use std::collections::BTreeMap;
 
