@@ -264,6 +264,12 @@ pub struct UpgradePlanStatus {
     /// that stops governing it (its reference changed, another plan governs
     /// it) gives that gate back first.
     pub ray_service: Option<String>,
+    /// That RayService's `metadata.uid` when it was last read. A RayService
+    /// deleted and recreated under the same name has another: what the plan
+    /// recorded about the old one (an admission, a transition, a pending
+    /// change) is ended, never completed by the new one's clusters.
+    #[serde(rename = "rayServiceUID")]
+    pub ray_service_uid: Option<String>,
     pub observed_generation: Option<i64>,
     /// Ready, CapacityAvailable, UpgradeAdmitted, Stalled, GateOverridden, KubeRayRelease.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -399,8 +405,9 @@ pub struct TransitionRecord {
     pub start: Timestamp,
     #[schemars(with = "Option<String>", extend("format" = "date-time"))]
     pub end: Option<Timestamp>,
-    /// `Completed`, or `Abandoned` when KubeRay dropped the new cluster unpromoted.
-    #[schemars(with = "Option<String>", extend("enum" = ["Completed", "Abandoned"]))]
+    /// `Completed`; `Abandoned` when KubeRay dropped the new cluster unpromoted;
+    /// `Replaced` when the RayService was deleted and recreated meanwhile.
+    #[schemars(with = "Option<String>", extend("enum" = ["Completed", "Abandoned", "Replaced"]))]
     pub outcome: Option<TransitionOutcome>,
     pub duration_seconds: Option<i64>,
 }
@@ -412,6 +419,9 @@ pub enum TransitionOutcome {
     Completed,
     /// KubeRay dropped the new cluster without promoting it.
     Abandoned,
+    /// The RayService was deleted and recreated under the same name (another
+    /// UID) during the transition: it did not finish, it ended.
+    Replaced,
 }
 
 /// `status.capacityRequest`: the CapacityBuffers kept for the pending change.
@@ -618,7 +628,7 @@ mod tests {
             status
                 .pointer("/lastTransition/properties/outcome/enum")
                 .unwrap(),
-            &serde_json::json!(["Completed", "Abandoned"])
+            &serde_json::json!(["Completed", "Abandoned", "Replaced"])
         );
     }
 

@@ -61,7 +61,12 @@ fn service(
 }
 
 /// The RayClusters KubeRay created for a service.
-fn clusters_of(stores: &Stores, ns: &str, svc: &str) -> Vec<Arc<DeserializeGuard<RayCluster>>> {
+/// The RayClusters of `svc`: labelled with its name and not owned by
+/// another RayService object (one deleted, whose clusters the garbage
+/// collector has not removed yet, under the same name).
+fn clusters_of(stores: &Stores, svc: &RayService) -> Vec<Arc<DeserializeGuard<RayCluster>>> {
+    let ns = svc.metadata.namespace.as_deref();
+    let name = svc.metadata.name.as_deref();
     stores
         .clusters
         .state()
@@ -71,15 +76,27 @@ fn clusters_of(stores: &Stores, ns: &str, svc: &str) -> Vec<Arc<DeserializeGuard
                 Ok(c) => &c.metadata,
                 Err(e) => &e.metadata,
             };
-            meta.namespace.as_deref() == Some(ns)
+            meta.namespace.as_deref() == ns
                 && meta
                     .labels
                     .as_ref()
                     .and_then(|l| l.get(LABEL_ORIGINATED_FROM_CR_NAME))
                     .map(String::as_str)
-                    == Some(svc)
+                    == name
+                && owned_by(meta, svc.metadata.uid.as_deref())
         })
         .collect()
+}
+
+/// Whether a RayCluster's RayService owner (if it names one) is `uid` (if
+/// known): KubeRay sets it as the cluster's controller reference.
+fn owned_by(meta: &kube::api::ObjectMeta, uid: Option<&str>) -> bool {
+    let Some(uid) = uid else { return true };
+    meta.owner_references
+        .iter()
+        .flatten()
+        .filter(|o| o.kind == "RayService")
+        .all(|o| o.uid == uid)
 }
 
 fn guard_name<K: kube::Resource>(g: &DeserializeGuard<K>) -> String {
@@ -203,7 +220,7 @@ pub fn observe<'a>(
     inp.gate = gate_facts(svc);
     let facts = service_facts(svc);
 
-    let clusters = clusters_of(stores, &ns, svc_name);
+    let clusters = clusters_of(stores, svc);
     inp.clusters = clusters.iter().map(|c| guard_name(c)).collect();
     inp.pods = pods_by_cluster(stores, &ns, &inp.clusters);
     let find = |name: &Option<String>| {
@@ -264,6 +281,7 @@ fn service_facts(svc: &RayService) -> ServiceFacts {
     let status = svc.status.as_ref();
     let pending = status.and_then(|s| s.pending_service_status.as_ref());
     ServiceFacts {
+        uid: svc.metadata.uid.clone(),
         active_cluster: status_cluster(status.and_then(|s| s.active_service_status.as_ref())),
         pending_cluster: status_cluster(pending),
         pending_apps: pending
@@ -348,7 +366,7 @@ fn ledger_pods(
                 .and_then(|s| s.pending_service_status.as_ref()),
         )
         .or(adm.to_cluster.clone());
-        let clusters = clusters_of(stores, &ns, &svc.name_any());
+        let clusters = clusters_of(stores, svc);
         let pending_cluster = pending
             .as_ref()
             .and_then(|n| clusters.iter().find(|c| &guard_name(c) == n))
@@ -668,6 +686,45 @@ mod tests {
             "{:?}",
             d.events
         );
+    }
+
+    #[test]
+    fn clusters_of_a_deleted_rayservice_of_the_same_name_are_not_its_own() {
+        let mut svc = rayservice();
+        svc.metadata.uid = Some("new-uid".into());
+        let plan = waiting_plan(&svc);
+        let stores = serving(&mut svc, plan);
+        let cluster = |uid: Option<&str>| -> RayCluster {
+            let mut c = stores.clusters.state()[0].0.as_ref().unwrap().clone();
+            c.metadata.owner_references = uid.map(|uid| {
+                vec![
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                        api_version: "ray.io/v1".into(),
+                        kind: "RayService".into(),
+                        name: svc.name_any(),
+                        uid: uid.into(),
+                        controller: Some(true),
+                        ..Default::default()
+                    },
+                ]
+            });
+            c
+        };
+        let (clusters, mut w) = reflector::store();
+        w.apply_watcher_event(&Event::Apply(DeserializeGuard(Ok(cluster(Some(
+            "old-uid",
+        ))))));
+        let stores = Stores { clusters, ..stores };
+        assert!(clusters_of(&stores, &svc).is_empty());
+        for owner in [Some("new-uid"), None] {
+            let (clusters, mut w) = reflector::store();
+            w.apply_watcher_event(&Event::Apply(DeserializeGuard(Ok(cluster(owner)))));
+            let stores = Stores {
+                clusters,
+                ..stores.clone()
+            };
+            assert_eq!(clusters_of(&stores, &svc).len(), 1, "{owner:?}");
+        }
     }
 
     #[test]
