@@ -121,8 +121,10 @@ pub struct UpgradePlanSpec {
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub stall_after: String,
 
-    /// When set, upgrades are admitted only inside one of these windows (UTC).
+    /// When set, upgrades are admitted only inside one of these windows (UTC);
+    /// at most 50.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 50))]
     pub maintenance_windows: Vec<MaintenanceWindow>,
 
     /// Asking the node autoscaler for the new cluster while the upgrade waits

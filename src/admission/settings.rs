@@ -35,6 +35,16 @@ impl Settings {
             })
             .collect::<crate::Result<ResourceList>>()?;
         let stall_after = schedule::parse_duration("spec.stallAfter", &spec.stall_after)?;
+        if spec.maintenance_windows.len() > schedule::MAX_WINDOWS {
+            return Err(crate::Error::invalid(
+                "spec.maintenanceWindows",
+                format!(
+                    "{} windows, more than the {} raygate evaluates per plan",
+                    spec.maintenance_windows.len(),
+                    schedule::MAX_WINDOWS
+                ),
+            ));
+        }
         let windows = spec
             .maintenance_windows
             .iter()
@@ -90,6 +100,10 @@ mod tests {
                 "spec.headroom[nvidia.com/gpu]",
             ),
             (json!({"stallAfter": "soon"}), "spec.stallAfter"),
+            (
+                json!({"maintenanceWindows": vec![json!({"schedule": "0 0 31 2 *", "duration": "744h"}); 51]}),
+                "spec.maintenanceWindows: 51 windows, more than the 50",
+            ),
             (
                 json!({"maintenanceWindows": [{"schedule": "0 2 * * *", "duration": "2h"},
                                               {"schedule": "nope", "duration": "1h"}]}),
