@@ -272,6 +272,9 @@ pub struct UpgradePlanStatus {
     /// change) is ended, never completed by the new one's clusters.
     #[serde(rename = "rayServiceUID")]
     pub ray_service_uid: Option<String>,
+    /// The priority raygate ranks this plan by: `spec.priority` capped by
+    /// the operator's ceiling for the namespace (`--max-priority`).
+    pub effective_priority: Option<i32>,
     pub observed_generation: Option<i64>,
     /// Ready, CapacityAvailable, UpgradeAdmitted, Stalled, GateOverridden, KubeRayRelease.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

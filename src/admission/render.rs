@@ -36,6 +36,7 @@ impl<'a> Builder<'a> {
             ray_service: Some(inp.plan.spec.ray_service_ref.name.clone()),
             // Until the RayService is read again (it may be missing now).
             ray_service_uid: prev.ray_service_uid.clone(),
+            effective_priority: inp.settings.as_ref().ok().map(|s| s.priority),
             conditions: prev.conditions.clone(),
             last_transition: prev.last_transition.clone(),
             ..Default::default()

@@ -613,6 +613,8 @@ fn recreated(active: &str, pending: Option<&str>) -> Result<ServiceFacts, String
 fn the_rayservice_uid_is_recorded() {
     let st = admitted_status();
     assert_eq!(st.ray_service_uid.as_deref(), Some(SERVICE_UID));
+    // The priority it is ranked by, for `kubectl raygate queue`.
+    assert_eq!(st.effective_priority, Some(0));
     // Kept while the RayService cannot be read (deleted, not yet recreated).
     let p = auto_plan(Some(st));
     let d = run(
