@@ -9,6 +9,10 @@ use jiff::tz::TimeZone;
 
 use crate::{Error, Result};
 
+/// The longest duration raygate reads: no time rule needs more, and every
+/// sum with a timestamp stays far from overflowing.
+pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(87_600 * 3600);
+
 /// Parses a Go `time.ParseDuration` subset: `h`, `m`, `s`, `ms` units with
 /// optional fractions, e.g. `1h30m`, `90s`, `1.5h`. Negative or empty is an error.
 pub fn parse_duration(field: &str, s: &str) -> Result<std::time::Duration> {
@@ -59,6 +63,9 @@ pub fn parse_duration(field: &str, s: &str) -> Result<std::time::Duration> {
             .and_then(|x| total_ms.checked_add(x))
             .ok_or_else(|| bad("too large"))?;
         rest = &tail[unit_len..];
+    }
+    if total_ms > MAX_DURATION.as_millis() {
+        return Err(bad("longer than 87600h (10 years)"));
     }
     let ms = u64::try_from(total_ms).map_err(|_| bad("too large"))?;
     Ok(std::time::Duration::from_millis(ms))
@@ -298,7 +305,18 @@ mod tests {
         assert_eq!(d("1.5h"), Duration::from_secs(5400));
         assert_eq!(d("250ms"), Duration::from_millis(250));
         assert_eq!(d("1m1h"), Duration::from_secs(3660));
-        for bad in ["", "30", "1d", "m", "1h 30m", "-5m", ".h"] {
+        assert_eq!(d("87600h"), MAX_DURATION);
+        for bad in [
+            "",
+            "30",
+            "1d",
+            "m",
+            "1h 30m",
+            "-5m",
+            ".h",
+            "87601h",
+            "99999999999999999999h",
+        ] {
             let err = parse_duration("spec.stallAfter", bad)
                 .unwrap_err()
                 .to_string();

@@ -22,7 +22,9 @@ const QUANTITY_PATTERN: &str = r"^\+?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]
 pub const DNS1123_SUBDOMAIN: &str =
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 /// A Go-style duration of hours, minutes, seconds (`90s`, `1h30m`, `1.5h`).
-const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$";
+/// Go durations, bounded: at most four parts of at most six digits (so
+/// `99999999999999999999h` is refused by the apiserver, not only by raygate).
+const DURATION_PATTERN: &str = r"^([0-9]{1,6}(\.[0-9]{1,9})?(h|m|s|ms)){1,4}$";
 
 // The printer columns repeat `type_ = "string"`, which clippy takes for a
 // duplicated attribute.
@@ -117,8 +119,13 @@ pub struct UpgradePlanSpec {
     pub headroom: BTreeMap<String, String>,
 
     /// How long a transition may take before it is reported Stalled.
+    /// At least `1m`: `0s` would report every transition Stalled at once.
     #[serde(default = "default_stall_after")]
-    #[schemars(regex(pattern = DURATION_PATTERN))]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 72))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) >= duration('1m')",
+        "message": "stallAfter must be at least 1m"
+    }]))]
     pub stall_after: String,
 
     /// When set, upgrades are admitted only inside one of these windows (UTC);
@@ -650,7 +657,15 @@ mod tests {
         for good in ["30m", "1h30m", "90s", "2h"] {
             assert!(duration.is_match(good), "{good}");
         }
-        for bad in ["", "30", "1d", "m", "1h 30m"] {
+        for bad in [
+            "",
+            "30",
+            "1d",
+            "m",
+            "1h 30m",
+            "99999999999999999999h",
+            "1h1h1h1h1h",
+        ] {
             assert!(!duration.is_match(bad), "{bad}");
         }
         let dns = regex::Regex::new(DNS1123_SUBDOMAIN).unwrap();

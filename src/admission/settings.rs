@@ -10,6 +10,9 @@ use crate::quantity::Quantity;
 use crate::schedule::{self, Window};
 use crate::upgradeplan::UpgradePlan;
 
+/// The shortest `spec.stallAfter` (also the CRD's rule).
+pub const MIN_STALL_AFTER: Duration = Duration::from_secs(60);
+
 /// The typed spec of one plan.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -35,6 +38,15 @@ impl Settings {
             })
             .collect::<crate::Result<ResourceList>>()?;
         let stall_after = schedule::parse_duration("spec.stallAfter", &spec.stall_after)?;
+        if stall_after < MIN_STALL_AFTER {
+            return Err(crate::Error::invalid(
+                "spec.stallAfter",
+                format!(
+                    "{} is less than 1m: every transition would be reported Stalled at once",
+                    spec.stall_after
+                ),
+            ));
+        }
         if spec.maintenance_windows.len() > schedule::MAX_WINDOWS {
             return Err(crate::Error::invalid(
                 "spec.maintenanceWindows",
@@ -100,6 +112,18 @@ mod tests {
                 "spec.headroom[nvidia.com/gpu]",
             ),
             (json!({"stallAfter": "soon"}), "spec.stallAfter"),
+            (
+                json!({"stallAfter": "0s"}),
+                "spec.stallAfter: 0s is less than 1m",
+            ),
+            (
+                json!({"stallAfter": "59s"}),
+                "spec.stallAfter: 59s is less than 1m",
+            ),
+            (
+                json!({"stallAfter": "99999999999999999999h"}),
+                "spec.stallAfter: invalid duration",
+            ),
             (
                 json!({"maintenanceWindows": vec![json!({"schedule": "0 0 31 2 *", "duration": "744h"}); 51]}),
                 "spec.maintenanceWindows: 51 windows, more than the 50",
