@@ -519,7 +519,11 @@ pub struct QueueEntry {
     pub name: String,
     pub ray_service: String,
     pub phase: String,
+    /// The priority the controller ranks the plan by (`status.effectivePriority`:
+    /// `spec.priority` under the namespace's `--max-priority`).
     pub priority: i32,
+    /// `spec.priority`, when the ceiling lowered it.
+    pub requested_priority: Option<i32>,
     /// Since when the change has waited (waiting) or was admitted (admitted).
     pub since: Option<String>,
     pub fingerprint: Option<String>,
@@ -562,7 +566,7 @@ pub fn queue_entries(plans: &[UpgradePlan]) -> Vec<QueueEntry> {
             waiting.push(Candidate {
                 namespace: key.0.clone(),
                 name: key.1.clone(),
-                priority: p.spec.priority,
+                priority: effective_priority(p, status),
                 waiting_since: c.detected_time,
                 pods: vec![],
                 headroom: ResourceList::new(),
@@ -595,6 +599,12 @@ pub fn queue_entries(plans: &[UpgradePlan]) -> Vec<QueueEntry> {
     out
 }
 
+/// The priority the controller ranks `p` by: what it recorded, else (a
+/// status written before raygate recorded it) `spec.priority`.
+fn effective_priority(p: &UpgradePlan, status: &UpgradePlanStatus) -> i32 {
+    status.effective_priority.unwrap_or(p.spec.priority)
+}
+
 fn entry(p: &UpgradePlan, status: &UpgradePlanStatus) -> QueueEntry {
     QueueEntry {
         position: None,
@@ -602,7 +612,9 @@ fn entry(p: &UpgradePlan, status: &UpgradePlanStatus) -> QueueEntry {
         name: p.name_any(),
         ray_service: p.spec.ray_service_ref.name.clone(),
         phase: status.phase.as_str().to_string(),
-        priority: p.spec.priority,
+        priority: effective_priority(p, status),
+        requested_priority: Some(p.spec.priority)
+            .filter(|&asked| asked != effective_priority(p, status)),
         since: None,
         fingerprint: None,
         needs: BTreeMap::new(),
@@ -717,7 +729,10 @@ pub fn render_queue(
         }
         r.push(e.name.clone());
         r.push(e.phase.clone());
-        r.push(e.priority.to_string());
+        r.push(match e.requested_priority {
+            Some(asked) => format!("{} (asked {asked})", e.priority),
+            None => e.priority.to_string(),
+        });
         r.push(if e.position.is_some() {
             age(e.since.as_deref(), now)
         } else {
@@ -1293,6 +1308,43 @@ mod tests {
 
     fn now() -> Timestamp {
         "2026-12-02T12:00:00Z".parse().unwrap()
+    }
+
+    #[test]
+    fn queue_ranks_by_the_priority_the_controller_uses() {
+        // team-a asks for 1000, the ceiling (--max-priority=0) made it 0: the
+        // older team-b plan stays ahead, and the view says why.
+        let capped = |mut s: Option<UpgradePlanStatus>, p: i32| {
+            if let Some(s) = s.as_mut() {
+                s.effective_priority = Some(p);
+            }
+            s
+        };
+        let plans = vec![
+            plan(
+                "team-a",
+                1000,
+                capped(waiting("fp1", "2026-12-02T11:30:00Z", "8"), 0),
+            ),
+            plan(
+                "team-b",
+                0,
+                capped(waiting("fp2", "2026-12-02T11:00:00Z", "8"), 0),
+            ),
+        ];
+        let q = queue_entries(&plans);
+        let names: Vec<_> = q.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["team-b", "team-a"]);
+        assert_eq!((q[1].priority, q[1].requested_priority), (0, Some(1000)));
+        assert_eq!((q[0].priority, q[0].requested_priority), (0, None));
+        let text = render_queue(&q, false, Format::Text, now()).unwrap();
+        assert!(text.contains("0 (asked 1000)"), "{text}");
+        // A status from before raygate recorded it: spec.priority, as before.
+        let plans = vec![
+            plan("team-a", 1000, waiting("fp1", "2026-12-02T11:30:00Z", "8")),
+            plan("team-b", 0, waiting("fp2", "2026-12-02T11:00:00Z", "8")),
+        ];
+        assert_eq!(queue_entries(&plans)[0].name, "team-a");
     }
 
     #[test]

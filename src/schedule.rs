@@ -9,6 +9,10 @@ use jiff::tz::TimeZone;
 
 use crate::{Error, Result};
 
+/// The longest duration raygate reads: no time rule needs more, and every
+/// sum with a timestamp stays far from overflowing.
+pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(87_600 * 3600);
+
 /// Parses a Go `time.ParseDuration` subset: `h`, `m`, `s`, `ms` units with
 /// optional fractions, e.g. `1h30m`, `90s`, `1.5h`. Negative or empty is an error.
 pub fn parse_duration(field: &str, s: &str) -> Result<std::time::Duration> {
@@ -59,6 +63,9 @@ pub fn parse_duration(field: &str, s: &str) -> Result<std::time::Duration> {
             .and_then(|x| total_ms.checked_add(x))
             .ok_or_else(|| bad("too large"))?;
         rest = &tail[unit_len..];
+    }
+    if total_ms > MAX_DURATION.as_millis() {
+        return Err(bad("longer than 87600h (10 years)"));
     }
     let ms = u64::try_from(total_ms).map_err(|_| bad("too large"))?;
     Ok(std::time::Duration::from_millis(ms))
@@ -111,6 +118,11 @@ impl CronField {
     fn has(&self, v: u32) -> bool {
         self.allowed.get(v as usize).copied().unwrap_or(false)
     }
+
+    /// The largest allowed value `<= v`.
+    fn at_or_below(&self, v: u32) -> Option<u32> {
+        (0..=v).rev().find(|&x| self.has(x))
+    }
 }
 
 fn num(s: &str, name: &str) -> std::result::Result<u32, String> {
@@ -154,18 +166,57 @@ impl Cron {
     /// Does the schedule fire at this minute (UTC)?
     pub fn matches(&self, t: Timestamp) -> bool {
         let dt = t.to_zoned(TimeZone::UTC).datetime();
-        let dom_ok = self.dom.has(dt.day() as u32);
-        let dow_ok = self.dow.has(dt.weekday().to_sunday_zero_offset() as u32);
+        self.day_matches(dt.date())
+            && self.minute.has(dt.minute() as u32)
+            && self.hour.has(dt.hour() as u32)
+    }
+
+    /// Does the schedule fire on some minute of this day?
+    fn day_matches(&self, d: jiff::civil::Date) -> bool {
+        let dom_ok = self.dom.has(d.day() as u32);
+        let dow_ok = self.dow.has(d.weekday().to_sunday_zero_offset() as u32);
         let day_ok = match (self.dom.any, self.dow.any) {
             (true, true) => true,
             (false, true) => dom_ok,
             (true, false) => dow_ok,
             (false, false) => dom_ok || dow_ok,
         };
-        day_ok
-            && self.minute.has(dt.minute() as u32)
-            && self.hour.has(dt.hour() as u32)
-            && self.month.has(dt.month() as u32)
+        day_ok && self.month.has(d.month() as u32)
+    }
+
+    /// The last minute at or before `t` at which the schedule fired, if it
+    /// is no older than `horizon`. Computed from the fields, day by day
+    /// backwards (at most `horizon` in days + 1, each a lookup of the
+    /// latest hour and minute), not by testing every minute.
+    pub fn last_fire(&self, t: Timestamp, horizon: std::time::Duration) -> Option<Timestamp> {
+        const DAY: i64 = 86_400;
+        let now = t.as_second();
+        let earliest = now.saturating_sub(i64::try_from(horizon.as_secs()).unwrap_or(i64::MAX));
+        let dt = t.to_zoned(TimeZone::UTC).datetime();
+        let mut date = dt.date();
+        let mut day_start = now - now.rem_euclid(DAY);
+        let (mut max_hour, mut max_minute) = (dt.hour() as u32, dt.minute() as u32);
+        // The last minute of the day (23:59) is still within the horizon.
+        while day_start + DAY - 60 >= earliest {
+            if self.day_matches(date) {
+                let mut hour = self.hour.at_or_below(max_hour);
+                while let Some(h) = hour {
+                    let top = if h == max_hour { max_minute } else { 59 };
+                    if let Some(m) = self.minute.at_or_below(top) {
+                        let fired = day_start + i64::from(h) * 3600 + i64::from(m) * 60;
+                        // Every earlier fire is older still.
+                        return (fired >= earliest)
+                            .then(|| Timestamp::from_second(fired).ok())
+                            .flatten();
+                    }
+                    hour = h.checked_sub(1).and_then(|x| self.hour.at_or_below(x));
+                }
+            }
+            date = date.yesterday().ok()?;
+            day_start -= DAY;
+            (max_hour, max_minute) = (23, 59);
+        }
+        None
     }
 }
 
@@ -175,6 +226,10 @@ pub struct Window {
     pub cron: Cron,
     pub duration: std::time::Duration,
 }
+
+/// At most this many windows per plan (the CRD's `maxItems`, checked again
+/// when a plan is read): what one plan costs each evaluation is bounded.
+pub const MAX_WINDOWS: usize = 50;
 
 /// Windows longer than this are refused: they would be always open in practice
 /// and make the open-check scan unbounded.
@@ -193,8 +248,26 @@ impl Window {
         Ok(Window { cron, duration })
     }
 
-    /// Is the window open at `now`: did the schedule fire within the last `duration`?
+    /// Is the window open at `now`: did the schedule fire within the last
+    /// `duration`? The last fire is computed ([`Cron::last_fire`]): the cost
+    /// does not grow with the duration (issue 26: walking 44,640 minutes of
+    /// a 31-day window per evaluation let one tenant's plans slow every
+    /// decision).
     pub fn is_open(&self, now: Timestamp) -> bool {
+        let start_of_minute = now.as_second() - now.as_second().rem_euclid(60);
+        let Some(fired) = self.cron.last_fire(now, self.duration) else {
+            return false;
+        };
+        let since = now.as_second() - fired.as_second();
+        debug_assert!(fired.as_second() <= start_of_minute);
+        (since as u64) < self.duration.as_secs().max(1)
+    }
+
+    /// [`Window::is_open`] as it was computed before, testing the schedule
+    /// at every minute of the duration: the baseline of `benches/windows`
+    /// and the oracle of the tests.
+    #[doc(hidden)]
+    pub fn is_open_walking_minutes(&self, now: Timestamp) -> bool {
         let minutes = self.duration.as_secs().div_ceil(60) as i64;
         let start_of_minute = now.as_second() - now.as_second().rem_euclid(60);
         let elapsed_in_minute = now.as_second() - start_of_minute;
@@ -232,7 +305,18 @@ mod tests {
         assert_eq!(d("1.5h"), Duration::from_secs(5400));
         assert_eq!(d("250ms"), Duration::from_millis(250));
         assert_eq!(d("1m1h"), Duration::from_secs(3660));
-        for bad in ["", "30", "1d", "m", "1h 30m", "-5m", ".h"] {
+        assert_eq!(d("87600h"), MAX_DURATION);
+        for bad in [
+            "",
+            "30",
+            "1d",
+            "m",
+            "1h 30m",
+            "-5m",
+            ".h",
+            "87601h",
+            "99999999999999999999h",
+        ] {
             let err = parse_duration("spec.stallAfter", bad)
                 .unwrap_err()
                 .to_string();
@@ -293,6 +377,53 @@ mod tests {
         // Friday 2026-12-04 23:30 → Saturday 00:30.
         assert!(w.is_open(ts("2026-12-05T00:15:00Z")));
         assert!(!w.is_open(ts("2026-12-05T00:30:00Z")));
+    }
+
+    #[test]
+    fn the_last_fire_is_found_without_walking_minutes() {
+        let c = Cron::parse("s", "15 3 * * 1").unwrap();
+        // Friday 2026-12-04 12:00: last Monday 03:15 was 2026-11-30.
+        let week = Duration::from_secs(7 * 24 * 3600);
+        assert_eq!(
+            c.last_fire(ts("2026-12-04T12:00:30Z"), week),
+            Some(ts("2026-11-30T03:15:00Z"))
+        );
+        assert_eq!(
+            c.last_fire(ts("2026-11-30T03:15:00Z"), week),
+            Some(ts("2026-11-30T03:15:00Z"))
+        );
+        assert_eq!(
+            c.last_fire(ts("2026-12-04T12:00:30Z"), Duration::from_secs(3600)),
+            None
+        );
+        // Never fires (31 February): no answer, looked for at most 32 days back.
+        let never = Cron::parse("s", "0 0 31 2 *").unwrap();
+        assert_eq!(
+            never.last_fire(ts("2026-03-05T00:00:00Z"), MAX_WINDOW),
+            None
+        );
+        let w = Window::parse("w", "0 0 31 2 *", "744h").unwrap();
+        assert!(!w.is_open(ts("2026-03-05T00:00:00Z")));
+    }
+
+    proptest::proptest! {
+        /// The computed last fire opens exactly the windows the minute walk opened.
+        #[test]
+        fn is_open_equals_the_minute_walk(
+            schedule in proptest::sample::select(vec![
+                "* * * * *", "0 2 * * *", "*/15 2-4 * * 1-5", "30 23 * * 5", "0 0 1 * 0",
+                "59 23 31 12 *", "0 0 29 2 *", "5/20 */7 1,15 * *", "0 12 * 6-8 6,7",
+                "0 0 31 2 *", "45 1 * * 0",
+            ]),
+            seconds in 1_700_000_000i64..1_900_000_000,
+            minutes in 1u64..3000,
+            extra_seconds in 0u64..60,
+        ) {
+            let duration = format!("{minutes}m{extra_seconds}s");
+            let w = Window::parse("w", schedule, &duration).unwrap();
+            let now = Timestamp::from_second(seconds).unwrap();
+            proptest::prop_assert_eq!(w.is_open(now), w.is_open_walking_minutes(now));
+        }
     }
 
     #[test]

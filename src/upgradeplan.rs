@@ -22,7 +22,9 @@ const QUANTITY_PATTERN: &str = r"^\+?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]
 pub const DNS1123_SUBDOMAIN: &str =
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 /// A Go-style duration of hours, minutes, seconds (`90s`, `1h30m`, `1.5h`).
-const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$";
+/// Go durations, bounded: at most four parts of at most six digits (so
+/// `99999999999999999999h` is refused by the apiserver, not only by raygate).
+const DURATION_PATTERN: &str = r"^([0-9]{1,6}(\.[0-9]{1,9})?(h|m|s|ms)){1,4}$";
 
 // The printer columns repeat `type_ = "string"`, which clippy takes for a
 // duplicated attribute.
@@ -122,12 +124,19 @@ pub struct UpgradePlanSpec {
     pub headroom: BTreeMap<String, String>,
 
     /// How long a transition may take before it is reported Stalled.
+    /// At least `1m`: `0s` would report every transition Stalled at once.
     #[serde(default = "default_stall_after")]
-    #[schemars(regex(pattern = DURATION_PATTERN))]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 72))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) >= duration('1m')",
+        "message": "stallAfter must be at least 1m"
+    }]))]
     pub stall_after: String,
 
-    /// When set, upgrades are admitted only inside one of these windows (UTC).
+    /// When set, upgrades are admitted only inside one of these windows (UTC);
+    /// at most 50.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 50))]
     pub maintenance_windows: Vec<MaintenanceWindow>,
 
     /// Asking the node autoscaler for the new cluster while the upgrade waits
@@ -336,6 +345,15 @@ pub struct UpgradePlanStatus {
     /// that stops governing it (its reference changed, another plan governs
     /// it) gives that gate back first.
     pub ray_service: Option<String>,
+    /// That RayService's `metadata.uid` when it was last read. A RayService
+    /// deleted and recreated under the same name has another: what the plan
+    /// recorded about the old one (an admission, a transition, a pending
+    /// change) is ended, never completed by the new one's clusters.
+    #[serde(rename = "rayServiceUID")]
+    pub ray_service_uid: Option<String>,
+    /// The priority raygate ranks this plan by: `spec.priority` capped by
+    /// the operator's ceiling for the namespace (`--max-priority`).
+    pub effective_priority: Option<i32>,
     pub observed_generation: Option<i64>,
     /// Ready, CapacityAvailable, UpgradeAdmitted, Stalled, GateOverridden, KubeRayRelease,
     /// CapacityRequested, ResourcesOffered, ApprovalMatched.
@@ -527,8 +545,9 @@ pub struct TransitionRecord {
     pub start: Timestamp,
     #[schemars(with = "Option<String>", extend("format" = "date-time"))]
     pub end: Option<Timestamp>,
-    /// `Completed`, or `Abandoned` when KubeRay dropped the new cluster unpromoted.
-    #[schemars(with = "Option<String>", extend("enum" = ["Completed", "Abandoned"]))]
+    /// `Completed`; `Abandoned` when KubeRay dropped the new cluster unpromoted;
+    /// `Replaced` when the RayService was deleted and recreated meanwhile.
+    #[schemars(with = "Option<String>", extend("enum" = ["Completed", "Abandoned", "Replaced"]))]
     pub outcome: Option<TransitionOutcome>,
     pub duration_seconds: Option<i64>,
 }
@@ -540,6 +559,9 @@ pub enum TransitionOutcome {
     Completed,
     /// KubeRay dropped the new cluster without promoting it.
     Abandoned,
+    /// The RayService was deleted and recreated under the same name (another
+    /// UID) during the transition: it did not finish, it ended.
+    Replaced,
 }
 
 /// `status.capacityRequest`: the CapacityBuffers kept for the pending change.
@@ -748,7 +770,7 @@ mod tests {
             status
                 .pointer("/lastTransition/properties/outcome/enum")
                 .unwrap(),
-            &serde_json::json!(["Completed", "Abandoned"])
+            &serde_json::json!(["Completed", "Abandoned", "Replaced"])
         );
     }
 
@@ -789,7 +811,15 @@ mod tests {
         for good in ["30m", "1h30m", "90s", "2h"] {
             assert!(duration.is_match(good), "{good}");
         }
-        for bad in ["", "30", "1d", "m", "1h 30m"] {
+        for bad in [
+            "",
+            "30",
+            "1d",
+            "m",
+            "1h 30m",
+            "99999999999999999999h",
+            "1h1h1h1h1h",
+        ] {
             assert!(!duration.is_match(bad), "{bad}");
         }
         let dns = regex::Regex::new(DNS1123_SUBDOMAIN).unwrap();

@@ -1064,6 +1064,54 @@ fn assert_invalid(bad: &Path, expect: &[&str]) {
     }
 }
 
+/// Issue 26: the apiserver refuses a fraction of an extended resource (and a
+/// GPU request below its limit), so KubeRay could never create the pod:
+/// `explain` and `fit` refuse the file with the field path instead of
+/// rounding the GPUs up.
+#[test]
+fn fractional_or_overcommitted_gpus_exit_1_with_the_field_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = std::fs::read_to_string(svc("")).expect("read fixture");
+    let limit = "                    nvidia.com/gpu: 4\n";
+    assert!(base.contains(limit));
+    let path = "spec.rayClusterConfig.workerGroupSpecs[0].template.spec.containers[0].resources";
+    let cases = [
+        (
+            base.replacen(limit, "                    nvidia.com/gpu: \"1.5\"\n", 1),
+            format!("{path}.limits[nvidia.com/gpu]: 1.5 must be an integer"),
+        ),
+        (
+            base.replacen(
+                "                    memory: 200Gi\n",
+                "                    memory: 200Gi\n                    nvidia.com/gpu: 2\n",
+                1,
+            ),
+            format!(
+                "{path}.requests[nvidia.com/gpu]: 2 must be equal to the nvidia.com/gpu limit of 4"
+            ),
+        ),
+    ];
+    let (good, state) = (p(&svc("")), p(&fx("state-fits.yaml")));
+    for (i, (text, want)) in cases.iter().enumerate() {
+        let bad = p(&tmp_file(&dir, &format!("gpu-{i}.yaml"), text.as_bytes()));
+        for args in [
+            ["explain", "--old", &good, "--new", &bad],
+            ["fit", "--state", &state, "--new", &bad],
+        ] {
+            let r = raygate(&args);
+            assert_eq!(r.code, 1, "{args:?}: {}", r.stderr);
+            assert!(r.stdout.is_empty(), "{args:?}: {}", r.stdout);
+            assert!(r.stderr.starts_with("raygate: "), "{}", r.stderr);
+            assert!(r.stderr.contains(&bad), "{args:?}: {}", r.stderr);
+            assert!(
+                r.stderr.contains(want),
+                "{args:?}: want {want:?} in {}",
+                r.stderr
+            );
+        }
+    }
+}
+
 #[test]
 fn invalid_input_exits_1_naming_file_and_field() {
     let dir = tempfile::tempdir().expect("tempdir");

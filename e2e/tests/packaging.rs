@@ -500,6 +500,8 @@ fn helm_chart_lints_and_renders_with_helm_3_and_4() {
             &format!("--lease-namespace={RELEASE_NS}"),
             "--lease-name=raygate-leader",
             "--lease-duration-seconds=15",
+            // Tenants' priorities are capped by default (issue 26).
+            "--max-priority=0",
         ] {
             assert!(args.contains(&a), "{h}: Deployment args {args:?} lack {a}");
         }

@@ -112,6 +112,9 @@ impl Outcome {
 /// What the RayService says about its clusters.
 #[derive(Debug, Clone, Default)]
 pub struct ServiceFacts {
+    /// `metadata.uid`: a RayService deleted and recreated under the same
+    /// name is another object, whose transitions start afresh.
+    pub uid: Option<String>,
     pub active_cluster: Option<String>,
     pub pending_cluster: Option<String>,
     /// Pending service's Serve apps: name → status.

@@ -35,6 +35,9 @@ impl<'a> Builder<'a> {
             observed_generation: inp.plan.metadata.generation,
             // The RayService whose gate this plan holds from now on.
             ray_service: Some(inp.plan.spec.ray_service_ref.name.clone()),
+            // Until the RayService is read again (it may be missing now).
+            ray_service_uid: prev.ray_service_uid.clone(),
+            effective_priority: inp.settings.as_ref().ok().map(|s| s.priority),
             conditions: prev.conditions.clone(),
             last_transition: prev.last_transition.clone(),
             ..Default::default()

@@ -4,6 +4,9 @@
 //!    closed (a broken input never opens it). The KubeRay release whose rules
 //!    apply is recorded ([`crate::kuberay::release`]); one without
 //!    `spec.upgradeStrategy` (before v1.3) is an `Error` and the gate is not touched.
+//!    A RayService with another UID than the one recorded was deleted and
+//!    recreated: the old one's admission ends `Replaced`, and the new one is
+//!    decided from an empty status.
 //! 2. An admitted change is tracked: `Admitted` until KubeRay names the new
 //!    cluster (gate open), then `Upgrading` (gate closed again so a further
 //!    commit cannot start another cluster; an incremental upgrade's stays open
@@ -68,6 +71,12 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
     b.status.active_cluster = svc.active_cluster.clone();
     b.status.pending_cluster = svc.pending_cluster.clone();
     let r = Rules { inp, svc, settings };
+    if let (Some(was), Some(is)) = (b.prev.ray_service_uid.clone(), svc.uid.as_deref())
+        && was != is
+    {
+        r.replaced(b, &was, is);
+    }
+    b.status.ray_service_uid = svc.uid.clone();
     if let Some(admitted) = b.prev.admitted.clone() {
         return r.track(b, admitted);
     }
@@ -132,6 +141,36 @@ impl Rules<'_> {
             .ok()
             .and_then(|c| c.as_ref())
             .map(|c| c.fingerprint.clone())
+    }
+
+    /// Rule 1: the RayService was deleted and recreated under the same name
+    /// (another UID). What the plan recorded belongs to the old object: its
+    /// transition ends `Replaced` (never `Completed` by the new object's
+    /// clusters), its pending change is dropped, and the rules go on from
+    /// an empty status, as for a new RayService.
+    fn replaced(&self, b: &mut Builder<'_>, was: &str, is: &str) {
+        let name = &self.inp.plan.spec.ray_service_ref.name;
+        let prev = std::mem::take(&mut b.prev);
+        b.prev.conditions = prev.conditions;
+        b.status.last_transition = None;
+        let what = match &prev.admitted {
+            Some(admitted) => {
+                b.status.last_transition = Some(self.ended(admitted, TransitionOutcome::Replaced));
+                format!(
+                    "; the transition of change {} ended unfinished (Replaced)",
+                    admitted.fingerprint
+                )
+            }
+            None => String::new(),
+        };
+        b.event(
+            true,
+            "RayServiceReplaced",
+            format!(
+                "RayService {name} was deleted and recreated (UID {was} is now {is}){what}; \
+                 the new RayService starts afresh"
+            ),
+        );
     }
 
     /// Rules 3 and 4: a change that is not admitted yet.

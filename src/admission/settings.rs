@@ -10,6 +10,9 @@ use crate::quantity::Quantity;
 use crate::schedule::{self, Window};
 use crate::upgradeplan::UpgradePlan;
 
+/// The shortest `spec.stallAfter` (also the CRD's rule).
+pub const MIN_STALL_AFTER: Duration = Duration::from_secs(60);
+
 /// The typed spec of one plan.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -41,15 +44,35 @@ impl Settings {
         let stall_after = schedule::parse_duration("spec.stallAfter", &spec.stall_after)
             .map_err(|e| errors.push(e))
             .ok();
+        if stall_after.is_some_and(|d| d < MIN_STALL_AFTER) {
+            errors.push(crate::Error::invalid(
+                "spec.stallAfter",
+                format!(
+                    "{} is less than 1m: every transition would be reported Stalled at once",
+                    spec.stall_after
+                ),
+            ));
+        }
         let mut windows = vec![];
-        for (i, w) in spec.maintenance_windows.iter().enumerate() {
-            match Window::parse(
-                &format!("spec.maintenanceWindows[{i}]"),
-                &w.schedule,
-                &w.duration,
-            ) {
-                Ok(w) => windows.push(w),
-                Err(e) => errors.push(e),
+        if spec.maintenance_windows.len() > schedule::MAX_WINDOWS {
+            errors.push(crate::Error::invalid(
+                "spec.maintenanceWindows",
+                format!(
+                    "{} windows, more than the {} raygate evaluates per plan",
+                    spec.maintenance_windows.len(),
+                    schedule::MAX_WINDOWS
+                ),
+            ));
+        } else {
+            for (i, w) in spec.maintenance_windows.iter().enumerate() {
+                match Window::parse(
+                    &format!("spec.maintenanceWindows[{i}]"),
+                    &w.schedule,
+                    &w.duration,
+                ) {
+                    Ok(w) => windows.push(w),
+                    Err(e) => errors.push(e),
+                }
             }
         }
         if let Some(e) = crate::Error::all(errors) {
@@ -99,6 +122,22 @@ mod tests {
                 "spec.headroom[nvidia.com/gpu]",
             ),
             (json!({"stallAfter": "soon"}), "spec.stallAfter"),
+            (
+                json!({"stallAfter": "0s"}),
+                "spec.stallAfter: 0s is less than 1m",
+            ),
+            (
+                json!({"stallAfter": "59s"}),
+                "spec.stallAfter: 59s is less than 1m",
+            ),
+            (
+                json!({"stallAfter": "99999999999999999999h"}),
+                "spec.stallAfter: invalid duration",
+            ),
+            (
+                json!({"maintenanceWindows": vec![json!({"schedule": "0 0 31 2 *", "duration": "744h"}); 51]}),
+                "spec.maintenanceWindows: 51 windows, more than the 50",
+            ),
             (
                 json!({"maintenanceWindows": [{"schedule": "0 2 * * *", "duration": "2h"},
                                               {"schedule": "nope", "duration": "1h"}]}),

@@ -5,6 +5,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use serde_json::json;
 
 const NOW: &str = "2026-12-02T12:00:00Z";
+/// The `metadata.uid` of the RayService [`service`] describes.
+const SERVICE_UID: &str = "9d4c-first";
 
 fn now() -> Timestamp {
     NOW.parse().unwrap()
@@ -67,6 +69,7 @@ fn change(pods: Vec<Pod>) -> ChangeFacts {
 
 fn service(active: &str, pending: Option<&str>) -> Result<ServiceFacts, String> {
     Ok(ServiceFacts {
+        uid: Some(SERVICE_UID.into()),
         active_cluster: Some(active.into()),
         pending_cluster: pending.map(Into::into),
         pending_apps: BTreeMap::new(),
@@ -868,6 +871,158 @@ fn completed_only_when_the_old_cluster_and_its_pods_are_gone() {
     );
     assert_eq!(d2.status.phase, Phase::Completed);
     assert!(d2.events.is_empty());
+}
+
+/// The same name, another object: [`service`] recreated (issue 26).
+fn recreated(active: &str, pending: Option<&str>) -> Result<ServiceFacts, String> {
+    let mut s = service(active, pending)?;
+    s.uid = Some("51e0-second".into());
+    Ok(s)
+}
+
+#[test]
+fn the_rayservice_uid_is_recorded() {
+    let st = admitted_status();
+    assert_eq!(st.ray_service_uid.as_deref(), Some(SERVICE_UID));
+    // The priority it is ranked by, for `kubectl raygate queue`.
+    assert_eq!(st.effective_priority, Some(0));
+    // Kept while the RayService cannot be read (deleted, not yet recreated).
+    let p = auto_plan(Some(st));
+    let d = run(
+        &p,
+        Err("RayService ml/llm not found".into()),
+        Ok(None),
+        &state(&[8]),
+        &[],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.ray_service_uid.as_deref(), Some(SERVICE_UID));
+    assert!(d.status.admitted.is_some());
+}
+
+#[test]
+fn a_recreated_rayservice_never_completes_the_old_change() {
+    // Under way: the old RayService's new cluster llm-b exists.
+    let mut st = admitted_status();
+    st.phase = Phase::Upgrading;
+    st.admitted.as_mut().unwrap().to_cluster = Some("llm-b".into());
+    let p = auto_plan(Some(st));
+    // Deleted and recreated with the same name: its first cluster llm-c is
+    // active, the old clusters are gone (or not its own).
+    let later: Timestamp = "2026-12-02T12:05:00Z".parse().unwrap();
+    let d = run(
+        &p,
+        recreated("llm-c", None),
+        Ok(None),
+        &state(&[8]),
+        &["llm-c"],
+        BTreeMap::new(),
+        later,
+    );
+    assert_eq!(d.status.phase, Phase::Idle, "{:?}", d.status.message);
+    assert!(d.status.admitted.is_none());
+    assert_ne!(d.outcome, Some(Outcome::Completed));
+    let t = d.status.last_transition.as_ref().unwrap();
+    assert_eq!(
+        (t.fingerprint.as_str(), t.outcome),
+        ("abc123def456", Some(TransitionOutcome::Replaced))
+    );
+    assert_eq!(d.status.ray_service_uid.as_deref(), Some("51e0-second"));
+    let reasons: Vec<_> = d.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["RayServiceReplaced"], "{:?}", d.events);
+    assert!(
+        d.events[0].note.contains("abc123def456"),
+        "{}",
+        d.events[0].note
+    );
+    assert_eq!(d.gate, Some(Gate::Hold));
+
+    // The next reconcile: the new RayService is idle, nothing more reported.
+    let d2 = run(
+        &auto_plan(Some(d.status.clone())),
+        recreated("llm-c", None),
+        Ok(None),
+        &state(&[8]),
+        &["llm-c"],
+        BTreeMap::new(),
+        later,
+    );
+    assert_eq!(d2.status.phase, Phase::Idle);
+    assert!(d2.events.is_empty(), "{:?}", d2.events);
+}
+
+#[test]
+fn a_recreated_rayservice_starts_afresh() {
+    // Waiting since 12:00 for the old RayService's change.
+    let p = auto_plan(None);
+    let ch = change(vec![gpu_pod("w0", 8)]);
+    let waiting = run(
+        &p,
+        service("llm-a", None),
+        Ok(Some(ch.clone())),
+        &state(&[0]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    )
+    .status;
+    assert_eq!(waiting.phase, Phase::WaitingForCapacity);
+    // Recreated with a change of the same fingerprint: it is a new change,
+    // detected now, and the old admission is not carried over.
+    let later: Timestamp = "2026-12-02T12:05:00Z".parse().unwrap();
+    let d = run(
+        &auto_plan(Some(waiting)),
+        recreated("llm-c", None),
+        Ok(Some(ch.clone())),
+        &state(&[8]),
+        &["llm-c"],
+        BTreeMap::new(),
+        later,
+    );
+    assert_eq!(d.status.phase, Phase::Admitted);
+    assert_eq!(
+        d.status.pending_change.as_ref().unwrap().detected_time,
+        later
+    );
+    assert_eq!(
+        d.status.admitted.as_ref().unwrap().from_cluster.as_deref(),
+        Some("llm-c")
+    );
+    assert!(d.status.last_transition.is_none());
+
+    // Admitted for the old RayService, recreated before KubeRay acted: the
+    // admission is not the new one's (its gate opens only by its own fit).
+    let d = run(
+        &auto_plan(Some(admitted_status())),
+        recreated("llm-c", None),
+        Ok(Some(ch)),
+        &state(&[0]),
+        &["llm-c"],
+        BTreeMap::new(),
+        later,
+    );
+    assert_eq!(d.status.phase, Phase::WaitingForCapacity);
+    assert_eq!(d.gate, Some(Gate::Hold));
+    assert_eq!(
+        d.status.last_transition.as_ref().unwrap().outcome,
+        Some(TransitionOutcome::Replaced)
+    );
+
+    // A status written before raygate recorded UIDs is not a replacement.
+    let mut legacy = admitted_status();
+    legacy.ray_service_uid = None;
+    let d = run(
+        &auto_plan(Some(legacy)),
+        recreated("llm-a", None),
+        Ok(Some(change(vec![gpu_pod("w0", 8)]))),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::Admitted);
+    assert!(d.events.is_empty(), "{:?}", d.events);
 }
 
 #[test]

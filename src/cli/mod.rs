@@ -164,7 +164,7 @@ fn plan(svc: &RayService, version: KubeRayVersion) -> Result<Vec<k8s_openapi::ap
         svc.metadata.name.as_deref().unwrap_or("rayservice")
     );
     let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
-    kuberay::planned_pods(&name, ns, svc.cluster_config()?, version)
+    kuberay::planned_pods(&name, ns, kuberay::checked_cluster_config(svc)?, version)
 }
 
 /// [`plan`] as groups: what the fit places.
@@ -174,7 +174,7 @@ fn plan_groups(svc: &RayService, version: KubeRayVersion) -> Result<Vec<capacity
         svc.metadata.name.as_deref().unwrap_or("rayservice")
     );
     let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
-    kuberay::planned_groups(&name, ns, svc.cluster_config()?, version)
+    kuberay::planned_groups(&name, ns, kuberay::checked_cluster_config(svc)?, version)
 }
 
 /// What the new cluster of a RayService requests in total, and how many pods it has.

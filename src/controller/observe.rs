@@ -63,7 +63,12 @@ fn service(
 }
 
 /// The RayClusters KubeRay created for a service.
-fn clusters_of(stores: &Stores, ns: &str, svc: &str) -> Vec<Arc<DeserializeGuard<RayCluster>>> {
+/// The RayClusters of `svc`: labelled with its name and not owned by
+/// another RayService object (one deleted, whose clusters the garbage
+/// collector has not removed yet, under the same name).
+fn clusters_of(stores: &Stores, svc: &RayService) -> Vec<Arc<DeserializeGuard<RayCluster>>> {
+    let ns = svc.metadata.namespace.as_deref();
+    let name = svc.metadata.name.as_deref();
     stores
         .clusters
         .state()
@@ -73,15 +78,27 @@ fn clusters_of(stores: &Stores, ns: &str, svc: &str) -> Vec<Arc<DeserializeGuard
                 Ok(c) => &c.metadata,
                 Err(e) => &e.metadata,
             };
-            meta.namespace.as_deref() == Some(ns)
+            meta.namespace.as_deref() == ns
                 && meta
                     .labels
                     .as_ref()
                     .and_then(|l| l.get(LABEL_ORIGINATED_FROM_CR_NAME))
                     .map(String::as_str)
-                    == Some(svc)
+                    == name
+                && owned_by(meta, svc.metadata.uid.as_deref())
         })
         .collect()
+}
+
+/// Whether a RayCluster's RayService owner (if it names one) is `uid` (if
+/// known): KubeRay sets it as the cluster's controller reference.
+fn owned_by(meta: &kube::api::ObjectMeta, uid: Option<&str>) -> bool {
+    let Some(uid) = uid else { return true };
+    meta.owner_references
+        .iter()
+        .flatten()
+        .filter(|o| o.kind == "RayService")
+        .all(|o| o.uid == uid)
 }
 
 fn guard_name<K: kube::Resource>(g: &DeserializeGuard<K>) -> String {
@@ -190,7 +207,7 @@ fn active_pods(stores: &Stores, svc: &RayService) -> Vec<Arc<Pod>> {
 fn new_cluster_pods(svc: &RayService, version: KubeRayVersion) -> crate::Result<Vec<PodGroup>> {
     let ns = svc.namespace().unwrap_or_default();
     let name = format!("{}-next", svc.name_any());
-    kuberay::planned_groups(&name, &ns, svc.cluster_config()?, version)
+    kuberay::planned_groups(&name, &ns, kuberay::checked_cluster_config(svc)?, version)
 }
 
 /// A cluster name the RayService status gives (empty means none).
@@ -270,7 +287,7 @@ pub fn observe<'a>(
     inp.incremental = incremental_of(plan, svc, release);
     let facts = service_facts(svc);
 
-    let clusters = clusters_of(stores, &ns, svc_name);
+    let clusters = clusters_of(stores, svc);
     inp.clusters = clusters.iter().map(|c| guard_name(c)).collect();
     inp.pods = pods_by_cluster(stores, &ns, &inp.clusters);
     let find = |name: &Option<String>| {
@@ -353,6 +370,7 @@ fn service_facts(svc: &RayService) -> ServiceFacts {
     let pending = status.and_then(|s| s.pending_service_status.as_ref());
     let active = status.and_then(|s| s.active_service_status.as_ref());
     ServiceFacts {
+        uid: svc.metadata.uid.clone(),
         pending_target_capacity: pending.and_then(|p| p.target_capacity),
         pending_traffic_percent: pending.and_then(|p| p.traffic_routed_percent),
         active_target_capacity: active.and_then(|a| a.target_capacity),
@@ -453,7 +471,7 @@ fn ledger_pods(
                 .and_then(|s| s.pending_service_status.as_ref()),
         )
         .or(adm.to_cluster.clone());
-        let clusters = clusters_of(stores, &ns, &svc.name_any());
+        let clusters = clusters_of(stores, svc);
         let pending_cluster = pending
             .as_ref()
             .and_then(|n| clusters.iter().find(|c| &guard_name(c) == n))
@@ -938,6 +956,128 @@ mod tests {
         svc.metadata.resource_version = Some("999".into());
         let churned = stores(plan, svc);
         assert_eq!(world_digest(&churned, 7, &none), then);
+    }
+
+    /// The sample RayService, active on `llm-abcde`, whose cluster is in the store.
+    fn serving(svc: &mut RayService, plan: UpgradePlan) -> Stores {
+        svc.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "activeServiceStatus": {"rayClusterName": "llm-abcde"}
+            }))
+            .unwrap(),
+        );
+        let cluster: RayCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ray.io/v1", "kind": "RayCluster",
+            "metadata": {"name": "llm-abcde", "namespace": svc.namespace(),
+                "labels": {LABEL_ORIGINATED_FROM_CR_NAME: svc.name_any()},
+                "annotations": {kuberay::ANNOTATION_NUM_WORKER_GROUPS: "1",
+                    ANNOTATION_KUBERAY_VERSION: KubeRayVersion::latest().tag()}},
+            "spec": svc.spec.ray_cluster_config,
+        }))
+        .unwrap();
+        let mut stores = stores(plan, svc.clone());
+        let (clusters, mut w) = reflector::store();
+        w.apply_watcher_event(&Event::Apply(DeserializeGuard(Ok(cluster))));
+        stores.clusters = clusters;
+        stores
+    }
+
+    #[test]
+    fn a_fractional_gpu_is_an_error_with_its_path_and_the_gate_stays_closed() {
+        let mut svc = rayservice();
+        let plan = waiting_plan(&svc);
+        let mut changed = svc.clone();
+        let worker = &mut changed
+            .spec
+            .ray_cluster_config
+            .as_mut()
+            .unwrap()
+            .worker_group_specs
+            .as_mut()
+            .unwrap()[0];
+        let resources = worker
+            .template
+            .as_mut()
+            .unwrap()
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0]
+            .resources
+            .as_mut()
+            .unwrap();
+        for list in [&mut resources.limits, &mut resources.requests] {
+            list.as_mut().unwrap().insert(
+                "nvidia.com/gpu".into(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("1.5".into()),
+            );
+        }
+        let stores = serving(&mut svc, plan.clone());
+        changed.status = svc.status.clone();
+        let (services, mut w) = reflector::store();
+        w.apply_watcher_event(&Event::Apply(DeserializeGuard(Ok(changed))));
+        let stores = Stores { services, ..stores };
+        let releases = Releases::default();
+        let now = Timestamp::now();
+        let overlay = Overlay::new();
+        let world = World::new(&stores, &overlay, &releases, now);
+        let release = releases.for_namespace("ml-serving");
+        let inp = observe(&stores, &plan, &release, now, false, &world);
+        let d = crate::admission::decide(&inp);
+        let msg = d.status.message.clone().unwrap_or_default();
+        assert_eq!(d.status.phase, Phase::Error, "{msg}");
+        assert!(
+            msg.contains(
+                "RayService ml-serving/llm: spec.rayClusterConfig.workerGroupSpecs[0].template.spec.containers[0].resources.limits[nvidia.com/gpu]: 1.5 must be an integer"
+            ),
+            "{msg}"
+        );
+        assert_eq!(d.gate, Some(crate::admission::Gate::Hold));
+        assert!(d.status.admitted.is_none());
+        assert!(
+            d.events.iter().any(|e| e.reason == "InvalidRayService"),
+            "{:?}",
+            d.events
+        );
+    }
+
+    #[test]
+    fn clusters_of_a_deleted_rayservice_of_the_same_name_are_not_its_own() {
+        let mut svc = rayservice();
+        svc.metadata.uid = Some("new-uid".into());
+        let plan = waiting_plan(&svc);
+        let stores = serving(&mut svc, plan);
+        let cluster = |uid: Option<&str>| -> RayCluster {
+            let mut c = stores.clusters.state()[0].0.as_ref().unwrap().clone();
+            c.metadata.owner_references = uid.map(|uid| {
+                vec![
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                        api_version: "ray.io/v1".into(),
+                        kind: "RayService".into(),
+                        name: svc.name_any(),
+                        uid: uid.into(),
+                        controller: Some(true),
+                        ..Default::default()
+                    },
+                ]
+            });
+            c
+        };
+        let (clusters, mut w) = reflector::store();
+        w.apply_watcher_event(&Event::Apply(DeserializeGuard(Ok(cluster(Some(
+            "old-uid",
+        ))))));
+        let stores = Stores { clusters, ..stores };
+        assert!(clusters_of(&stores, &svc).is_empty());
+        for owner in [Some("new-uid"), None] {
+            let (clusters, mut w) = reflector::store();
+            w.apply_watcher_event(&Event::Apply(DeserializeGuard(Ok(cluster(owner)))));
+            let stores = Stores {
+                clusters,
+                ..stores.clone()
+            };
+            assert_eq!(clusters_of(&stores, &svc).len(), 1, "{owner:?}");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! - [`pods`]: the pods KubeRay will create for a cluster spec.
 //! - [`release`]: which release runs, read from the RayClusters' `ray.io/kuberay-version`.
 //! - [`validate`]: the RayService validation that makes KubeRay reject a change.
+//! - [`valid`]: what the apiserver refuses in the pods KubeRay would create (a fraction of a GPU).
 
 pub mod classify;
 pub mod diff;
@@ -17,13 +18,14 @@ pub mod normalize;
 pub mod pods;
 pub mod release;
 pub mod types;
+pub mod valid;
 pub mod validate;
 pub mod version;
 
 pub use classify::{Classification, ClassifyOptions, OldSide, Verdict, classify, classify_with};
 pub use pods::{
-    PlanOptions, desired_worker_pods, planned_groups, planned_groups_with, planned_pods,
-    planned_pods_with,
+    PlanOptions, checked_cluster_config, desired_worker_pods, planned_groups, planned_groups_with,
+    planned_pods, planned_pods_with,
 };
 pub use release::{Release, ReleaseProblem, ReleaseSource, Releases};
 pub use types::{

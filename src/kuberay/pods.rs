@@ -32,8 +32,9 @@ use serde_json::Value;
 
 use super::types::{
     HEAD_GROUP_LABEL_VALUE, LABEL_CLUSTER, LABEL_GROUP, LABEL_IDENTIFIER, LABEL_IS_RAY_NODE,
-    LABEL_NODE_TYPE, RayClusterSpec, WorkerGroupSpec,
+    LABEL_NODE_TYPE, RayClusterSpec, RayService, WorkerGroupSpec, object_name,
 };
+use super::valid::check_resources;
 use super::version::{KubeRayVersion, ReplicaClamp, Rules};
 use crate::capacity::group::{MAX_PLANNED_PODS, PodGroup};
 
@@ -225,6 +226,66 @@ fn make_pod(
     }
 }
 
+/// The first container of `spec` whose resources the apiserver would refuse
+/// ([`crate::capacity::valid`]), as `(field path, reason)` under `prefix`
+/// (`spec` for a RayCluster, `spec.rayClusterConfig` for a RayService).
+/// Every template is checked, also of groups at zero replicas: the
+/// autoscaler may scale them up.
+pub fn check_cluster_resources(
+    spec: &RayClusterSpec,
+    prefix: &str,
+) -> Result<(), (String, String)> {
+    fn template(t: Option<&PodTemplateSpec>, path: &str) -> Result<(), (String, String)> {
+        let Some(spec) = t.and_then(|t| t.spec.as_ref()) else {
+            return Ok(());
+        };
+        let lists = [
+            ("containers", Some(&spec.containers)),
+            ("initContainers", spec.init_containers.as_ref()),
+        ];
+        for (kind, list) in lists {
+            for (i, c) in list.into_iter().flatten().enumerate() {
+                if let Some(r) = &c.resources {
+                    check_resources(&format!("{path}.template.spec.{kind}[{i}]"), r)?;
+                }
+            }
+        }
+        Ok(())
+    }
+    if let Some(head) = &spec.head_group_spec {
+        template(head.template.as_ref(), &format!("{prefix}.headGroupSpec"))?;
+    }
+    if spec.enable_in_tree_autoscaling == Some(true)
+        && let Some(r) = spec
+            .autoscaler_options
+            .as_ref()
+            .and_then(|o| o.resources.as_ref())
+    {
+        check_resources(&format!("{prefix}.autoscalerOptions"), r)?;
+    }
+    for (gi, group) in spec.worker_group_specs.iter().flatten().enumerate() {
+        template(
+            group.template.as_ref(),
+            &format!("{prefix}.workerGroupSpecs[{gi}]"),
+        )?;
+    }
+    Ok(())
+}
+
+/// A RayService's `spec.rayClusterConfig` whose pod templates the apiserver
+/// would accept ([`check_cluster_resources`]): the spec a new cluster is
+/// planned from.
+pub fn checked_cluster_config(svc: &RayService) -> crate::Result<&RayClusterSpec> {
+    let spec = svc.cluster_config()?;
+    check_cluster_resources(spec, "spec.rayClusterConfig").map_err(|(path, why)| {
+        crate::Error::invalid(
+            format!("RayService {}", object_name(&svc.metadata)),
+            format!("{path}: {why}"),
+        )
+    })?;
+    Ok(spec)
+}
+
 /// Like [`planned_pods`], with operator settings.
 pub fn planned_pods_with(
     cluster_name: &str,
@@ -267,6 +328,8 @@ pub fn planned_groups_with(
     if spec.suspend == Some(true) {
         return Ok(Vec::new());
     }
+    check_cluster_resources(spec, "spec")
+        .map_err(|(path, why)| crate::Error::invalid(&what, format!("{path}: {why}")))?;
     let mut pods = Vec::new();
 
     // Head.
@@ -388,7 +451,7 @@ pub fn planned_groups_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kuberay::types::{RayCluster, RayService};
+    use crate::kuberay::types::RayCluster;
 
     const MULTI: &str = include_str!("../../tests/fixtures/raycluster-multihost.yaml");
     const SVC: &str = include_str!("../../tests/fixtures/rayservice-llm.yaml");
@@ -552,6 +615,85 @@ mod tests {
             2
         );
         assert_eq!(desired_worker_pods(&g, &latest().rules()), 0);
+    }
+
+    #[test]
+    fn fractional_or_overcommitted_extended_resources_are_refused_with_their_path() {
+        let gpu = |spec: &mut RayClusterSpec, kind: &str, v: &str| {
+            let r = spec.worker_group_specs.as_mut().unwrap()[0]
+                .template
+                .as_mut()
+                .unwrap()
+                .spec
+                .as_mut()
+                .unwrap()
+                .containers[0]
+                .resources
+                .get_or_insert_with(Default::default);
+            let list = if kind == "limits" {
+                r.limits.get_or_insert_with(Default::default)
+            } else {
+                r.requests.get_or_insert_with(Default::default)
+            };
+            list.insert("nvidia.com/gpu".into(), K8sQuantity(v.into()));
+        };
+        let mut spec = multi().spec;
+        gpu(&mut spec, "limits", "1.5");
+        let err = planned_groups("t", "n", &spec, latest())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("RayCluster n/t: spec.workerGroupSpecs[0].template.spec.containers[0].resources.limits[nvidia.com/gpu]: 1.5 must be an integer"),
+            "{err}"
+        );
+        let mut spec = multi().spec;
+        gpu(&mut spec, "requests", "4");
+        let err = planned_groups("t", "n", &spec, latest())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("resources.requests[nvidia.com/gpu]: 4 must be equal to the nvidia.com/gpu limit of 8"),
+            "{err}"
+        );
+        // The autoscaler's resources are checked when it runs; groups at zero replicas too.
+        let mut spec = multi().spec;
+        spec.autoscaler_options.as_mut().unwrap().resources = Some(ResourceRequirements {
+            limits: Some(BTreeMap::from([(
+                "example.com/fpga".to_string(),
+                K8sQuantity("0.5".into()),
+            )])),
+            ..Default::default()
+        });
+        assert_eq!(
+            check_cluster_resources(&spec, "spec.rayClusterConfig")
+                .unwrap_err()
+                .0,
+            "spec.rayClusterConfig.autoscalerOptions.resources.limits[example.com/fpga]"
+        );
+        spec.enable_in_tree_autoscaling = Some(false);
+        assert_eq!(check_cluster_resources(&spec, "spec"), Ok(()));
+        let mut spec = multi().spec;
+        let spare = &mut spec.worker_group_specs.as_mut().unwrap()[2];
+        assert_eq!(spare.group_name.as_deref(), Some("a100-spare"));
+        spare
+            .template
+            .as_mut()
+            .unwrap()
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0]
+            .resources
+            .get_or_insert_with(Default::default)
+            .limits
+            .get_or_insert_with(Default::default)
+            .insert("nvidia.com/gpu".into(), K8sQuantity("0.5".into()));
+        assert_eq!(
+            check_cluster_resources(&spec, "spec").unwrap_err().0,
+            "spec.workerGroupSpecs[2].template.spec.containers[0].resources.limits[nvidia.com/gpu]"
+        );
+        // The fixtures themselves are valid.
+        assert_eq!(check_cluster_resources(&multi().spec, "spec"), Ok(()));
     }
 
     #[test]

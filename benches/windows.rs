@@ -1,0 +1,80 @@
+//! Maintenance windows: is one open now? (issue 26)
+//!
+//! 1,100 windows (22 plans × 50, the per-plan cap) that never fire (`0 0 31 2
+//! *`, 744 h: the worst case, every evaluation looks the whole duration back),
+//! plus the same count of ordinary ones (`0 2 * * 1-5`, 3 h). The computed
+//! last fire (`Window::is_open`) beside the minute walk it replaced
+//! (`Window::is_open_walking_minutes`, up to 44,640 cron checks per window),
+//! both in this process, with the ratio. Target: ≤ 10 ms per evaluation of
+//! all 1,100.
+//!
+//! Run by hand: `cargo bench --bench windows`.
+
+mod common;
+
+use std::hint::black_box;
+
+use jiff::Timestamp;
+use raygate::schedule::{MAX_WINDOWS, Window};
+
+const WINDOWS: usize = 1_100;
+
+fn windows(schedule: &str, duration: &str) -> Vec<Vec<Window>> {
+    let plans = WINDOWS / MAX_WINDOWS;
+    (0..plans)
+        .map(|p| {
+            (0..MAX_WINDOWS)
+                .map(|i| Window::parse(&format!("plan {p} window {i}"), schedule, duration))
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+fn main() {
+    let now: Timestamp = "2026-12-04T12:34:56Z".parse().unwrap_or_default();
+    for (what, schedule, duration) in [
+        ("never firing, 744h", "0 0 31 2 *", "744h"),
+        ("weekdays 02:00, 3h", "0 2 * * 1-5", "3h"),
+    ] {
+        let plans = windows(schedule, duration);
+        let count: usize = plans.iter().map(Vec::len).sum();
+        assert_eq!(count, WINDOWS);
+        let open = |walk: bool| {
+            plans
+                .iter()
+                .filter(|ws| {
+                    ws.iter().any(|w| {
+                        if walk {
+                            w.is_open_walking_minutes(now)
+                        } else {
+                            w.is_open(now)
+                        }
+                    })
+                })
+                .count()
+        };
+        assert_eq!(open(false), open(true), "{what}: both say the same");
+        let walk_ms = common::median_ms(3, || {
+            black_box(open(true));
+        });
+        let walk_cpu = common::mean_cpu_ms(3, || {
+            black_box(open(true));
+        });
+        let now_ms = common::median_ms(51, || {
+            black_box(open(false));
+        });
+        let now_cpu = common::mean_cpu_ms(51, || {
+            black_box(open(false));
+        });
+        let cpu = |c: Option<f64>| c.map_or("-".to_string(), |c| format!("{c:.3} ms on-CPU"));
+        println!(
+            "{what}: {count} windows in {} plans: minute walk {walk_ms:.3} ms ({}), computed last fire {now_ms:.3} ms ({}), {:.0}x; target <= 10 ms: {}",
+            plans.len(),
+            cpu(walk_cpu),
+            cpu(now_cpu),
+            walk_ms / now_ms.max(1e-9),
+            if now_ms <= 10.0 { "met" } else { "NOT met" }
+        );
+    }
+}
