@@ -392,13 +392,22 @@ impl ControlPlane {
                 &*p,
             ],
         ] {
-            let out = self.kubectl(&args)?;
-            if !out.status.success() {
-                bail!(
-                    "kubectl {} failed: {}",
-                    args.join(" "),
-                    String::from_utf8_lossy(&out.stderr)
-                );
+            // `kubectl wait` on a CRD the apiserver has not given a status
+            // yet fails at once (".status.conditions accessor error: <nil>")
+            // instead of waiting: seen under load. Ask again shortly.
+            let mut attempts = 0;
+            loop {
+                let out = self.kubectl(&args)?;
+                if out.status.success() {
+                    break;
+                }
+                let err = String::from_utf8_lossy(&out.stderr);
+                attempts += 1;
+                if attempts < 10 && err.contains("accessor error") {
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                    continue;
+                }
+                bail!("kubectl {} failed: {err}", args.join(" "));
             }
         }
         Ok(())
