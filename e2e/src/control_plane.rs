@@ -162,7 +162,9 @@ impl ControlPlane {
     /// the Gateway API CRDs it needs (`up --incremental`). Not with `RAYGATE_E2E_KUBECONFIG`.
     pub fn start_incremental(opts: Options) -> Result<ControlPlane> {
         if std::env::var_os(REUSE_ENV).is_some() {
-            bail!("{REUSE_ENV} is set, but this test needs an operator started with RayServiceIncrementalUpgrade");
+            bail!(
+                "{REUSE_ENV} is set, but this test needs an operator started with RayServiceIncrementalUpgrade"
+            );
         }
         ControlPlane::start_inner(opts, &["--incremental"])
     }
