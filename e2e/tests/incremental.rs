@@ -73,7 +73,8 @@ fn service(name: &str, max_surge: i64) -> Value {
         .build();
     v["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] = json!(true);
     v["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["maxReplicas"] = json!(2);
-    v["spec"]["upgradeStrategy"] = json!({"type": "None", "clusterUpgradeOptions": {
+    // No `type`: that field is raygate's (a creator setting it would own it and override the gate).
+    v["spec"]["upgradeStrategy"] = json!({"clusterUpgradeOptions": {
         "maxSurgePercent": max_surge, "stepSizePercent": 50, "intervalSeconds": 2, "gatewayClassName": "e2e"}});
     v
 }
@@ -299,7 +300,7 @@ async fn an_incremental_upgrade_is_admitted_on_its_surge() {
         peak.store(0, Ordering::Relaxed);
         bump(&c, &ns, "nc", "rayproject/ray:2.10.0-gpu").await?;
         bump(&c, &ns, "inc", "rayproject/ray:2.10.0-gpu").await?;
-        let admitted = wait_phase(&c, &ns, "inc", "Transitioning").await?;
+        let admitted = wait_phase(&c, &ns, "inc", "Upgrading").await?;
         let reserved = reserved_gpus(&admitted, 2, 2);
         let held = get(&plans(&c, &ns), "nc").await?;
         if str_at(&held, &["status", "phase"]) != "WaitingForCapacity" {
