@@ -200,6 +200,37 @@ async fn stand_ins(cp: &ControlPlane, c: &Client, ns: &str) -> Result<()> {
     Ok(())
 }
 
+/// GPUs requested by the namespace's pods: (all, only those bound to a node).
+async fn gpus_requested2(c: &Client, ns: &str) -> Result<(u64, u64)> {
+    let pods: Api<Pod> = Api::namespaced(c.clone(), ns);
+    let (mut all, mut bound) = (0, 0);
+    for p in pods.list(&ListParams::default()).await?.items {
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).is_some();
+        let g = pod_gpus(&p);
+        all += g;
+        if node {
+            bound += g;
+        }
+    }
+    Ok((all, bound))
+}
+
+fn pod_gpus(p: &Pod) -> u64 {
+    let Some(spec) = &p.spec else { return 0 };
+    spec.containers
+        .iter()
+        .map(|ct| {
+            let r = ct.resources.clone().unwrap_or_default();
+            r.limits
+                .as_ref()
+                .and_then(|l| l.get("nvidia.com/gpu"))
+                .or_else(|| r.requests.as_ref().and_then(|l| l.get("nvidia.com/gpu")))
+                .and_then(|q| q.0.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
 async fn gpus_requested(c: &Client, ns: &str) -> Result<u64> {
     let pods: Api<Pod> = Api::namespaced(c.clone(), ns);
     let mut n = 0;
@@ -271,13 +302,15 @@ async fn an_incremental_upgrade_is_admitted_on_its_surge() {
         .unwrap_or_else(|e| panic!("{e:#}"));
     let stop = Arc::new(AtomicBool::new(false));
     let peak = Arc::new(AtomicU64::new(0));
+    let peak_bound = Arc::new(AtomicU64::new(0));
     let bg = async {
         while !stop.load(Ordering::Relaxed) {
             if let Err(e) = stand_ins(&cp, &c, &ns).await {
                 eprintln!("stand-ins: {e:#}");
             }
-            if let Ok(g) = gpus_requested(&c, &ns).await {
+            if let Ok((g, b)) = gpus_requested2(&c, &ns).await {
                 peak.fetch_max(g, Ordering::Relaxed);
+                peak_bound.fetch_max(b, Ordering::Relaxed);
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
@@ -298,6 +331,7 @@ async fn an_incremental_upgrade_is_admitted_on_its_surge() {
             bail!("expected 8 GPUs running before the upgrades, found {before}");
         }
         peak.store(0, Ordering::Relaxed);
+        peak_bound.store(0, Ordering::Relaxed);
         bump(&c, &ns, "nc", "rayproject/ray:2.10.0-gpu").await?;
         bump(&c, &ns, "inc", "rayproject/ray:2.10.0-gpu").await?;
         let admitted = wait_phase(&c, &ns, "inc", "Upgrading").await?;
@@ -310,9 +344,10 @@ async fn an_incremental_upgrade_is_admitted_on_its_surge() {
             );
         }
         wait_phase(&c, &ns, "inc", "Completed").await?;
-        let p = peak.load(Ordering::Relaxed);
+        let all = peak.load(Ordering::Relaxed);
+        let p = peak_bound.load(Ordering::Relaxed);
         eprintln!(
-            "incremental upgrade: peak GPUs requested by pods {p}; active {before} + reservation {reserved} = {}",
+            "incremental upgrade: peak GPUs requested by pods bound to nodes {p}, by all pods incl. Pending {all}; active {before} + reservation {reserved} = {}",
             before + reserved
         );
         if p > before + reserved {
