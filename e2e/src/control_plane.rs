@@ -158,6 +158,17 @@ impl ControlPlane {
         ControlPlane::start_inner(opts, &["--karpenter"])
     }
 
+    /// Like `start_with`, with the operator's RayServiceIncrementalUpgrade feature gate on and
+    /// the Gateway API CRDs it needs (`up --incremental`). Not with `RAYGATE_E2E_KUBECONFIG`.
+    pub fn start_incremental(opts: Options) -> Result<ControlPlane> {
+        if std::env::var_os(REUSE_ENV).is_some() {
+            bail!(
+                "{REUSE_ENV} is set, but this test needs an operator started with RayServiceIncrementalUpgrade"
+            );
+        }
+        ControlPlane::start_inner(opts, &["--incremental"])
+    }
+
     fn start_inner(opts: Options, up_args: &[&str]) -> Result<ControlPlane> {
         let script = script_path();
         let kuberay = if opts.crds {
