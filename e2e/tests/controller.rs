@@ -699,7 +699,24 @@ async fn killing_raygate_mid_transition_changes_nothing() {
     let mut e = env(&[8, 8]).await;
     or_panic(service_with_plan(&e, "llm", 1, 6, json!({})).await);
     or_panic(bump_worker(&e, "llm", "rayproject/ray:2.10.0-gpu", None).await);
-    let admitted = or_panic(wait_phase(&e, "llm", "Admitted").await);
+    // Mid-transition: Admitted lasts only until KubeRay names the new
+    // cluster (often under a second), Upgrading until the old one is gone.
+    let api = plan_api(&e.client, &e.ns);
+    let admitted = or_panic(
+        wait_for(
+            "UpgradePlan llm admitted (Admitted or Upgrading)",
+            T,
+            || async {
+                let p = get(&api, "llm").await?;
+                Ok(if matches!(phase(&p), "Admitted" | "Upgrading") {
+                    Check::Done(p)
+                } else {
+                    Check::NotYet(describe(&p))
+                })
+            },
+        )
+        .await,
+    );
     let fingerprint = str_at(&admitted, &["status", "admitted", "fingerprint"]).to_string();
     e.rg.kill();
     // KubeRay goes on while raygate is down.
