@@ -34,19 +34,7 @@ fn pod(name: &str, node_type: &str, gpus: u32) -> Pod {
     .unwrap()
 }
 
-fn nodes(gpus: &[u32]) -> ClusterState {
-    let items: Vec<_> = gpus
-        .iter()
-        .enumerate()
-        .map(|(i, g)| {
-            json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": format!("gpu-{i}")},
-                "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110",
-                    "nvidia.com/gpu": g.to_string()},
-                    "conditions": [{"type": "Ready", "status": "True"}]}})
-        })
-        .collect();
-    ClusterState::from_list(json!({"kind": "List", "apiVersion": "v1", "items": items})).unwrap()
-}
+use super::tests::state as nodes;
 
 fn opts() -> Options {
     Options {

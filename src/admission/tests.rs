@@ -39,7 +39,8 @@ fn gpu_pod(name: &str, gpus: u32) -> Pod {
     .unwrap()
 }
 
-fn state(gpus_per_node: &[u32]) -> ClusterState {
+/// Ready nodes `gpu-0..`, each with these GPUs (also for `incremental_tests`).
+pub(super) fn state(gpus_per_node: &[u32]) -> ClusterState {
     let items: Vec<_> = gpus_per_node
         .iter()
         .enumerate()
