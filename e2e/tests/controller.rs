@@ -1,7 +1,8 @@
 //! raygate end to end: the raygate binary against Kubernetes v1.36 (apiserver,
 //! scheduler, garbage collector), kwok nodes and the real KubeRay operator of
 //! `RAYGATE_KUBERAY_VERSION` (v1.6.2 by default; `e2e/run-tests` runs this suite
-//! for v1.6.2 and v1.5.2), with `ray-head` answering as Ray.
+//! for v1.6.2 and v1.5.2, on v1.5.2 without the four tests whose outcome does not
+//! depend on KubeRay: see `args_for` in `e2e/run-suites`), with `ray-head` answering as Ray.
 //!
 //! Every test starts its own control plane: Nodes are cluster-wide and each
 //! scenario depends on exact free capacity. Needs `e2e/setup` and
