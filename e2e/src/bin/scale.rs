@@ -74,6 +74,10 @@ struct Args {
     /// Where the run's figures go as JSON (a file per run); empty: nowhere.
     #[arg(long, default_value = "docs/scale-runs")]
     out: String,
+    /// Where raygate's logs and the audit log are copied after the run (a directory per
+    /// run under it); empty: not kept.
+    #[arg(long, default_value_t = std::env::temp_dir().join("raygate-scale").display().to_string())]
+    keep_logs: String,
     /// A note on the machine, kept in the JSON (e.g. what else ran on it).
     #[arg(long, default_value = "")]
     note: String,
@@ -475,6 +479,10 @@ async fn main() -> Result<()> {
     );
 
     let load_start = loadavg();
+    // The checkout as built (e2e/scale builds just before): later commits during the run
+    // (docs) are not what ran.
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    let commit = git(&["rev-parse", "HEAD"]);
     let added_names: Vec<String> = (0..extra_gpu_nodes)
         .map(|i| format!("gpu-new-{i}"))
         .collect();
@@ -865,8 +873,6 @@ async fn main() -> Result<()> {
 
     if !a.out.is_empty() {
         let date = Timestamp::now();
-        let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
-        let commit = git(&["rev-parse", "HEAD"]);
         let figures = json!({
             "date": date.to_string(),
             "commit": commit,
@@ -931,6 +937,25 @@ async fn main() -> Result<()> {
         let file = dir.join(format!("{stamp}-{}nodes.json", a.nodes));
         std::fs::write(&file, serde_json::to_string_pretty(&figures)? + "\n")?;
         eprintln!("scale: figures written to {}", file.display());
+    }
+    if !a.keep_logs.is_empty() {
+        let dir =
+            Path::new(&a.keep_logs).join(Timestamp::now().strftime("%Y-%m-%dT%H%M%SZ").to_string());
+        std::fs::create_dir_all(&dir)?;
+        for entry in std::fs::read_dir(cp.log_dir())? {
+            let path = entry?.path();
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if name == "audit.log" || name.starts_with("raygate") {
+                std::fs::copy(&path, dir.join(&name))?;
+            }
+        }
+        eprintln!(
+            "scale: raygate's logs and the audit log kept in {}",
+            dir.display()
+        );
     }
     rg.kill();
     Ok(())
