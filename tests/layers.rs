@@ -70,8 +70,6 @@ const FORBIDDEN: &[(&str, &str)] = &[
 /// when one of these is gone too, so the list only ever shrinks.
 const KNOWN: &[&str] = &[
     "capacity::record -> kuberay",
-    "circle: admission::render, admission::rules",
-    "circle: capacity::fit, capacity::group, capacity::index, capacity::node, capacity::record, capacity::requests",
     "kubectl -> controller::cache",
     "kubectl -> controller::gate",
     "kuberay::pods -> capacity::group",

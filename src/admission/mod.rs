@@ -257,6 +257,11 @@ pub struct Decision {
     pub overridden_by: Option<String>,
 }
 
+/// Requeue intervals: tight while something moves, relaxed when idle.
+pub(crate) const REQUEUE_ACTIVE: Duration = Duration::from_secs(5);
+pub(crate) const REQUEUE_WAITING: Duration = Duration::from_secs(15);
+pub(crate) const REQUEUE_IDLE: Duration = Duration::from_secs(120);
+
 /// How long an admission may wait for KubeRay to name the new cluster before
 /// it is fitted again: capacity measured then may be gone by now (after a
 /// restart, or with KubeRay down), so an old admission never opens the gate

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use super::rules::{REQUEUE_IDLE, REQUEUE_WAITING};
-use super::{Decision, EventNote, Gate, Inputs, Outcome};
+use super::{Decision, EventNote, Gate, Inputs, Outcome, REQUEUE_IDLE, REQUEUE_WAITING};
 use crate::capacity::{self, ACCELERATORS, FitReport, ResourceList};
 use crate::kuberay::incremental::Options;
 use crate::kuberay::{Release, ReleaseProblem, ReleaseSource};

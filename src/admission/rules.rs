@@ -32,17 +32,15 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use super::render::{self, Builder};
-use super::{ADMISSION_TTL, ChangeFacts, Gate, Inputs, Outcome, ServiceFacts, Settings, stall};
+use super::{
+    ADMISSION_TTL, ChangeFacts, Gate, Inputs, Outcome, REQUEUE_ACTIVE, REQUEUE_IDLE,
+    REQUEUE_WAITING, ServiceFacts, Settings, stall,
+};
 use crate::kuberay::ReleaseProblem;
 use crate::schedule;
 use crate::upgradeplan::{
     Admission, PendingChange, Phase, Policy, TransitionOutcome, TransitionRecord, condition,
 };
-
-/// Requeue intervals: tight while something moves, relaxed when idle.
-pub(crate) const REQUEUE_ACTIVE: Duration = Duration::from_secs(5);
-pub(crate) const REQUEUE_WAITING: Duration = Duration::from_secs(15);
-pub(crate) const REQUEUE_IDLE: Duration = Duration::from_secs(120);
 
 /// Rule 1, then rules 2 and 3.
 pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {

@@ -23,9 +23,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
 use super::node::{
@@ -33,9 +33,8 @@ use super::node::{
     units_of,
 };
 use super::requests::{pod_name, pod_requests_borrowed, runtime_class_overhead};
-use super::scheduling::{
-    REASON_TOO_MANY_PODS, Wording, aggregate_message, insufficient, static_filter,
-};
+use super::scheduling::{REASON_TOO_MANY_PODS, Wording, aggregate_message, insufficient};
+use super::statics::Statics;
 use super::{
     CPU, MEMORY, PODS, ResourceList, from_scheduler_units, is_accelerator, scheduler_units, sum,
 };
@@ -321,206 +320,6 @@ impl<'c> Overlay<'c> {
         }
         let v = &mut self.rows[self.copied[n] + r];
         *v = v.saturating_add(x);
-    }
-}
-
-/// One placement signature's static verdicts on every usable node: the
-/// reason it was filtered out (an index into `reasons`), and the nodes that
-/// passed.
-#[derive(Debug)]
-pub(crate) struct Statics {
-    verdicts: Vec<Option<usize>>,
-    reasons: Vec<String>,
-    feasible: Vec<usize>,
-}
-
-impl Statics {
-    /// The static filters (node name, taints, affinity) of `pod` on `nodes`.
-    fn compute(pod: &Pod, nodes: &[&Node], wording: Wording) -> Statics {
-        let mut reasons = Reasons::default();
-        let verdicts: Vec<Option<usize>> = nodes
-            .iter()
-            .map(|node| reasons.verdict(pod, node, wording))
-            .collect();
-        reasons.done(verdicts)
-    }
-
-    /// The verdicts on `new`, from those on `old`: a node whose object is
-    /// the same (the same `Arc`: the index keeps a node's `Arc` until the
-    /// node changes) keeps its verdict; only nodes added or changed are
-    /// evaluated, as kube-scheduler's `UpdateSnapshot` clones only the
-    /// NodeInfos whose generation moved. Both lists are sorted by name, so
-    /// one merge finds them; `evaluated` counts the filter runs.
-    fn patched(
-        &self,
-        pod: &Pod,
-        old: &[Arc<Node>],
-        new: &[Arc<Node>],
-        wording: Wording,
-        evaluated: &mut usize,
-    ) -> Statics {
-        let mut reasons = Reasons::from(&self.reasons);
-        let mut verdicts = Vec::with_capacity(new.len());
-        let mut i = 0;
-        for node in new {
-            // Nodes gone since `old` (sorted before this one) are skipped.
-            while i < old.len()
-                && !Arc::ptr_eq(&old[i], node)
-                && node_name(&old[i]) < node_name(node)
-            {
-                i += 1;
-            }
-            match old.get(i) {
-                Some(o) if Arc::ptr_eq(o, node) => {
-                    verdicts.push(self.verdicts.get(i).copied().flatten());
-                    i += 1;
-                }
-                _ => {
-                    // Added, or changed (same name, another object).
-                    if old.get(i).is_some_and(|o| node_name(o) == node_name(node)) {
-                        i += 1;
-                    }
-                    *evaluated += 1;
-                    verdicts.push(reasons.verdict(pod, node, wording));
-                }
-            }
-        }
-        reasons.done(verdicts)
-    }
-}
-
-/// Reason texts, each kept once with an id.
-#[derive(Default)]
-struct Reasons {
-    texts: Vec<String>,
-    ids: HashMap<String, usize>,
-}
-
-impl Reasons {
-    fn from(texts: &[String]) -> Reasons {
-        Reasons {
-            texts: texts.to_vec(),
-            ids: texts
-                .iter()
-                .enumerate()
-                .map(|(i, t)| (t.clone(), i))
-                .collect(),
-        }
-    }
-
-    fn verdict(&mut self, pod: &Pod, node: &Node, wording: Wording) -> Option<usize> {
-        static_filter(pod, node, wording).err().map(|r| {
-            *self.ids.entry(r.clone()).or_insert_with(|| {
-                self.texts.push(r);
-                self.texts.len() - 1
-            })
-        })
-    }
-
-    /// Reasons no node has any more stay: `explain` counts nodes per
-    /// reason and leaves out those with none.
-    fn done(self, verdicts: Vec<Option<usize>>) -> Statics {
-        let feasible = (0..verdicts.len())
-            .filter(|&n| verdicts[n].is_none())
-            .collect();
-        Statics {
-            verdicts,
-            reasons: self.texts,
-            feasible,
-        }
-    }
-}
-
-/// The index's usable nodes as one layout, sorted by name; a node's `Arc`
-/// is kept until that node changes.
-pub(crate) type Layout = Arc<Vec<Arc<Node>>>;
-
-/// Static verdicts kept across decisions, per placement signature: on the
-/// layout they were computed for, or patched on a newer one by evaluating
-/// only the nodes that changed ([`Statics::patched`]), so the first
-/// decision after a node event costs O(changed nodes) filter runs, not
-/// O(nodes).
-#[derive(Debug, Default)]
-pub(crate) struct StaticsCache {
-    inner: Mutex<HashMap<(String, Wording), Cached>>,
-    /// Static filter runs so far (tests and benches read it).
-    evaluated: std::sync::atomic::AtomicUsize,
-}
-
-#[derive(Debug, Clone)]
-struct Cached {
-    /// The layout `statics` holds for.
-    nodes: Layout,
-    /// A pod of this signature (the verdicts read nothing else of it).
-    pod: Arc<Pod>,
-    statics: Arc<Statics>,
-}
-
-impl StaticsCache {
-    /// Signatures kept at most; past it the cache starts again.
-    const MAX: usize = 256;
-
-    /// The verdicts of `pod` on `nodes`: cached, patched or computed. The
-    /// lock is not held while filters run.
-    fn get(
-        &self,
-        key: (String, Wording),
-        pod: &Pod,
-        nodes: &Layout,
-        wording: Wording,
-    ) -> Arc<Statics> {
-        let cached = self
-            .inner
-            .lock()
-            .ok()
-            .and_then(|inner| inner.get(&key).cloned());
-        let mut evaluated = 0;
-        let (statics, pod) = match cached {
-            Some(c) if Arc::ptr_eq(&c.nodes, nodes) => return c.statics,
-            Some(c) => (
-                Arc::new(
-                    c.statics
-                        .patched(&c.pod, &c.nodes, nodes, wording, &mut evaluated),
-                ),
-                c.pod,
-            ),
-            None => {
-                let refs: Vec<&Node> = nodes.iter().map(|n| &**n).collect();
-                evaluated = refs.len();
-                (
-                    Arc::new(Statics::compute(pod, &refs, wording)),
-                    Arc::new(pod.clone()),
-                )
-            }
-        };
-        self.evaluated
-            .fetch_add(evaluated, std::sync::atomic::Ordering::Relaxed);
-        if let Ok(mut inner) = self.inner.lock() {
-            if inner.len() >= Self::MAX && !inner.contains_key(&key) {
-                inner.clear();
-            }
-            inner.insert(
-                key,
-                Cached {
-                    nodes: nodes.clone(),
-                    pod,
-                    statics: statics.clone(),
-                },
-            );
-        }
-        statics
-    }
-
-    /// Static filter runs so far.
-    pub(crate) fn evaluated(&self) -> usize {
-        self.evaluated.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Forgets every verdict: the next decision evaluates every node again.
-    pub(crate) fn clear(&self) {
-        if let Ok(mut inner) = self.inner.lock() {
-            inner.clear();
-        }
     }
 }
 

@@ -21,12 +21,12 @@ use k8s_openapi::api::core::v1::Node;
 
 use std::borrow::Cow;
 
-use super::fit::{Layout, StaticsCache};
 use super::node::{
-    Amounts, Bound, Capacity, Names, Rows, SkippedNode, add_amount, allocatable_of, node_name,
-    record_error, skip_reason,
+    Amounts, Bound, Capacity, Counted, Names, Rows, SkippedNode, add_amount, allocatable_of,
+    node_name, record_error, skip_reason,
 };
 use super::record::{PartialPod, PodBody, PodRecord, ResName, Strings};
+use super::statics::{Layout, StaticsCache};
 use super::{PODS, PodKey};
 
 #[derive(Debug)]
@@ -513,6 +513,12 @@ impl CapacityIndex {
     /// were patched; the benches' baseline).
     pub fn forget_static_verdicts(&self) {
         self.statics.clear();
+    }
+}
+
+impl Counted for CapacityIndex {
+    fn counted_on_usable(&self, ns: &str, name: &str) -> bool {
+        CapacityIndex::counted_on_usable(self, ns, name)
     }
 }
 

@@ -21,6 +21,7 @@ pub mod record;
 pub mod requests;
 pub mod scheduling;
 pub mod state;
+pub mod statics;
 
 use std::collections::BTreeMap;
 

@@ -8,8 +8,10 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use serde::Serialize;
+
+pub use super::scheduling::node_name;
 
 use super::requests::Req;
 use super::{PODS, ResourceList, from_scheduler_units, parse_resource_list_with, scheduler_units};
@@ -44,18 +46,6 @@ pub struct NodeFree {
 pub struct NodeSummary {
     pub usable: Vec<NodeFree>,
     pub skipped: Vec<SkippedNode>,
-}
-
-/// Succeeded and Failed pods hold nothing; the scheduler's informer drops them.
-pub fn is_terminal(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
-}
-
-pub fn node_name(node: &Node) -> &str {
-    node.metadata.name.as_deref().unwrap_or("")
 }
 
 /// Why a node cannot take new pods, if it cannot.
@@ -172,7 +162,7 @@ pub(crate) struct Capacity<'a> {
     pub(crate) bound: Bound<'a>,
     /// The index's cache of static verdicts and its node layout (the
     /// `Arc`s behind `nodes`); none from scratch.
-    pub(crate) statics: Option<(&'a super::fit::StaticsCache, &'a super::fit::Layout)>,
+    pub(crate) statics: Option<(&'a super::statics::StaticsCache, &'a super::statics::Layout)>,
     /// The cluster's DRA objects, when it has any (see [`super::dra`]).
     pub(crate) dra: Option<&'a super::dra::DraState>,
 }
@@ -183,7 +173,13 @@ pub(crate) enum Bound<'a> {
     /// (namespace, name), from a from-scratch pass.
     Set(std::collections::HashSet<(String, String)>),
     /// Looked up in the incremental index.
-    Index(&'a super::index::CapacityIndex),
+    Index(&'a dyn Counted),
+}
+
+/// Which pods are counted on a usable node, asked of the incremental index
+/// ([`super::index::CapacityIndex`]) without this oracle depending on it.
+pub(crate) trait Counted: std::fmt::Debug + Sync {
+    fn counted_on_usable(&self, ns: &str, name: &str) -> bool;
 }
 
 impl Bound<'_> {
@@ -424,6 +420,7 @@ pub(crate) fn summary(cap: &Capacity<'_>) -> crate::Result<NodeSummary> {
 pub(crate) mod tests {
     use super::*;
     use crate::capacity::canonical_map;
+    use k8s_openapi::api::core::v1::Pod;
     use serde_json::{Value, json};
     use std::collections::BTreeMap;
 

@@ -455,6 +455,14 @@ pub fn pod_requests(pod: &Pod, limit_ranges: &[LimitRange]) -> crate::Result<Res
         .collect())
 }
 
+/// Succeeded and Failed pods hold nothing; the scheduler's informer drops them.
+pub fn is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
 /// Total requests of running pods (an old cluster's), counting one pod slot
 /// each, as every new pod will take one too. Terminal pods hold nothing.
 pub fn total_requests<'a>(
@@ -464,7 +472,7 @@ pub fn total_requests<'a>(
     let mut total = ResourceList::new();
     let mut slots: i64 = 0;
     for p in pods {
-        if super::node::is_terminal(p) {
+        if is_terminal(p) {
             continue;
         }
         super::add_into(&mut total, &pod_requests(p, limit_ranges)?);

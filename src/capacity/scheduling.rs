@@ -12,6 +12,11 @@ use k8s_openapi::api::core::v1::{
     Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
 };
 
+/// A node's name (empty when it has none, which the apiserver never serves).
+pub fn node_name(node: &Node) -> &str {
+    node.metadata.name.as_deref().unwrap_or("")
+}
+
 /// NodeUnschedulable plugin (same wording in every release).
 pub const REASON_UNSCHEDULABLE: &str = "node(s) were unschedulable";
 /// NodeResourcesFit, pod slots.

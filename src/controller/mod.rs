@@ -963,12 +963,23 @@ async fn write_status(
     }
 }
 
+/// One Event per decision: regarding the plan, with its RayService as the
+/// related object (`events.k8s.io/v1` `related`). One request, not one per
+/// object: an admission costs the status, the gate and this (issue 22).
 async fn publish(
     ctx: &Context,
     plan: &UpgradePlan,
     service: Option<&str>,
     note: &admission::EventNote,
 ) {
+    let ns = plan.namespace().unwrap_or_default();
+    let related = service.and_then(|svc_name| {
+        let svc = ctx
+            .stores
+            .services
+            .get(&ObjectRef::new(svc_name).within(&ns))?;
+        svc.0.as_ref().ok().map(|svc| svc.object_ref(&()))
+    });
     let ev = Event {
         type_: if note.warning {
             EventType::Warning
@@ -978,7 +989,7 @@ async fn publish(
         reason: note.reason.to_string(),
         note: Some(truncate(note.note.clone(), 1000)),
         action: note.action(),
-        secondary: None,
+        secondary: related,
     };
     if ctx.fence.check().is_err() {
         return;
@@ -988,21 +999,6 @@ async fn publish(
         Ok(Ok(())) => {}
         Ok(Err(e)) => warn!(error = %e, "failed to record event on plan"),
         Err(_) => warn!(timeout = ?bound, "recording an event on the plan timed out"),
-    }
-    let Some(svc_name) = service else { return };
-    let ns = plan.namespace().unwrap_or_default();
-    if let Some(svc) = ctx
-        .stores
-        .services
-        .get(&ObjectRef::new(svc_name).within(&ns))
-        && let Ok(svc) = &svc.0
-        && ctx.fence.check().is_ok()
-    {
-        match tokio::time::timeout(bound, ctx.recorder.publish(&ev, &svc.object_ref(&()))).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(error = %e, "failed to record event on RayService"),
-            Err(_) => warn!(timeout = ?bound, "recording an event on the RayService timed out"),
-        }
     }
 }
 

@@ -74,6 +74,10 @@ struct Args {
     /// Where the run's figures go as JSON (a file per run); empty: nowhere.
     #[arg(long, default_value = "docs/scale-runs")]
     out: String,
+    /// Where raygate's logs and the audit log are copied after the run (a directory per
+    /// run under it); empty: not kept.
+    #[arg(long, default_value_t = std::env::temp_dir().join("raygate-scale").display().to_string())]
+    keep_logs: String,
     /// A note on the machine, kept in the JSON (e.g. what else ran on it).
     #[arg(long, default_value = "")]
     note: String,
@@ -205,21 +209,39 @@ async fn wait_phases(client: &Client, want: &[&str], n: usize, timeout: Duration
 }
 
 /// The audit policy of the run: every request of the user `raygate`, one event each (when
-/// received, with its URI: `limit`, `continue`, `allowWatchBookmarks` show), nothing else
-/// (the other clients' writes at this scale would slow the apiserver they are measured on).
-const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+/// received, with its URI: `limit`, `continue`, `allowWatchBookmarks` show), and the writes
+/// to the GPU nodes added for the capacity change (`added`, by any user: kwok's status that
+/// makes one Ready, the node controller's taint removal), so that an admission can be timed
+/// from the apiserver's write of the node it waited for; nothing else (the other clients'
+/// writes at this scale would slow the apiserver they are measured on).
+fn audit_policy(added: &[String]) -> String {
+    let names = added
+        .iter()
+        .map(|n| format!("\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [ResponseStarted, ResponseComplete]
 rules:
   - level: Metadata
     users: [raygate]
+  - level: Metadata
+    verbs: [create, update, patch]
+    resources:
+      - group: \"\"
+        resources: [nodes, nodes/status]
+        resourceNames: [{names}]
   - level: None
-";
+"
+    )
+}
 
 /// raygate as its own user, the one the audit log records: a token (in `system:masters`,
 /// as the admin) added to the control plane's token file, the policy above, the apiserver
 /// restarted to read both. Returns raygate's kubeconfig.
-fn raygate_identity(cp: &ControlPlane) -> Result<PathBuf> {
+fn raygate_identity(cp: &ControlPlane, added: &[String]) -> Result<PathBuf> {
     let dir = cp
         .audit_log_path()?
         .parent()
@@ -233,7 +255,7 @@ fn raygate_identity(cp: &ControlPlane) -> Result<PathBuf> {
     }
     tokens.push_str(&format!("{token},raygate,raygate,\"system:masters\"\n"));
     std::fs::write(dir.join("tokens.csv"), tokens)?;
-    std::fs::write(dir.join("audit-policy.yaml"), AUDIT_POLICY)?;
+    std::fs::write(dir.join("audit-policy.yaml"), audit_policy(added))?;
     cp.restart("kube-apiserver")?;
     let admin = std::fs::read_to_string(dir.join("token"))?;
     let kubeconfig = std::fs::read_to_string(cp.kubeconfig_path())?.replace(admin.trim(), &token);
@@ -250,6 +272,9 @@ struct Request {
     /// `resource` or `resource/subresource`.
     what: String,
     uri: String,
+    user: String,
+    /// The object's name (nodes).
+    name: String,
 }
 
 fn audited(path: &Path) -> Result<Vec<Request>> {
@@ -257,7 +282,6 @@ fn audited(path: &Path) -> Result<Vec<Request>> {
     Ok(text
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|e| e["user"]["username"] == "raygate")
         .filter_map(|e| {
             let o = &e["objectRef"];
             let mut what = o["resource"].as_str().unwrap_or("-").to_string();
@@ -269,6 +293,8 @@ fn audited(path: &Path) -> Result<Vec<Request>> {
                 verb: e["verb"].as_str()?.to_string(),
                 what,
                 uri: e["requestURI"].as_str().unwrap_or("").to_string(),
+                user: e["user"]["username"].as_str().unwrap_or("").to_string(),
+                name: o["name"].as_str().unwrap_or("").to_string(),
             })
         })
         .collect())
@@ -314,6 +340,8 @@ struct Admitted {
     at: Timestamp,
     cause: String,
     cause_object: String,
+    /// When raygate received the cause.
+    cause_at: Option<Timestamp>,
     /// Milliseconds after the cause: total, and each stage.
     ms: BTreeMap<&'static str, f64>,
 }
@@ -336,6 +364,7 @@ fn admissions_logged(logs: &str) -> Vec<Admitted> {
                 at: log_time(l)?,
                 cause: field(l, "cause")?.to_string(),
                 cause_object: field(l, "cause_object").unwrap_or("").to_string(),
+                cause_at: field(l, "cause_at").and_then(|t| t.parse().ok()),
                 ms: STAGES
                     .iter()
                     .filter_map(|k| Some((*k, field(l, k)?.parse::<f64>().ok()?)))
@@ -382,6 +411,20 @@ fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
+}
+
+/// The release profile raygate was built with: Cargo.toml's, or what the environment
+/// `e2e/scale` ran in overrode (it builds with the same environment).
+fn release_profile() -> String {
+    let over: Vec<String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("CARGO_PROFILE_RELEASE_"))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    if over.is_empty() {
+        "Cargo.toml [profile.release]".to_string()
+    } else {
+        format!("Cargo.toml [profile.release] with {}", over.join(" "))
+    }
 }
 
 fn git(args: &[&str]) -> String {
@@ -436,8 +479,15 @@ async fn main() -> Result<()> {
     );
 
     let load_start = loadavg();
+    // The checkout as built (e2e/scale builds just before): later commits during the run
+    // (docs) are not what ran.
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    let commit = git(&["rev-parse", "HEAD"]);
+    let added_names: Vec<String> = (0..extra_gpu_nodes)
+        .map(|i| format!("gpu-new-{i}"))
+        .collect();
     let cp = ControlPlane::start_audited(Options::from_env()?)?;
-    let kubeconfig = raygate_identity(&cp)?;
+    let kubeconfig = raygate_identity(&cp, &added_names)?;
     let spawn = Spawn {
         kubeconfig: Some(&kubeconfig),
         ..Spawn::default()
@@ -652,9 +702,6 @@ async fn main() -> Result<()> {
             logged.entry(adm.plan.clone()).or_insert(adm);
         }
     }
-    let added_names: Vec<String> = (0..extra_gpu_nodes)
-        .map(|i| format!("gpu-new-{i}"))
-        .collect();
     let last_node = last_node_received(&logs, &added_names);
     // -1: a stage the decision did not go through (no pass read).
     let stage = |k: &str| {
@@ -680,7 +727,28 @@ async fn main() -> Result<()> {
     let (passes, pass_ms) = passes_after(&logs, capacity_at);
 
     // raygate's requests, from the apiserver's audit log.
-    let reqs = audited(&cp.audit_log_path()?)?;
+    let (reqs, node_writes): (Vec<Request>, Vec<Request>) = audited(&cp.audit_log_path()?)?
+        .into_iter()
+        .partition(|r| r.user == "raygate");
+    // Per admission: from the apiserver's last write of the node it waited for (its cause)
+    // before raygate received that node, to the gate write; and that watch delay.
+    let (mut from_write, mut watch_delay) = (Vec::new(), Vec::new());
+    for a in logged.values() {
+        let (Some(node), Some(cause_at)) = (a.cause_object.strip_prefix("node/"), a.cause_at)
+        else {
+            continue;
+        };
+        if let Some(w) = node_writes
+            .iter()
+            .filter(|w| w.name == node && w.at <= cause_at)
+            .map(|w| w.at)
+            .max()
+        {
+            from_write.push(secs(w, a.at));
+            watch_delay.push(secs(w, cause_at));
+        }
+    }
+    let (from_write, watch_delay) = (sorted(from_write), sorted(watch_delay));
     let startup = between(&reqs, restarted_at, rest_from);
     let lists: Vec<&&Request> = startup.iter().filter(|r| r.verb == "list").collect();
     let paged = lists.iter().filter(|r| r.uri.contains("limit=")).count();
@@ -730,6 +798,14 @@ async fn main() -> Result<()> {
         p(&latency, 0.5),
         p(&latency, 0.99),
         p(&latency, 1.0)
+    );
+    println!(
+        "| the apiserver's write of the node each admission waited for (its cause) → gate write (p50 / p99 / max); that write → raygate received it (p50 / max) | {:.2} s / {:.2} s / {:.2} s; {:.3} s / {:.3} s |",
+        p(&from_write, 0.5),
+        p(&from_write, 0.99),
+        p(&from_write, 1.0),
+        p(&watch_delay, 0.5),
+        p(&watch_delay, 1.0)
     );
     println!(
         "| last added node received by raygate → gate write (p50 / p99 / max) | {:.2} s / {:.2} s / {:.2} s |",
@@ -797,8 +873,6 @@ async fn main() -> Result<()> {
 
     if !a.out.is_empty() {
         let date = Timestamp::now();
-        let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
-        let commit = git(&["rev-parse", "HEAD"]);
         let figures = json!({
             "date": date.to_string(),
             "commit": commit,
@@ -814,6 +888,11 @@ async fn main() -> Result<()> {
             "latency_from": "raygate's log line per admission: the event that let it through (as raygate received it) to the gate write",
             "causes": causes,
             "cause_objects": logged.values().map(|a| a.cause_object.clone()).collect::<std::collections::BTreeSet<_>>(),
+            "node_write_to_gate_p50_s": p(&from_write, 0.5),
+            "node_write_to_gate_p99_s": p(&from_write, 0.99),
+            "node_write_to_gate_max_s": p(&from_write, 1.0),
+            "node_write_to_received_p50_s": p(&watch_delay, 0.5),
+            "node_write_to_received_max_s": p(&watch_delay, 1.0),
             "last_added_node_to_gate_p50_s": p(&from_last_node, 0.5),
             "last_added_node_to_gate_p99_s": p(&from_last_node, 0.99),
             "stages_ms_after_cause_p50": STAGES.iter().map(|k| (k.to_string(), p(&stage(k), 0.5))).collect::<BTreeMap<_, _>>(),
@@ -850,6 +929,7 @@ async fn main() -> Result<()> {
             "kuberay": cp.kuberay_version().unwrap_or("none"),
             "kuberay_args": std::env::var("RAYGATE_KUBERAY_ARGS").unwrap_or_default(),
             "kwok_parallelism": std::env::var("RAYGATE_KWOK_PARALLELISM").unwrap_or_default(),
+            "release_profile": release_profile(),
         });
         let dir = repo_root().join(&a.out);
         std::fs::create_dir_all(&dir)?;
@@ -857,6 +937,25 @@ async fn main() -> Result<()> {
         let file = dir.join(format!("{stamp}-{}nodes.json", a.nodes));
         std::fs::write(&file, serde_json::to_string_pretty(&figures)? + "\n")?;
         eprintln!("scale: figures written to {}", file.display());
+    }
+    if !a.keep_logs.is_empty() {
+        let dir =
+            Path::new(&a.keep_logs).join(Timestamp::now().strftime("%Y-%m-%dT%H%M%SZ").to_string());
+        std::fs::create_dir_all(&dir)?;
+        for entry in std::fs::read_dir(cp.log_dir())? {
+            let path = entry?.path();
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if name == "audit.log" || name.starts_with("raygate") {
+                std::fs::copy(&path, dir.join(&name))?;
+            }
+        }
+        eprintln!(
+            "scale: raygate's logs and the audit log kept in {}",
+            dir.display()
+        );
     }
     rg.kill();
     Ok(())
@@ -878,6 +977,10 @@ mod tests {
         assert_eq!(a[0].plan, "svc-3");
         assert_eq!(a[0].cause, "node");
         assert_eq!(a[0].cause_object, "node/gpu-new-1");
+        assert_eq!(
+            a[0].cause_at.map(|t| t.to_string()).as_deref(),
+            Some("2026-12-04T22:40:01.331Z")
+        );
         assert_eq!(a[0].ms["latency_ms"], 412.0);
         assert_eq!(a[0].ms["pass_ms"], -1.0);
         assert_eq!(a[0].at.to_string(), "2026-12-04T22:40:01.743512Z");
