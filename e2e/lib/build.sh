@@ -17,8 +17,12 @@ KARPENTER_VERSION=v1.15.0
 # Karpenter's go.mod needs go >= 1.26.9; this toolchain is fetched through the Go module proxy
 # (golang.org/toolchain) into the module cache and used for that one module only.
 KARPENTER_GOTOOLCHAIN=go1.26.11
+# Traefik: the gateway controller of 'up --incremental'. v3.6.12 is the newest v3 release that
+# builds as a dependency: v3.7.x requires github.com/traefik/traefik/dynamic/ext, a module it
+# replaces with a directory of its own repository (not in its module zip, not served).
+TRAEFIK_VERSION=v3.6.12
 K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
-TOOLS=(kubernetes etcd kwok "${KUBERAY_VERSIONS[@]/#/kuberay-}" karpenter)
+TOOLS=(kubernetes etcd kwok "${KUBERAY_VERSIONS[@]/#/kuberay-}" karpenter traefik)
 
 go_env() { # the Go environment of every build (CONTEXT: pinned, offline-capable module cache)
   env GOMODCACHE="$CACHE_ROOT/go/mod" GOCACHE="$CACHE_ROOT/go/build" GOTOOLCHAIN="${GO_TOOLCHAIN:-local}" \
@@ -44,6 +48,7 @@ tool_version() { # $1 tool
     kwok) echo "$KWOK_VERSION" ;;
     kuberay-*) echo "${1#kuberay-}" ;;
     karpenter) echo "$KARPENTER_VERSION" ;;
+    traefik) echo "$TRAEFIK_VERSION" ;;
     *) die "unknown tool '$1'" ;;
   esac
 }
@@ -55,6 +60,7 @@ tool_bins() { # $1 tool -> binary names
     kwok) echo kwok ;;
     kuberay-*) echo ray-operator ;;
     karpenter) echo karpenter ;;
+    traefik) echo traefik ;;
   esac
 }
 
@@ -115,6 +121,12 @@ go_build_tool() { # $1 tool, $2 out dir
       # Karpenter's kwok provider: the real controllers (provisioning, disruption, the
       # CapacityBuffer controller behind FEATURE_GATES), nodes created as kwok Nodes.
       go_env go build -o "$out/karpenter" sigs.k8s.io/karpenter/kwok
+      ;;
+    traefik)
+      # What Traefik's release build stamps (its Makefile), so its log and /api/version say
+      # v3.6.12. -s -w: no symbol table or DWARF (245 MB -> about 170 MB, a faster link).
+      go_env go build -ldflags "-s -w -X github.com/traefik/traefik/v3/pkg/version.Version=$TRAEFIK_VERSION" \
+        -o "$out/traefik" github.com/traefik/traefik/v3/cmd/traefik
       ;;
   esac
 }

@@ -2,10 +2,13 @@
 //! `--feature-gates=RayServiceIncrementalUpgrade=true` (`up --incremental`, which also installs
 //! the Gateway API CRDs it needs), one control plane for all scenarios.
 //!
-//! Stand-ins (e2e/README.md): a gateway controller (the test sets the Gateway's and HTTPRoute's
-//! Accepted/Programmed status, as one would: there is no gateway data plane here) and Ray's
-//! autoscaler (the test sets each RayCluster's worker replicas from the Serve
-//! `target_capacity` KubeRay last PUT to its head, as Ray's autoscaler follows Serve's demand).
+//! The Gateways and HTTPRoutes KubeRay creates are programmed by the real Traefik (its
+//! kubernetesGateway provider, started by `up --incremental` with the GatewayClass
+//! [`GATEWAY_CLASS`]), which writes the statuses KubeRay waits for.
+//!
+//! Stand-in (e2e/README.md): Ray's autoscaler (the test sets each RayCluster's worker replicas
+//! from the Serve `target_capacity` KubeRay last PUT to its head, as Ray's autoscaler follows
+//! Serve's demand).
 
 use anyhow::{Result, bail};
 use k8s_openapi::api::core::v1::Pod;
@@ -24,6 +27,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(150);
+/// The GatewayClass `e2e/control-plane up --incremental` creates for Traefik.
+const GATEWAY_CLASS: &str = "traefik";
+/// Traefik's `controllerName` (pkg/provider/kubernetes/gateway/kubernetes.go).
+const TRAEFIK_CONTROLLER: &str = "traefik.io/gateway-controller";
 
 fn api(
     client: &Client,
@@ -75,7 +82,7 @@ fn service(name: &str, max_surge: i64) -> Value {
     v["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["maxReplicas"] = json!(2);
     // No `type`: that field is raygate's (a creator setting it would own it and override the gate).
     v["spec"]["upgradeStrategy"] = json!({"clusterUpgradeOptions": {
-        "maxSurgePercent": max_surge, "stepSizePercent": 50, "intervalSeconds": 2, "gatewayClassName": "e2e"}});
+        "maxSurgePercent": max_surge, "stepSizePercent": 50, "intervalSeconds": 2, "gatewayClassName": GATEWAY_CLASS}});
     v
 }
 
@@ -117,53 +124,9 @@ async fn bump(c: &Client, ns: &str, svc: &str, image: &str) -> Result<()> {
     Ok(())
 }
 
-fn ok_cond(t: &str, generation: i64) -> Value {
-    json!({"type": t, "status": "True", "reason": t, "message": "e2e gateway stand-in",
-           "observedGeneration": generation, "lastTransitionTime": "2026-01-01T00:00:00Z"})
-}
-
-/// One pass of the gateway controller and Ray autoscaler stand-ins.
+/// One pass of the Ray autoscaler stand-in (the gateway controller is the real Traefik).
 async fn stand_ins(cp: &ControlPlane, c: &Client, ns: &str) -> Result<()> {
     let pp = PatchParams::default();
-    let gws = api(
-        c,
-        ns,
-        "gateway.networking.k8s.io",
-        "v1",
-        "Gateway",
-        "gateways",
-    );
-    for g in gws.list(&ListParams::default()).await?.items {
-        let v = serde_json::to_value(&g)?;
-        let generation = v["metadata"]["generation"].as_i64().unwrap_or(1);
-        let name = g.metadata.name.unwrap_or_default();
-        let st = json!({"status": {"conditions": [ok_cond("Accepted", generation), ok_cond("Programmed", generation)],
-            "addresses": [{"type": "IPAddress", "value": "10.96.0.200"}]}});
-        gws.patch_status(&name, &pp, &Patch::Merge(&st)).await?;
-    }
-    let routes = api(
-        c,
-        ns,
-        "gateway.networking.k8s.io",
-        "v1",
-        "HTTPRoute",
-        "httproutes",
-    );
-    for r in routes.list(&ListParams::default()).await?.items {
-        let v = serde_json::to_value(&r)?;
-        let generation = v["metadata"]["generation"].as_i64().unwrap_or(1);
-        let parents: Vec<Value> = v["spec"]["parentRefs"].as_array().cloned().unwrap_or_default().into_iter()
-            .map(|p| json!({"parentRef": p, "controllerName": "e2e.raygate.dev/gateway",
-                "conditions": [ok_cond("Accepted", generation), ok_cond("ResolvedRefs", generation)]})).collect();
-        let name = r.metadata.name.unwrap_or_default();
-        routes
-            .patch_status(
-                &name,
-                &pp,
-                &Patch::Merge(&json!({"status": {"parents": parents}})),
-            )
-            .await?;
-    }
     // Ray's autoscaler: workers follow Serve's target_capacity (% of maxReplicas).
     let seen = cp.ray_head_clusters()?;
     let rows = seen
@@ -198,6 +161,69 @@ async fn stand_ins(cp: &ControlPlane, c: &Client, ns: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn condition_true(conds: &Value, t: &str) -> bool {
+    conds
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == t && c["status"] == "True"))
+}
+
+/// The RayService's Gateway is Accepted and Programmed and its HTTPRoute Accepted and
+/// ResolvedRefs for that Gateway, written by Traefik (what KubeRay v1.6.2's
+/// `utils.IsGatewayReady` / `IsHTTPRouteReady` check before they move traffic). Returns the
+/// route's backends (2 while an upgrade runs: the active and the pending Serve Service).
+async fn gateway_programmed_by_traefik(c: &Client, ns: &str, svc: &str) -> Result<Value> {
+    let gw = get(
+        &api(
+            c,
+            ns,
+            "gateway.networking.k8s.io",
+            "v1",
+            "Gateway",
+            "gateways",
+        ),
+        &format!("{svc}-gateway"),
+    )
+    .await?;
+    let gconds = &gw["status"]["conditions"];
+    if !condition_true(gconds, "Accepted") || !condition_true(gconds, "Programmed") {
+        bail!(
+            "Gateway {svc}-gateway not Accepted+Programmed: {}",
+            gw["status"]
+        );
+    }
+    let route = get(
+        &api(
+            c,
+            ns,
+            "gateway.networking.k8s.io",
+            "v1",
+            "HTTPRoute",
+            "httproutes",
+        ),
+        &format!("{svc}-httproute"),
+    )
+    .await?;
+    let parents = route["status"]["parents"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let ok = parents.iter().any(|p| {
+        p["controllerName"] == TRAEFIK_CONTROLLER
+            && p["parentRef"]["name"] == format!("{svc}-gateway").as_str()
+            && condition_true(&p["conditions"], "Accepted")
+            && condition_true(&p["conditions"], "ResolvedRefs")
+    });
+    if !ok {
+        bail!(
+            "HTTPRoute {svc}-httproute not Accepted+ResolvedRefs by {TRAEFIK_CONTROLLER}: {}",
+            route["status"]
+        );
+    }
+    Ok(
+        json!({"addresses": gw["status"]["addresses"], "backends": route["spec"]["rules"][0]["backendRefs"]}),
+    )
 }
 
 /// GPUs requested by the namespace's pods: (all, only those bound to a node).
@@ -303,10 +329,21 @@ async fn an_incremental_upgrade_is_admitted_on_its_surge() {
     let stop = Arc::new(AtomicBool::new(false));
     let peak = Arc::new(AtomicU64::new(0));
     let peak_bound = Arc::new(AtomicU64::new(0));
+    // Set once Traefik has made the Gateway and the HTTPRoute with both clusters ready.
+    let traefik_ready = Arc::new(AtomicBool::new(false));
     let bg = async {
         while !stop.load(Ordering::Relaxed) {
             if let Err(e) = stand_ins(&cp, &c, &ns).await {
                 eprintln!("stand-ins: {e:#}");
+            }
+            if !traefik_ready.load(Ordering::Relaxed)
+                && let Ok(seen) = gateway_programmed_by_traefik(&c, &ns, "inc").await
+                && seen["backends"].as_array().is_some_and(|b| b.len() == 2)
+            {
+                eprintln!(
+                    "Traefik programmed Gateway inc-gateway and HTTPRoute inc-httproute: {seen}"
+                );
+                traefik_ready.store(true, Ordering::Relaxed);
             }
             if let Ok((g, b)) = gpus_requested2(&c, &ns).await {
                 peak.fetch_max(g, Ordering::Relaxed);
@@ -344,6 +381,12 @@ async fn an_incremental_upgrade_is_admitted_on_its_surge() {
             );
         }
         wait_phase(&c, &ns, "inc", "Completed").await?;
+        // KubeRay moved the traffic, so it saw both ready: check it was Traefik's doing.
+        if !traefik_ready.load(Ordering::Relaxed) {
+            bail!(
+                "Traefik never made Gateway inc-gateway and HTTPRoute inc-httproute (both clusters) ready"
+            );
+        }
         let all = peak.load(Ordering::Relaxed);
         let p = peak_bound.load(Ordering::Relaxed);
         eprintln!(
