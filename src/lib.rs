@@ -21,6 +21,7 @@ pub mod kubectl;
 pub mod kuberay;
 pub mod leader;
 pub mod metrics;
+pub mod podgroup;
 pub mod quantity;
 pub mod schedule;
 pub mod server;

@@ -40,7 +40,7 @@ use super::{
 };
 use crate::capacity::ClusterState;
 use crate::capacity::dra::{self, DraView, PodDemand, Undecided, alloc::NodeRequest};
-use crate::capacity::group::PodGroup;
+use crate::podgroup::PodGroup;
 
 /// What to fit.
 #[derive(Clone, Debug, Default)]
@@ -1127,7 +1127,7 @@ mod tests {
         t.metadata.namespace = Some("ml".into());
         let group = PodGroup::indexed(t, 11, "w-".into());
         let one_by_one = FitRequest {
-            pods: groups(super::super::group::expand(std::slice::from_ref(&group))),
+            pods: groups(crate::podgroup::expand(std::slice::from_ref(&group))),
             ..Default::default()
         };
         let grouped = FitRequest {

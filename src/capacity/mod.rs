@@ -14,7 +14,6 @@
 
 pub mod dra;
 pub mod fit;
-pub mod group;
 pub mod index;
 pub mod node;
 pub mod record;
@@ -27,8 +26,8 @@ use std::collections::BTreeMap;
 
 use crate::quantity::{Format, Quantity};
 
+pub use crate::podgroup::{MAX_PLANNED_PODS, PodGroup};
 pub use fit::{FitOptions, FitReport, FitRequest, Unplaced, fit, fit_with};
-pub use group::{MAX_PLANNED_PODS, PodGroup};
 pub use index::CapacityIndex;
 pub use node::{NodeFree, NodeSummary, SkippedNode, node_free};
 pub use record::{PartialPod, PodBody, PodKey, PodRecord};

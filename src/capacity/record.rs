@@ -20,7 +20,7 @@ use serde::Deserialize;
 
 use super::requests::pod_requests;
 use super::{PODS, from_scheduler_units, scheduler_units};
-use crate::kuberay::{LABEL_CLUSTER, LABEL_GROUP, LABEL_NODE_TYPE};
+use crate::podgroup::{LABEL_CLUSTER, LABEL_GROUP, LABEL_NODE_TYPE};
 
 /// How many distinct resource names the process interns. Real clusters use
 /// a few dozen; the bound keeps a tenant inventing names from growing the

@@ -38,14 +38,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use super::ResourceList;
 use crate::quantity::Quantity;
 
-/// Name for messages and keys: `metadata.name`, else `generateName`.
-pub fn pod_name(pod: &Pod) -> String {
-    pod.metadata
-        .name
-        .clone()
-        .or_else(|| pod.metadata.generate_name.clone())
-        .unwrap_or_else(|| "<unnamed>".to_string())
-}
+pub use crate::podgroup::pod_name;
 
 /// Requests keyed by names borrowed from the pod or LimitRange: this runs
 /// for every pod in the cluster, so it avoids copying resource names.

@@ -36,7 +36,7 @@ use super::types::{
 };
 use super::valid::check_resources;
 use super::version::{KubeRayVersion, ReplicaClamp, Rules};
-use crate::capacity::group::{MAX_PLANNED_PODS, PodGroup};
+use crate::podgroup::{MAX_PLANNED_PODS, PodGroup};
 
 /// Name of the injected autoscaler sidecar (`common.AutoscalerContainerName`).
 pub const AUTOSCALER_CONTAINER: &str = "autoscaler";
@@ -295,7 +295,7 @@ pub fn planned_pods_with(
     opts: &PlanOptions,
 ) -> crate::Result<Vec<Pod>> {
     let groups = planned_groups_with(cluster_name, namespace, spec, version, opts)?;
-    Ok(crate::capacity::group::expand(&groups))
+    Ok(crate::podgroup::expand(&groups))
 }
 
 /// The pods of [`planned_pods`] as groups (head, then one per worker

@@ -31,12 +31,9 @@ pub const LABEL_ORIGINATED_FROM_CR_NAME: &str = "ray.io/originated-from-cr-name"
 /// Label on a RayCluster: kind of the custom resource that created it, e.g. `RayService`
 /// (`utils.RayOriginatedFromCRDLabelKey`).
 pub const LABEL_ORIGINATED_FROM_CRD: &str = "ray.io/originated-from-crd";
-/// Pod label: the RayCluster name (`utils.RayClusterLabelKey`).
-pub const LABEL_CLUSTER: &str = "ray.io/cluster";
-/// Pod label: `head` or `worker` (`utils.RayNodeTypeLabelKey`).
-pub const LABEL_NODE_TYPE: &str = "ray.io/node-type";
-/// Pod label: the worker group name, `headgroup` for the head (`utils.RayNodeGroupLabelKey`).
-pub const LABEL_GROUP: &str = "ray.io/group";
+/// Pod labels naming a pod's cluster and group, kept below `kuberay` and
+/// `capacity` (the index keys pods by them).
+pub use crate::podgroup::{LABEL_CLUSTER, LABEL_GROUP, LABEL_NODE_TYPE};
 /// Pod label: always `yes` (`utils.RayNodeLabelKey`).
 pub const LABEL_IS_RAY_NODE: &str = "ray.io/is-ray-node";
 /// Pod label: `<cluster>-head` / `<cluster>-worker` (`utils.RayIDLabelKey`).

@@ -1,4 +1,7 @@
-//! Planned pods as groups: one template and a count, never K copies.
+//! Pods as groups, below both `kuberay` (which plans them) and `capacity`
+//! (which places and indexes them), so neither knows the other.
+//!
+//! Planned pods: one template and a count, never K copies.
 //!
 //! A worker group of 100,000 replicas is one `Pod` and a number here; the
 //! fit computes its request and its feasible nodes once per group and
@@ -8,7 +11,22 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::requests::pod_name;
+/// Pod label: the RayCluster name (`utils.RayClusterLabelKey`); the capacity
+/// index keys a cluster's running pods by it.
+pub const LABEL_CLUSTER: &str = "ray.io/cluster";
+/// Pod label: `head` or `worker` (`utils.RayNodeTypeLabelKey`).
+pub const LABEL_NODE_TYPE: &str = "ray.io/node-type";
+/// Pod label: the worker group name, `headgroup` for the head (`utils.RayNodeGroupLabelKey`).
+pub const LABEL_GROUP: &str = "ray.io/group";
+
+/// Name for messages and keys: `metadata.name`, else `generateName`.
+pub fn pod_name(pod: &Pod) -> String {
+    pod.metadata
+        .name
+        .clone()
+        .or_else(|| pod.metadata.generate_name.clone())
+        .unwrap_or_else(|| "<unnamed>".to_string())
+}
 
 /// The most pods raygate places for one new cluster. Above it the plan is
 /// an `Error` (see docs/upgradeplan.md): placing copy by copy costs time and
