@@ -1299,7 +1299,10 @@ fn a_change_that_fits_under_another_owners_gate_is_not_admitted() {
         assert_eq!(d.overridden_by.as_deref(), Some("kubectl-create"));
         assert_ne!(d.gate, Some(Gate::Open), "{value}");
         let admitted = cond(&d.status, "UpgradeAdmitted");
-        assert_eq!((admitted.status.as_str(), admitted.reason.as_str()), ("False", "GateOverridden"));
+        assert_eq!(
+            (admitted.status.as_str(), admitted.reason.as_str()),
+            ("False", "GateOverridden")
+        );
         assert_eq!(cond(&d.status, "GateOverridden").status, "True");
         assert!(d.events.iter().all(|e| e.reason != "Admitted"), "{value}");
         assert_eq!(d.outcome, None, "{value}");
