@@ -1,6 +1,8 @@
-//! Incremental upgrades end to end on the real KubeRay v1.6.2 operator started with
+//! Incremental upgrades end to end on the real KubeRay operator started with
 //! `--feature-gates=RayServiceIncrementalUpgrade=true` (`up --incremental`, which also installs
-//! the Gateway API CRDs it needs), one control plane for all scenarios.
+//! the Gateway API CRDs it needs), one control plane for all scenarios. CI runs it on v1.6.2
+//! and on v1.5.2 (`e2e/run-suites incremental@v1.5.2`): the gate exists since v1.5.0, alpha
+//! and off by default in both (`pkg/features/features.go`).
 //!
 //! Stand-ins (e2e/README.md): a gateway controller (the test sets the Gateway's and HTTPRoute's
 //! Accepted/Programmed status, as one would: there is no gateway data plane here) and Ray's
