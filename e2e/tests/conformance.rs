@@ -590,7 +590,8 @@ async fn observe_version(
         tokio::time::sleep(Duration::from_millis(1000)).await;
     }
     eprintln!(
-        "[{version}] {} RayServices settled in {:?}",
+        "[{}] {} RayServices settled in {:?}",
+        label(version, gate),
         cases.len(),
         t0.elapsed()
     );
@@ -708,7 +709,8 @@ async fn observe_version(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     eprintln!(
-        "[{version}] changes observed in {:?} (total {:?})",
+        "[{}] changes observed in {:?} (total {:?})",
+        label(version, gate),
         t_change.elapsed(),
         t0.elapsed()
     );
