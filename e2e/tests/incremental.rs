@@ -408,6 +408,28 @@ async fn a_creator_owned_gate_is_reported_not_claimed(cp: &ControlPlane, c: &Cli
     if admitted != 0 {
         bail!("{admitted} Admitted Events for a gate raygate does not own");
     }
+    // Why raygate cannot gate a field another manager owns, even sharing its value: a
+    // non-forced server-side apply of the same value succeeds (shared ownership), of
+    // another value is refused with a conflict naming the owner.
+    let probe = |ty: &str| {
+        json!({"apiVersion": "ray.io/v1", "kind": "RayService",
+               "metadata": {"name": "applied"}, "spec": {"upgradeStrategy": {"type": ty}}})
+    };
+    let pp = PatchParams::apply("e2e-probe");
+    let svcs = services(c, &ns);
+    svcs.patch(
+        "applied",
+        &pp,
+        &Patch::Apply(&probe("NewClusterWithIncrementalUpgrade")),
+    )
+    .await?;
+    match svcs
+        .patch("applied", &pp, &Patch::Apply(&probe("None")))
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 409 && e.message.contains("\"kubectl\"") => {}
+        other => bail!("applying another value to a co-owned gate field: {other:?}"),
+    }
     Ok(())
 }
 

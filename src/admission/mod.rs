@@ -279,9 +279,9 @@ pub fn decide(inp: &Inputs<'_>) -> Decision {
 
 /// Another manager owns the gate: report it, don't fight it. Whatever value
 /// it keeps, even the one raygate wants now, raygate cannot move the field
-/// away from it (server-side apply refuses another value while a second
-/// manager owns it: checked on Kubernetes v1.36 by the e2e incremental
-/// suite), so it gates nothing.
+/// away from it (a non-forced server-side apply of another value conflicts
+/// with a second owner even after sharing its value: checked on Kubernetes
+/// v1.36 by the e2e incremental suite), so it gates nothing.
 fn overridden_by(gate: &GateFacts, wanted: Option<Gate>) -> Option<String> {
     match (&gate.other_owner, wanted) {
         (Some(owner), Some(_)) => Some(owner.clone()),
