@@ -830,9 +830,12 @@ fn compared_cluster(live: &RayService) -> Option<(String, &'static str)> {
         .or_else(|| name(status.active_service_status.as_ref()).map(|n| (n, "active")))
 }
 
-/// Does raygate gate this RayService (own `spec.upgradeStrategy.type`)?
+/// Does raygate gate this RayService (own `spec.upgradeStrategy.type`, and
+/// no other field manager with it: then raygate reports GateOverridden)?
 fn gated_by_raygate(live: &RayService) -> bool {
-    crate::controller::gate::owned_by_us(live.metadata.managed_fields.as_deref().unwrap_or(&[]))
+    let managed = live.metadata.managed_fields.as_deref().unwrap_or(&[]);
+    crate::controller::gate::owned_by_us(managed)
+        && crate::controller::gate::other_owner(managed).is_none()
 }
 
 /// The KubeRay release whose rules apply to a live RayCluster: `--kuberay-version`

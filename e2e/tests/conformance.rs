@@ -18,6 +18,14 @@
 //! `raygate explain` (the real CLI binary) must predict exactly that, RayService vs
 //! RayService and live RayCluster (`kubectl get raycluster -o yaml`) vs RayService; the
 //! latter cannot know the previous Serve config, so it is held to the cluster part only.
+//!
+//! Cases with a `gated` outcome (the incremental-upgrade fields: `upgradeStrategy.type:
+//! NewClusterWithIncrementalUpgrade`, `clusterUpgradeOptions`) also run against each release
+//! started with its `RayServiceIncrementalUpgrade` feature gate on (`up --incremental`, which
+//! installs the Gateway API CRDs it needs), on a control plane of their own, both releases
+//! at once; raygate predicts them with `--kuberay-incremental-upgrades=true`. Only whether a
+//! pending cluster is prepared is observed there, which KubeRay decides before it looks at
+//! the Gateway, so no gateway controller is needed.
 //! The agreement table is docs/kuberay-conformance.md, followed by the hand-kept
 //! `e2e/conformance/findings.md` (every disagreement found, what KubeRay really does and
 //! what raygate assumed); a stale copy fails the test, `RAYGATE_BLESS=1` rewrites it.
@@ -104,6 +112,41 @@ struct Case {
     base: Value,
     changed: Value,
     expect: BTreeMap<String, Outcome>,
+    /// With the operator's RayServiceIncrementalUpgrade feature gate on (`gated`).
+    gated: Option<BTreeMap<String, Outcome>>,
+}
+
+impl Case {
+    fn expected(&self, version: &str, gate: bool) -> Option<Outcome> {
+        if gate {
+            self.gated.as_ref()?.get(version).copied()
+        } else {
+            self.expect.get(version).copied()
+        }
+    }
+}
+
+/// An outcome for every release, or a map release -> outcome.
+fn parse_expect(v: Option<&Value>, what: &str) -> Result<BTreeMap<String, Outcome>> {
+    Ok(match v {
+        Some(Value::String(s)) => {
+            let o = Outcome::parse(s).with_context(|| what.to_string())?;
+            VERSIONS.iter().map(|v| (v.to_string(), o)).collect()
+        }
+        Some(Value::Object(m)) => {
+            let mut e = BTreeMap::new();
+            for v in VERSIONS {
+                let s = m
+                    .get(*v)
+                    .and_then(Value::as_str)
+                    .with_context(|| format!("{what}.{v} missing"))?;
+                e.insert(v.to_string(), Outcome::parse(s)?);
+            }
+            ensure!(m.len() == VERSIONS.len(), "{what} has unknown versions");
+            e
+        }
+        _ => bail!("{what} must be an outcome or a map version -> outcome"),
+    })
 }
 
 fn e2e_dir() -> PathBuf {
@@ -156,8 +199,8 @@ fn load_corpus() -> Result<Vec<Case>> {
             .with_context(|| format!("{what}: not a mapping"))?;
         for k in obj.keys() {
             ensure!(
-                ["why", "base", "change", "expect"].contains(&k.as_str()),
-                "{what}: unknown key {k:?} (why, base, change, expect)"
+                ["why", "base", "change", "expect", "gated"].contains(&k.as_str()),
+                "{what}: unknown key {k:?} (why, base, change, expect, gated)"
             );
         }
         let why = obj
@@ -171,34 +214,18 @@ fn load_corpus() -> Result<Vec<Case>> {
         let mut changed = b.clone();
         apply_ops(&mut changed, obj.get("change"), &format!("{what} change"))?;
         ensure!(changed != b, "{what}: the change changes nothing");
-        let expect = match obj.get("expect") {
-            Some(Value::String(s)) => {
-                let o = Outcome::parse(s).with_context(|| format!("{what} expect"))?;
-                VERSIONS.iter().map(|v| (v.to_string(), o)).collect()
-            }
-            Some(Value::Object(m)) => {
-                let mut e = BTreeMap::new();
-                for v in VERSIONS {
-                    let s = m
-                        .get(*v)
-                        .and_then(Value::as_str)
-                        .with_context(|| format!("{what}: expect.{v} missing"))?;
-                    e.insert(v.to_string(), Outcome::parse(s)?);
-                }
-                ensure!(
-                    m.len() == VERSIONS.len(),
-                    "{what}: expect has unknown versions"
-                );
-                e
-            }
-            _ => bail!("{what}: `expect` must be an outcome or a map version -> outcome"),
-        };
+        let expect = parse_expect(obj.get("expect"), &format!("{what}: expect"))?;
+        let gated = obj
+            .get("gated")
+            .map(|g| parse_expect(Some(g), &format!("{what}: gated")))
+            .transpose()?;
         cases.push(Case {
             id,
             why,
             base: b,
             changed,
             expect,
+            gated,
         });
     }
     Ok(cases)
@@ -210,8 +237,9 @@ fn raygate_bin() -> PathBuf {
     })
 }
 
-/// `raygate explain --old OLD --new NEW --kuberay-version V -o json`.
-fn explain(bin: &Path, old: &Path, new: &Path, version: &str) -> Result<Value> {
+/// `raygate explain --old OLD --new NEW --kuberay-version V -o json`, with
+/// `--kuberay-incremental-upgrades=true` when the operator runs with that feature gate.
+fn explain(bin: &Path, old: &Path, new: &Path, version: &str, gate: bool) -> Result<Value> {
     let out = Command::new(bin)
         .arg("explain")
         .arg("--old")
@@ -219,6 +247,7 @@ fn explain(bin: &Path, old: &Path, new: &Path, version: &str) -> Result<Value> {
         .arg("--new")
         .arg(new)
         .args(["--kuberay-version", version, "-o", "json"])
+        .args(gate.then_some("--kuberay-incremental-upgrades=true"))
         .output()
         .with_context(|| format!("run {}", bin.display()))?;
     ensure!(
@@ -288,15 +317,30 @@ fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> Result<R> + Sync) ->
 }
 
 /// The RayService-vs-RayService predictions of every case for one release.
-fn predict_all(bin: &Path, dir: &Path, cases: &[Case], version: &str) -> Result<Vec<Outcome>> {
+fn predict_all(
+    bin: &Path,
+    dir: &Path,
+    cases: &[&Case],
+    version: &str,
+    gate: bool,
+) -> Result<Vec<Outcome>> {
     par_map(cases, |c| {
         let old = dir.join(format!("{}.base.json", c.id));
         let new = dir.join(format!("{}.changed.json", c.id));
         write_json(&old, &c.base)?;
         write_json(&new, &c.changed)?;
-        predicted(&explain(bin, &old, &new, version)?)
-            .with_context(|| format!("case {} @ {version}", c.id))
+        predicted(&explain(bin, &old, &new, version, gate)?)
+            .with_context(|| format!("case {} @ {}", c.id, label(version, gate)))
     })
+}
+
+/// A release as the table names it.
+fn label(version: &str, gate: bool) -> String {
+    if gate {
+        format!("{version} +RayServiceIncrementalUpgrade")
+    } else {
+        version.to_string()
+    }
 }
 
 /// The corpus is well formed and raygate agrees with the outcome read from KubeRay's
@@ -309,16 +353,29 @@ fn corpus_matches_kuberay_source_reading() {
     let dir = tempfile::tempdir().unwrap();
     let mut bad = Vec::new();
     for v in VERSIONS {
-        let got = predict_all(&bin, dir.path(), &cases, v).unwrap_or_else(|e| panic!("{e:#}"));
-        for (c, p) in cases.iter().zip(got) {
-            if c.expect[*v] != p {
-                bad.push(format!(
-                    "{} @ {v}: source reading {}, raygate {p}",
-                    c.id, c.expect[*v]
-                ));
+        for gate in [false, true] {
+            let run: Vec<&Case> = cases
+                .iter()
+                .filter(|c| c.expected(v, gate).is_some())
+                .collect();
+            let got =
+                predict_all(&bin, dir.path(), &run, v, gate).unwrap_or_else(|e| panic!("{e:#}"));
+            for (c, p) in run.iter().zip(got) {
+                let want = c.expected(v, gate);
+                if want != Some(p) {
+                    bad.push(format!(
+                        "{} @ {}: source reading {want:?}, raygate {p}",
+                        c.id,
+                        label(v, gate)
+                    ));
+                }
             }
         }
     }
+    assert!(
+        cases.iter().filter(|c| c.gated.is_some()).count() >= 6,
+        "the incremental-upgrade cases (with `gated`) are missing"
+    );
     assert!(bad.is_empty(), "raygate disagrees:\n{}", bad.join("\n"));
 }
 
@@ -400,6 +457,8 @@ impl Seen {
 struct Row {
     case: usize,
     version: String,
+    /// The operator ran with its RayServiceIncrementalUpgrade feature gate on.
+    gate: bool,
     observed: Outcome,
     rs: Outcome,
     live: Outcome,
@@ -411,27 +470,47 @@ impl Row {
     }
 }
 
-async fn run_version(version: &str, cases: &[Case], bin: &Path) -> Result<Vec<Row>> {
+/// `cases` are indexed into the whole corpus by `Row::case`.
+async fn run_version(
+    version: &str,
+    gate: bool,
+    cases: &[(usize, &Case)],
+    bin: &Path,
+) -> Result<Vec<Row>> {
     let t0 = Instant::now();
-    let cp = ControlPlane::start_with(Options {
+    let name = label(version, gate);
+    let opts = Options {
         kuberay: KubeRay::parse(version)?,
         crds: true,
-    })?;
+    };
+    let cp = if gate {
+        ControlPlane::start_incremental(opts)?
+    } else {
+        ControlPlane::start_with(opts)?
+    };
     let client = cp.client().await?;
-    eprintln!("[{version}] control plane up in {:?}", t0.elapsed());
-    match observe_version(version, cases, bin, &cp, &client).await {
+    eprintln!("[{name}] control plane up in {:?}", t0.elapsed());
+    let only: Vec<&Case> = cases.iter().map(|(_, c)| *c).collect();
+    match observe_version(version, gate, &only, bin, &cp, &client).await {
         Ok(rows) => {
-            eprintln!("[{version}] done in {:?}", t0.elapsed());
-            Ok(rows)
+            eprintln!("[{name}] done in {:?}", t0.elapsed());
+            Ok(rows
+                .into_iter()
+                .map(|mut r| {
+                    r.case = cases[r.case].0;
+                    r
+                })
+                .collect())
         }
         // Panic while the control plane is alive, so its Drop keeps the logs.
-        Err(e) => panic!("[{version}] {e:#}"),
+        Err(e) => panic!("[{name}] {e:#}"),
     }
 }
 
 async fn observe_version(
     version: &str,
-    cases: &[Case],
+    gate: bool,
+    cases: &[&Case],
     bin: &Path,
     cp: &ControlPlane,
     client: &Client,
@@ -511,7 +590,8 @@ async fn observe_version(
         tokio::time::sleep(Duration::from_millis(1000)).await;
     }
     eprintln!(
-        "[{version}] {} RayServices settled in {:?}",
+        "[{}] {} RayServices settled in {:?}",
+        label(version, gate),
         cases.len(),
         t0.elapsed()
     );
@@ -629,17 +709,24 @@ async fn observe_version(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     eprintln!(
-        "[{version}] changes observed in {:?} (total {:?})",
+        "[{}] changes observed in {:?} (total {:?})",
+        label(version, gate),
         t_change.elapsed(),
         t0.elapsed()
     );
 
     // Predictions.
-    let rs = predict_all(bin, dir.path(), cases, version)?;
+    let rs = predict_all(bin, dir.path(), cases, version, gate)?;
     let live = par_map(cases, |c| {
         let new = dir.path().join(format!("{}.changed.json", c.id));
-        predicted(&explain(bin, &before[&c.id].cluster_yaml, &new, version)?)
-            .with_context(|| format!("case {} @ {version} (live RayCluster)", c.id))
+        predicted(&explain(
+            bin,
+            &before[&c.id].cluster_yaml,
+            &new,
+            version,
+            gate,
+        )?)
+        .with_context(|| format!("case {} @ {} (live RayCluster)", c.id, label(version, gate)))
     })?;
     Ok(cases
         .iter()
@@ -648,6 +735,7 @@ async fn observe_version(
         .map(|(idx, (c, (rs, live)))| Row {
             case: idx,
             version: version.to_string(),
+            gate,
             observed: seen[&c.id].outcome(),
             rs,
             live,
@@ -680,8 +768,12 @@ fn render(cases: &[Case], rows: &[Row], findings: &str) -> String {
          spec is updated; `Serve` the Serve config is resubmitted to the active cluster; `Nothing` \
          none of these.\n\n",
     );
+    let gated = cases.iter().filter(|c| c.gated.is_some()).count();
     s.push_str(&format!(
-        "Agreement: **{agree}/{}** (case × release), releases {}.\n\n",
+        "Agreement: **{agree}/{}** (case × release), releases {}; the {gated} cases on the \
+         incremental-upgrade fields also with each release's `RayServiceIncrementalUpgrade` feature \
+         gate on (`+RayServiceIncrementalUpgrade`: `e2e/control-plane up --incremental`, raygate told \
+         `--kuberay-incremental-upgrades=true`).\n\n",
         rows.len(),
         VERSIONS.join(", ")
     ));
@@ -693,7 +785,7 @@ fn render(cases: &[Case], rows: &[Row], findings: &str) -> String {
             s.push_str(&format!(
                 "| `{}` | {} | {} | {} | {} | {} | {} |\n",
                 c.id,
-                r.version,
+                label(&r.version, r.gate),
                 r.observed,
                 r.rs,
                 r.live,
@@ -714,16 +806,52 @@ async fn raygate_explain_agrees_with_real_kuberay() {
     let cases = load_corpus().unwrap_or_else(|e| panic!("{e:#}"));
     let bin = raygate_bin();
     let only = std::env::var(ONLY_ENV).ok().filter(|v| !v.is_empty());
-    let mut rows = Vec::new();
-    for v in VERSIONS
+    let versions: Vec<&str> = VERSIONS
         .iter()
-        .filter(|v| only.as_deref().is_none_or(|o| o == **v))
-    {
-        match run_version(v, &cases, &bin).await {
+        .copied()
+        .filter(|v| only.as_deref().is_none_or(|o| o == *v))
+        .collect();
+    let mut rows = Vec::new();
+    let all: Vec<(usize, &Case)> = cases.iter().enumerate().collect();
+    for v in &versions {
+        match run_version(v, false, &all, &bin).await {
             Ok(r) => rows.extend(r),
             Err(e) => panic!("[{v}] {e:#}"),
         }
     }
+    // The incremental-upgrade cases with the feature gate on: a few RayServices per
+    // release, both releases at once (each on its own control plane and runtime).
+    let gated: Vec<(usize, &Case)> = all
+        .iter()
+        .copied()
+        .filter(|(_, c)| c.gated.is_some())
+        .collect();
+    let passes = tokio::task::block_in_place(|| {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = versions
+                .iter()
+                .map(|v| {
+                    let (gated, bin) = (&gated, &bin);
+                    scope.spawn(move || {
+                        tokio::runtime::Builder::new_multi_thread()
+                            .worker_threads(2)
+                            .enable_all()
+                            .build()
+                            .map_err(anyhow::Error::from)
+                            .and_then(|rt| rt.block_on(run_version(v, true, gated, bin)))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect::<Vec<_>>()
+        })
+    });
+    for r in passes {
+        rows.extend(r.unwrap_or_else(|e| panic!("{e:#}")));
+    }
+    rows.sort_by_key(|r| r.case);
     let findings = std::fs::read_to_string(e2e_dir().join(FINDINGS))
         .unwrap_or_else(|e| panic!("read e2e/{FINDINGS}: {e}"));
     let table = render(&cases, &rows, &findings);
@@ -737,16 +865,23 @@ async fn raygate_explain_agrees_with_real_kuberay() {
         .map(|r| {
             format!(
                 "{} @ {}: observed {}, raygate (RayService) {}, raygate (live RayCluster) {}",
-                cases[r.case].id, r.version, r.observed, r.rs, r.live
+                cases[r.case].id,
+                label(&r.version, r.gate),
+                r.observed,
+                r.rs,
+                r.live
             )
         })
         .collect();
     for r in &rows {
         let c = &cases[r.case];
-        if c.expect[&r.version] != r.observed {
+        let want = c.expected(&r.version, r.gate);
+        if want != Some(r.observed) {
             problems.push(format!(
-                "{} @ {}: observed {}, but the corpus expects {} (fix the case's `expect`)",
-                c.id, r.version, r.observed, c.expect[&r.version]
+                "{} @ {}: observed {}, but the corpus expects {want:?} (fix the case's `expect` or `gated`)",
+                c.id,
+                label(&r.version, r.gate),
+                r.observed
             ));
         }
     }

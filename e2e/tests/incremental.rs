@@ -1,6 +1,8 @@
-//! Incremental upgrades end to end on the real KubeRay v1.6.2 operator started with
+//! Incremental upgrades end to end on the real KubeRay operator started with
 //! `--feature-gates=RayServiceIncrementalUpgrade=true` (`up --incremental`, which also installs
-//! the Gateway API CRDs it needs), one control plane for all scenarios.
+//! the Gateway API CRDs it needs), one control plane for all scenarios. CI runs it on v1.6.2
+//! and on v1.5.2 (`e2e/run-suites incremental@v1.5.2`): the gate exists since v1.5.0, alpha
+//! and off by default in both (`pkg/features/features.go`).
 //!
 //! The Gateways and HTTPRoutes KubeRay creates are programmed by the real Traefik (its
 //! kubernetesGateway provider, started by `up --incremental` with the GatewayClass
@@ -302,6 +304,161 @@ fn reserved_gpus(p: &Value, active_workers: u64, gpus_per_worker: u64) -> u64 {
     n
 }
 
+/// A CPU-only copy of [`service`] whose creator sets `spec.upgradeStrategy.type` itself.
+fn creator_typed(name: &str, ty: &str) -> Value {
+    let mut v = service(name, 50);
+    v["spec"]["upgradeStrategy"]["type"] = json!(ty);
+    v["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]
+        ["limits"] = json!({});
+    v
+}
+
+/// Who owns `spec.upgradeStrategy.type` of a RayService (managedFields).
+fn type_owners(svc: &Value) -> Vec<String> {
+    svc["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| {
+            m["fieldsV1"]["f:spec"]["f:upgradeStrategy"]
+                .get("f:type")
+                .is_some()
+        })
+        .map(|m| str_at(m, &["manager"]).to_string())
+        .collect()
+}
+
+async fn condition(c: &Client, ns: &str, plan: &str, t: &str) -> Result<Value> {
+    let p = get(&plans(c, ns), plan).await?;
+    Ok(p["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|x| str_at(x, &["type"]) == t)
+        .cloned()
+        .unwrap_or(Value::Null))
+}
+
+/// The RayService's creator sets `spec.upgradeStrategy.type` with the real kubectl (`create`
+/// owns what it sets as field manager `kubectl-create`, `apply --server-side` as `kubectl`):
+/// raygate reports GateOverridden naming that manager from the start, never takes the field,
+/// and a change that fits is not admitted (phase Pending, UpgradeAdmitted False, nothing in
+/// `status.admitted`, no Admitted Event): it does not claim to gate what it cannot.
+async fn a_creator_owned_gate_is_reported_not_claimed(cp: &ControlPlane, c: &Client) -> Result<()> {
+    let ns = create_namespace(c, "inc-owned").await?;
+    let dir = tempfile::tempdir()?;
+    for (name, how, ty) in [
+        ("created", "create", "None"),
+        ("applied", "apply", "NewClusterWithIncrementalUpgrade"),
+    ] {
+        create(
+            &plans(c, &ns),
+            plan(name, "NewClusterWithIncrementalUpgrade"),
+        )
+        .await?;
+        let file = dir.path().join(format!("{name}.json"));
+        std::fs::write(&file, serde_json::to_vec(&creator_typed(name, ty))?)?;
+        let f = file.to_string_lossy().to_string();
+        let args: Vec<&str> = match how {
+            "create" => vec!["create", "-n", &ns, "-f", &f],
+            _ => vec!["apply", "--server-side", "-n", &ns, "-f", &f],
+        };
+        cp.kubectl_ok(&args)?;
+    }
+    for (name, manager, value) in [
+        ("created", "kubectl-create", "None"),
+        ("applied", "kubectl", "NewClusterWithIncrementalUpgrade"),
+    ] {
+        let want = format!("GateOverridden: {manager} keeps {value}");
+        wait_for(&format!("{name}: {want}"), T, || async {
+            let p = get(&plans(c, &ns), name).await?;
+            let cond = condition(c, &ns, name, "GateOverridden").await?;
+            Ok(
+                if str_at(&p, &["status", "waitingFor"]) == want
+                    && str_at(&cond, &["status"]) == "True"
+                {
+                    Check::Done(())
+                } else {
+                    Check::NotYet(format!("{} {cond}", p["status"]))
+                },
+            )
+        })
+        .await?;
+        let owners = type_owners(&get(&services(c, &ns), name).await?);
+        if owners != [manager] {
+            bail!("{name}: spec.upgradeStrategy.type owned by {owners:?}, want only {manager}");
+        }
+    }
+    // A change that fits (no GPUs, 64 CPUs free) under the creator's `None`.
+    wait_phase(c, &ns, "created", "Idle").await?;
+    bump(c, &ns, "created", "rayproject/ray:2.10.0-gpu").await?;
+    let p = wait_for("created: the change seen", T, || async {
+        let p = get(&plans(c, &ns), "created").await?;
+        let cond = condition(c, &ns, "created", "UpgradeAdmitted").await?;
+        Ok(if str_at(&cond, &["reason"]) == "GateOverridden" {
+            Check::Done(p)
+        } else {
+            Check::NotYet(format!("{} {cond}", p["status"]))
+        })
+    })
+    .await?;
+    let st = &p["status"];
+    if str_at(st, &["phase"]) != "Pending"
+        || !st["admitted"].is_null()
+        || st["pendingChange"].is_null()
+    {
+        bail!("an overridden gate is claimed: {st}");
+    }
+    // Still so a few reconciles later, and the field untouched.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let p = get(&plans(c, &ns), "created").await?;
+    let svc = get(&services(c, &ns), "created").await?;
+    if str_at(&p, &["status", "phase"]) != "Pending"
+        || str_at(&svc, &["spec", "upgradeStrategy", "type"]) != "None"
+        || type_owners(&svc) != ["kubectl-create"]
+    {
+        bail!(
+            "after 4 s: plan {} service {}",
+            p["status"],
+            svc["metadata"]["managedFields"]
+        );
+    }
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(c.clone(), &ns);
+    let admitted = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Admitted"))
+        .count();
+    if admitted != 0 {
+        bail!("{admitted} Admitted Events for a gate raygate does not own");
+    }
+    // Why raygate cannot gate a field another manager owns, even sharing its value: a
+    // non-forced server-side apply of the same value succeeds (shared ownership), of
+    // another value is refused with a conflict naming the owner.
+    let probe = |ty: &str| {
+        json!({"apiVersion": "ray.io/v1", "kind": "RayService",
+               "metadata": {"name": "applied"}, "spec": {"upgradeStrategy": {"type": ty}}})
+    };
+    let pp = PatchParams::apply("e2e-probe");
+    let svcs = services(c, &ns);
+    svcs.patch(
+        "applied",
+        &pp,
+        &Patch::Apply(&probe("NewClusterWithIncrementalUpgrade")),
+    )
+    .await?;
+    match svcs
+        .patch("applied", &pp, &Patch::Apply(&probe("None")))
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 409 && e.message.contains("\"kubectl\"") => {}
+        other => bail!("applying another value to a co-owned gate field: {other:?}"),
+    }
+    Ok(())
+}
+
 /// (1) an incremental upgrade that fits only as a surge is admitted and completes while a
 /// NewCluster upgrade of the same size is held; (3) the peak GPUs requested by pods during it
 /// stay within the running cluster plus raygate's reservation; (2) a surge that does not fit
@@ -409,13 +566,15 @@ async fn an_incremental_upgrade_is_admitted_on_its_surge() {
         wait_phase(&c, &ns, "inc", "WaitingForCapacity").await?;
         Ok::<(), anyhow::Error>(())
     };
-    let (r, ()) = tokio::join!(
+    let (r, (), owned) = tokio::join!(
         async {
             let r = run.await;
             stop.store(true, Ordering::Relaxed);
             r
         },
-        bg
+        bg,
+        a_creator_owned_gate_is_reported_not_claimed(&cp, &c)
     );
     r.unwrap_or_else(|e| panic!("{e:#}"));
+    owned.unwrap_or_else(|e| panic!("creator-owned gate: {e:#}"));
 }

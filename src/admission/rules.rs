@@ -23,7 +23,10 @@
 //!    capacity minus the ledger's reservations and the plan's headroom. The
 //!    gate opens with the plan's `upgradeType`. A change held by policy is
 //!    fitted too, so what it needs and whether it would fit are reported
-//!    while it waits for a human.
+//!    while it waits for a human. A change that fits is not admitted while
+//!    another field manager owns the gate (e.g. the RayService's creator set
+//!    `spec.upgradeStrategy.type`): raygate could not open it, so it stays
+//!    `Pending` (GateOverridden), with no Admitted Event and nothing reserved.
 //!
 //! Each rule fills in a [`Builder`]; [`super::render`] writes the result out.
 
@@ -208,7 +211,10 @@ impl Rules<'_> {
             return self.await_policy(b, change, &report, hold);
         }
         if report.fits {
-            self.admit(b, change, &report);
+            match &self.inp.gate.other_owner {
+                Some(owner) => self.overridden(b, change, owner),
+                None => self.admit(b, change, &report),
+            }
         } else {
             wait_for_capacity(b, change, &report);
         }
@@ -363,6 +369,35 @@ impl Rules<'_> {
             && (b.prev.phase == Phase::WaitingForApproval
                 || (b.prev.phase != Phase::Error && !same(pending)))
             && !same(b.prev.admitted.as_ref().map(|a| a.fingerprint.as_str()))
+    }
+
+    /// A change that fits while another field manager owns the gate: raygate
+    /// cannot open it (or, when it already reads open, could not close it
+    /// again), so nothing is admitted or reserved. KubeRay may still start
+    /// the upgrade on that manager's value: it is then tracked as unadmitted.
+    fn overridden(&self, b: &mut Builder<'_>, change: &ChangeFacts, owner: &str) {
+        let value = self.inp.gate.value.as_deref().unwrap_or("unset");
+        b.condition(
+            condition::UPGRADE_ADMITTED,
+            false,
+            "GateOverridden",
+            &format!(
+                "change {} fits but is not admitted: field manager {owner:?} owns spec.upgradeStrategy.type ({value})",
+                change.fingerprint
+            ),
+        );
+        b.status.phase = Phase::Pending;
+        b.waiting(
+            "GateOverridden",
+            &format!(
+                "change {} fits, but field manager {owner:?} owns spec.upgradeStrategy.type ({value}): \
+                 raygate cannot set it, so it admits nothing and reserves nothing; remove upgradeStrategy.type \
+                 from that manager's source of truth (see the GitOps guide)",
+                change.fingerprint
+            ),
+        );
+        b.gate = Some(Gate::Hold);
+        b.requeue = REQUEUE_WAITING;
     }
 
     fn admit(

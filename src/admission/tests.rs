@@ -1265,8 +1265,16 @@ fn an_override_is_judged_against_the_gate_decided_in_the_same_decision() {
     assert_eq!(d.gate, Some(Gate::Hold));
     assert_eq!(d.overridden_by.as_deref(), Some("argocd"));
     assert_eq!(cond(&d.status, "GateOverridden").status, "True");
-    // Both managers want the same value: shared, not overridden.
+    // The value raygate wants now, but owned by argocd too: raygate could
+    // not open the gate later (the apply would conflict), so it is
+    // overridden all the same.
     let d = decide_with_gate(&p, Ok(None), &st, owned_by("argocd", "None"));
+    assert_eq!(d.overridden_by.as_deref(), Some("argocd"));
+    assert_eq!(cond(&d.status, "GateOverridden").status, "True");
+    // raygate alone: not overridden.
+    let mut mine = owned_by("argocd", "None");
+    mine.other_owner = None;
+    let d = decide_with_gate(&p, Ok(None), &st, mine);
     assert_eq!(d.overridden_by, None);
     assert!(
         d.status
@@ -1276,16 +1284,44 @@ fn an_override_is_judged_against_the_gate_decided_in_the_same_decision() {
     );
 }
 
+/// The RayService's creator set `spec.upgradeStrategy.type` (kubectl create /
+/// apply own what they set): a change that fits is not admitted, nothing is
+/// reserved, and the status says why instead of claiming an admission.
+#[test]
+fn a_change_that_fits_under_another_owners_gate_is_not_admitted() {
+    let p = auto_plan(None);
+    let st = state(&[8]);
+    for value in ["None", "NewCluster"] {
+        let ch = Ok(Some(change(vec![gpu_pod("w0", 8)])));
+        let d = decide_with_gate(&p, ch, &st, owned_by("kubectl-create", value));
+        assert_eq!(d.status.phase, Phase::Pending, "{value}");
+        assert!(d.status.admitted.is_none(), "nothing reserved: {value}");
+        assert_eq!(d.overridden_by.as_deref(), Some("kubectl-create"));
+        assert_ne!(d.gate, Some(Gate::Open), "{value}");
+        let admitted = cond(&d.status, "UpgradeAdmitted");
+        assert_eq!(
+            (admitted.status.as_str(), admitted.reason.as_str()),
+            ("False", "GateOverridden")
+        );
+        assert_eq!(cond(&d.status, "GateOverridden").status, "True");
+        assert!(d.events.iter().all(|e| e.reason != "Admitted"), "{value}");
+        assert_eq!(d.outcome, None, "{value}");
+        assert_eq!(
+            d.status.waiting_for.as_deref(),
+            Some(format!("GateOverridden: kubectl-create keeps {value}").as_str())
+        );
+    }
+}
+
 #[test]
 fn the_override_event_comes_before_the_events_of_the_rules() {
     let p = auto_plan(None);
     let st = state(&[8]);
     let ch = Ok(Some(change(vec![gpu_pod("w0", 8)])));
     let d = decide_with_gate(&p, ch, &st, owned_by("argocd", "None"));
-    assert_eq!(d.gate, Some(Gate::Open));
     assert_eq!(d.overridden_by.as_deref(), Some("argocd"));
     let reasons: Vec<_> = d.events.iter().map(|e| e.reason).collect();
-    assert_eq!(reasons, ["GateOverridden", "Admitted"]);
+    assert_eq!(reasons[0], "GateOverridden", "{reasons:?}");
     // Reported once: the next decision sees the condition already True.
     let p2 = auto_plan(Some(d.status));
     let ch = Ok(Some(change(vec![gpu_pod("w0", 8)])));
