@@ -91,6 +91,41 @@ pub struct Context {
     pub buffers: buffers::Shell,
     /// Events that can let an upgrade through, and each plan's stages.
     pub causes: Arc<latency::Causes>,
+    /// Gates written that the RayService cache may not show yet.
+    gates_written: std::sync::Mutex<GatesWritten>,
+}
+
+/// The gates raygate wrote, per plan: the RayService's uid, the value, and
+/// the RayService's `resourceVersion` in the cache when it was written. A
+/// reconcile that runs before the watch delivers the write (the plan's own
+/// status write wakes it at once) sees the old value in the cache; while
+/// the cache still shows that same version, nothing has been observed since
+/// the write, and applying it again would be a request for nothing.
+#[derive(Default)]
+struct GatesWritten(HashMap<latency::PlanKey, (String, &'static str, String, Timestamp)>);
+
+impl GatesWritten {
+    /// Entries older than this are dropped (a plan deleted meanwhile).
+    const KEEP: Duration = Duration::from_secs(600);
+
+    fn unseen(&self, key: &latency::PlanKey, uid: &str, gate: &str, cached: &str) -> bool {
+        self.0
+            .get(key)
+            .is_some_and(|(u, g, rv, _)| u == uid && *g == gate && rv == cached)
+    }
+
+    fn written(
+        &mut self,
+        key: latency::PlanKey,
+        uid: &str,
+        gate: &'static str,
+        cached: String,
+        now: Timestamp,
+    ) {
+        self.0
+            .retain(|_, w| now.duration_since(w.3).as_secs_f64() < Self::KEEP.as_secs_f64());
+        self.0.insert(key, (uid.to_string(), gate, cached, now));
+    }
 }
 
 fn in_scope(settings: &Settings, ns: Option<&str>) -> bool {
@@ -391,6 +426,7 @@ pub async fn run(
         decisions: Mutex::new(Overlay::new()),
         buffers: capacity_requests,
         causes,
+        gates_written: Default::default(),
     });
     let sweeper = tokio::spawn({
         let ctx = ctx.clone();
@@ -768,15 +804,31 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
     let Some(gate) = d.gate.filter(|_| d.overridden_by.is_none()) else {
         return Ok(d.requeue);
     };
+    let (ns, name) = (r.plan.namespace().unwrap_or_default(), r.plan.name_any());
+    let key = (ns.clone(), name.clone());
     if r.seen.gate.value.as_deref() == Some(gate.strategy()) && r.seen.gate.owned_by_us {
         return Ok(d.requeue);
     }
-    let (ns, name) = (r.plan.namespace().unwrap_or_default(), r.plan.name_any());
     let service = r.plan.spec.ray_service_ref.name.as_str();
     // Only the RayService the decision read: never a create.
     let Some(uid) = r.seen.gate.uid.as_deref() else {
         return Ok(d.requeue);
     };
+    let cached = ctx
+        .stores
+        .services
+        .get(&ObjectRef::new(service).within(&ns))
+        .and_then(|s| match &s.0 {
+            Ok(s) => s.metadata.resource_version.clone(),
+            Err(e) => e.metadata.resource_version.clone(),
+        });
+    if let Some(rv) = &cached
+        && lock_gates(ctx).unseen(&key, uid, gate.strategy(), rv)
+    {
+        debug!(plan = %name, rayservice = %service, gate = gate.strategy(),
+               "gate written, not in the cache yet: not written again");
+        return Ok(d.requeue);
+    }
     let services: gate::Services = Api::namespaced(ctx.client.clone(), &ns);
     let target = gate::Target { name: service, uid };
     match guarded(
@@ -788,6 +840,9 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
     {
         Ok(()) => {
             let at = Timestamp::now();
+            if let Some(rv) = cached {
+                lock_gates(ctx).written(key.clone(), uid, gate.strategy(), rv, at);
+            }
             let timed = matches!(
                 gate,
                 admission::Gate::Open | admission::Gate::OpenIncremental
@@ -826,6 +881,12 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
         }
         Err(e) => Err(e.into()),
     }
+}
+
+fn lock_gates(ctx: &Context) -> std::sync::MutexGuard<'_, GatesWritten> {
+    ctx.gates_written
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Events and metrics of a recorded decision.
@@ -1080,4 +1141,40 @@ fn as_numbers(
                 .map(|q| (k.clone(), q.milli_value() as f64 / 1000.0))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: &str) -> latency::PlanKey {
+        ("ns".to_string(), n.to_string())
+    }
+
+    #[test]
+    fn a_gate_written_is_not_written_again_until_the_cache_moves() {
+        let now = Timestamp::now();
+        let mut w = GatesWritten::default();
+        assert!(!w.unseen(&key("a"), "uid-1", "NewCluster", "10"));
+        w.written(key("a"), "uid-1", "NewCluster", "10".into(), now);
+        // The cache still shows the version the write was made on.
+        assert!(w.unseen(&key("a"), "uid-1", "NewCluster", "10"));
+        // Anything observed since (our write, or someone else's): decide on it.
+        assert!(!w.unseen(&key("a"), "uid-1", "NewCluster", "11"));
+        // Another value, another RayService, another plan: written.
+        assert!(!w.unseen(&key("a"), "uid-1", "None", "10"));
+        assert!(!w.unseen(&key("a"), "uid-2", "NewCluster", "10"));
+        assert!(!w.unseen(&key("b"), "uid-1", "NewCluster", "10"));
+    }
+
+    #[test]
+    fn gates_written_are_forgotten_after_a_while() {
+        let now = Timestamp::now();
+        let mut w = GatesWritten::default();
+        w.written(key("a"), "uid-1", "NewCluster", "10".into(), now);
+        let later = now + GatesWritten::KEEP + Duration::from_secs(1);
+        w.written(key("b"), "uid-2", "NewCluster", "7".into(), later);
+        assert_eq!(w.0.len(), 1);
+        assert!(w.unseen(&key("b"), "uid-2", "NewCluster", "7"));
+    }
 }

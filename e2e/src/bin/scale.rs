@@ -208,8 +208,9 @@ async fn wait_phases(client: &Client, want: &[&str], n: usize, timeout: Duration
     .await
 }
 
-/// The audit policy of the run: every request of the user `raygate`, one event each (when
-/// received, with its URI: `limit`, `continue`, `allowWatchBookmarks` show), and the writes
+/// The audit policy of the run: every request of the user `raygate`, two events each (when
+/// received, with its URI: `limit`, `continue`, `allowWatchBookmarks` show; and when
+/// answered, which gives the apiserver's time for it), and the writes
 /// to the GPU nodes added for the capacity change (`added`, by any user: kwok's status that
 /// makes one Ready, the node controller's taint removal), so that an admission can be timed
 /// from the apiserver's write of the node it waited for; nothing else (the other clients'
@@ -223,7 +224,7 @@ fn audit_policy(added: &[String]) -> String {
     format!(
         "apiVersion: audit.k8s.io/v1
 kind: Policy
-omitStages: [ResponseStarted, ResponseComplete]
+omitStages: [ResponseStarted]
 rules:
   - level: Metadata
     users: [raygate]
@@ -273,15 +274,31 @@ struct Request {
     what: String,
     uri: String,
     user: String,
-    /// The object's name (nodes).
+    /// The object's name.
     name: String,
+    /// From received to answered, in the apiserver (its ResponseComplete event).
+    apiserver_ms: Option<f64>,
 }
 
 fn audited(path: &Path) -> Result<Vec<Request>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
-    Ok(text
+    let events: Vec<Value> = text
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect();
+    // auditID → milliseconds from received to answered.
+    let answered: BTreeMap<String, f64> = events
+        .iter()
+        .filter(|e| e["stage"] == "ResponseComplete")
+        .filter_map(|e| {
+            let from: Timestamp = e["requestReceivedTimestamp"].as_str()?.parse().ok()?;
+            let to: Timestamp = e["stageTimestamp"].as_str()?.parse().ok()?;
+            Some((e["auditID"].as_str()?.to_string(), secs(from, to) * 1e3))
+        })
+        .collect();
+    Ok(events
+        .iter()
+        .filter(|e| e["stage"] == "RequestReceived")
         .filter_map(|e| {
             let o = &e["objectRef"];
             let mut what = o["resource"].as_str().unwrap_or("-").to_string();
@@ -295,6 +312,9 @@ fn audited(path: &Path) -> Result<Vec<Request>> {
                 uri: e["requestURI"].as_str().unwrap_or("").to_string(),
                 user: e["user"]["username"].as_str().unwrap_or("").to_string(),
                 name: o["name"].as_str().unwrap_or("").to_string(),
+                apiserver_ms: e["auditID"]
+                    .as_str()
+                    .and_then(|id| answered.get(id).copied()),
             })
         })
         .collect())
@@ -770,6 +790,46 @@ async fn main() -> Result<()> {
         .filter(|r| !is_background(r))
         .collect();
     let per_admission = admission_foreground.len() as f64 / logged.len().max(1) as f64;
+    // Per admission, its own: the requests on its plan and its RayService from the capacity
+    // change to its gate write (the window above also holds the next steps of the plans
+    // admitted first, and other plans' writes), plus the Events created in the window, per
+    // admission (an Event's name is not in the audit record of its create).
+    let events_in_window = admission_foreground
+        .iter()
+        .filter(|r| r.what == "events")
+        .count();
+    let own: Vec<f64> = logged
+        .values()
+        .map(|adm| {
+            admission_foreground
+                .iter()
+                .filter(|r| r.at <= adm.at && r.name == adm.plan)
+                .filter(|r| r.what.starts_with("upgradeplans") || r.what == "rayservices")
+                .count() as f64
+        })
+        .collect();
+    let own_per_admission = own.iter().sum::<f64>() / own.len().max(1) as f64
+        + events_in_window as f64 / logged.len().max(1) as f64;
+    // The apiserver's time for raygate's writes in the window, by kind: p50 / max ms.
+    let mut apiserver_ms: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for r in &admission_foreground {
+        if let Some(ms) = r.apiserver_ms {
+            apiserver_ms
+                .entry(format!("{} {}", r.verb, r.what))
+                .or_default()
+                .push(ms);
+        }
+    }
+    let apiserver_ms: BTreeMap<String, (f64, f64)> = apiserver_ms
+        .into_iter()
+        .map(|(k, v)| {
+            let v = sorted(v);
+            (
+                k,
+                (percentile(&v, 0.5).round(), percentile(&v, 1.0).round()),
+            )
+        })
+        .collect();
     let labels = request_total_labels(&cp);
 
     let p = percentile;
@@ -857,6 +917,12 @@ async fn main() -> Result<()> {
         by_kind(&admission_foreground)
     );
     println!(
+        "| API requests per admission, its own (on its plan and RayService until its gate write, + the window's Events per admission) | {own_per_admission:.2} |"
+    );
+    println!(
+        "| the apiserver's time for raygate's writes in that window, by kind (received → answered, p50 / max ms) | {apiserver_ms:?} |"
+    );
+    println!(
         "| API requests per minute at rest ({} s) | {rest_per_min:.1} in all; {:.1} without leases and watches ({:?}) |",
         a.rest,
         rest_foreground.len() as f64 / minutes,
@@ -906,6 +972,8 @@ async fn main() -> Result<()> {
             "completed_s": completed_s,
             "api_requests_per_admission": per_admission,
             "api_requests_per_admission_by_kind": by_kind(&admission_foreground),
+            "api_requests_per_admission_own": own_per_admission,
+            "apiserver_ms_in_admission_window_p50_max": apiserver_ms,
             "api_requests_per_minute_at_rest": rest_per_min,
             "api_requests_per_minute_at_rest_without_leases_and_watches": rest_foreground.len() as f64 / minutes,
             "api_requests_at_rest_by_kind": by_kind(&rest),
