@@ -403,9 +403,13 @@ async fn run(args: RunArgs) -> Result<()> {
         tls,
         stopped(stop_rx.clone()),
     ));
+    // /readyz asks the API server when it has not answered lately (a probe at most
+    // every few seconds, bounded: a probe must answer before the kubelet's timeout).
+    let probe_client = bounded_client(config.clone(), server::PROBE_TIMEOUT)?;
     let probes = tokio::spawn(server::serve_health(
         health_listener,
         health.clone(),
+        Some(probe_client),
         stopped(stop_rx.clone()),
     ));
 

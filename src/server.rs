@@ -24,7 +24,7 @@ pub mod tls;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -49,15 +49,81 @@ use crate::metrics::{self, Metrics};
 /// Process state the probes report, shared between the controller, the
 /// leader elector and the server. Plain atomics: probes must never wait on
 /// a lock held by a slow reconcile.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Health {
     ready: AtomicBool,
     leader: AtomicBool,
+    /// When this process started: `contact` counts milliseconds from it.
+    epoch: Instant,
+    /// Milliseconds after `epoch` of the last answer from the API server
+    /// (a probe of `/version`, a Lease renewal); the start counts as one, so
+    /// a process is not unready for its first [`STALE_AFTER`].
+    contact: AtomicU64,
+}
+
+impl Default for Health {
+    fn default() -> Health {
+        Health {
+            ready: AtomicBool::new(false),
+            leader: AtomicBool::new(false),
+            epoch: Instant::now(),
+            contact: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Not ready once the API server has not answered for this long: raygate
+/// cannot decide (it could neither write a status nor a gate), and its caches
+/// may be stale. Above the client's own read bound (5 s for a probe) with room
+/// for one lost probe.
+pub const STALE_AFTER: Duration = Duration::from_secs(15);
+/// `/readyz` asks the API server (`GET /version`) only when nothing else
+/// showed contact for this long: a kubelet probing every 10 s costs at most
+/// one small request per probe, and a process that nobody probes costs none.
+pub const PROBE_AFTER: Duration = Duration::from_secs(5);
+/// Bound of one `/readyz` probe of the API server: under the chart's
+/// readiness `timeoutSeconds` (2), so the kubelet gets an answer, not a timeout.
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// The readiness rule, pure: `Ok(text)` for 200, `Err(reason)` for 503.
+///
+/// Ready means "can decide": the caches have synced (leader) and the API
+/// server answered within [`STALE_AFTER`]. A standby replica (not the
+/// leader) is reported ready while it reaches the API server: it is healthy
+/// and will take over on its own, and if standbys were unready a rolling
+/// update (new pod must be Ready before the old leader is stopped) would
+/// never finish, because the new pod cannot lead while the old one holds
+/// the Lease.
+pub fn readiness_rule(
+    leader: bool,
+    synced: bool,
+    since_contact: Duration,
+) -> Result<&'static str, &'static str> {
+    if since_contact > STALE_AFTER {
+        return Err("the API server has not answered for more than 15 s");
+    }
+    match (leader, synced) {
+        (_, true) => Ok("ok"),
+        (false, false) => Ok("ok: standby, waiting for leadership"),
+        (true, false) => Err("caches not synced yet"),
+    }
 }
 
 impl Health {
     pub fn new() -> Health {
         Health::default()
+    }
+
+    /// The API server answered just now.
+    pub fn touch(&self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.contact.fetch_max(ms, Ordering::AcqRel);
+    }
+
+    /// How long since the API server last answered.
+    pub fn since_contact(&self) -> Duration {
+        let at = Duration::from_millis(self.contact.load(Ordering::Acquire));
+        self.epoch.elapsed().saturating_sub(at)
     }
 
     /// The controller's caches (reflectors) have synced and it is reconciling.
@@ -78,20 +144,9 @@ impl Health {
         self.leader.load(Ordering::Acquire)
     }
 
-    /// What `/readyz` answers: `Ok(text)` for 200, `Err(reason)` for 503.
-    ///
-    /// The leader is ready once its caches are synced. A standby replica
-    /// (not the leader) is reported ready too: it is healthy and will take
-    /// over on its own, and if standbys were unready a rolling update (new
-    /// pod must be Ready before the old leader is stopped) would never
-    /// finish, because the new pod cannot lead while the old one holds
-    /// the Lease.
+    /// What `/readyz` answers now: [`readiness_rule`] over this state.
     pub fn readiness(&self) -> Result<&'static str, &'static str> {
-        match (self.is_leader(), self.is_ready()) {
-            (_, true) => Ok("ok"),
-            (false, false) => Ok("ok: standby, waiting for leadership"),
-            (true, false) => Err("caches not synced yet"),
-        }
+        readiness_rule(self.is_leader(), self.is_ready(), self.since_contact())
     }
 }
 
@@ -273,16 +328,27 @@ pub async fn serve_metrics(
     }
 }
 
+/// What `/readyz` needs: the state, and a client to ask the API server when
+/// nothing else showed contact lately (`None` in tests of the rule alone).
+#[derive(Clone)]
+struct Probes {
+    health: Arc<Health>,
+    client: Option<kube::Client>,
+}
+
 /// Serves `/healthz` and `/readyz`, never authenticated (kubelet probes).
+/// `client` is asked for `/version` by `/readyz` when the API server has not
+/// answered for [`PROBE_AFTER`]; give it a short read timeout.
 pub async fn serve_health(
     listener: TcpListener,
     health: Arc<Health>,
+    client: Option<kube::Client>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> crate::Result<()> {
     let router = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .with_state(health);
+        .with_state(Probes { health, client });
     serve(listener, router, shutdown).await
 }
 
@@ -333,7 +399,19 @@ async fn render_metrics(State(s): State<MetricsState>, headers: HeaderMap) -> Re
     }
 }
 
-async fn readyz(State(h): State<Arc<Health>>) -> (StatusCode, &'static str) {
+async fn readyz(State(p): State<Probes>) -> (StatusCode, &'static str) {
+    let h = &p.health;
+    if let Some(client) = &p.client
+        && h.since_contact() > PROBE_AFTER
+    {
+        match tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await {
+            Ok(Ok(_)) => h.touch(),
+            Ok(Err(e)) => tracing::debug!(error = %e, "/readyz: the API server did not answer"),
+            Err(_) => {
+                tracing::debug!(timeout = ?PROBE_TIMEOUT, "/readyz: the API server did not answer in time")
+            }
+        }
+    }
     match h.readiness() {
         Ok(text) => (StatusCode::OK, text),
         Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason),
@@ -386,6 +464,71 @@ mod tests {
         h.set_ready(true);
         assert_eq!(h.readiness(), Ok("ok"));
         assert!(h.is_ready() && h.is_leader());
+        h.touch();
+        assert!(h.since_contact() < STALE_AFTER);
+    }
+
+    /// Ready means "can decide": an API server silent for longer than
+    /// STALE_AFTER makes every replica unready, synced or not, and the
+    /// next answer makes it ready again.
+    #[test]
+    fn an_api_server_silent_past_the_bound_is_not_ready() {
+        let fresh = STALE_AFTER - Duration::from_millis(1);
+        let stale = STALE_AFTER + Duration::from_millis(1);
+        for (leader, synced) in [(true, true), (true, false), (false, false), (false, true)] {
+            assert!(
+                readiness_rule(leader, synced, stale).is_err(),
+                "{leader} {synced}"
+            );
+        }
+        assert_eq!(readiness_rule(true, true, fresh), Ok("ok"));
+        assert_eq!(readiness_rule(true, true, STALE_AFTER), Ok("ok"));
+        assert!(readiness_rule(false, false, fresh).is_ok());
+        assert_eq!(
+            readiness_rule(true, false, fresh),
+            Err("caches not synced yet")
+        );
+        assert!(
+            PROBE_AFTER + PROBE_TIMEOUT < STALE_AFTER,
+            "a probe answers before unready"
+        );
+    }
+
+    /// `/readyz` with a client that cannot reach any API server: ready
+    /// while the process is young, then the probe fails and it stays 200
+    /// only as long as the last contact is within the bound.
+    #[tokio::test]
+    async fn readyz_probes_the_api_server_when_contact_is_old() {
+        let health = Arc::new(Health::new());
+        health.set_leader(true);
+        health.set_ready(true);
+        // A client to a closed port: every probe fails at once.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let mut config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+        config.connect_timeout = Some(Duration::from_millis(200));
+        let client = kube::Client::try_from(config).unwrap();
+        let probes = Probes {
+            health: health.clone(),
+            client: Some(client),
+        };
+        // Contact set far in the past: the probe runs, fails, and the answer is 503.
+        let old = Health {
+            epoch: Instant::now() - STALE_AFTER - Duration::from_secs(1),
+            ..Health::default()
+        };
+        old.set_leader(true);
+        old.set_ready(true);
+        let stale = Probes {
+            health: Arc::new(old),
+            client: probes.client.clone(),
+        };
+        let (code, body) = readyz(State(stale)).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        // A young process is ready although the probe fails.
+        let (code, _) = readyz(State(probes)).await;
+        assert_eq!(code, StatusCode::OK);
     }
 
     #[tokio::test]
@@ -406,7 +549,12 @@ mod tests {
             None,
             until(stopped.clone()),
         ));
-        let h_task = tokio::spawn(serve_health(h_listener, health.clone(), until(stopped)));
+        let h_task = tokio::spawn(serve_health(
+            h_listener,
+            health.clone(),
+            None,
+            until(stopped),
+        ));
 
         let (code, head, body) = get(m_addr, "/metrics").await;
         assert_eq!(code, 200);

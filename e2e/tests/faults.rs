@@ -365,8 +365,17 @@ async fn a_black_holed_apiserver_stops_the_leader_before_its_lease_expires() {
     let mut ra = a.spawn(&cp);
     or_panic(wait_holder(&client, a.id, T).await);
     let _rb = b.spawn(&cp);
+    // A standby behind the same proxy: it stays up through the fault, so its /readyz
+    // shows what readiness means ("can decide": the API server answered lately).
+    let c = Replica::new(&cp, "replica-c", Some(&proxy));
+    let rc = c.spawn(&cp);
     or_panic(orphan_plan(&client, &ns, "p0").await);
     or_panic(wait_phase(&client, &ns, "p0", "Error").await);
+    assert_eq!(
+        rc.get("/readyz").expect("readyz").0,
+        200,
+        "standby reaching the API"
+    );
 
     proxy.blackhole(true);
     let cut = Instant::now();
@@ -394,7 +403,27 @@ async fn a_black_holed_apiserver_stops_the_leader_before_its_lease_expires() {
     eprintln!("B leads {waited:?} after A stopped");
     or_panic(orphan_plan(&client, &ns, "p1").await);
     or_panic(wait_phase(&client, &ns, "p1", "Error").await);
+    // The standby behind the black hole: /readyz 503 once the API server has not
+    // answered for 15 s (its probe of /version times out), 200 again once it answers.
+    let readyz = |want: u16, within: Duration| {
+        let start = Instant::now();
+        loop {
+            let got = rc.get("/readyz");
+            if matches!(&got, Ok((code, _)) if *code == want) {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < within,
+                "/readyz {want} within {within:?}: {got:?}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    readyz(503, Duration::from_secs(40));
+    eprintln!("standby unready {:?} after the cut", cut.elapsed());
     proxy.blackhole(false);
+    let ready = readyz(200, Duration::from_secs(20));
+    eprintln!("standby ready again {ready:?} after the API server answered");
     let took_over = takeover_at(&cp, &b.user);
     let late = writes_after(&cp, &a.user, took_over);
     assert!(
