@@ -640,7 +640,7 @@ fn sum_q(m: &BTreeMap<String, String>, names: &[&str]) -> Option<Quantity> {
     for n in names {
         if let Some(q) = m.get(*n).and_then(|v| Quantity::parse(v).ok()) {
             total = Some(match total {
-                Some(t) => t.checked_add(&q).unwrap_or(t),
+                Some(t) => t.saturating_add(&q),
                 None => q,
             });
         }

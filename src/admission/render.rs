@@ -419,7 +419,7 @@ fn sum_q(m: &ResourceList, names: &[&str]) -> Option<Quantity> {
     for n in names {
         if let Some(q) = m.get(*n) {
             total = Some(match total {
-                Some(t) => t.checked_add(q).unwrap_or(t),
+                Some(t) => t.saturating_add(q),
                 None => q.clone(),
             });
         }
@@ -642,6 +642,22 @@ mod tests {
     use super::*;
     use crate::capacity::Unplaced;
     use crate::capacity::tests::rl;
+
+    /// A total past what i128 nanos hold clamps at the limit; it never drops
+    /// an addend (which printed a total smaller than one of its parts).
+    #[test]
+    fn sums_of_extreme_quantities_saturate() {
+        let huge = "170141183460469231731"; // > i128::MAX nanos / 1e9 units
+        let m = rl(&[("nvidia.com/gpu", "1E"), ("amd.com/gpu", huge)]);
+        let total = sum_q(&m, &["nvidia.com/gpu", "amd.com/gpu"]).expect("total");
+        let one_e = Quantity::parse("1E").expect("1E");
+        assert!(total >= one_e, "{}", total.canonical());
+        let m = rl(&[("nvidia.com/gpu", "9223372036854775807"), ("amd.com/gpu", "100Mi")]);
+        assert_eq!(
+            sum_of(&m, &["nvidia.com/gpu", "amd.com/gpu"]).as_deref(),
+            Some("9223372036959633407")
+        );
+    }
 
     fn report() -> FitReport {
         FitReport {
