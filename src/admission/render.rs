@@ -652,7 +652,10 @@ mod tests {
         let total = sum_q(&m, &["nvidia.com/gpu", "amd.com/gpu"]).expect("total");
         let one_e = Quantity::parse("1E").expect("1E");
         assert!(total >= one_e, "{}", total.canonical());
-        let m = rl(&[("nvidia.com/gpu", "9223372036854775807"), ("amd.com/gpu", "100Mi")]);
+        let m = rl(&[
+            ("nvidia.com/gpu", "9223372036854775807"),
+            ("amd.com/gpu", "100Mi"),
+        ]);
         assert_eq!(
             sum_of(&m, &["nvidia.com/gpu", "amd.com/gpu"]).as_deref(),
             Some("9223372036959633407")
