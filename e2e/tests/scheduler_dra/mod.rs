@@ -490,6 +490,53 @@ pub(crate) async fn body(cp: &ControlPlane, bin: &Path) -> Result<()> {
     }
 
     let mut problems = Vec::new();
+    // What the real operator puts in the pods it creates: raygate plans each worker pod
+    // with the template's `resourceClaims` and the container's `resources.claims` as
+    // written (kuberay::pods), so KubeRay must pass them through unchanged, and a bound
+    // pod's claim is the one the resourceclaim-controller made from the template.
+    for c in &cases {
+        let l = pods
+            .list(
+                &ListParams::default()
+                    .labels(&format!("ray.io/cluster={},ray.io/node-type=worker", c.id)),
+            )
+            .await?;
+        let want_claims = &c.worker["resourceClaims"];
+        let want_refs = &c.worker["containers"][0]["resources"]["claims"];
+        for pod in l.items.iter().map(serde_json::to_value) {
+            let pod = pod?;
+            let name = str_at(&pod, &["metadata", "name"]).to_string();
+            let worker = arr_at(&pod, &["spec", "containers"])
+                .iter()
+                .find(|k| str_at(k, &["name"]) == "ray-worker")
+                .cloned()
+                .unwrap_or(Value::Null);
+            if &pod["spec"]["resourceClaims"] != want_claims
+                || &worker["resources"]["claims"] != want_refs
+            {
+                problems.push(format!(
+                    "{}: KubeRay's pod {name} carries resourceClaims {} and container claims {}, \
+                     the template {want_claims} and {want_refs}",
+                    c.id, pod["spec"]["resourceClaims"], worker["resources"]["claims"]
+                ));
+            }
+            let bound = !str_at(&pod, &["spec", "nodeName"]).is_empty();
+            if bound && want_claims.is_array() {
+                let made = arr_at(&pod, &["status", "resourceClaimStatuses"])
+                    .iter()
+                    .any(|s| {
+                        str_at(s, &["name"]) == "gpus"
+                            && !str_at(s, &["resourceClaimName"]).is_empty()
+                    });
+                if !made {
+                    problems.push(format!(
+                        "{}: bound pod {name} has no claim made from its template: {}",
+                        c.id, pod["status"]["resourceClaimStatuses"]
+                    ));
+                }
+            }
+        }
+    }
     for c in &cases {
         let (p, o) = (predicted[c.id], observed[c.id]);
         eprintln!(
