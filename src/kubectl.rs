@@ -27,9 +27,9 @@ use serde_with::skip_serializing_none;
 
 use crate::admission::ledger::{self, Candidate};
 use crate::capacity::record::Strings;
+use crate::capacity::slim;
 use crate::capacity::{ACCELERATORS, ClusterState, PartialPod, PodRecord, ResourceList};
 use crate::cli::{self, ExplainArgs, FitArgs, Old};
-use crate::controller::cache;
 use crate::kuberay::{self, RayCluster, RayService, UpgradeType};
 use crate::quantity::Quantity;
 use crate::upgradeplan::{Policy, UpgradePlan, UpgradePlanStatus};
@@ -834,8 +834,8 @@ fn compared_cluster(live: &RayService) -> Option<(String, &'static str)> {
 /// no other field manager with it: then raygate reports GateOverridden)?
 fn gated_by_raygate(live: &RayService) -> bool {
     let managed = live.metadata.managed_fields.as_deref().unwrap_or(&[]);
-    crate::controller::gate::owned_by_us(managed)
-        && crate::controller::gate::other_owner(managed).is_none()
+    crate::upgradeplan::ownership::owned_by_us(managed)
+        && crate::upgradeplan::ownership::other_owner(managed).is_none()
 }
 
 /// The KubeRay release whose rules apply to a live RayCluster: `--kuberay-version`
@@ -1183,12 +1183,12 @@ async fn live_state(client: &Client) -> Result<ClusterState> {
         .list(&ListParams::default())
         .await?
         .items;
-    nodes.iter_mut().for_each(cache::slim_node);
+    nodes.iter_mut().for_each(slim::slim_node);
     let mut limit_ranges: Vec<LimitRange> = Api::<LimitRange>::all(client.clone())
         .list(&ListParams::default())
         .await?
         .items;
-    limit_ranges.iter_mut().for_each(cache::slim_limit_range);
+    limit_ranges.iter_mut().for_each(slim::slim_limit_range);
     // Pods as the controller watches them: partial objects straight into records,
     // a page at a time, so a large cluster's full Pods are never all in memory.
     let pods_api = Api::<PartialPod>::all(client.clone());

@@ -6,6 +6,8 @@
 //! resume after a restart (admitted fingerprint, reservation, transition
 //! start) lives in the status, never in memory.
 
+pub mod ownership;
+
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;

@@ -78,10 +78,7 @@ const FORBIDDEN: &[(&str, &str)] = &[
 
 /// Imports that break the rules today, each to be removed (issue 23). The test fails
 /// when one of these is gone too, so the list only ever shrinks.
-const KNOWN: &[&str] = &[
-    "kubectl -> controller::cache",
-    "kubectl -> controller::gate",
-];
+const KNOWN: &[&str] = &[];
 
 /// A module path (`["capacity", "fit"]`) per source file.
 fn modules(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {

@@ -19,6 +19,7 @@ pub mod node;
 pub mod record;
 pub mod requests;
 pub mod scheduling;
+pub mod slim;
 pub mod state;
 pub mod statics;
 

@@ -19,7 +19,6 @@
 //! Both are checked against Kubernetes v1.36 in the e2e controller suite.
 //! [`is_gone`] tells these apart from a conflict with another field manager.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::{Api, Patch, PatchParams};
 
 use serde_json::json;
@@ -29,43 +28,11 @@ use kube::core::DeserializeGuard;
 
 use crate::kuberay::RayService;
 
+pub use crate::upgradeplan::ownership::{FIELD_MANAGER, other_owner, owned_by_us};
+
 /// The RayService API as the gate uses it: responses are not needed, and a
 /// RayService raygate cannot fully parse must still be gateable.
 pub type Services = Api<DeserializeGuard<RayService>>;
-
-pub const FIELD_MANAGER: &str = "raygate";
-
-/// Does this managedFields entry own `spec.upgradeStrategy.type`? Either the
-/// field itself, or `upgradeStrategy` as a whole: a schema without properties
-/// for it (KubeRay-compatible CRDs that only preserve unknown fields) makes
-/// the object atomic, and its owner owns the type too.
-fn owns_gate(m: &ManagedFieldsEntry) -> bool {
-    let Some(strategy) = m
-        .fields_v1
-        .as_ref()
-        .and_then(|f| f.0.get("f:spec"))
-        .and_then(|s| s.get("f:upgradeStrategy"))
-    else {
-        return false;
-    };
-    strategy.get("f:type").is_some() || strategy.as_object().is_none_or(|fields| fields.is_empty())
-}
-
-/// Another field manager that owns `spec.upgradeStrategy.type`, if any.
-pub fn other_owner(managed: &[ManagedFieldsEntry]) -> Option<String> {
-    managed
-        .iter()
-        .filter(|m| m.manager.as_deref() != Some(FIELD_MANAGER))
-        .find(|m| owns_gate(m))
-        .map(|m| m.manager.clone().unwrap_or_else(|| "unknown".into()))
-}
-
-/// Does raygate itself own the field (so releasing it means something)?
-pub fn owned_by_us(managed: &[ManagedFieldsEntry]) -> bool {
-    managed
-        .iter()
-        .any(|m| m.manager.as_deref() == Some(FIELD_MANAGER) && owns_gate(m))
-}
 
 /// The RayService a gate write is for: its name and the uid raygate read.
 #[derive(Debug, Clone, Copy)]
@@ -135,7 +102,7 @@ pub async fn release(api: &Services, target: Target<'_>) -> Result<(), kube::Err
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 
     fn entry(manager: &str, fields: serde_json::Value) -> ManagedFieldsEntry {
         ManagedFieldsEntry {
