@@ -1112,6 +1112,40 @@ fn fractional_or_overcommitted_gpus_exit_1_with_the_field_path() {
     }
 }
 
+/// Issue 26: a RayService over raygate's bounds (here 300 worker groups, over
+/// 256) is refused offline with the field path, as the controller refuses it.
+#[test]
+fn a_rayservice_over_the_bounds_exits_1_with_the_field_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let groups: Vec<serde_json::Value> = (0..300)
+        .map(|i| {
+            serde_json::json!({"groupName": format!("g{i}"), "replicas": 1, "rayStartParams": {},
+                "template": {"spec": {"containers": [{"name": "w", "image": "rayproject/ray:2.9.0"}]}}})
+        })
+        .collect();
+    let svc = serde_json::json!({"apiVersion": "ray.io/v1", "kind": "RayService",
+        "metadata": {"name": "big", "namespace": "t"},
+        "spec": {"rayClusterConfig": {"headGroupSpec": {"rayStartParams": {},
+            "template": {"spec": {"containers": [{"name": "h", "image": "rayproject/ray:2.9.0"}]}}},
+            "workerGroupSpecs": groups}}});
+    let bad = p(&tmp_file(&dir, "big.json", svc.to_string().as_bytes()));
+    let state = p(&fx("state-fits.yaml"));
+    for args in [
+        vec!["explain", "--new", &bad],
+        vec!["fit", "--state", &state, "--new", &bad],
+    ] {
+        let r = raygate(&args);
+        assert_eq!(r.code, 1, "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains(
+                "spec.rayClusterConfig.workerGroupSpecs: 300 worker groups, more than the 256"
+            ),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+}
+
 #[test]
 fn invalid_input_exits_1_naming_file_and_field() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -283,10 +283,11 @@ pub async fn run(
 
     let p = plans.clone();
     let services = spawn_cache(
-        cache::scoped_watcher::<DeserializeGuard<RayService>>(
+        cache::slimmed_watcher::<DeserializeGuard<RayService>>(
             &client,
             &ns,
             watcher::Config::default(),
+            cache::slim_service,
         ),
         |_| {},
         cache::service_changes,
@@ -309,12 +310,13 @@ pub async fn run(
     );
     let p = plans.clone();
     let clusters = spawn_cache(
-        cache::scoped_watcher::<DeserializeGuard<RayCluster>>(
+        cache::slimmed_watcher::<DeserializeGuard<RayCluster>>(
             &client,
             &ns,
             watcher::Config::default().labels(LABEL_ORIGINATED_FROM_CR_NAME),
+            cache::slim_cluster,
         ),
-        cache::slim_cluster,
+        |_| {},
         cache::cluster_changes,
         move |c: &DeserializeGuard<RayCluster>| {
             cache::cluster_service(c)

@@ -324,6 +324,11 @@ pub fn observe<'a>(
             Ok(cluster) => change_against(svc, cluster, release, plan.spec.upgrade_type),
         },
     };
+    // Refused from the start, not only once KubeRay has a cluster to compare
+    // with: the tenant learns it as soon as the object is cached.
+    if let (Ok(None), Some(e)) = (&inp.change, over_budget(svc)) {
+        (inp.change, inp.verdict) = (Err(e), None);
+    }
     // An incremental upgrade fits its surge next to the active cluster.
     if let (Ok(Some(change)), Some(Ok(opts))) = (&mut inp.change, &inp.incremental) {
         let active: Vec<&Pod> = facts
@@ -389,7 +394,16 @@ fn service_facts(svc: &RayService) -> ServiceFacts {
 
 /// The fingerprint a RayCluster's own spec has, computed as a change's is
 /// (muted fields left out), so it can be compared with an admitted one.
+/// A RayService whose rayClusterConfig raygate did not keep whole
+/// ([`kuberay::budget`]): the finding, with the field path.
+fn over_budget(svc: &RayService) -> Option<String> {
+    let e = svc.spec.ray_cluster_config.as_ref()?.over_budget.as_ref()?;
+    Some(format!("RayService {}: {e}", svc.name_any()))
+}
+
 fn cluster_fingerprint(c: &RayCluster, version: KubeRayVersion) -> Option<String> {
+    // A spec over raygate's bounds was not kept: no fingerprint to give.
+    kuberay::budget::check(&c.spec, "spec").ok()?;
     let spec = serde_json::to_value(&c.spec).ok()?;
     let n = kuberay::normalize::normalize_cluster_spec(&spec, &version.rules(), "RayCluster spec")
         .ok()?;
@@ -404,6 +418,14 @@ fn change_against(
     t: PlanUpgradeType,
 ) -> (Result<Option<ChangeFacts>, String>, Option<Verdict>) {
     let version = release.version;
+    // Specs over raygate's bounds were pruned in the cache: refused here,
+    // before anything would be compared or planned.
+    if let Some(e) = over_budget(svc) {
+        return (Err(e), None);
+    }
+    if let Some(e) = &cluster.spec.over_budget {
+        return (Err(format!("RayCluster {}: {e}", cluster.name_any())), None);
+    }
     let open = with_gate_open(svc, t);
     // The operator's incremental-upgrade gate as raygate was told it.
     let opts = kuberay::ClassifyOptions {

@@ -11,10 +11,12 @@
 //! - [`validate`]: the RayService validation that makes KubeRay reject a change.
 //! - [`valid`]: what the apiserver refuses in the pods KubeRay would create (a fraction of a GPU).
 
+pub mod budget;
 pub mod classify;
 pub mod diff;
 pub mod incremental;
 pub mod normalize;
+pub mod over_budget;
 pub mod pods;
 pub mod release;
 pub mod types;

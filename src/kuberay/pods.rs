@@ -277,6 +277,12 @@ pub fn check_cluster_resources(
 /// planned from.
 pub fn checked_cluster_config(svc: &RayService) -> crate::Result<&RayClusterSpec> {
     let spec = svc.cluster_config()?;
+    super::budget::check(spec, "spec.rayClusterConfig").map_err(|e| {
+        crate::Error::invalid(
+            format!("RayService {}", object_name(&svc.metadata)),
+            e.to_string(),
+        )
+    })?;
     check_cluster_resources(spec, "spec.rayClusterConfig").map_err(|(path, why)| {
         crate::Error::invalid(
             format!("RayService {}", object_name(&svc.metadata)),
@@ -328,6 +334,7 @@ pub fn planned_groups_with(
     if spec.suspend == Some(true) {
         return Ok(Vec::new());
     }
+    super::budget::check(spec, "spec").map_err(|e| crate::Error::invalid(&what, e.to_string()))?;
     check_cluster_resources(spec, "spec")
         .map_err(|(path, why)| crate::Error::invalid(&what, format!("{path}: {why}")))?;
     let mut pods = Vec::new();

@@ -258,6 +258,10 @@ pub struct RayClusterSpec {
     pub upgrade_strategy: Option<RayClusterUpgradeStrategy>,
     #[serde(flatten)]
     pub extra: Extra,
+    /// Set only by [`super::budget::prune`], on a spec raygate would not keep
+    /// whole: never read from nor written to the API.
+    #[serde(skip)]
+    pub over_budget: Option<super::over_budget::OverBudget>,
 }
 
 /// `headGroupSpec`.

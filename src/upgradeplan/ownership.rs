@@ -38,3 +38,79 @@ pub fn owned_by_us(managed: &[ManagedFieldsEntry]) -> bool {
         .iter()
         .any(|m| m.manager.as_deref() == Some(FIELD_MANAGER) && owns_gate(m))
 }
+
+/// Keep of each managedFields entry only what [`owns_gate`] reads (its
+/// `f:spec.f:upgradeStrategy`), and only the entries that have it: a tenant's
+/// 5,000-group RayService carries a field set as large as the object.
+pub fn slim_managed_fields(managed: &mut Option<Vec<ManagedFieldsEntry>>) {
+    let Some(entries) = managed.as_mut() else {
+        return;
+    };
+    entries.retain_mut(|m| {
+        let strategy = m
+            .fields_v1
+            .as_mut()
+            .and_then(|f| f.0.get_mut("f:spec"))
+            .and_then(|s| s.get_mut("f:upgradeStrategy"))
+            .map(serde_json::Value::take);
+        match strategy {
+            Some(strategy) => {
+                m.fields_v1 = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+                    serde_json::json!({"f:spec": {"f:upgradeStrategy": strategy}}),
+                ));
+                true
+            }
+            None => false,
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;
+    use serde_json::json;
+
+    fn entry(manager: &str, fields: serde_json::Value) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some("Apply".into()),
+            fields_v1: Some(FieldsV1(fields)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn slimming_keeps_exactly_what_ownership_reads() {
+        let groups: serde_json::Map<String, serde_json::Value> = (0..100)
+            .map(|i| {
+                (
+                    format!("k:{{\"groupName\":\"g{i}\"}}"),
+                    json!({"f:replicas": {}}),
+                )
+            })
+            .collect();
+        let mut managed = Some(vec![
+            entry(
+                "kubectl",
+                json!({"f:spec": {"f:rayClusterConfig": {"f:workerGroupSpecs": groups},
+                    "f:upgradeStrategy": {"f:type": {}}}}),
+            ),
+            entry(
+                "kuberay-operator",
+                json!({"f:status": {"f:serviceStatus": {}}}),
+            ),
+            entry(FIELD_MANAGER, json!({"f:spec": {"f:upgradeStrategy": {}}})),
+        ]);
+        let before = managed.clone().unwrap_or_default();
+        slim_managed_fields(&mut managed);
+        let after = managed.unwrap_or_default();
+        assert_eq!(other_owner(&after), other_owner(&before));
+        assert_eq!(owned_by_us(&after), owned_by_us(&before));
+        assert_eq!(after.len(), 2);
+        assert_eq!(
+            after[0].fields_v1.as_ref().map(|f| &f.0),
+            Some(&json!({"f:spec": {"f:upgradeStrategy": {"f:type": {}}}}))
+        );
+    }
+}
