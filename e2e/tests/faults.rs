@@ -889,6 +889,179 @@ async fn check_upgrades_survived(client: &Client, u: &Upgrades) -> Result<()> {
 }
 
 /// Admission events for one plan: more than one per change means it was admitted twice.
+/// Issue 26 point 3: an upgrade under way, then its RayService deleted and recreated under
+/// the same name with another image. The old change's transition ends `Replaced`, never
+/// `Completed` by the new object's first cluster, and the plan follows the new UID.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rayservice_recreated_mid_transition_is_a_new_one() {
+    let (cp, client) = control_plane(Options::from_env().expect("options")).await;
+    for i in 0..2 {
+        add_node(&client, &format!("gpu-{i}"), 8).await;
+    }
+    let rg = Raygate::spawn(&cp, &[]).unwrap_or_else(|e| panic!("{e:#}"));
+    let ns = or_panic(create_namespace(&client, "recreate").await);
+    let (rs, rcs, api) = (
+        rs_api(&client, &ns),
+        rc_api(&client, &ns),
+        plan_api(&client, &ns),
+    );
+    const SVC: &str = "probe";
+    or_panic(create(&api, plan(SVC, SVC)).await);
+    or_panic(create(&rs, ray_service(SVC, "rayproject/ray:2.9.0-gpu", 1, 4)).await);
+    or_panic(wait_phase(&client, &ns, SVC, "Idle").await);
+    // The running cluster stays RUNNING, the new one deploys forever: Upgrading lasts.
+    for c in of(SVC, &or_panic(clusters(&client, &ns).await)) {
+        or_panic(annotate(&rcs, &c, Some("RUNNING")).await);
+    }
+    or_panic(annotate(&rs, SVC, Some("DEPLOYING")).await);
+    or_panic(bump_worker(&client, &ns, SVC, "rayproject/ray:2.10.0-gpu").await);
+    let upgrading = or_panic(wait_phase(&client, &ns, SVC, "Upgrading").await);
+    let old_change = str_at(&upgrading, &["status", "admitted", "fingerprint"]).to_string();
+    let old_uid = str_at(&upgrading, &["status", "rayServiceUID"]).to_string();
+    assert!(!old_change.is_empty() && !old_uid.is_empty(), "{upgrading}");
+
+    or_panic(
+        rs.delete(SVC, &Default::default())
+            .await
+            .map(|_| ())
+            .map_err(anyhow::Error::from),
+    );
+    or_panic(
+        wait_for("the old RayService gone", T, || async {
+            Ok(match rs.get_opt(SVC).await? {
+                None => Check::Done(()),
+                Some(_) => Check::NotYet("still there".into()),
+            })
+        })
+        .await,
+    );
+    or_panic(create(&rs, ray_service(SVC, "rayproject/ray:2.11.0-gpu", 1, 4)).await);
+    let replaced = or_panic(
+        wait_for("the old transition ended Replaced", T, || async {
+            let p = get(&api, SVC).await?;
+            let last = &p["status"]["lastTransition"];
+            if last["fingerprint"] == old_change.as_str() && last["outcome"] == "Completed" {
+                bail!("the old change was reported Completed: {p}");
+            }
+            Ok(
+                if last["fingerprint"] == old_change.as_str() && last["outcome"] == "Replaced" {
+                    Check::Done(p)
+                } else {
+                    Check::NotYet(format!("{} lastTransition {last}", describe(&p)))
+                },
+            )
+        })
+        .await,
+    );
+    let new_uid = str_at(&replaced, &["status", "rayServiceUID"]).to_string();
+    // The new RayService serves on its own first cluster; the record stays Replaced.
+    let idle = or_panic(wait_phase(&client, &ns, SVC, "Idle").await);
+    assert_eq!(
+        idle["status"]["lastTransition"]["outcome"], "Replaced",
+        "{idle}"
+    );
+    assert_eq!(
+        idle["status"]["lastTransition"]["fingerprint"],
+        old_change.as_str(),
+        "{idle}"
+    );
+    let uid_now = str_at(&idle, &["status", "rayServiceUID"]);
+    let live_uid = or_panic(get(&rs, SVC).await)["metadata"]["uid"].clone();
+    assert!(
+        uid_now != old_uid && live_uid == uid_now && (new_uid.is_empty() || new_uid == uid_now),
+        "plan follows the new UID: was {old_uid}, plan {uid_now}, live {live_uid}"
+    );
+    assert!(idle["status"]["admitted"].is_null(), "{idle}");
+
+    // Issue 26 point 4, on the same RayService: 1.5 GPUs (the apiserver would refuse such
+    // a pod, so KubeRay could never create it) is refused with the field path, not
+    // rounded up to 2 and admitted; the gate stays closed.
+    let current = or_panic(get(&rs, SVC).await);
+    let mut groups = current["spec"]["rayClusterConfig"]["workerGroupSpecs"].clone();
+    groups[0]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] =
+        json!("1.5");
+    let patch = json!({"spec": {"rayClusterConfig": {"workerGroupSpecs": groups}}});
+    or_panic(
+        rs.patch(SVC, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(anyhow::Error::from),
+    );
+    let refused = or_panic(wait_phase(&client, &ns, SVC, "Error").await);
+    let msg = str_at(&refused, &["status", "message"]);
+    assert!(
+        msg.contains("workerGroupSpecs[0].template.spec.containers[0].resources.limits[nvidia.com/gpu]: 1.5 must be an integer"),
+        "field path in {msg:?}"
+    );
+    assert_eq!(
+        str_at(&refused, &["status", "waitingFor"]),
+        "InvalidRayService"
+    );
+    assert!(refused["status"]["admitted"].is_null(), "{refused}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(or_panic(gate(&client, &ns, SVC).await), "None");
+    assert!(!rg.logs().contains("panicked"), "{}", rg.logs());
+}
+
+/// Issue 26 point 5: with the chart's default ceiling (`--max-priority=0`, asserted in
+/// the packaging suite) a tenant's `priority: 1000` does not jump an older plan of another
+/// namespace: both rank at 0, the older goes first, and `kubectl raygate queue` shows the
+/// priority the controller uses beside the one asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_priority_ceiling_keeps_a_tenant_from_jumping_the_queue() {
+    let (cp, client) = control_plane(Options::from_env().expect("options")).await;
+    add_node(&client, "gpu-0", 8).await;
+    let rg = Raygate::spawn(&cp, &["--max-priority=0"]).unwrap_or_else(|e| panic!("{e:#}"));
+    let older = or_panic(create_namespace(&client, "team-b").await);
+    let pushy = or_panic(create_namespace(&client, "team-a").await);
+    for (ns, name, priority) in [(&older, "older", 0), (&pushy, "pushy", 1000)] {
+        let mut p = plan(name, name);
+        p["spec"]["priority"] = json!(priority);
+        or_panic(create(&plan_api(&client, ns), p).await);
+        or_panic(
+            create(
+                &rs_api(&client, ns),
+                ray_service(name, "rayproject/ray:2.9.0-gpu", 1, 3),
+            )
+            .await,
+        );
+        or_panic(wait_phase(&client, ns, name, "Idle").await);
+    }
+    // 6 of 8 GPUs used; each new cluster needs 3: both wait, the older first.
+    for (ns, name) in [(&older, "older"), (&pushy, "pushy")] {
+        or_panic(bump_worker(&client, ns, name, "rayproject/ray:2.10.0-gpu").await);
+        or_panic(wait_phase(&client, ns, name, "WaitingForCapacity").await);
+    }
+    let p = or_panic(get(&plan_api(&client, &pushy), "pushy").await);
+    assert_eq!(p["status"]["effectivePriority"], 0, "capped: {p}");
+    let bin = raygate_e2e::workspace_bin("kubectl-raygate")
+        .expect("kubectl-raygate binary (cargo build --workspace --bins)");
+    let out = std::process::Command::new(bin)
+        .args(["queue", "-A", "--kubeconfig"])
+        .arg(cp.kubeconfig_path())
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run kubectl-raygate queue");
+    let queue = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{queue} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (o, q) = (queue.find("older"), queue.find("pushy"));
+    assert!(
+        matches!((o, q), (Some(o), Some(q)) if o < q) && queue.contains("0 (asked 1000)"),
+        "queue ranks by the effective priority:\n{queue}"
+    );
+    // Room for one of them (8 + 3 - 6 = 5 free, each needs 3): the older is admitted.
+    add_node(&client, "gpu-1", 3).await;
+    or_panic(wait_phase_in(&client, &older, "older", &["Admitted", "Upgrading"]).await);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let p = or_panic(get(&plan_api(&client, &pushy), "pushy").await);
+    assert_eq!(phase(&p), "WaitingForCapacity", "{}", describe(&p));
+    assert!(!rg.logs().contains("panicked"), "{}", rg.logs());
+}
+
 /// raygate's resident and peak memory (VmRSS, VmHWM) in MiB.
 fn rss_mib(pid: u32) -> Result<(f64, f64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
