@@ -537,12 +537,17 @@ mod tests {
     struct Model {
         nodes: BTreeMap<String, Node>,
         pods: BTreeMap<(String, String), Pod>,
+        /// ResourceSlices, DeviceClasses and ResourceClaims by kind and name.
+        dra: BTreeMap<(String, String), serde_json::Value>,
     }
 
     fn oracle(m: &Model) -> ClusterState {
+        let dra: Vec<serde_json::Value> = m.dra.values().cloned().collect();
         ClusterState {
             nodes: m.nodes.values().cloned().collect(),
             pods: m.pods.values().map(PodRecord::from_pod).collect(),
+            // Built afresh: no CEL verdicts of earlier steps, unlike the index's.
+            dra: crate::capacity::dra::tests::state_of(&dra),
             ..Default::default()
         }
     }
@@ -571,15 +576,92 @@ mod tests {
         }
         // A fit that reads the static filters (selector, taints): the
         // index's cached, patched verdicts answer as a fit from scratch.
-        let req = static_request();
-        let want = crate::capacity::fit(&state, &req);
-        let got = index.fit(&ClusterState::default(), &req);
-        match (want, got) {
-            (Ok(w), Ok(g)) => prop_assert_eq!(w, g),
-            (Err(_), Err(_)) => {}
-            (w, g) => prop_assert!(false, "oracle {:?} index {:?}", w.is_ok(), g.is_ok()),
+        // And one on DRA devices: the index's device view and the CEL verdicts it kept
+        // from earlier steps answer as a view built from scratch.
+        for req in [static_request(), dra_request()] {
+            let want = crate::capacity::fit(&state, &req);
+            let got = index.fit(&ClusterState::default(), &req);
+            match (want, got) {
+                (Ok(w), Ok(g)) => prop_assert_eq!(w, g),
+                (Err(_), Err(_)) => {}
+                (w, g) => prop_assert!(false, "oracle {:?} index {:?}", w.is_ok(), g.is_ok()),
+            }
         }
         Ok(())
+    }
+
+    /// Two pods asking for `example.com/gpu`, which no node has in allocatable: DRA
+    /// serves it through the `gpu` DeviceClass, when there is one.
+    fn dra_request() -> crate::capacity::FitRequest {
+        let p = pod("d", json!({"cpu": "100m", "example.com/gpu": "1"}), None);
+        crate::capacity::FitRequest {
+            pods: vec![crate::capacity::PodGroup::indexed(p, 2, "d-".into())],
+            ..Default::default()
+        }
+    }
+
+    /// The class's selectors, by variant: none, by product, by device index.
+    const DRA_SELECTORS: [Option<&str>; 3] = [
+        None,
+        Some(r#"device.attributes["gpu.example.com"].productName == "H100""#),
+        Some(r#"device.attributes["gpu.example.com"].index % 2 == 1"#),
+    ];
+
+    fn apply_dra(index: &mut CapacityIndex, m: &mut Model, op: &Op) {
+        use crate::capacity::dra::tests::{allocated_claim, class, slice_with};
+        let (kind, name, obj) = match *op {
+            Op::Slice {
+                node,
+                part,
+                generation,
+                count,
+                devices,
+                h100,
+            } => {
+                let name = format!("n{node}-{part}");
+                let pool = format!("n{node}");
+                let product = if h100 { "H100" } else { "A100" };
+                let o = slice_with(&name, &pool, &pool, generation, count, devices, product);
+                ("ResourceSlice", name, Some(o))
+            }
+            Op::DeleteSlice { node, part } => ("ResourceSlice", format!("n{node}-{part}"), None),
+            Op::Class(Some(sel)) => (
+                "DeviceClass",
+                "gpu".to_string(),
+                Some(class("gpu", DRA_SELECTORS[sel], Some("example.com/gpu"))),
+            ),
+            Op::Class(None) => ("DeviceClass", "gpu".to_string(), None),
+            Op::Claim { i, node, mask } => {
+                let devices: Vec<String> = (0..4)
+                    .filter(|d| mask & (1 << d) != 0)
+                    .map(|d| format!("gpu-{d}"))
+                    .collect();
+                let devices: Vec<&str> = devices.iter().map(String::as_str).collect();
+                let o = allocated_claim("a", &format!("c{i}"), &format!("n{node}"), &devices);
+                ("ResourceClaim", format!("a/c{i}"), Some(o))
+            }
+            Op::DeleteClaim(i) => ("ResourceClaim", format!("a/c{i}"), None),
+            _ => return,
+        };
+        let key = (kind.to_string(), name.clone());
+        match obj {
+            Some(o) => {
+                index.update_dra(|d| match kind {
+                    "ResourceSlice" => d.apply_slice(&serde_json::from_value(o.clone()).unwrap()),
+                    "DeviceClass" => d.apply_class(&serde_json::from_value(o.clone()).unwrap()),
+                    _ => d.apply_claim(&serde_json::from_value(o.clone()).unwrap()),
+                });
+                m.dra.insert(key, o);
+            }
+            None => {
+                index.update_dra(|d| match kind {
+                    "ResourceSlice" => d.delete_slice(&name),
+                    "DeviceClass" => d.delete_class(&name),
+                    _ => d.delete_claim("a", name.trim_start_matches("a/")),
+                });
+                m.dra.remove(&key);
+            }
+        }
     }
 
     /// Two one-GPU pods for the `pool: gpu` nodes, tolerating nothing.
@@ -620,6 +702,30 @@ mod tests {
         /// Relist: keep pods whose bit is set, then drop the rest.
         Relist(u16),
         NodeRelist(u8),
+        /// ResourceSlice `n{node}-{part}` of pool `n{node}` on node `n{node}`: `devices`
+        /// GPUs `gpu-0..`, in a pool generation of `count` slices.
+        Slice {
+            node: usize,
+            part: usize,
+            generation: i64,
+            count: i64,
+            devices: usize,
+            h100: bool,
+        },
+        DeleteSlice {
+            node: usize,
+            part: usize,
+        },
+        /// The `gpu` DeviceClass mapping `example.com/gpu`, with selector variant n
+        /// ([`DRA_SELECTORS`]); `None` deletes it.
+        Class(Option<usize>),
+        /// Claim `a/c{i}` allocated the devices of `mask` in pool `n{node}`.
+        Claim {
+            i: usize,
+            node: usize,
+            mask: u8,
+        },
+        DeleteClaim(usize),
     }
 
     const PHASES: [Option<&str>; 5] = [
@@ -640,6 +746,12 @@ mod tests {
             1 => (0..5usize).prop_map(Op::DeleteNode),
             1 => any::<u16>().prop_map(Op::Relist),
             1 => any::<u8>().prop_map(Op::NodeRelist),
+            2 => (0..5usize, 0..2usize, 1..3i64, 1..3i64, 0..5usize, any::<bool>())
+                .prop_map(|(node, part, generation, count, devices, h100)| Op::Slice { node, part, generation, count, devices, h100 }),
+            1 => (0..5usize, 0..2usize).prop_map(|(node, part)| Op::DeleteSlice { node, part }),
+            1 => proptest::option::weighted(0.85, 0..3usize).prop_map(Op::Class),
+            1 => (0..4usize, 0..5usize, 0..16u8).prop_map(|(i, node, mask)| Op::Claim { i, node, mask }),
+            1 => (0..4usize).prop_map(Op::DeleteClaim),
         ]
     }
 
@@ -721,8 +833,9 @@ mod tests {
         #[test]
         fn the_index_equals_the_from_scratch_oracle(ops in proptest::collection::vec(op(), 1..60)) {
             let mut index = CapacityIndex::new();
-            let mut m = Model { nodes: BTreeMap::new(), pods: BTreeMap::new() };
+            let mut m = Model { nodes: BTreeMap::new(), pods: BTreeMap::new(), dra: BTreeMap::new() };
             for op in ops {
+                apply_dra(&mut index, &mut m, &op);
                 match op {
                     Op::Pod { i, node, phase, cpu, gpu, ray, bad } => {
                         let p = make_pod(i, node, phase, cpu, gpu, ray, bad);
@@ -765,6 +878,7 @@ mod tests {
                         }
                         index.end_node_relist();
                     }
+                    _ => {} // DRA objects: apply_dra
                 }
                 check(&index, &m)?;
                 prop_assert_eq!(index.pod_count(), m.pods.len());

@@ -9,7 +9,8 @@ use super::{Mode, Undecided};
 /// One request of a pod on one node: per alternative, how many and which devices may serve it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeRequest {
-    pub alternatives: Vec<(Mode, Vec<usize>)>,
+    /// Candidates shared with the view's cache ([`super::DraView::candidates`]).
+    pub alternatives: Vec<(Mode, std::sync::Arc<[usize]>)>,
 }
 
 /// Search steps before raygate gives up deciding (the scheduler has no such bound but stops
@@ -35,14 +36,14 @@ impl Search<'_> {
                     if self.incomplete || cands.is_empty() || cands.iter().any(|&c| self.busy[c]) {
                         continue;
                     }
-                    for &c in cands {
+                    for &c in cands.iter() {
                         self.busy[c] = true;
                         self.out.push(c);
                     }
                     if self.request(i + 1)? {
                         return Ok(true);
                     }
-                    for &c in cands {
+                    for &c in cands.iter() {
                         self.busy[c] = false;
                         self.out.pop();
                     }
@@ -124,7 +125,7 @@ mod tests {
 
     fn count(k: u32, cands: &[usize]) -> NodeRequest {
         NodeRequest {
-            alternatives: vec![(Mode::Count(k), cands.to_vec())],
+            alternatives: vec![(Mode::Count(k), cands.into())],
         }
     }
 
@@ -146,7 +147,7 @@ mod tests {
     fn all_and_first_available() {
         let used = [false, true, false];
         let all = NodeRequest {
-            alternatives: vec![(Mode::All, vec![0, 2])],
+            alternatives: vec![(Mode::All, vec![0, 2].into())],
         };
         assert_eq!(
             allocate(&used, false, std::slice::from_ref(&all)).unwrap(),
@@ -158,17 +159,17 @@ mod tests {
             "incomplete pool"
         );
         let busy_all = NodeRequest {
-            alternatives: vec![(Mode::All, vec![0, 1])],
+            alternatives: vec![(Mode::All, vec![0, 1].into())],
         };
         assert_eq!(allocate(&used, false, &[busy_all]).unwrap(), None);
         let none = NodeRequest {
-            alternatives: vec![(Mode::All, vec![])],
+            alternatives: vec![(Mode::All, vec![].into())],
         };
         assert_eq!(allocate(&used, false, &[none]).unwrap(), None);
         let fa = NodeRequest {
             alternatives: vec![
-                (Mode::Count(4), vec![0, 1, 2]),
-                (Mode::Count(1), vec![1, 2]),
+                (Mode::Count(4), vec![0, 1, 2].into()),
+                (Mode::Count(1), vec![1, 2].into()),
             ],
         };
         assert_eq!(allocate(&used, false, &[fa]).unwrap(), Some(vec![2]));
@@ -215,7 +216,7 @@ mod tests {
             prop_oneof![4 => (1u32..4).prop_map(Mode::Count), 1 => Just(Mode::All)],
             proptest::collection::btree_set(0..devices, 0..=devices),
         )
-            .prop_map(|(m, s)| (m, s.into_iter().collect::<Vec<_>>()));
+            .prop_map(|(m, s)| (m, s.into_iter().collect::<std::sync::Arc<[usize]>>()));
         proptest::collection::vec(alt, 1..3).prop_map(|alternatives| NodeRequest { alternatives })
     }
 

@@ -36,7 +36,7 @@ pub mod view;
 #[cfg(test)]
 mod fit_tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceRequest, DeviceSubRequest, ExactDeviceRequest, ResourceClaim,
@@ -61,7 +61,7 @@ impl std::fmt::Display for Undecided {
 }
 
 /// A device attribute's value, as CEL sees it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub enum AttrValue {
     Bool(bool),
     Int(i64),
@@ -80,6 +80,77 @@ pub struct Device {
     pub capacity: BTreeSet<String>,
     /// Why the allocator treats this device in ways raygate does not model, if it does.
     pub unmodeled: Option<&'static str>,
+    /// A hash of its name, attributes and capacity names: what a CEL selector reads, so
+    /// the key of its verdicts across decisions ([`Verdicts`]).
+    pub fingerprint: u64,
+}
+
+impl Device {
+    /// [`Device::fingerprint`] of these fields.
+    pub fn fingerprint_of(
+        name: &str,
+        attributes: &BTreeMap<String, AttrValue>,
+        capacity: &BTreeSet<String>,
+    ) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (name, attributes, capacity).hash(&mut h);
+        h.finish()
+    }
+}
+
+/// CEL verdicts kept from one decision to the next, by a hash of (selector, driver, device
+/// fingerprint): a selector's verdict on a device depends on nothing else, so a decision
+/// evaluates only the devices and selectors no earlier one has seen (a new ResourceSlice,
+/// a changed DeviceClass), as kube-scheduler's snapshot updates only changed nodes. Shared
+/// by clones of the state; at most [`Verdicts::bound`] entries (cleared past it).
+#[derive(Clone, Default)]
+pub struct Verdicts(std::sync::Arc<std::sync::Mutex<HashMap<u64, Result<bool, Undecided>>>>);
+
+impl Verdicts {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Result<bool, Undecided>>> {
+        // A panic elsewhere while holding it cannot leave a wrong verdict behind: each
+        // entry is written whole.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn get(&self, key: u64) -> Option<Result<bool, Undecided>> {
+        self.map().get(&key).cloned()
+    }
+
+    pub fn put(&self, key: u64, verdict: Result<bool, Undecided>) {
+        self.map().insert(key, verdict);
+    }
+
+    pub fn len(&self) -> usize {
+        self.map().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forget everything when over `limit` entries (verdicts on devices and selectors
+    /// long gone): the next decision evaluates what it needs again.
+    pub fn bound(&self, limit: usize) {
+        let mut m = self.map();
+        if m.len() > limit {
+            m.clear();
+        }
+    }
+}
+
+impl std::fmt::Debug for Verdicts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Verdicts({})", self.len())
+    }
+}
+
+/// A cache, not state: two states with the same objects are equal whatever it holds.
+impl PartialEq for Verdicts {
+    fn eq(&self, _: &Verdicts) -> bool {
+        true
+    }
 }
 
 /// A ResourceSlice, slim.
@@ -171,6 +242,8 @@ pub struct DraState {
     /// Classes counted as plain units (see the module docs), set by
     /// `--dra-plain-count-class`.
     pub plain_count: BTreeSet<String>,
+    /// CEL verdicts from earlier decisions.
+    pub verdicts: Verdicts,
 }
 
 /// The four kinds, for relists.
@@ -320,6 +393,7 @@ impl Device {
             None
         };
         Device {
+            fingerprint: Device::fingerprint_of(&d.name, &attributes, &capacity),
             name: d.name.clone(),
             attributes,
             capacity,

@@ -14,11 +14,13 @@ use std::collections::HashMap;
 
 use cel::{Context, Program, Value};
 
-use super::{AttrValue, Device, Undecided};
+use super::{AttrValue, Device, Undecided, Verdicts};
 
-/// Compiled selectors, by expression text: compiled once per fit.
+/// Compiled selectors, by expression text: compiled once per fit; their verdicts kept
+/// across fits in the state's [`Verdicts`].
 #[derive(Default)]
 pub struct Selectors {
+    verdicts: Verdicts,
     compiled: HashMap<String, Result<Program, String>>,
     /// (expression, domain literals it names), for the empty-map default.
     domains: HashMap<String, Vec<String>>,
@@ -61,13 +63,37 @@ fn value_of(a: &AttrValue) -> Value {
 }
 
 impl Selectors {
-    /// Whether `device` of `driver` passes the selector `expr`.
+    /// Selectors whose verdicts go to (and come from) `verdicts`.
+    pub fn with(verdicts: Verdicts) -> Selectors {
+        Selectors {
+            verdicts,
+            ..Default::default()
+        }
+    }
+
+    /// Whether `device` of `driver` passes the selector `expr`: a verdict an earlier fit
+    /// reached, else evaluated.
     pub fn matches(
         &mut self,
         expr: &str,
         driver: &str,
         device: &Device,
     ) -> Result<bool, Undecided> {
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (expr, driver, device.fingerprint).hash(&mut h);
+            h.finish()
+        };
+        if let Some(v) = self.verdicts.get(key) {
+            return v;
+        }
+        let v = self.evaluate(expr, driver, device);
+        self.verdicts.put(key, v.clone());
+        v
+    }
+
+    fn evaluate(&mut self, expr: &str, driver: &str, device: &Device) -> Result<bool, Undecided> {
         let program = self
             .compiled
             .entry(expr.to_string())
@@ -154,6 +180,7 @@ mod tests {
                 .collect::<BTreeMap<_, _>>(),
             capacity: BTreeSet::from(["memory".to_string()]),
             unmodeled: None,
+            fingerprint: 0,
         }
     }
 

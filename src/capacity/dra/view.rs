@@ -6,6 +6,7 @@
 //! allocated, and a request for `All` devices on that node fails.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use super::select::Selectors;
 use super::{DeviceId, DraState, Exact, Undecided};
@@ -29,8 +30,9 @@ pub struct NodeDevices<'a> {
     pub incomplete: bool,
 }
 
-/// (node, class, request selectors).
-type CandidateKey = (String, String, Vec<String>);
+/// Per node: (class, request selectors, the devices they may take). A node sees a handful
+/// of request shapes, so a scan finds one without building a key.
+type NodeCandidates = Vec<(String, Vec<String>, Result<Arc<[usize]>, Undecided>)>;
 
 /// A pool's newest generation and its slices (by name).
 type Newest<'a> = (i64, Vec<(&'a str, &'a super::Slice)>);
@@ -41,7 +43,7 @@ pub struct DraView<'a> {
     pub state: &'a DraState,
     pub nodes: HashMap<&'a str, NodeDevices<'a>>,
     selectors: Selectors,
-    candidates: HashMap<CandidateKey, Result<Vec<usize>, Undecided>>,
+    candidates: HashMap<&'a str, NodeCandidates>,
 }
 
 impl<'a> DraView<'a> {
@@ -90,23 +92,41 @@ impl<'a> DraView<'a> {
                 }
             }
         }
+        // Verdicts on every device for each selector, and as many again for devices and
+        // selectors gone since: past that, start over.
+        let devices: usize = nodes.values().map(|n| n.devices.len()).sum();
+        let selectors: usize = state.classes.values().map(|c| c.selectors.len()).sum();
+        state
+            .verdicts
+            .bound(2 * devices.saturating_mul(selectors.max(1)) + 4096);
         DraView {
             state,
             nodes,
-            selectors: Selectors::default(),
+            selectors: Selectors::with(state.verdicts.clone()),
             candidates: HashMap::new(),
         }
     }
 
     /// The devices of `node` (indices into its `devices`) that `req` may take, in order,
     /// whether in use or not: the class's selectors and the request's.
-    pub fn candidates(&mut self, node: &str, req: &Exact) -> Result<Vec<usize>, Undecided> {
-        let key = (node.to_string(), req.class.clone(), req.selectors.clone());
-        if let Some(c) = self.candidates.get(&key) {
+    pub fn candidates(&mut self, node: &str, req: &Exact) -> Result<Arc<[usize]>, Undecided> {
+        let known = self.candidates.get(node).and_then(|shapes| {
+            shapes
+                .iter()
+                .find(|(class, selectors, _)| *class == req.class && *selectors == req.selectors)
+        });
+        if let Some((_, _, c)) = known {
             return c.clone();
         }
-        let c = self.compute(node, req);
-        self.candidates.insert(key, c.clone());
+        let c = self.compute(node, req).map(Arc::from);
+        // Nodes without devices have no entry of their own and are answered empty at once.
+        if let Some((&name, _)) = self.nodes.get_key_value(node) {
+            self.candidates.entry(name).or_default().push((
+                req.class.clone(),
+                req.selectors.clone(),
+                c.clone(),
+            ));
+        }
         c
     }
 
@@ -211,11 +231,11 @@ mod tests {
         ]);
         let mut v = DraView::new(&s);
         assert_eq!(v.nodes["a"].used, [true, false, true, false]);
-        assert_eq!(v.candidates("a", &exact("h100")).unwrap(), [0, 1, 2, 3]);
+        assert_eq!(v.candidates("a", &exact("h100")).unwrap()[..], [0, 1, 2, 3]);
         assert!(v.candidates("b", &exact("h100")).unwrap().is_empty());
         let mut req = exact("h100");
         req.selectors = vec![r#"device.attributes["gpu.example.com"].index % 2 == 1"#.into()];
-        assert_eq!(v.candidates("a", &req).unwrap(), [1, 3]);
+        assert_eq!(v.candidates("a", &req).unwrap()[..], [1, 3]);
     }
 
     #[test]
@@ -241,7 +261,7 @@ mod tests {
         s.plain_count.insert("gpu".into());
         s.plain_count.insert("mem".into());
         let mut v = DraView::new(&s);
-        assert_eq!(v.candidates("a", &exact("gpu")).unwrap(), [0, 1]);
-        assert_eq!(v.candidates("a", &exact("mem")).unwrap(), [0, 1]);
+        assert_eq!(v.candidates("a", &exact("gpu")).unwrap()[..], [0, 1]);
+        assert_eq!(v.candidates("a", &exact("mem")).unwrap()[..], [0, 1]);
     }
 }
