@@ -131,6 +131,7 @@ impl CapacityIndex {
     }
 
     /// A node's generation: the index's generation at its last change.
+    #[cfg(test)]
     pub fn node_generation(&self, node: &str) -> Option<u64> {
         self.nodes.get(node).map(|s| s.generation)
     }
