@@ -30,9 +30,15 @@ pub struct NodeDevices<'a> {
     pub incomplete: bool,
 }
 
-/// Per node: (class, request selectors, the devices they may take). A node sees a handful
-/// of request shapes, so a scan finds one without building a key.
-type NodeCandidates = Vec<(String, Vec<String>, Result<Arc<[usize]>, Undecided>)>;
+/// Per node: (class, request selectors, what raygate does not model in the request, the
+/// devices it may take). A node sees a handful of request shapes, so a scan finds one
+/// without building a key.
+type NodeCandidates = Vec<(
+    String,
+    Vec<String>,
+    Option<&'static str>,
+    Result<Arc<[usize]>, Undecided>,
+)>;
 
 /// A pool's newest generation and its slices (by name).
 type Newest<'a> = (i64, Vec<(&'a str, &'a super::Slice)>);
@@ -111,11 +117,11 @@ impl<'a> DraView<'a> {
     /// whether in use or not: the class's selectors and the request's.
     pub fn candidates(&mut self, node: &str, req: &Exact) -> Result<Arc<[usize]>, Undecided> {
         let known = self.candidates.get(node).and_then(|shapes| {
-            shapes
-                .iter()
-                .find(|(class, selectors, _)| *class == req.class && *selectors == req.selectors)
+            shapes.iter().find(|(class, selectors, unmodeled, _)| {
+                *class == req.class && *selectors == req.selectors && *unmodeled == req.unmodeled
+            })
         });
-        if let Some((_, _, c)) = known {
+        if let Some((_, _, _, c)) = known {
             return c.clone();
         }
         let c = self.compute(node, req).map(Arc::from);
@@ -124,6 +130,7 @@ impl<'a> DraView<'a> {
             self.candidates.entry(name).or_default().push((
                 req.class.clone(),
                 req.selectors.clone(),
+                req.unmodeled,
                 c.clone(),
             ));
         }
@@ -236,6 +243,17 @@ mod tests {
         let mut req = exact("h100");
         req.selectors = vec![r#"device.attributes["gpu.example.com"].index % 2 == 1"#.into()];
         assert_eq!(v.candidates("a", &req).unwrap()[..], [1, 3]);
+    }
+
+    #[test]
+    fn a_request_raygate_cannot_model_never_shares_an_answer_with_one_it_can() {
+        let s = state_of(&[slice("a", "a", "a", 1, 2), class("gpu", None, None)]);
+        let mut v = DraView::new(&s);
+        assert_eq!(v.candidates("a", &exact("gpu")).unwrap()[..], [0, 1]);
+        let mut admin = exact("gpu");
+        admin.unmodeled = Some("admin access");
+        assert!(v.candidates("a", &admin).is_err());
+        assert_eq!(v.candidates("a", &exact("gpu")).unwrap()[..], [0, 1]);
     }
 
     #[test]
