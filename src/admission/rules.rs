@@ -101,6 +101,12 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
             };
             r.track(b, unadmitted)
         }
+        // A RayService raygate refuses whole (over its bounds) is refused at once,
+        // not only once KubeRay has made its first cluster.
+        (_, None) if inp.change.is_err() => {
+            let msg = inp.change.as_ref().err().cloned().unwrap_or_default();
+            b.error("InvalidRayService", msg, Some(Gate::Hold))
+        }
         (_, None) => {
             b.status.phase = Phase::Pending;
             b.waiting(

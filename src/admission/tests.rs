@@ -242,6 +242,26 @@ fn no_active_cluster_yet_is_pending_with_the_gate_held() {
 }
 
 #[test]
+fn a_rayservice_refused_whole_is_an_error_before_its_first_cluster() {
+    let p = auto_plan(None);
+    let svc = Ok(ServiceFacts::default());
+    let msg = "RayService svc: spec.rayClusterConfig.workerGroupSpecs: 5000 worker groups";
+    let d = run(
+        &p,
+        svc,
+        Err(msg.to_string()),
+        &state(&[8]),
+        &[],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::Error);
+    assert_eq!(d.status.waiting_for.as_deref(), Some("InvalidRayService"));
+    assert_eq!(d.status.message.as_deref(), Some(msg));
+    assert_eq!(d.gate, Some(Gate::Hold));
+}
+
+#[test]
 fn nothing_pending_is_idle_with_the_gate_held() {
     let p = auto_plan(None);
     let d = run(
