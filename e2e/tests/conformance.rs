@@ -630,13 +630,23 @@ async fn observe_version(
     let replaces = cases.iter().map(|c| {
         let api = rs_api.clone();
         async move {
-            let mut cur = serde_json::to_value(api.get(&c.id).await?)?;
-            cur["spec"] = c.changed["spec"].clone();
-            cur["metadata"]["labels"] = c.changed["metadata"]["labels"].clone();
-            let obj: DynamicObject = serde_json::from_value(cur)?;
-            api.replace(&c.id, &PostParams::default(), &obj)
-                .await
-                .with_context(|| format!("change RayService {}", c.id))
+            // KubeRay writes the object too (finalizers, annotations): a read-modify-write
+            // can lose that race, so retry a conflict from a fresh read, as a user's
+            // `kubectl apply` would.
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let mut cur = serde_json::to_value(api.get(&c.id).await?)?;
+                cur["spec"] = c.changed["spec"].clone();
+                cur["metadata"]["labels"] = c.changed["metadata"]["labels"].clone();
+                let obj: DynamicObject = serde_json::from_value(cur)?;
+                match api.replace(&c.id, &PostParams::default(), &obj).await {
+                    Err(kube::Error::Api(e)) if e.code == 409 && attempt < 10 => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    r => break r.with_context(|| format!("change RayService {}", c.id)),
+                }
+            }
         }
     });
     for r in futures::future::join_all(replaces).await {
