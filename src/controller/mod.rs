@@ -609,7 +609,7 @@ async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
             None,
             &admission::EventNote {
                 warning: false,
-                reason: "GateReleased",
+                reason: admission::EventReason::GateReleased,
                 note: format!("raygate no longer gates {name}"),
                 change: None,
             },
@@ -669,7 +669,7 @@ async fn hand_over(
             None,
             &admission::EventNote {
                 warning: false,
-                reason: "GateReleased",
+                reason: admission::EventReason::GateReleased,
                 note: format!("rayServiceRef changed: raygate no longer gates {old}"),
                 change: None,
             },
@@ -690,7 +690,7 @@ async fn report_conflict(
     if plan.status.as_ref() != Some(&st) && write_status(ctx, plan, &st).await? {
         let note = admission::EventNote {
             warning: true,
-            reason: "Conflict",
+            reason: admission::EventReason::Conflict,
             note: st.message.clone().unwrap_or_default(),
             change: None,
         };
@@ -806,7 +806,7 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
     };
     let (ns, name) = (r.plan.namespace().unwrap_or_default(), r.plan.name_any());
     let key = (ns.clone(), name.clone());
-    if r.seen.gate.value.as_deref() == Some(gate.strategy()) && r.seen.gate.owned_by_us {
+    if gate.is_set(r.seen.gate.value.as_ref()) && r.seen.gate.owned_by_us {
         return Ok(d.requeue);
     }
     let service = r.plan.spec.ray_service_ref.name.as_str();
@@ -897,7 +897,7 @@ async fn report(ctx: &Context, r: &Recorded, now: Timestamp) {
         && !prev
             .conditions
             .iter()
-            .any(|c| c.type_ == condition::GATE_OVERRIDDEN && c.status == "True")
+            .any(|c| condition::is(c, condition::GATE_OVERRIDDEN, condition::Status::True))
     {
         ctx.metrics
             .gate_override(&plan.namespace().unwrap_or_default(), &plan.name_any());
@@ -1047,7 +1047,7 @@ async fn publish(
         } else {
             EventType::Normal
         },
-        reason: note.reason.to_string(),
+        reason: note.reason.as_str().to_string(),
         note: Some(truncate(note.note.clone(), 1000)),
         action: note.action(),
         secondary: related,
@@ -1120,9 +1120,8 @@ fn observe_metrics(
         shortfall: &shortfall,
         pods_pending_unschedulable: unschedulable,
         kuberay_release_mismatch: s.conditions.iter().any(|c| {
-            c.type_ == condition::KUBERAY_RELEASE
-                && c.status == "False"
-                && c.reason != "NotGateable"
+            condition::is(c, condition::KUBERAY_RELEASE, condition::Status::False)
+                && c.reason != condition::Reason::NotGateable.as_str()
         }),
     });
     if let Some(c) = s.capacity.as_ref() {
