@@ -79,29 +79,11 @@ pub fn sub_floor0(a: &ResourceList, b: &ResourceList) -> ResourceList {
         .collect()
 }
 
-/// `acc[k] = max(acc[k], other[k])`, as Go's `maxResourceList`.
-pub fn max_into(acc: &mut ResourceList, other: &ResourceList) {
-    for (k, v) in other {
-        match acc.get_mut(k) {
-            Some(a) if *a >= *v => {}
-            Some(a) => *a = v.clone(),
-            None => {
-                acc.insert(k.clone(), v.clone());
-            }
-        }
-    }
-}
-
 /// Canonical strings for output (`{"memory": "1536Mi"}`).
 pub fn canonical_map(list: &ResourceList) -> BTreeMap<String, String> {
     list.iter()
         .map(|(k, v)| (k.clone(), v.canonical()))
         .collect()
-}
-
-/// Drops zero entries: a zero request constrains nothing.
-pub fn drop_zeros(list: &mut ResourceList) {
-    list.retain(|_, q| !q.is_zero());
 }
 
 /// Parses a k8s-openapi resource map; `field` prefixes each key in errors.
@@ -207,13 +189,6 @@ pub(crate) mod tests {
         assert_eq!(d["cpu"], Quantity::zero());
         assert_eq!(d["nvidia.com/gpu"], Quantity::from_units(1));
         assert!(!d.contains_key("memory"));
-        let mut m = a.clone();
-        max_into(&mut m, &rl(&[("cpu", "3"), ("memory", "1")]));
-        assert_eq!(canonical_map(&m)["cpu"], "3");
-        assert_eq!(canonical_map(&m)["memory"], "1Gi");
-        let mut z = rl(&[("cpu", "0"), ("memory", "1")]);
-        drop_zeros(&mut z);
-        assert_eq!(z.len(), 1);
     }
 
     #[test]

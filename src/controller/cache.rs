@@ -11,11 +11,10 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 
-use k8s_openapi::api::core::v1::{Container, Node, Pod, PodCondition, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use kube::core::DeserializeGuard;
 
 use std::collections::HashMap;
@@ -33,91 +32,13 @@ use crate::capacity::node::skip_reason;
 
 use crate::capacity::dra::{DraKind, DraState};
 use crate::capacity::record::PodPhase;
-use crate::capacity::{CapacityIndex, PartialPod, PodBody, pod_requests};
+use crate::capacity::{CapacityIndex, PartialPod, PodBody};
 use crate::kuberay::{LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, RayService};
-
-/// Label prefix KubeRay uses; other pod labels are dropped from the cache.
-const RAY_LABEL_PREFIX: &str = "ray.io/";
 
 fn hash<T: Hash>(t: &T) -> u64 {
     let mut h = DefaultHasher::new();
     t.hash(&mut h);
     h.finish()
-}
-
-/// Keep only what capacity and transition tracking read from a pod.
-///
-/// A Pod's spec has already been through the apiserver's admission (limits
-/// copied to requests, LimitRange defaults), so its effective request is
-/// final: it is computed once here and kept as the pod's `overhead`, with no
-/// containers, which `pod_requests` reads back unchanged (it adds overhead to
-/// the containers' sum). That keeps one small map per pod instead of every
-/// container (a `Container` alone is over 2 KB before any of its data).
-pub fn slim_pod(pod: &mut Pod) {
-    let effective = pod_requests(pod, &[]).ok();
-    let meta = &mut pod.metadata;
-    meta.managed_fields = None;
-    meta.annotations = None;
-    meta.owner_references = None;
-    meta.finalizers = None;
-    meta.generate_name = None;
-    meta.creation_timestamp = None;
-    meta.resource_version = None;
-    meta.uid = None;
-    if let Some(labels) = meta.labels.as_mut() {
-        labels.retain(|k, _| k.starts_with(RAY_LABEL_PREFIX));
-    }
-    if let Some(spec) = pod.spec.take() {
-        let (containers, overhead) = match effective {
-            Some(requests) => (
-                vec![],
-                Some(
-                    requests
-                        .iter()
-                        .map(|(k, v)| (k.clone(), K8sQuantity(v.canonical())))
-                        .collect(),
-                ),
-            ),
-            // Unparseable requests (the apiserver would not have admitted
-            // them): keep the containers so the error surfaces where read.
-            None => (
-                spec.containers
-                    .into_iter()
-                    .map(|c| Container {
-                        name: c.name,
-                        resources: c.resources,
-                        ..Default::default()
-                    })
-                    .collect(),
-                spec.overhead,
-            ),
-        };
-        pod.spec = Some(PodSpec {
-            node_name: spec.node_name,
-            containers,
-            overhead,
-            ..Default::default()
-        });
-    }
-    if let Some(status) = pod.status.take() {
-        pod.status = Some(PodStatus {
-            phase: status.phase,
-            conditions: status.conditions.map(|cs| {
-                cs.into_iter()
-                    .filter(|c| c.type_ == "PodScheduled" || c.type_ == "Ready")
-                    .map(|c| PodCondition {
-                        // The scheduler's message says why a pod is unschedulable.
-                        message: c.message.filter(|_| c.status == "False"),
-                        reason: c.reason,
-                        status: c.status,
-                        type_: c.type_,
-                        ..Default::default()
-                    })
-                    .collect()
-            }),
-            ..Default::default()
-        });
-    }
 }
 
 pub use crate::capacity::slim::{slim_limit_range, slim_node};
@@ -188,26 +109,6 @@ pub fn cluster_changes(g: &DeserializeGuard<RayCluster>) -> Option<u64> {
             c.status.as_ref().and_then(|s| s.state.clone()),
         )),
     })
-}
-
-/// Ray pods wake their plan when they are bound, start or become unschedulable.
-pub fn pod_changes(p: &Pod) -> Option<u64> {
-    let status = p.status.as_ref();
-    let conds: Vec<(String, String)> = status
-        .and_then(|s| s.conditions.as_ref())
-        .map(|cs| {
-            cs.iter()
-                .filter(|c| c.type_ == "PodScheduled" || c.type_ == "Ready")
-                .map(|c| (c.type_.clone(), c.status.clone()))
-                .collect()
-        })
-        .unwrap_or_default();
-    Some(hash(&(
-        p.spec.as_ref().and_then(|s| s.node_name.clone()),
-        status.and_then(|s| s.phase.clone()),
-        conds,
-        p.metadata.deletion_timestamp.is_some(),
-    )))
 }
 
 /// Nodes wake waiting plans when their capacity or schedulability changes.
@@ -828,68 +729,6 @@ mod tests {
         a_tx.unbounded_send(Ok(Delete(cm("a", "x", "2")))).unwrap();
         assert!(matches!(next().await, Delete(_)));
         assert_eq!(held(&store), ["b/y=3"]);
-    }
-
-    #[test]
-    fn slim_pod_keeps_what_capacity_reads() {
-        let mut pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "p", "namespace": "ml",
-                "labels": {"ray.io/cluster": "c", "app": "x"},
-                "annotations": {"big": "x"},
-                "managedFields": [{"manager": "kubelet"}]},
-            "spec": {"nodeName": "n1",
-                "containers": [{"name": "c", "image": "img", "env": [{"name": "A", "value": "1"}],
-                    "resources": {"requests": {"cpu": "2"}}}],
-                "initContainers": [{"name": "i", "image": "img", "restartPolicy": "Always",
-                    "resources": {"requests": {"cpu": "1"}}}],
-                "overhead": {"cpu": "100m"},
-                "volumes": [{"name": "v", "emptyDir": {}}]},
-            "status": {"phase": "Running", "podIP": "10.0.0.1",
-                "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Initialized", "status": "True"}]}
-        }))
-        .unwrap();
-        let before = pod_changes(&pod);
-        slim_pod(&mut pod);
-        assert_eq!(
-            pod_changes(&pod),
-            before,
-            "slimming keeps everything the trigger reads"
-        );
-        let v = serde_json::to_value(&pod).unwrap();
-        assert_eq!(v["metadata"]["labels"], json!({"ray.io/cluster": "c"}));
-        assert!(v["metadata"].get("annotations").is_none());
-        assert!(v["metadata"].get("managedFields").is_none());
-        assert_eq!(v["spec"]["nodeName"], "n1");
-        // max(app 2 + sidecar 1, ...) + overhead 100m, kept as the overhead.
-        assert_eq!(v["spec"]["containers"], json!([]));
-        assert_eq!(v["spec"]["overhead"], json!({"cpu": "3100m"}));
-        assert!(v["spec"].get("initContainers").is_none());
-        assert!(v["spec"].get("volumes").is_none());
-        assert_eq!(
-            v["status"],
-            json!({"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]})
-        );
-    }
-
-    #[test]
-    fn slimming_keeps_the_effective_request_and_the_scheduler_message() {
-        let mut pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "p", "namespace": "ml"},
-            "spec": {"containers": [{"name": "w", "resources": {"limits": {"nvidia.com/gpu": "4"}, "requests": {"cpu": "8", "memory": "64Gi"}}}],
-                "initContainers": [{"name": "wait-gcs-ready", "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}}}]},
-            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.", "lastTransitionTime": "2026-12-02T10:00:00Z"}]}
-        }))
-        .unwrap();
-        let before = pod_requests(&pod, &[]).unwrap();
-        slim_pod(&mut pod);
-        assert_eq!(pod_requests(&pod, &[]).unwrap(), before);
-        let c = &pod.status.as_ref().unwrap().conditions.as_ref().unwrap()[0];
-        assert_eq!(
-            c.message.as_deref(),
-            Some("0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
-        );
-        assert_eq!(c.reason.as_deref(), Some("Unschedulable"));
     }
 
     #[test]
