@@ -17,14 +17,45 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::Instant;
 
-use raygate::admission::ledger::{Candidate, order, reserved_on};
+use raygate::admission::ledger::{Candidate, order};
 use raygate::admission::pass::run_on;
-use raygate::capacity::{ClusterState, FitRequest, PodGroup, ResourceList};
+use raygate::capacity::{CapacityIndex, ClusterState, FitRequest, PodGroup, ResourceList};
 use raygate::kuberay::{KubeRayVersion, RayService, planned_groups};
 
 const WAITING: usize = 100;
 const ADMITTED: usize = 20;
 const GOVERNED: usize = 500;
+
+/// What a waiting plan had reserved ahead of it before the pass: the ledger,
+/// then every plan ahead of it in `queue` that fits, each fitted again (the
+/// baseline the pass is measured against; production no longer does this).
+fn reserved_on(
+    index: &CapacityIndex,
+    rules: &ClusterState,
+    ledger: &[PodGroup],
+    queue: &[Candidate],
+    me: (&str, &str),
+) -> raygate::Result<Vec<PodGroup>> {
+    let mut reserved = ledger.to_vec();
+    for c in queue {
+        if (c.namespace.as_str(), c.name.as_str()) == me {
+            break;
+        }
+        let report = index.fit(
+            rules,
+            &FitRequest {
+                pods: c.pods.clone(),
+                reserved: reserved.clone(),
+                headroom: c.headroom.clone(),
+                old_requests: ResourceList::new(),
+            },
+        )?;
+        if report.fits {
+            reserved.extend(c.pods.iter().cloned());
+        }
+    }
+    Ok(reserved)
+}
 
 fn candidate(i: usize) -> Candidate {
     let gpus = 1 + (i % 4) as u32;

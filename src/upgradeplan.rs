@@ -403,6 +403,9 @@ pub struct KubeRayReleaseStatus {
 /// The types of `status.conditions`, spelled once for the decision that sets
 /// them and the controller that reads them back.
 pub mod condition {
+    use jiff::Timestamp;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
     /// The plan was reconciled without error and nothing is stalled.
     pub const READY: &str = "Ready";
     /// The pending change's new cluster fits (or none is needed).
@@ -426,6 +429,153 @@ pub mod condition {
     /// `spec.approve` names the pending change (or the admitted or last one):
     /// False when it matches none of them. Absent while `spec.approve` is unset.
     pub const APPROVAL_MATCHED: &str = "ApprovalMatched";
+
+    /// `metav1.Condition.status`: raygate only ever writes `True` or `False`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Status {
+        True,
+        False,
+    }
+
+    impl Status {
+        pub fn of(ok: bool) -> Status {
+            if ok { Status::True } else { Status::False }
+        }
+
+        pub fn as_str(self) -> &'static str {
+            match self {
+                Status::True => "True",
+                Status::False => "False",
+            }
+        }
+    }
+
+    /// The reasons of the plan's conditions. They are API (`kubectl wait`,
+    /// alerts and scripts match them): [`Reason::as_str`] must never change.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Reason {
+        // Ready
+        Reconciled,
+        Error,
+        Stalled,
+        /// Another plan governs the RayService.
+        Conflict,
+        // UpgradeAdmitted, CapacityAvailable, Stalled
+        NoPendingChange,
+        Pending,
+        GateOverridden,
+        Admitted,
+        Completed,
+        Fits,
+        InsufficientCapacity,
+        Progressing,
+        NotUpgrading,
+        /// Stalled: see `admission::stall::StallReason`.
+        Unschedulable,
+        ServeNotHealthy,
+        Timeout,
+        // GateOverridden
+        OwnedByOtherManager,
+        OwnedByRaygate,
+        // KubeRayRelease: where the release was read, or its problem
+        // (`kuberay::ReleaseProblem`).
+        Stamped,
+        Flag,
+        Default,
+        FlagMismatch,
+        UnknownRelease,
+        NotGateable,
+        // ResourcesOffered
+        Offered,
+        NotOffered,
+        // ApprovalMatched
+        Matched,
+        NoSuchChange,
+        // CapacityRequested
+        Queued,
+        Requested,
+        NotDelivered,
+        Failed,
+    }
+
+    impl Reason {
+        pub fn as_str(self) -> &'static str {
+            match self {
+                Reason::Reconciled => "Reconciled",
+                Reason::Error => "Error",
+                Reason::Stalled => "Stalled",
+                Reason::Conflict => "Conflict",
+                Reason::NoPendingChange => "NoPendingChange",
+                Reason::Pending => "Pending",
+                Reason::GateOverridden => "GateOverridden",
+                Reason::Admitted => "Admitted",
+                Reason::Completed => "Completed",
+                Reason::Fits => "Fits",
+                Reason::InsufficientCapacity => "InsufficientCapacity",
+                Reason::Progressing => "Progressing",
+                Reason::NotUpgrading => "NotUpgrading",
+                Reason::Unschedulable => "Unschedulable",
+                Reason::ServeNotHealthy => "ServeNotHealthy",
+                Reason::Timeout => "Timeout",
+                Reason::OwnedByOtherManager => "OwnedByOtherManager",
+                Reason::OwnedByRaygate => "OwnedByRaygate",
+                Reason::Stamped => "Stamped",
+                Reason::Flag => "Flag",
+                Reason::Default => "Default",
+                Reason::FlagMismatch => "FlagMismatch",
+                Reason::UnknownRelease => "UnknownRelease",
+                Reason::NotGateable => "NotGateable",
+                Reason::Offered => "Offered",
+                Reason::NotOffered => "NotOffered",
+                Reason::Matched => "Matched",
+                Reason::NoSuchChange => "NoSuchChange",
+                Reason::Queued => "Queued",
+                Reason::Requested => "Requested",
+                Reason::NotDelivered => "NotDelivered",
+                Reason::Failed => "Failed",
+            }
+        }
+    }
+
+    /// Whether `c` is a condition of `type_` with `status`.
+    pub fn is(c: &Condition, type_: &str, status: Status) -> bool {
+        c.type_ == type_ && c.status == status.as_str()
+    }
+
+    /// One condition in the `metav1.Condition` shape. `lastTransitionTime`
+    /// is kept from `prev` while the status of that type holds, else `now`:
+    /// a condition that is only rewritten has not transitioned.
+    pub fn make(
+        prev: &[Condition],
+        type_: &str,
+        status: Status,
+        reason: Reason,
+        message: String,
+        generation: Option<i64>,
+        now: Timestamp,
+    ) -> Condition {
+        let since = prev
+            .iter()
+            .find(|c| is(c, type_, status))
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or(Time(now));
+        Condition {
+            type_: type_.to_string(),
+            status: status.as_str().to_string(),
+            reason: reason.as_str().to_string(),
+            message,
+            observed_generation: generation,
+            last_transition_time: since,
+        }
+    }
+
+    /// Puts `c` in place of the condition of its type, or adds it.
+    pub fn set(conditions: &mut Vec<Condition>, c: Condition) {
+        match conditions.iter_mut().find(|x| x.type_ == c.type_) {
+            Some(x) => *x = c,
+            None => conditions.push(c),
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -847,5 +997,52 @@ mod tests {
             spec["properties"].get("onStall").is_none(),
             "onStall is gone"
         );
+    }
+
+    /// A condition rewritten with the same status keeps its transition time;
+    /// a flip takes `now`.
+    #[test]
+    fn a_condition_keeps_its_transition_time_while_its_status_holds() {
+        use condition::{Reason, Status};
+        let t0: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let t1: Timestamp = "2026-01-01T00:05:00Z".parse().unwrap();
+        let mut conds = vec![];
+        let c = condition::make(
+            &conds,
+            condition::READY,
+            Status::True,
+            Reason::Reconciled,
+            "ok".into(),
+            Some(3),
+            t0,
+        );
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.observed_generation),
+            ("True", "Reconciled", Some(3))
+        );
+        condition::set(&mut conds, c);
+        let same = condition::make(
+            &conds,
+            condition::READY,
+            Status::True,
+            Reason::Reconciled,
+            "still ok".into(),
+            Some(4),
+            t1,
+        );
+        assert_eq!(same.last_transition_time.0, t0);
+        let flip = condition::make(
+            &conds,
+            condition::READY,
+            Status::False,
+            Reason::Error,
+            "bad".into(),
+            Some(4),
+            t1,
+        );
+        assert_eq!(flip.last_transition_time.0, t1);
+        condition::set(&mut conds, flip);
+        assert_eq!(conds.len(), 1);
+        assert!(condition::is(&conds[0], condition::READY, Status::False));
     }
 }

@@ -86,9 +86,16 @@ pub fn of_change(
     if waits_in_queue(inp) {
         let pass = cluster.pass(&|| run_pass(cluster))?;
         if let Some(result) = pass.get(&key.0, &key.1) {
-            let mut report = result.clone().map_err(|e| {
-                crate::Error::invalid(format!("UpgradePlan {}/{}", key.0, key.1), e)
-            })?;
+            let mut report = match result {
+                Ok(r) => r.clone(),
+                // The pass keeps the error; each decision reports it as its own.
+                Err(e) => {
+                    return Err(crate::Error::invalid(
+                        format!("UpgradePlan {}/{}", key.0, key.1),
+                        e.to_string(),
+                    ));
+                }
+            };
             report.required = capacity::sum(&old_requests, &report.new_requests);
             report.old_requests = old_requests;
             return Ok(report);

@@ -13,8 +13,8 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
 #[cfg(test)]
-use crate::capacity::fit;
-use crate::capacity::{CapacityIndex, ClusterState, FitRequest, PodGroup, ResourceList};
+use crate::capacity::{ClusterState, fit};
+use crate::capacity::{FitRequest, PodGroup, ResourceList};
 
 /// Labels KubeRay puts on every pod it creates for a cluster.
 const NODE_TYPE_LABEL: &str = "ray.io/node-type";
@@ -60,18 +60,6 @@ pub(crate) fn reserved_for(
     me: (&str, &str),
 ) -> crate::Result<Vec<PodGroup>> {
     reserved_with(|r| fit(state, r), ledger, queue, me)
-}
-
-/// [`reserved_for`] on the controller's capacity index; `rules` holds the
-/// LimitRanges and RuntimeClasses.
-pub fn reserved_on(
-    index: &CapacityIndex,
-    rules: &ClusterState,
-    ledger: &[PodGroup],
-    queue: &[Candidate],
-    me: (&str, &str),
-) -> crate::Result<Vec<PodGroup>> {
-    reserved_with(|r| index.fit(rules, r), ledger, queue, me)
 }
 
 /// [`reserved_for`] with any way to fit.

@@ -32,8 +32,8 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::kuberay::Verdict;
 use crate::kuberay::incremental;
+use crate::kuberay::{UpgradeType, Verdict};
 use crate::upgradeplan::{PlanUpgradeType, UpgradePlan, UpgradePlanStatus};
 
 pub use fit::Cluster;
@@ -66,6 +66,20 @@ impl Gate {
             Gate::Open => PlanUpgradeType::NewCluster.as_str(),
             Gate::OpenIncremental => PlanUpgradeType::NewClusterWithIncrementalUpgrade.as_str(),
         }
+    }
+
+    /// The value of `spec.upgradeStrategy.type` this gate writes.
+    pub fn upgrade_type(self) -> UpgradeType {
+        match self {
+            Gate::Hold => UpgradeType::None,
+            Gate::Open => UpgradeType::NewCluster,
+            Gate::OpenIncremental => UpgradeType::NewClusterWithIncrementalUpgrade,
+        }
+    }
+
+    /// Whether the RayService already reads this gate.
+    pub fn is_set(self, value: Option<&UpgradeType>) -> bool {
+        value == Some(&self.upgrade_type())
     }
 }
 
@@ -149,7 +163,7 @@ impl ChangeFacts {
 #[derive(Debug, Clone, Default)]
 pub struct GateFacts {
     /// Current `spec.upgradeStrategy.type`.
-    pub value: Option<String>,
+    pub value: Option<UpgradeType>,
     /// Another field manager that owns the field too. It overrides raygate
     /// when the value it keeps is not the one decided.
     pub other_owner: Option<String>,
@@ -161,6 +175,47 @@ pub struct GateFacts {
     pub uid: Option<String>,
 }
 
+/// Why the RayService gives no facts: the decision is an `Error` with this
+/// message (`RayServiceUnavailable`).
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("RayService {namespace}/{name} not found")]
+    NotFound { namespace: String, name: String },
+    /// The object is there but does not deserialize.
+    #[error("RayService {namespace}/{name} cannot be read: {error}")]
+    Unreadable {
+        namespace: String,
+        name: String,
+        error: String,
+    },
+}
+
+/// Why the pending change cannot be worked out: the decision is an `Error`
+/// with this message (`InvalidRayService`).
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    /// KubeRay compares the spec with this cluster, which is not cached.
+    #[error(
+        "active RayCluster {namespace}/{cluster} named in the RayService status does not exist (yet)"
+    )]
+    ActiveClusterMissing { namespace: String, cluster: String },
+    /// The cluster the spec is compared with does not deserialize.
+    #[error("RayCluster {cluster} cannot be read: {error}")]
+    ClusterUnreadable { cluster: String, error: String },
+    /// A spec over raygate's bounds per object: not planned at all
+    /// ([`crate::kuberay::budget`]).
+    #[error("{kind} {name}: {error}")]
+    OverBudget {
+        /// `RayService` or `RayCluster`.
+        kind: &'static str,
+        name: String,
+        error: crate::kuberay::over_budget::OverBudget,
+    },
+    /// The spec, its pods or its surge cannot be classified or computed.
+    #[error("{0}")]
+    Invalid(#[from] crate::Error),
+}
+
 /// Everything one decision reads.
 pub struct Inputs<'a> {
     pub now: Timestamp,
@@ -169,10 +224,10 @@ pub struct Inputs<'a> {
     pub settings: crate::Result<Settings>,
     /// The KubeRay release whose rules classified the change, and where it was read.
     pub release: crate::kuberay::Release,
-    /// `Err` when the RayService is missing or unreadable, with the message.
-    pub service: Result<ServiceFacts, String>,
+    /// `Err` when the RayService is missing or unreadable.
+    pub service: Result<ServiceFacts, ServiceError>,
     /// `Ok(None)`: nothing needs a new cluster (see `verdict`).
-    pub change: Result<Option<ChangeFacts>, String>,
+    pub change: Result<Option<ChangeFacts>, ChangeError>,
     /// How KubeRay would treat the spec; `None` when nothing was classified.
     pub verdict: Option<Verdict>,
     /// `spec.upgradeType: NewClusterWithIncrementalUpgrade`: the RayService's
@@ -212,11 +267,171 @@ impl Inputs<'_> {
     }
 }
 
+/// The reasons of the Events raygate records. They are API (`kubectl events
+/// --for`, alerts and scripts match them): [`EventReason::as_str`] must never
+/// change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventReason {
+    /// Another field manager owns the gate field.
+    GateOverridden,
+    /// `--kuberay-version` disagrees with the RayClusters' stamp.
+    KubeRayReleaseMismatch,
+    /// The stamped KubeRay release is one raygate does not know.
+    UnknownKubeRayRelease,
+    /// The KubeRay release has no `spec.upgradeStrategy` (before v1.3).
+    KubeRayNotGateable,
+    ResourceNotOffered,
+    ApprovalUnmatched,
+    /// The plan's spec cannot be used.
+    InvalidSpec,
+    /// The RayService is missing or cannot be read.
+    RayServiceUnavailable,
+    /// The RayService (or its clusters) cannot be classified or fitted.
+    InvalidRayService,
+    IncrementalUpgradeNotSupported,
+    IncrementalUpgradeGateOff,
+    InvalidIncrementalUpgrade,
+    UnadmittedUpgrade,
+    RayServiceReplaced,
+    Paused,
+    WaitingForApproval,
+    Approved,
+    Admitted,
+    Abandoned,
+    AdmissionWithdrawn,
+    AdmissionExpired,
+    AdmissionMismatch,
+    Upgrading,
+    Completed,
+    WaitingForCapacity,
+    Stalled,
+    /// The gate was given back (plan deleted, reference changed).
+    GateReleased,
+    /// Another plan governs the RayService.
+    Conflict,
+    CapacityRequested,
+    CapacityNotDelivered,
+    CapacityDelivered,
+    CapacityRequestFailed,
+}
+
+impl EventReason {
+    /// Every reason, for tests that check the spellings.
+    pub const ALL: [EventReason; 32] = [
+        EventReason::GateOverridden,
+        EventReason::KubeRayReleaseMismatch,
+        EventReason::UnknownKubeRayRelease,
+        EventReason::KubeRayNotGateable,
+        EventReason::ResourceNotOffered,
+        EventReason::ApprovalUnmatched,
+        EventReason::InvalidSpec,
+        EventReason::RayServiceUnavailable,
+        EventReason::InvalidRayService,
+        EventReason::IncrementalUpgradeNotSupported,
+        EventReason::IncrementalUpgradeGateOff,
+        EventReason::InvalidIncrementalUpgrade,
+        EventReason::UnadmittedUpgrade,
+        EventReason::RayServiceReplaced,
+        EventReason::Paused,
+        EventReason::WaitingForApproval,
+        EventReason::Approved,
+        EventReason::Admitted,
+        EventReason::Abandoned,
+        EventReason::AdmissionWithdrawn,
+        EventReason::AdmissionExpired,
+        EventReason::AdmissionMismatch,
+        EventReason::Upgrading,
+        EventReason::Completed,
+        EventReason::WaitingForCapacity,
+        EventReason::Stalled,
+        EventReason::GateReleased,
+        EventReason::Conflict,
+        EventReason::CapacityRequested,
+        EventReason::CapacityNotDelivered,
+        EventReason::CapacityDelivered,
+        EventReason::CapacityRequestFailed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventReason::GateOverridden => "GateOverridden",
+            EventReason::KubeRayReleaseMismatch => "KubeRayReleaseMismatch",
+            EventReason::UnknownKubeRayRelease => "UnknownKubeRayRelease",
+            EventReason::KubeRayNotGateable => "KubeRayNotGateable",
+            EventReason::ResourceNotOffered => "ResourceNotOffered",
+            EventReason::ApprovalUnmatched => "ApprovalUnmatched",
+            EventReason::InvalidSpec => "InvalidSpec",
+            EventReason::RayServiceUnavailable => "RayServiceUnavailable",
+            EventReason::InvalidRayService => "InvalidRayService",
+            EventReason::IncrementalUpgradeNotSupported => "IncrementalUpgradeNotSupported",
+            EventReason::IncrementalUpgradeGateOff => "IncrementalUpgradeGateOff",
+            EventReason::InvalidIncrementalUpgrade => "InvalidIncrementalUpgrade",
+            EventReason::UnadmittedUpgrade => "UnadmittedUpgrade",
+            EventReason::RayServiceReplaced => "RayServiceReplaced",
+            EventReason::Paused => "Paused",
+            EventReason::WaitingForApproval => "WaitingForApproval",
+            EventReason::Approved => "Approved",
+            EventReason::Admitted => "Admitted",
+            EventReason::Abandoned => "Abandoned",
+            EventReason::AdmissionWithdrawn => "AdmissionWithdrawn",
+            EventReason::AdmissionExpired => "AdmissionExpired",
+            EventReason::AdmissionMismatch => "AdmissionMismatch",
+            EventReason::Upgrading => "Upgrading",
+            EventReason::Completed => "Completed",
+            EventReason::WaitingForCapacity => "WaitingForCapacity",
+            EventReason::Stalled => "Stalled",
+            EventReason::GateReleased => "GateReleased",
+            EventReason::Conflict => "Conflict",
+            EventReason::CapacityRequested => "CapacityRequested",
+            EventReason::CapacityNotDelivered => "CapacityNotDelivered",
+            EventReason::CapacityDelivered => "CapacityDelivered",
+            EventReason::CapacityRequestFailed => "CapacityRequestFailed",
+        }
+    }
+}
+
+/// Tests and logs compare a reason with its spelling.
+impl PartialEq<&str> for EventReason {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl std::fmt::Display for EventReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<crate::kuberay::ReleaseProblem> for EventReason {
+    fn from(p: crate::kuberay::ReleaseProblem) -> Self {
+        use crate::kuberay::ReleaseProblem as P;
+        match p {
+            P::FlagMismatch => EventReason::KubeRayReleaseMismatch,
+            P::UnknownRelease => EventReason::UnknownKubeRayRelease,
+            P::NotGateable => EventReason::KubeRayNotGateable,
+        }
+    }
+}
+
+impl From<&incremental::Problem> for EventReason {
+    fn from(p: &incremental::Problem) -> Self {
+        use incremental::Problem as P;
+        match p {
+            P::NotSupported { .. } => EventReason::IncrementalUpgradeNotSupported,
+            P::FeatureGateOff { .. } => EventReason::IncrementalUpgradeGateOff,
+            P::AutoscalingOff | P::OptionsMissing | P::InvalidOption { .. } => {
+                EventReason::InvalidIncrementalUpgrade
+            }
+        }
+    }
+}
+
 /// One Event to record, on the plan and on the RayService.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventNote {
     pub warning: bool,
-    pub reason: &'static str,
+    pub reason: EventReason,
     pub note: String,
     /// The fingerprint of the change the Event is about, if any: Events of
     /// different changes must never be folded into one series.
@@ -277,7 +492,7 @@ pub fn decide(inp: &Inputs<'_>) -> Decision {
     // Reported only on a readable plan and RayService: the rules stop
     // before the gate is known otherwise.
     if let (Some(owner), Ok(_), Ok(_)) = (&overridden_by, &inp.settings, &inp.service) {
-        b.gate_overridden(owner, inp.gate.value.as_deref());
+        b.gate_overridden(owner, inp.gate.value.as_ref().map(UpgradeType::as_str));
     }
     b.finish(overridden_by)
 }

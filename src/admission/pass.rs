@@ -21,11 +21,11 @@ use crate::capacity::{ClusterState, FitOptions, FitReport, PodGroup, ResourceLis
 /// skipped, the others are not held up by it).
 #[derive(Debug, Default)]
 pub struct Pass {
-    results: HashMap<(String, String), Result<FitReport, String>>,
+    results: HashMap<(String, String), crate::Result<FitReport>>,
 }
 
 impl Pass {
-    pub fn get(&self, ns: &str, name: &str) -> Option<&Result<FitReport, String>> {
+    pub fn get(&self, ns: &str, name: &str) -> Option<&crate::Result<FitReport>> {
         self.results.get(&(ns.to_string(), name.to_string()))
     }
 
@@ -69,7 +69,7 @@ pub(crate) fn run(
             Ok(n) => n,
             Err(e) => {
                 p.undo(mark);
-                results.insert((c.namespace.clone(), c.name.clone()), Err(e.to_string()));
+                results.insert((c.namespace.clone(), c.name.clone()), Err(e));
                 continue;
             }
         };

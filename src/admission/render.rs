@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-
-use super::{Decision, EventNote, Gate, Inputs, Outcome, REQUEUE_IDLE, REQUEUE_WAITING};
+use super::{
+    Decision, EventNote, EventReason, Gate, Inputs, Outcome, REQUEUE_IDLE, REQUEUE_WAITING,
+};
 use crate::capacity::{self, ACCELERATORS, FitReport, ResourceList};
 use crate::kuberay::incremental::Options;
 use crate::kuberay::{Release, ReleaseProblem, ReleaseSource};
@@ -14,6 +14,7 @@ use crate::quantity::Quantity;
 use crate::upgradeplan::{
     CapacityStatus, IncrementalStatus, KubeRayReleaseStatus, Phase, UpgradePlanStatus, condition,
 };
+use condition::{Reason, Status};
 
 /// Carries the new status while rules fill it in.
 pub struct Builder<'a> {
@@ -66,7 +67,7 @@ impl<'a> Builder<'a> {
     }
 
     /// An Event about the plan as a whole (no particular change).
-    pub fn event(&mut self, warning: bool, reason: &'static str, note: String) {
+    pub fn event(&mut self, warning: bool, reason: EventReason, note: String) {
         self.events.push(EventNote {
             warning,
             reason,
@@ -80,7 +81,7 @@ impl<'a> Builder<'a> {
     pub fn change_event(
         &mut self,
         warning: bool,
-        reason: &'static str,
+        reason: EventReason,
         fingerprint: &str,
         note: String,
     ) {
@@ -93,7 +94,7 @@ impl<'a> Builder<'a> {
     }
 
     /// An input that cannot be used: see [`Builder::errors`].
-    pub fn error(&mut self, reason: &'static str, msg: String, gate: Option<Gate>) {
+    pub fn error(&mut self, reason: EventReason, msg: String, gate: Option<Gate>) {
         self.errors(&[(reason, msg)], gate)
     }
 
@@ -101,13 +102,13 @@ impl<'a> Builder<'a> {
     /// column lists their reasons, the message each one's text), each with
     /// one Event when it appears; the admission and pending change are kept
     /// as they were.
-    pub fn errors(&mut self, problems: &[(&'static str, String)], gate: Option<Gate>) {
+    pub fn errors(&mut self, problems: &[(EventReason, String)], gate: Option<Gate>) {
         self.status.phase = Phase::Error;
         self.status.admitted = self.prev.admitted.clone();
         self.status.pending_change = self.prev.pending_change.clone();
         let short = problems
             .iter()
-            .map(|(reason, _)| *reason)
+            .map(|(reason, _)| reason.as_str())
             .collect::<Vec<_>>()
             .join(", ");
         let long = match problems {
@@ -127,7 +128,7 @@ impl<'a> Builder<'a> {
             .unwrap_or_default();
         for (reason, msg) in problems {
             if !reported.contains(msg.as_str()) {
-                self.event(true, reason, msg.clone());
+                self.event(true, *reason, msg.clone());
             }
         }
     }
@@ -145,13 +146,13 @@ impl<'a> Builder<'a> {
             .prev
             .conditions
             .iter()
-            .any(|c| c.type_ == condition::GATE_OVERRIDDEN && c.status == "True")
+            .any(|c| condition::is(c, condition::GATE_OVERRIDDEN, Status::True))
         {
             self.events.insert(
                 0,
                 EventNote {
                     warning: true,
-                    reason: "GateOverridden",
+                    reason: EventReason::GateOverridden,
                     note: msg.clone(),
                     change: None,
                 },
@@ -159,8 +160,8 @@ impl<'a> Builder<'a> {
         }
         self.condition(
             condition::GATE_OVERRIDDEN,
-            true,
-            "OwnedByOtherManager",
+            Status::True,
+            Reason::OwnedByOtherManager,
             &msg,
         );
         // In the WAITING FOR column of `kubectl get upgradeplans`: while
@@ -181,49 +182,44 @@ impl<'a> Builder<'a> {
         });
         match r.problem() {
             Some((problem, msg)) => {
-                let already =
-                    self.prev.conditions.iter().any(|c| {
-                        c.type_ == condition::KUBERAY_RELEASE && c.reason == problem.as_str()
-                    });
+                let already = self.prev.conditions.iter().any(|c| {
+                    c.type_ == condition::KUBERAY_RELEASE
+                        && c.reason == release_reason(problem).as_str()
+                });
                 if !already {
-                    self.event(true, release_event_reason(problem), msg.clone());
+                    self.event(true, problem.into(), msg.clone());
                 }
-                self.condition(condition::KUBERAY_RELEASE, false, problem.as_str(), &msg);
+                self.condition(
+                    condition::KUBERAY_RELEASE,
+                    Status::False,
+                    release_reason(problem),
+                    &msg,
+                );
             }
             None => {
                 let reason = match r.source {
-                    ReleaseSource::Namespace | ReleaseSource::Cluster => "Stamped",
-                    ReleaseSource::Flag => "Flag",
-                    ReleaseSource::Default => "Default",
+                    ReleaseSource::Namespace | ReleaseSource::Cluster => Reason::Stamped,
+                    ReleaseSource::Flag => Reason::Flag,
+                    ReleaseSource::Default => Reason::Default,
                 };
                 let msg = format!("{}'s rules apply: {}", r.version, r.describe());
-                self.condition(condition::KUBERAY_RELEASE, true, reason, &msg);
+                self.condition(condition::KUBERAY_RELEASE, Status::True, reason, &msg);
             }
         }
     }
 
     /// Set a condition, keeping `lastTransitionTime` when the status is unchanged.
-    pub fn condition(&mut self, type_: &str, ok: bool, reason: &str, message: &str) {
-        let status = if ok { "True" } else { "False" };
-        let since = self
-            .prev
-            .conditions
-            .iter()
-            .find(|c| c.type_ == type_ && c.status == status)
-            .map(|c| c.last_transition_time.clone())
-            .unwrap_or(Time(self.inp.now));
-        let cond = Condition {
-            type_: type_.to_string(),
-            status: status.to_string(),
-            reason: reason.to_string(),
-            message: message.to_string(),
-            observed_generation: self.inp.plan.metadata.generation,
-            last_transition_time: since,
-        };
-        match self.status.conditions.iter_mut().find(|c| c.type_ == type_) {
-            Some(c) => *c = cond,
-            None => self.status.conditions.push(cond),
-        }
+    pub fn condition(&mut self, type_: &str, status: Status, reason: Reason, message: &str) {
+        let cond = condition::make(
+            &self.prev.conditions,
+            type_,
+            status,
+            reason,
+            message.to_string(),
+            self.inp.plan.metadata.generation,
+            self.inp.now,
+        );
+        condition::set(&mut self.status.conditions, cond);
     }
 
     /// Warns about resource names of the headroom and of the new cluster's
@@ -247,8 +243,8 @@ impl<'a> Builder<'a> {
         if in_headroom.is_empty() && requested.is_empty() {
             self.condition(
                 condition::RESOURCES_OFFERED,
-                true,
-                "Offered",
+                Status::True,
+                Reason::Offered,
                 "every resource of spec.headroom and of the new cluster is offered by a schedulable node",
             );
             return;
@@ -283,12 +279,17 @@ impl<'a> Builder<'a> {
             }
         );
         let already = self.prev.conditions.iter().any(|c| {
-            c.type_ == condition::RESOURCES_OFFERED && c.status == "False" && c.message == msg
+            condition::is(c, condition::RESOURCES_OFFERED, Status::False) && c.message == msg
         });
         if !already {
-            self.event(true, "ResourceNotOffered", msg.clone());
+            self.event(true, EventReason::ResourceNotOffered, msg.clone());
         }
-        self.condition(condition::RESOURCES_OFFERED, false, "NotOffered", &msg);
+        self.condition(
+            condition::RESOURCES_OFFERED,
+            Status::False,
+            Reason::NotOffered,
+            &msg,
+        );
     }
 
     /// Drops a condition (when what it reports on is gone).
@@ -323,8 +324,8 @@ impl<'a> Builder<'a> {
         if known.contains(&Some(approve.as_str())) {
             self.condition(
                 condition::APPROVAL_MATCHED,
-                true,
-                "Matched",
+                Status::True,
+                Reason::Matched,
                 &format!("spec.approve names change {approve}"),
             );
             return;
@@ -339,12 +340,17 @@ impl<'a> Builder<'a> {
             ),
         };
         let already = self.prev.conditions.iter().any(|c| {
-            c.type_ == condition::APPROVAL_MATCHED && c.status == "False" && c.message == msg
+            condition::is(c, condition::APPROVAL_MATCHED, Status::False) && c.message == msg
         });
         if !already {
-            self.event(true, "ApprovalUnmatched", msg.clone());
+            self.event(true, EventReason::ApprovalUnmatched, msg.clone());
         }
-        self.condition(condition::APPROVAL_MATCHED, false, "NoSuchChange", &msg);
+        self.condition(
+            condition::APPROVAL_MATCHED,
+            Status::False,
+            Reason::NoSuchChange,
+            &msg,
+        );
     }
 
     fn has_condition(&self, type_: &str) -> bool {
@@ -356,8 +362,8 @@ impl<'a> Builder<'a> {
         if !self.gate_overridden && self.has_condition(condition::GATE_OVERRIDDEN) {
             self.condition(
                 condition::GATE_OVERRIDDEN,
-                false,
-                "OwnedByRaygate",
+                Status::False,
+                Reason::OwnedByRaygate,
                 "raygate owns the gate",
             );
         }
@@ -371,15 +377,15 @@ impl<'a> Builder<'a> {
         {
             self.condition(
                 condition::STALLED,
-                false,
-                "NotUpgrading",
+                Status::False,
+                Reason::NotUpgrading,
                 "no transition in progress",
             );
         }
-        let (ok, reason) = match phase {
-            Phase::Error => (false, "Error"),
-            Phase::Stalled => (false, "Stalled"),
-            _ => (true, "Reconciled"),
+        let (status, reason) = match phase {
+            Phase::Error => (Status::False, Reason::Error),
+            Phase::Stalled => (Status::False, Reason::Stalled),
+            _ => (Status::True, Reason::Reconciled),
         };
         // The condition message must not be empty: the shape requires one.
         let msg = self
@@ -387,7 +393,7 @@ impl<'a> Builder<'a> {
             .message
             .clone()
             .unwrap_or_else(|| "reconciled".into());
-        self.condition(condition::READY, ok, reason, &msg);
+        self.condition(condition::READY, status, reason, &msg);
         self.status.conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
         Decision {
             status: self.status,
@@ -400,12 +406,13 @@ impl<'a> Builder<'a> {
     }
 }
 
-/// The Event reason of a release problem.
-fn release_event_reason(p: ReleaseProblem) -> &'static str {
+/// The `KubeRayRelease` condition's reason for a release problem: the
+/// problem's own name.
+fn release_reason(p: ReleaseProblem) -> Reason {
     match p {
-        ReleaseProblem::FlagMismatch => "KubeRayReleaseMismatch",
-        ReleaseProblem::UnknownRelease => "UnknownKubeRayRelease",
-        ReleaseProblem::NotGateable => "KubeRayNotGateable",
+        ReleaseProblem::FlagMismatch => Reason::FlagMismatch,
+        ReleaseProblem::UnknownRelease => Reason::UnknownRelease,
+        ReleaseProblem::NotGateable => Reason::NotGateable,
     }
 }
 

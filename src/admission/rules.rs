@@ -36,7 +36,7 @@ use jiff::Timestamp;
 
 use super::render::{self, Builder};
 use super::{
-    ADMISSION_TTL, ChangeFacts, Gate, Inputs, Outcome, REQUEUE_ACTIVE, REQUEUE_IDLE,
+    ADMISSION_TTL, ChangeFacts, EventReason, Gate, Inputs, Outcome, REQUEUE_ACTIVE, REQUEUE_IDLE,
     REQUEUE_WAITING, ServiceFacts, Settings, stall,
 };
 use crate::kuberay::ReleaseProblem;
@@ -44,6 +44,7 @@ use crate::schedule;
 use crate::upgradeplan::{
     Admission, PendingChange, Phase, Policy, TransitionOutcome, TransitionRecord, condition,
 };
+use condition::{Reason, Status};
 
 /// Rule 1, then rules 2 and 3.
 pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
@@ -53,10 +54,10 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
             // Every problem at once, so fixing one does not reveal the next.
             let mut problems = vec![];
             if let Err(e) = settings {
-                problems.push(("InvalidSpec", e.to_string()));
+                problems.push((EventReason::InvalidSpec, e.to_string()));
             }
-            if let Err(msg) = service {
-                problems.push(("RayServiceUnavailable", msg.clone()));
+            if let Err(e) = service {
+                problems.push((EventReason::RayServiceUnavailable, e.to_string()));
             }
             // A RayService that is not there is never written: an apply
             // would create it.
@@ -67,7 +68,7 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
     b.kuberay_release(&inp.release);
     if let Some((ReleaseProblem::NotGateable, msg)) = inp.release.problem() {
         // The field is pruned by such a release's CRD: nothing to write.
-        return b.error("KubeRayNotGateable", msg, None);
+        return b.error(EventReason::KubeRayNotGateable, msg, None);
     }
     b.status.active_cluster = svc.active_cluster.clone();
     b.status.pending_cluster = svc.pending_cluster.clone();
@@ -88,7 +89,7 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
             let fingerprint = r.change_fingerprint().unwrap_or_default();
             b.change_event(
                 true,
-                "UnadmittedUpgrade",
+                EventReason::UnadmittedUpgrade,
                 &fingerprint,
                 format!("KubeRay started cluster {pending} without raygate's admission"),
             );
@@ -103,10 +104,11 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
         }
         // A RayService raygate refuses whole (over its bounds) is refused at once,
         // not only once KubeRay has made its first cluster.
-        (_, None) if inp.change.is_err() => {
-            let msg = inp.change.as_ref().err().cloned().unwrap_or_default();
-            b.error("InvalidRayService", msg, Some(Gate::Hold))
-        }
+        (_, None) if let Err(e) = &inp.change => b.error(
+            EventReason::InvalidRayService,
+            e.to_string(),
+            Some(Gate::Hold),
+        ),
         (_, None) => {
             b.status.phase = Phase::Pending;
             b.waiting(
@@ -172,7 +174,7 @@ impl Rules<'_> {
         };
         b.event(
             true,
-            "RayServiceReplaced",
+            EventReason::RayServiceReplaced,
             format!(
                 "RayService {name} was deleted and recreated (UID {was} is now {is}){what}; \
                  the new RayService starts afresh"
@@ -184,12 +186,18 @@ impl Rules<'_> {
     fn evaluate(&self, b: &mut Builder<'_>) {
         b.gate = Some(Gate::Hold);
         match &self.inp.incremental {
-            Some(Err(p)) => return b.error(p.reason(), p.to_string(), Some(Gate::Hold)),
+            Some(Err(p)) => return b.error(p.into(), p.to_string(), Some(Gate::Hold)),
             Some(Ok(opts)) => b.status.incremental = Some(render::incremental_status(opts)),
             None => {}
         }
         let change = match &self.inp.change {
-            Err(msg) => return b.error("InvalidRayService", msg.clone(), Some(Gate::Hold)),
+            Err(e) => {
+                return b.error(
+                    EventReason::InvalidRayService,
+                    e.to_string(),
+                    Some(Gate::Hold),
+                );
+            }
             Ok(None) => return self.nothing_pending(b),
             Ok(Some(c)) => c,
         };
@@ -208,7 +216,13 @@ impl Rules<'_> {
         }
         let report = match super::fit::of_change(self.inp, self.settings, change) {
             Ok(r) => r,
-            Err(e) => return b.error("InvalidRayService", e.to_string(), Some(Gate::Hold)),
+            Err(e) => {
+                return b.error(
+                    EventReason::InvalidRayService,
+                    e.to_string(),
+                    Some(Gate::Hold),
+                );
+            }
         };
         b.status.capacity = Some(render::capacity_status(&report));
         capacity_condition(b, &report);
@@ -248,14 +262,14 @@ impl Rules<'_> {
         b.status.message = Some(format!("no new cluster needed (verdict {verdict})"));
         b.condition(
             condition::UPGRADE_ADMITTED,
-            false,
-            "NoPendingChange",
+            Status::False,
+            Reason::NoPendingChange,
             "nothing to admit",
         );
         b.condition(
             condition::CAPACITY_AVAILABLE,
-            true,
-            "NoPendingChange",
+            Status::True,
+            Reason::NoPendingChange,
             "no new cluster needed",
         );
         b.requeue = REQUEUE_IDLE;
@@ -274,8 +288,8 @@ impl Rules<'_> {
         });
         b.condition(
             condition::UPGRADE_ADMITTED,
-            false,
-            "Pending",
+            Status::False,
+            Reason::Pending,
             "waiting for admission",
         );
         b.requeue = REQUEUE_WAITING;
@@ -309,7 +323,7 @@ impl Rules<'_> {
                 Phase::Paused,
                 "policy Paused",
                 "the plan's policy is Paused; set policy to Auto or Manual to proceed".to_string(),
-                "Paused",
+                EventReason::Paused,
                 "is held: the plan's policy is Paused",
             ),
             PolicyHold::Approval => (
@@ -319,7 +333,7 @@ impl Rules<'_> {
                     self.inp.plan.metadata.name.as_deref().unwrap_or_default(),
                     fp,
                 ),
-                "WaitingForApproval",
+                EventReason::WaitingForApproval,
                 "waits for approval (policy Manual)",
             ),
         };
@@ -353,7 +367,7 @@ impl Rules<'_> {
             .unwrap_or_default();
         b.change_event(
             false,
-            "Approved",
+            EventReason::Approved,
             &change.fingerprint,
             format!("change {} approved (spec.approve){by}", change.fingerprint),
         );
@@ -382,11 +396,11 @@ impl Rules<'_> {
     /// again), so nothing is admitted or reserved. KubeRay may still start
     /// the upgrade on that manager's value: it is then tracked as unadmitted.
     fn overridden(&self, b: &mut Builder<'_>, change: &ChangeFacts, owner: &str) {
-        let value = self.inp.gate.value.as_deref().unwrap_or("unset");
+        let value = self.inp.gate.value.as_ref().map_or("unset", |v| v.as_str());
         b.condition(
             condition::UPGRADE_ADMITTED,
-            false,
-            "GateOverridden",
+            Status::False,
+            Reason::GateOverridden,
             &format!(
                 "change {} fits but is not admitted: field manager {owner:?} owns spec.upgradeStrategy.type ({value})",
                 change.fingerprint
@@ -414,8 +428,8 @@ impl Rules<'_> {
     ) {
         b.condition(
             condition::UPGRADE_ADMITTED,
-            true,
-            "Admitted",
+            Status::True,
+            Reason::Admitted,
             &format!("change {} admitted", change.fingerprint),
         );
         b.status.phase = Phase::Admitted;
@@ -443,7 +457,7 @@ impl Rules<'_> {
         b.requeue = REQUEUE_ACTIVE;
         b.change_event(
             false,
-            "Admitted",
+            EventReason::Admitted,
             &change.fingerprint,
             format!(
                 "admitted change {} ({}); new cluster requests {}",
@@ -492,7 +506,7 @@ impl Rules<'_> {
                     Some(self.ended(&admitted, TransitionOutcome::Abandoned));
                 b.change_event(
                     true,
-                    "Abandoned",
+                    EventReason::Abandoned,
                     &admitted.fingerprint,
                     format!(
                         "KubeRay dropped new cluster {to} of change {} without promoting it",
@@ -520,7 +534,7 @@ impl Rules<'_> {
             b.status.admitted = None;
             b.change_event(
                 false,
-                "AdmissionWithdrawn",
+                EventReason::AdmissionWithdrawn,
                 &admitted.fingerprint,
                 format!(
                     "change {} was superseded before KubeRay started it",
@@ -533,7 +547,7 @@ impl Rules<'_> {
             b.status.admitted = None;
             b.change_event(
                 true,
-                "AdmissionExpired",
+                EventReason::AdmissionExpired,
                 &admitted.fingerprint,
                 format!(
                     "KubeRay did not start change {} within {}; fitting it again",
@@ -569,7 +583,7 @@ impl Rules<'_> {
             Some(fp) if fp != admitted.fingerprint => {
                 b.change_event(
                     true,
-                    "AdmissionMismatch",
+                    EventReason::AdmissionMismatch,
                     &admitted.fingerprint,
                     format!(
                         "KubeRay built cluster {pending} from change {fp}, not from the admitted change {}; \
@@ -619,7 +633,7 @@ impl Rules<'_> {
             };
             b.change_event(
                 false,
-                "Upgrading",
+                EventReason::Upgrading,
                 &admitted.fingerprint,
                 format!(
                     "KubeRay is creating cluster {pending} for change {}; {gate}",
@@ -682,8 +696,8 @@ impl Rules<'_> {
                 ));
                 b.condition(
                     condition::STALLED,
-                    false,
-                    "Progressing",
+                    Status::False,
+                    Reason::Progressing,
                     "transition is progressing",
                 );
             }
@@ -719,20 +733,20 @@ impl Rules<'_> {
         ));
         b.condition(
             condition::STALLED,
-            false,
-            "Completed",
+            Status::False,
+            Reason::Completed,
             "transition completed",
         );
         b.condition(
             condition::UPGRADE_ADMITTED,
-            false,
-            "Completed",
+            Status::False,
+            Reason::Completed,
             "transition completed",
         );
         b.outcome = Some(Outcome::Completed);
         b.change_event(
             false,
-            "Completed",
+            EventReason::Completed,
             &admitted.fingerprint,
             format!("change {} completed in {took}", admitted.fingerprint),
         );
@@ -756,16 +770,16 @@ fn capacity_condition(b: &mut Builder<'_>, report: &crate::capacity::FitReport) 
     if report.fits {
         b.condition(
             condition::CAPACITY_AVAILABLE,
-            true,
-            "Fits",
+            Status::True,
+            Reason::Fits,
             "the new cluster fits in free capacity",
         );
     } else {
         let (_, long) = render::shortfall_text(report);
         b.condition(
             condition::CAPACITY_AVAILABLE,
-            false,
-            "InsufficientCapacity",
+            Status::False,
+            Reason::InsufficientCapacity,
             &long,
         );
     }
@@ -788,14 +802,24 @@ fn wait_for_capacity(
             .map(|p| p.fingerprint.as_str())
             != Some(change.fingerprint.as_str())
     {
-        b.change_event(true, "WaitingForCapacity", &change.fingerprint, long);
+        b.change_event(
+            true,
+            EventReason::WaitingForCapacity,
+            &change.fingerprint,
+            long,
+        );
     }
 }
 
 fn stalled(b: &mut Builder<'_>, s: stall::Stall, admitted: &Admission) {
     b.status.phase = Phase::Stalled;
     b.status.waiting_for = Some(s.reason.to_string());
-    b.condition(condition::STALLED, true, s.reason, &s.message);
+    b.condition(
+        condition::STALLED,
+        Status::True,
+        s.reason.condition_reason(),
+        &s.message,
+    );
     // KubeRay cancels a pending cluster only when the RayService spec goes
     // back to the active cluster's, and that spec belongs to the user: the
     // gate stays closed and the message says how to cancel.
@@ -808,7 +832,7 @@ fn stalled(b: &mut Builder<'_>, s: stall::Stall, admitted: &Admission) {
         b.outcome = Some(Outcome::Stalled);
         b.change_event(
             true,
-            "Stalled",
+            EventReason::Stalled,
             &admitted.fingerprint,
             format!(
                 "transition of change {} stalled: {msg}",

@@ -11,15 +11,48 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::upgradeplan::condition::Reason;
+
 /// Serve application states that will not recover on their own.
 const FAILED_APP_STATES: [&str; 2] = ["DEPLOY_FAILED", "UNHEALTHY"];
 /// Serve application states that count as done for the promotion.
 const HEALTHY_APP_STATES: [&str; 2] = ["RUNNING", "HEALTHY"];
 
+/// Why a transition stalled: the `Stalled` condition's reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StallReason {
+    /// New pods the scheduler cannot place.
+    Unschedulable,
+    /// Serve apps failed, or not healthy after `stallAfter`.
+    ServeNotHealthy,
+    /// Longer than `stallAfter` for any other reason.
+    Timeout,
+}
+
+impl StallReason {
+    pub fn as_str(self) -> &'static str {
+        self.condition_reason().as_str()
+    }
+
+    /// The `Stalled` condition's reason.
+    pub fn condition_reason(self) -> Reason {
+        match self {
+            StallReason::Unschedulable => Reason::Unschedulable,
+            StallReason::ServeNotHealthy => Reason::ServeNotHealthy,
+            StallReason::Timeout => Reason::Timeout,
+        }
+    }
+}
+
+impl std::fmt::Display for StallReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stall {
-    /// `Unschedulable`, `ServeNotHealthy` or `Timeout`: the condition reason.
-    pub reason: &'static str,
+    pub reason: StallReason,
     pub message: String,
     /// Pods of the new cluster the scheduler reported unschedulable.
     pub unschedulable_pods: u32,
@@ -40,7 +73,7 @@ pub fn diagnose(
         .collect();
     if !unschedulable.is_empty() {
         return Some(Stall {
-            reason: "Unschedulable",
+            reason: StallReason::Unschedulable,
             message: format!(
                 "{} {} {}",
                 unschedulable.len(),
@@ -61,7 +94,7 @@ pub fn diagnose(
         .collect();
     if !failed.is_empty() {
         return Some(Stall {
-            reason: "ServeNotHealthy",
+            reason: StallReason::ServeNotHealthy,
             message: failed.join(", "),
             unschedulable_pods: 0,
         });
@@ -73,14 +106,14 @@ pub fn diagnose(
             .map(|(name, s)| format!("app {name} {s}"))
             .collect();
         let (reason, detail) = if cluster_ready && !waiting_apps.is_empty() {
-            ("ServeNotHealthy", waiting_apps.join(", "))
+            (StallReason::ServeNotHealthy, waiting_apps.join(", "))
         } else if cluster_ready {
             (
-                "Timeout",
+                StallReason::Timeout,
                 "new cluster is ready but not yet promoted".to_string(),
             )
         } else {
-            ("Timeout", "new cluster is not ready".to_string())
+            (StallReason::Timeout, "new cluster is not ready".to_string())
         };
         return Some(Stall {
             reason,
@@ -176,7 +209,7 @@ mod tests {
         let p = pending_pod("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.");
         let pods = vec![&p, &p, &p, &p];
         let s = diagnose(&pods, &apps(&[]), false, MIN, 30 * MIN).unwrap();
-        assert_eq!(s.reason, "Unschedulable");
+        assert_eq!(s.reason, StallReason::Unschedulable);
         assert_eq!(s.message, "4 pods Insufficient nvidia.com/gpu");
         assert_eq!(s.unschedulable_pods, 4);
     }
@@ -193,7 +226,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             (s.reason, s.message.as_str()),
-            ("ServeNotHealthy", "app llm DEPLOY_FAILED")
+            (StallReason::ServeNotHealthy, "app llm DEPLOY_FAILED")
         );
     }
 
@@ -217,13 +250,13 @@ mod tests {
             30 * MIN,
         )
         .unwrap();
-        assert_eq!(s.reason, "ServeNotHealthy");
+        assert_eq!(s.reason, StallReason::ServeNotHealthy);
         assert_eq!(
             s.message,
             "app llm DEPLOYING; transition running for 31m (stallAfter 30m)"
         );
         let s = diagnose(&[], &apps(&[]), false, 31 * MIN, 30 * MIN).unwrap();
-        assert_eq!(s.reason, "Timeout");
+        assert_eq!(s.reason, StallReason::Timeout);
     }
 
     #[test]

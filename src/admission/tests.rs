@@ -68,7 +68,7 @@ fn change(pods: Vec<Pod>) -> ChangeFacts {
     }
 }
 
-fn service(active: &str, pending: Option<&str>) -> Result<ServiceFacts, String> {
+fn service(active: &str, pending: Option<&str>) -> Result<ServiceFacts, ServiceError> {
     Ok(ServiceFacts {
         uid: Some(SERVICE_UID.into()),
         active_cluster: Some(active.into()),
@@ -82,8 +82,8 @@ fn service(active: &str, pending: Option<&str>) -> Result<ServiceFacts, String> 
 /// was built from the change `change()` describes.
 fn run(
     p: &UpgradePlan,
-    svc: Result<ServiceFacts, String>,
-    ch: Result<Option<ChangeFacts>, String>,
+    svc: Result<ServiceFacts, ServiceError>,
+    ch: Result<Option<ChangeFacts>, ChangeError>,
     st: &ClusterState,
     clusters: &[&str],
     pods: BTreeMap<String, Vec<Arc<Pod>>>,
@@ -95,8 +95,8 @@ fn run(
 #[allow(clippy::too_many_arguments)]
 fn run_built_from(
     p: &UpgradePlan,
-    svc: Result<ServiceFacts, String>,
-    ch: Result<Option<ChangeFacts>, String>,
+    svc: Result<ServiceFacts, ServiceError>,
+    ch: Result<Option<ChangeFacts>, ChangeError>,
     st: &ClusterState,
     clusters: &[&str],
     pods: BTreeMap<String, Vec<Arc<Pod>>>,
@@ -131,7 +131,10 @@ fn missing_rayservice_is_an_error_and_leaves_the_gate_alone() {
     let p = auto_plan(None);
     let d = run(
         &p,
-        Err("RayService ml/llm not found".into()),
+        Err(ServiceError::NotFound {
+            namespace: "ml".into(),
+            name: "llm".into(),
+        }),
         Ok(None),
         &state(&[8]),
         &[],
@@ -157,7 +160,10 @@ fn a_bad_spec_and_a_missing_rayservice_are_both_reported_and_nothing_is_written(
     );
     let d = run(
         &p,
-        Err("RayService ml/llm not found".into()),
+        Err(ServiceError::NotFound {
+            namespace: "ml".into(),
+            name: "llm".into(),
+        }),
         Ok(None),
         &state(&[8]),
         &[],
@@ -181,7 +187,7 @@ fn a_bad_spec_and_a_missing_rayservice_are_both_reported_and_nothing_is_written(
         (ready.status.as_str(), ready.message.as_str()),
         ("False", msg)
     );
-    let reasons: Vec<&str> = d.events.iter().map(|e| e.reason).collect();
+    let reasons: Vec<&str> = d.events.iter().map(|e| e.reason.as_str()).collect();
     assert_eq!(reasons, ["InvalidSpec", "RayServiceUnavailable"]);
 
     // Once the RayService exists, the bad spec alone remains, already reported.
@@ -245,19 +251,26 @@ fn no_active_cluster_yet_is_pending_with_the_gate_held() {
 fn a_rayservice_refused_whole_is_an_error_before_its_first_cluster() {
     let p = auto_plan(None);
     let svc = Ok(ServiceFacts::default());
-    let msg = "RayService svc: spec.rayClusterConfig.workerGroupSpecs: 5000 worker groups";
-    let d = run(
-        &p,
-        svc,
-        Err(msg.to_string()),
-        &state(&[8]),
-        &[],
-        BTreeMap::new(),
-        now(),
+    let e = super::ChangeError::OverBudget {
+        kind: "RayService",
+        name: "svc".into(),
+        error: crate::kuberay::over_budget::OverBudget {
+            path: "spec.rayClusterConfig.workerGroupSpecs".into(),
+            bound: crate::kuberay::over_budget::Bound::WorkerGroups,
+            found: 5000,
+        },
+    };
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with(
+            "RayService svc: spec.rayClusterConfig.workerGroupSpecs: 5000 worker groups"
+        ),
+        "{msg}"
     );
+    let d = run(&p, svc, Err(e), &state(&[8]), &[], BTreeMap::new(), now());
     assert_eq!(d.status.phase, Phase::Error);
     assert_eq!(d.status.waiting_for.as_deref(), Some("InvalidRayService"));
-    assert_eq!(d.status.message.as_deref(), Some(msg));
+    assert_eq!(d.status.message.as_deref(), Some(msg.as_str()));
     assert_eq!(d.gate, Some(Gate::Hold));
 }
 
@@ -438,7 +451,7 @@ fn paused_and_manual_policies_wait_for_approval() {
     assert_eq!(d.status.waiting_for.as_deref(), Some("policy Paused"));
     assert_eq!(d.events.len(), 1, "{:?}", d.events);
     assert_eq!(
-        (d.events[0].reason, d.events[0].change.as_deref()),
+        (d.events[0].reason.as_str(), d.events[0].change.as_deref()),
         ("Paused", Some("abc123def456"))
     );
 
@@ -532,7 +545,7 @@ fn a_change_awaiting_approval_reports_what_it_needs_and_whether_it_fits() {
     assert_eq!(d.events.len(), 1, "{:?}", d.events);
     let ev = &d.events[0];
     assert_eq!(
-        (ev.reason, ev.change.as_deref(), ev.warning),
+        (ev.reason.as_str(), ev.change.as_deref(), ev.warning),
         ("WaitingForApproval", Some("abc123def456"), false)
     );
     assert!(ev.note.contains("change abc123def456"), "{}", ev.note);
@@ -602,7 +615,7 @@ fn an_approval_is_reported_once_with_who_approved() {
         BTreeMap::new(),
         now(),
     );
-    let reasons: Vec<&str> = d.events.iter().map(|e| e.reason).collect();
+    let reasons: Vec<&str> = d.events.iter().map(|e| e.reason.as_str()).collect();
     assert_eq!(reasons, ["Approved", "Admitted"]);
     assert!(
         d.events[0]
@@ -647,7 +660,7 @@ fn an_approval_outside_the_window_is_reported_once() {
         now(),
     );
     assert_eq!(d.status.phase, Phase::Pending);
-    let reasons: Vec<&str> = d.events.iter().map(|e| e.reason).collect();
+    let reasons: Vec<&str> = d.events.iter().map(|e| e.reason.as_str()).collect();
     assert_eq!(reasons, ["Approved"]);
     let in_window: Timestamp = "2026-12-02T03:00:00Z".parse().unwrap();
     let d = run(
@@ -659,7 +672,7 @@ fn an_approval_outside_the_window_is_reported_once() {
         BTreeMap::new(),
         in_window,
     );
-    let reasons: Vec<&str> = d.events.iter().map(|e| e.reason).collect();
+    let reasons: Vec<&str> = d.events.iter().map(|e| e.reason.as_str()).collect();
     assert_eq!(reasons, ["Admitted"]);
 }
 
@@ -667,7 +680,7 @@ fn an_approval_outside_the_window_is_reported_once() {
 fn events_of_different_changes_or_texts_are_never_one_series() {
     let ev = |change: Option<&str>, note: &str| EventNote {
         warning: false,
-        reason: "Admitted",
+        reason: EventReason::Admitted,
         note: note.into(),
         change: change.map(Into::into),
     };
@@ -834,7 +847,7 @@ fn unschedulable_new_pods_stall_the_transition() {
     );
     assert_eq!(c.message, "1 pod Insufficient nvidia.com/gpu");
     // The cluster is recorded by this decision: Upgrading, then Stalled.
-    let reasons: Vec<&str> = d.events.iter().map(|e| e.reason).collect();
+    let reasons: Vec<&str> = d.events.iter().map(|e| e.reason.as_str()).collect();
     assert_eq!(reasons, ["Upgrading", "Stalled"]);
 }
 
@@ -895,7 +908,7 @@ fn completed_only_when_the_old_cluster_and_its_pods_are_gone() {
 }
 
 /// The same name, another object: [`service`] recreated (issue 26).
-fn recreated(active: &str, pending: Option<&str>) -> Result<ServiceFacts, String> {
+fn recreated(active: &str, pending: Option<&str>) -> Result<ServiceFacts, ServiceError> {
     let mut s = service(active, pending)?;
     s.uid = Some("51e0-second".into());
     Ok(s)
@@ -911,7 +924,10 @@ fn the_rayservice_uid_is_recorded() {
     let p = auto_plan(Some(st));
     let d = run(
         &p,
-        Err("RayService ml/llm not found".into()),
+        Err(ServiceError::NotFound {
+            namespace: "ml".into(),
+            name: "llm".into(),
+        }),
         Ok(None),
         &state(&[8]),
         &[],
@@ -950,7 +966,7 @@ fn a_recreated_rayservice_never_completes_the_old_change() {
         ("abc123def456", Some(TransitionOutcome::Replaced))
     );
     assert_eq!(d.status.ray_service_uid.as_deref(), Some("51e0-second"));
-    let reasons: Vec<_> = d.events.iter().map(|e| e.reason).collect();
+    let reasons: Vec<_> = d.events.iter().map(|e| e.reason.as_str()).collect();
     assert_eq!(reasons, ["RayServiceReplaced"], "{:?}", d.events);
     assert!(
         d.events[0].note.contains("abc123def456"),
@@ -1244,7 +1260,7 @@ fn an_admission_kuberay_does_not_act_on_is_fitted_again() {
 
 fn decide_with_gate(
     p: &UpgradePlan,
-    ch: Result<Option<ChangeFacts>, String>,
+    ch: Result<Option<ChangeFacts>, ChangeError>,
     st: &ClusterState,
     gate: GateFacts,
 ) -> Decision {
@@ -1340,7 +1356,7 @@ fn the_override_event_comes_before_the_events_of_the_rules() {
     let ch = Ok(Some(change(vec![gpu_pod("w0", 8)])));
     let d = decide_with_gate(&p, ch, &st, owned_by("argocd", "None"));
     assert_eq!(d.overridden_by.as_deref(), Some("argocd"));
-    let reasons: Vec<_> = d.events.iter().map(|e| e.reason).collect();
+    let reasons: Vec<_> = d.events.iter().map(|e| e.reason.as_str()).collect();
     assert_eq!(reasons[0], "GateOverridden", "{reasons:?}");
     // Reported once: the next decision sees the condition already True.
     let p2 = auto_plan(Some(d.status));
@@ -1646,4 +1662,56 @@ fn an_approval_that_matches_no_change_is_reported() {
             .iter()
             .all(|c| c.type_ != "ApprovalMatched")
     );
+}
+
+/// Reasons are API: each is spelled as its variant, and no two are alike.
+#[test]
+fn event_reasons_are_spelled_as_their_names() {
+    let mut seen = std::collections::BTreeSet::new();
+    for r in EventReason::ALL {
+        assert_eq!(r.as_str(), format!("{r:?}"));
+        assert!(seen.insert(r.as_str()), "{r:?} twice");
+    }
+    use crate::kuberay::ReleaseProblem as P;
+    let release: Vec<&str> = [P::FlagMismatch, P::UnknownRelease, P::NotGateable]
+        .into_iter()
+        .map(|p| EventReason::from(p).as_str())
+        .collect();
+    assert_eq!(
+        release,
+        [
+            "KubeRayReleaseMismatch",
+            "UnknownKubeRayRelease",
+            "KubeRayNotGateable"
+        ]
+    );
+    let off = incremental::Problem::FeatureGateOff {
+        version: "v1.6.2".into(),
+    };
+    assert_eq!(
+        EventReason::from(&off).as_str(),
+        "IncrementalUpgradeGateOff"
+    );
+    for (s, want) in [
+        (stall::StallReason::Unschedulable, "Unschedulable"),
+        (stall::StallReason::ServeNotHealthy, "ServeNotHealthy"),
+        (stall::StallReason::Timeout, "Timeout"),
+    ] {
+        assert_eq!((s.as_str(), s.condition_reason().as_str()), (want, want));
+    }
+}
+
+/// The gate is compared with the RayService's typed value, unknown values included.
+#[test]
+fn a_gate_is_set_only_when_the_value_is_the_same() {
+    use crate::kuberay::UpgradeType as T;
+    assert!(Gate::Hold.is_set(Some(&T::None)));
+    assert!(Gate::Open.is_set(Some(&T::NewCluster)));
+    assert!(Gate::OpenIncremental.is_set(Some(&T::NewClusterWithIncrementalUpgrade)));
+    assert!(!Gate::Hold.is_set(None));
+    assert!(!Gate::Open.is_set(Some(&T::None)));
+    assert!(!Gate::Open.is_set(Some(&T::Other("newcluster".into()))));
+    for g in [Gate::Hold, Gate::Open, Gate::OpenIncremental] {
+        assert_eq!(g.upgrade_type().as_str(), g.strategy());
+    }
 }

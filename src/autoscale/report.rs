@@ -10,18 +10,18 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::Request;
 use super::buffer::{CapacityBuffer, PROVISIONING, READY_FOR_PROVISIONING};
 use super::queue::Slot;
 use super::{LABEL_FINGERPRINT, LABEL_SHAPE};
 use crate::admission::stall::human_duration;
-use crate::admission::{Decision, EventNote, Outcome};
+use crate::admission::{Decision, EventNote, EventReason, Outcome};
 use crate::upgradeplan::{
     BufferStatus, CapacityRequestState, CapacityRequestStatus, Phase, UpgradePlan,
     UpgradePlanStatus, condition,
 };
+use condition::{Reason, Status};
 
 /// What was observed about one plan's request.
 #[derive(Debug)]
@@ -77,7 +77,7 @@ pub fn annotate(d: &mut Decision, plan: &UpgradePlan, f: &Facts<'_>, now: Timest
             f.max_open, f.max_open
         );
         st.message = Some(msg.clone());
-        set_condition(d, &prev, plan, now, false, "Queued", &msg);
+        set_condition(d, &prev, plan, now, Status::False, Reason::Queued, &msg);
         suffix(d, &format!("request queued #{position}"));
         d.status.capacity_request = Some(st);
         return;
@@ -139,7 +139,7 @@ pub fn annotate(d: &mut Decision, plan: &UpgradePlan, f: &Facts<'_>, now: Timest
     let (reason, msg) = if overdue {
         st.state = CapacityRequestState::NotDelivered;
         (
-            "NotDelivered",
+            Reason::NotDelivered,
             format!(
                 "not delivered within maxWait {}: {asked}; the autoscaler reports: {reports}; \
                  raygate keeps holding and the request stays open",
@@ -149,17 +149,17 @@ pub fn annotate(d: &mut Decision, plan: &UpgradePlan, f: &Facts<'_>, now: Timest
     } else {
         st.state = CapacityRequestState::Requested;
         (
-            "Requested",
+            Reason::Requested,
             format!("{asked}; the autoscaler reports: {reports}"),
         )
     };
     st.message = Some(msg.clone());
-    set_condition(d, &prev, plan, now, true, reason, &msg);
+    set_condition(d, &prev, plan, now, Status::True, reason, &msg);
     let was = prev_same.map(|p| p.state);
     if !st.buffers.is_empty() && prev_same.is_none_or(|p| p.buffers.is_empty()) {
         d.events.push(EventNote {
             warning: false,
-            reason: "CapacityRequested",
+            reason: EventReason::CapacityRequested,
             note: format!("change {fingerprint}: {asked}"),
             change: Some(fingerprint.to_string()),
         });
@@ -167,7 +167,7 @@ pub fn annotate(d: &mut Decision, plan: &UpgradePlan, f: &Facts<'_>, now: Timest
     if overdue && was != Some(CapacityRequestState::NotDelivered) {
         d.events.push(EventNote {
             warning: true,
-            reason: "CapacityNotDelivered",
+            reason: EventReason::CapacityNotDelivered,
             note: format!("change {fingerprint}: {msg}"),
             change: Some(fingerprint.to_string()),
         });
@@ -210,7 +210,7 @@ fn clear(d: &mut Decision, prev: &UpgradePlanStatus) {
             .unwrap_or_default();
         d.events.push(EventNote {
             warning: false,
-            reason: "CapacityDelivered",
+            reason: EventReason::CapacityDelivered,
             note: format!(
                 "change {}: the new cluster fits{since}; its CapacityBuffers are deleted before the gate opens",
                 p.fingerprint
@@ -234,14 +234,14 @@ fn failed(
 ) {
     st.state = CapacityRequestState::Failed;
     st.message = Some(why.clone());
-    set_condition(d, prev, plan, now, false, "Failed", &why);
+    set_condition(d, prev, plan, now, Status::False, Reason::Failed, &why);
     let again = prev.capacity_request.as_ref().is_some_and(|p| {
         p.state == CapacityRequestState::Failed && p.message.as_deref() == Some(&why)
     });
     if !again {
         d.events.push(EventNote {
             warning: true,
-            reason: "CapacityRequestFailed",
+            reason: EventReason::CapacityRequestFailed,
             note: format!("change {}: {why}", st.fingerprint),
             change: Some(st.fingerprint.clone()),
         });
@@ -275,7 +275,7 @@ fn buffer_status(b: &CapacityBuffer) -> BufferStatus {
         name: b.metadata.name.clone().unwrap_or_default(),
         replicas: b.spec.replicas.unwrap_or(0),
         not_ready: ready
-            .filter(|c| c.status != "True")
+            .filter(|c| c.status != Status::True.as_str())
             .map(|c| format!("{}: {}", c.reason, c.message)),
         provisioning: prov.map(|c| c.status.clone()),
         reason: prov.map(|c| c.reason.clone()).filter(|r| !r.is_empty()),
@@ -295,7 +295,7 @@ fn autoscaler_reports(buffers: &[&CapacityBuffer]) -> String {
             let shape = label(b, LABEL_SHAPE).unwrap_or("?");
             let ready = b.condition(READY_FOR_PROVISIONING);
             match (ready, b.condition(PROVISIONING)) {
-                (Some(r), _) if r.status != "True" => {
+                (Some(r), _) if r.status != Status::True.as_str() => {
                     format!(
                         "{shape}: not ready for provisioning ({}: {})",
                         r.reason, r.message
@@ -321,34 +321,20 @@ fn set_condition(
     prev: &UpgradePlanStatus,
     plan: &UpgradePlan,
     now: Timestamp,
-    ok: bool,
-    reason: &str,
+    status: Status,
+    reason: Reason,
     message: &str,
 ) {
-    let status = if ok { "True" } else { "False" };
-    let since = prev
-        .conditions
-        .iter()
-        .find(|c| c.type_ == condition::CAPACITY_REQUESTED && c.status == status)
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or(Time(now));
-    let cond = Condition {
-        type_: condition::CAPACITY_REQUESTED.to_string(),
-        status: status.to_string(),
-        reason: reason.to_string(),
-        message: truncate(message),
-        observed_generation: plan.metadata.generation,
-        last_transition_time: since,
-    };
-    match d
-        .status
-        .conditions
-        .iter_mut()
-        .find(|c| c.type_ == condition::CAPACITY_REQUESTED)
-    {
-        Some(c) => *c = cond,
-        None => d.status.conditions.push(cond),
-    }
+    let cond = condition::make(
+        &prev.conditions,
+        condition::CAPACITY_REQUESTED,
+        status,
+        reason,
+        truncate(message),
+        plan.metadata.generation,
+        now,
+    );
+    condition::set(&mut d.status.conditions, cond);
 }
 
 /// A condition message is at most 32768 bytes.
@@ -366,6 +352,7 @@ mod tests {
     use crate::admission::Gate;
     use crate::autoscale::buffer::CapacityBufferSpec;
     use crate::upgradeplan::{Admission, PendingChange, UpgradePlanSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use serde_json::json;
 
     const FP: &str = "07e0ddeed0e9";
@@ -490,7 +477,10 @@ mod tests {
             ("True", "Requested")
         );
         assert_eq!(
-            d.events.iter().map(|e| e.reason).collect::<Vec<_>>(),
+            d.events
+                .iter()
+                .map(|e| e.reason.as_str())
+                .collect::<Vec<_>>(),
             ["CapacityRequested"]
         );
         // The decision itself is untouched: still held.
@@ -541,7 +531,10 @@ mod tests {
         assert_eq!(r.state, CapacityRequestState::NotDelivered);
         assert!(r.message.as_ref().unwrap().contains("2 failed"));
         assert_eq!(
-            d.events.iter().map(|e| e.reason).collect::<Vec<_>>(),
+            d.events
+                .iter()
+                .map(|e| e.reason.as_str())
+                .collect::<Vec<_>>(),
             ["CapacityNotDelivered"]
         );
         assert!(d.events[0].warning);

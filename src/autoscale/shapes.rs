@@ -31,7 +31,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use super::buffer::{CapacityBuffer, CapacityBufferSpec, LocalObjectRef};
 use super::{ANNOTATION_PLAN, LABEL_FINGERPRINT, LABEL_PLAN_UID, LABEL_SHAPE, MANAGED_BY};
 use crate::capacity::requests::admitted_container_requests;
-use crate::capacity::{PodGroup, ResourceList, is_accelerator};
+use crate::capacity::{PodGroup, ResourceList, is_extended_resource};
 use crate::quantity::Quantity;
 
 /// The image of containers without one (placeholder pods never run).
@@ -190,7 +190,7 @@ fn headroom_shape(headroom: &ResourceList) -> Option<Shape> {
     }
     let chunks = wanted
         .iter()
-        .filter(|(k, _)| is_accelerator(k))
+        .filter(|(k, _)| is_extended_resource(k))
         .map(|(_, q)| i64::try_from(q.value()).unwrap_or(i64::MAX))
         .max()
         .unwrap_or(1)

@@ -36,7 +36,8 @@ use super::requests::{pod_name, pod_requests_borrowed, runtime_class_overhead};
 use super::scheduling::{REASON_TOO_MANY_PODS, Wording, aggregate_message, insufficient};
 use super::statics::Statics;
 use super::{
-    CPU, MEMORY, PODS, ResourceList, from_scheduler_units, is_accelerator, scheduler_units, sum,
+    CPU, MEMORY, PODS, ResourceList, from_scheduler_units, is_extended_resource, scheduler_units,
+    sum,
 };
 use crate::capacity::ClusterState;
 use crate::capacity::dra::{self, DraView, PodDemand, Undecided, alloc::NodeRequest};
@@ -122,7 +123,7 @@ fn dominant(req: &[(usize, i128)], names: &Names) -> usize {
     let name = |i: usize| names.names.get(i).map(String::as_str).unwrap_or("");
     let accel = req
         .iter()
-        .filter(|(i, _)| is_accelerator(name(*i)))
+        .filter(|(i, _)| is_extended_resource(name(*i)))
         .max_by(|a, b| a.1.cmp(&b.1).then_with(|| name(b.0).cmp(name(a.0))));
     if let Some(&(i, _)) = accel {
         return i;
@@ -154,7 +155,11 @@ fn entry<'a>(
             .filter(|(i, _)| pred(name(*i)))
             .fold(0i128, |acc, (_, u)| acc.saturating_add(*u))
     };
-    let size = (of(&is_accelerator), of(&|n| n == CPU), of(&|n| n == MEMORY));
+    let size = (
+        of(&is_extended_resource),
+        of(&|n| n == CPU),
+        of(&|n| n == MEMORY),
+    );
     let dominant = dominant(&req, names);
     let key = pod_key(pod);
     Ok(Entry {

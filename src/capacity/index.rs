@@ -4,9 +4,8 @@
 //! As kube-scheduler keeps `NodeInfo.Requested`: each pod event subtracts
 //! the pod's previous contribution from its node and adds the new one, in
 //! scheduler units, with the request parsed once when the event arrives
-//! ([`PodRecord`]). Every change bumps a generation counter (the index's
-//! and the node's), so a decision made on one generation can be reused
-//! until the cluster changes.
+//! ([`PodRecord`]). Every change bumps the index's generation counter, so a
+//! decision made on one generation can be reused until the cluster changes.
 //!
 //! A relist (the watch restarted) updates records in place and then drops
 //! those it did not see, so memory never holds two copies of the cluster.
@@ -39,7 +38,6 @@ struct Slot {
     pods: usize,
     /// Counted pods whose request did not parse.
     broken: usize,
-    generation: u64,
     epoch: u32,
     /// Its row in [`CapacityIndex::rows`] while usable.
     row: Option<usize>,
@@ -54,7 +52,6 @@ impl Default for Slot {
             requested: Amounts::new(),
             pods: 0,
             broken: 0,
-            generation: 0,
             epoch: 0,
             row: None,
         }
@@ -130,12 +127,6 @@ impl CapacityIndex {
         self.generation
     }
 
-    /// A node's generation: the index's generation at its last change.
-    #[cfg(test)]
-    pub fn node_generation(&self, node: &str) -> Option<u64> {
-        self.nodes.get(node).map(|s| s.generation)
-    }
-
     pub fn pod_count(&self) -> usize {
         self.pods.len()
     }
@@ -171,7 +162,6 @@ impl CapacityIndex {
             Err(_) => vec![],
         };
         let pods_id = self.local_pods();
-        let generation = self.generation;
         let width = self.names.names.len();
         let slot = match self.nodes.get_mut(node) {
             Some(s) => s,
@@ -184,7 +174,6 @@ impl CapacityIndex {
                 })
             }
         };
-        slot.generation = generation;
         if body.requests.is_err() {
             slot.broken = slot.broken.saturating_add_signed(sign as isize);
         } else {
@@ -305,7 +294,6 @@ impl CapacityIndex {
         slot.node = Some(Arc::new(node));
         slot.skip = skip;
         slot.allocatable = allocatable;
-        slot.generation = self.generation;
         slot.epoch = self.node_epoch;
         self.reorder();
     }
@@ -314,13 +302,11 @@ impl CapacityIndex {
     /// are until their own delete events arrive.
     pub fn delete_node(&mut self, name: &str) {
         self.generation += 1;
-        let generation = self.generation;
         let mut drop_slot = false;
         if let Some(slot) = self.nodes.get_mut(name) {
             slot.node = None;
             slot.skip = None;
             slot.allocatable = Ok(Amounts::new());
-            slot.generation = generation;
             drop_slot = slot.pods == 0 && slot.broken == 0;
         }
         if drop_slot {
@@ -983,13 +969,13 @@ mod tests {
             json!({"cpu": "8", "nvidia.com/gpu": "8"}),
             json!({}),
         ));
-        let g0 = index.node_generation("a").unwrap();
+        let g0 = index.generation();
         index.apply_pod(PodRecord::from_pod(&pod(
             "x",
             json!({"nvidia.com/gpu": "2"}),
             Some("a"),
         )));
-        assert!(index.node_generation("a").unwrap() > g0);
+        assert!(index.generation() > g0);
         let s = index.node_free().unwrap();
         assert_eq!(
             crate::capacity::canonical_map(&s.usable[0].free)["nvidia.com/gpu"],

@@ -149,7 +149,7 @@ pub const ACCELERATORS: [&str; 3] = ["nvidia.com/gpu", "amd.com/gpu", "google.co
 /// [`ACCELERATORS`] and any other extended resource (a domain outside
 /// `kubernetes.io`, e.g. `nvidia.com/mig-1g.10gb`, `habana.ai/gaudi`), which
 /// the GPU columns do not add up because they are not whole GPUs.
-pub fn is_accelerator(resource: &str) -> bool {
+pub fn is_extended_resource(resource: &str) -> bool {
     ACCELERATORS.contains(&resource)
         || match resource.split_once('/') {
             Some((domain, _)) => {
@@ -213,14 +213,14 @@ pub(crate) mod tests {
 
     #[test]
     fn accelerators_are_extended_resources() {
-        assert!(is_accelerator("nvidia.com/gpu"));
-        assert!(is_accelerator("amd.com/gpu"));
-        assert!(is_accelerator("google.com/tpu"));
-        assert!(!is_accelerator("cpu"));
-        assert!(!is_accelerator("memory"));
-        assert!(!is_accelerator("hugepages-2Mi"));
-        assert!(!is_accelerator("kubernetes.io/something"));
-        assert!(ACCELERATORS.iter().all(|r| is_accelerator(r)));
+        assert!(is_extended_resource("nvidia.com/gpu"));
+        assert!(is_extended_resource("amd.com/gpu"));
+        assert!(is_extended_resource("google.com/tpu"));
+        assert!(!is_extended_resource("cpu"));
+        assert!(!is_extended_resource("memory"));
+        assert!(!is_extended_resource("hugepages-2Mi"));
+        assert!(!is_extended_resource("kubernetes.io/something"));
+        assert!(ACCELERATORS.iter().all(|r| is_extended_resource(r)));
     }
 
     /// The dashboard (and its copy in the chart) queries free GPUs with a

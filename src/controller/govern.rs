@@ -8,10 +8,11 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 
-use crate::upgradeplan::{Phase, UpgradePlan, UpgradePlanStatus, condition};
+use crate::upgradeplan::condition::{self, Reason, Status};
+use crate::upgradeplan::{Phase, UpgradePlan, UpgradePlanStatus};
 
 fn key(p: &UpgradePlan) -> (Option<jiff::Timestamp>, String) {
     (
@@ -89,24 +90,26 @@ pub fn conflict_status(
         "RayService {svc} is gated by UpgradePlan {governor}, the oldest plan for it; \
          this plan does not touch the gate. Delete this plan, or {governor} to hand over"
     );
-    let since = prev
+    // Only a Conflict keeps its transition time: the condition is the same.
+    let kept: Vec<Condition> = prev
         .conditions
-        .iter()
-        .find(|c| c.type_ == condition::READY && c.status == "False" && c.reason == "Conflict")
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or(Time(now));
+        .into_iter()
+        .filter(|c| c.reason == Reason::Conflict.as_str())
+        .collect();
+    let ready = condition::make(
+        &kept,
+        condition::READY,
+        Status::False,
+        Reason::Conflict,
+        message.clone(),
+        me.metadata.generation,
+        now,
+    );
     UpgradePlanStatus {
         phase: Phase::Error,
         observed_generation: me.metadata.generation,
-        conditions: vec![Condition {
-            type_: condition::READY.into(),
-            status: "False".into(),
-            reason: "Conflict".into(),
-            message: message.clone(),
-            observed_generation: me.metadata.generation,
-            last_transition_time: since,
-        }],
-        waiting_for: Some("Conflict".into()),
+        conditions: vec![ready],
+        waiting_for: Some(Reason::Conflict.as_str().into()),
         message: Some(message),
         ..Default::default()
     }

@@ -245,47 +245,101 @@ where
     reader
 }
 
-/// Run the controller until shutdown. `watch` serves the long-running
-/// watches; `client` (with short timeouts) every other call.
-pub async fn run(
-    watch: Client,
-    client: Client,
-    settings: Settings,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-    fence: Arc<Fence>,
-    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
-) -> Result<()> {
-    let ns = settings.namespaces.clone();
-    let (watch, writes) = (watch, client);
-    let client = watch;
-    // With several namespaces, one watcher per namespace (cache::scoped_watcher),
-    // so that reads need only Roles there.
-    let causes = Arc::new(latency::Causes::default());
+/// The caches a controller reads besides the plans': spawned, filling.
+struct Caches {
+    services: Store<DeserializeGuard<RayService>>,
+    clusters: Store<DeserializeGuard<RayCluster>>,
+    capacity: cache::SharedIndex,
+    capacity_ready: cache::IndexReady,
+    limit_ranges: Store<LimitRange>,
+    runtime_classes: Store<RuntimeClass>,
+    buffers: buffers::Shell,
+}
+
+impl Caches {
+    /// Waits until every cache has listed once; the stores to decide on.
+    async fn synced(self, plans: Store<UpgradePlan>) -> Result<(Stores, buffers::Shell)> {
+        for (what, ready) in [
+            (
+                "RayServices",
+                self.services.wait_until_ready().await.is_ok(),
+            ),
+            (
+                "RayClusters",
+                self.clusters.wait_until_ready().await.is_ok(),
+            ),
+            ("Pods and Nodes", self.capacity_ready.wait().await),
+            (
+                "LimitRanges",
+                self.limit_ranges.wait_until_ready().await.is_ok(),
+            ),
+            (
+                "RuntimeClasses",
+                self.runtime_classes.wait_until_ready().await.is_ok(),
+            ),
+        ] {
+            if !ready {
+                return Err(Error::invalid(
+                    "cache",
+                    format!("{what} cache did not sync"),
+                ));
+            }
+        }
+        self.buffers.wait_ready().await;
+        let stores = Stores {
+            plans,
+            services: self.services,
+            clusters: self.clusters,
+            capacity: self.capacity,
+            pass: Default::default(),
+            limit_ranges: self.limit_ranges,
+            runtime_classes: self.runtime_classes,
+        };
+        Ok((stores, self.buffers))
+    }
+}
+
+/// The plan watcher and the controller over it: every plan event is noted
+/// in `causes` (an approval can let an upgrade through). With several
+/// namespaces, one watcher per namespace ([`cache::scoped_watcher`]), so
+/// that reads need only Roles there.
+fn plan_controller(
+    client: &Client,
+    ns: &[String],
+    causes: &Arc<latency::Causes>,
+) -> (Controller<UpgradePlan>, Store<UpgradePlan>) {
     let (plans, plan_writer) = reflector::store();
     let mut approvals = std::collections::HashMap::new();
     let noted = causes.clone();
-    let plan_events = cache::scoped_watcher::<UpgradePlan>(
-        &client,
-        &ns,
-        watcher::Config::default().any_semantic(),
-    )
-    .reflect(plan_writer)
-    .applied_objects()
-    .inspect(move |p| {
-        if let Ok(p) = p {
-            note_plan(&noted, &mut approvals, p);
-        }
-    });
+    let plan_events =
+        cache::scoped_watcher::<UpgradePlan>(client, ns, watcher::Config::default().any_semantic())
+            .reflect(plan_writer)
+            .applied_objects()
+            .inspect(move |p| {
+                if let Ok(p) = p {
+                    note_plan(&noted, &mut approvals, p);
+                }
+            });
     let controller = Controller::for_stream(plan_events, plans.clone())
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(200)));
-    let (tx, rx) = mpsc::unbounded::<ObjectRef<UpgradePlan>>();
+    (controller, plans)
+}
 
+/// Starts every cache but the plans': each relevant change sends the plans
+/// it concerns into `tx`.
+fn spawn_caches(
+    client: &Client,
+    settings: &Settings,
+    plans: &Store<UpgradePlan>,
+    causes: &Arc<latency::Causes>,
+    tx: mpsc::UnboundedSender<ObjectRef<UpgradePlan>>,
+) -> Caches {
+    let ns = &settings.namespaces;
     let p = plans.clone();
     let services = spawn_cache(
         cache::slimmed_watcher::<DeserializeGuard<RayService>>(
-            &client,
-            &ns,
+            client,
+            ns,
             watcher::Config::default(),
             cache::slim_service,
         ),
@@ -311,8 +365,8 @@ pub async fn run(
     let p = plans.clone();
     let clusters = spawn_cache(
         cache::slimmed_watcher::<DeserializeGuard<RayCluster>>(
-            &client,
-            &ns,
+            client,
+            ns,
             watcher::Config::default().labels(LABEL_ORIGINATED_FROM_CR_NAME),
             cache::slim_cluster,
         ),
@@ -359,15 +413,15 @@ pub async fn run(
     );
     let limit_ranges = spawn_cache(
         // Defaults for the pods a RayCluster will create, in its own namespace.
-        cache::scoped_watcher::<LimitRange>(&client, &ns, watcher::Config::default()),
+        cache::scoped_watcher::<LimitRange>(client, ns, watcher::Config::default()),
         cache::slim_limit_range,
         |_: &LimitRange| None,
         |_: &LimitRange| vec![],
         tx.clone(),
     );
-    let capacity_requests = buffers::Shell::spawn(
-        &client,
-        &ns,
+    let buffers = buffers::Shell::spawn(
+        client,
+        ns,
         settings.capacity.clone(),
         plans.clone(),
         tx.clone(),
@@ -383,66 +437,86 @@ pub async fn run(
         |_: &RuntimeClass| vec![],
         tx,
     );
+    Caches {
+        services,
+        clusters,
+        capacity,
+        capacity_ready,
+        limit_ranges,
+        runtime_classes,
+        buffers,
+    }
+}
 
-    info!("waiting for caches to sync");
-    for (what, ready) in [
-        ("RayServices", services.wait_until_ready().await.is_ok()),
-        ("RayClusters", clusters.wait_until_ready().await.is_ok()),
-        ("Pods and Nodes", capacity_ready.wait().await),
-        ("LimitRanges", limit_ranges.wait_until_ready().await.is_ok()),
-        (
-            "RuntimeClasses",
-            runtime_classes.wait_until_ready().await.is_ok(),
-        ),
-    ] {
-        if !ready {
-            return Err(Error::invalid(
-                "cache",
-                format!("{what} cache did not sync"),
-            ));
+impl Context {
+    /// `client` serves the writes (short timeouts), the Events' too.
+    fn new(
+        client: Client,
+        fence: Arc<Fence>,
+        stores: Stores,
+        metrics: Arc<Metrics>,
+        settings: Settings,
+        buffers: buffers::Shell,
+        causes: Arc<latency::Causes>,
+    ) -> Context {
+        let reporter = Reporter {
+            controller: "raygate".into(),
+            instance: Some(settings.instance.clone()),
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            fence,
+            stores,
+            metrics,
+            settings,
+            decisions: Mutex::new(Overlay::new()),
+            buffers,
+            causes,
+            gates_written: Default::default(),
         }
     }
-    capacity_requests.wait_ready().await;
+}
+
+/// Every [`SWEEP_EVERY`], gives back gates no plan governs and deletes
+/// capacity requests no plan needs, once the plan cache has synced.
+fn spawn_sweeper(ctx: Arc<Context>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if ctx.stores.plans.wait_until_ready().await.is_err() {
+            return;
+        }
+        loop {
+            sweep_orphans(&ctx).await;
+            buffers::sweep(&ctx).await;
+            tokio::time::sleep(SWEEP_EVERY).await;
+        }
+    })
+}
+
+/// Run the controller until shutdown. `watch` serves the long-running
+/// watches; `client` (with short timeouts) every other call.
+pub async fn run(
+    watch: Client,
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    fence: Arc<Fence>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> Result<()> {
+    let causes = Arc::new(latency::Causes::default());
+    let (controller, plans) = plan_controller(&watch, &settings.namespaces, &causes);
+    let (tx, rx) = mpsc::unbounded::<ObjectRef<UpgradePlan>>();
+    let caches = spawn_caches(&watch, &settings, &plans, &causes, tx);
+    info!("waiting for caches to sync");
+    let (stores, buffers) = caches.synced(plans).await?;
     info!("caches synced");
     health.set_ready(true);
 
-    let reporter = Reporter {
-        controller: "raygate".into(),
-        instance: Some(settings.instance.clone()),
-    };
-    let ctx = Arc::new(Context {
-        recorder: Recorder::new(writes.clone(), reporter),
-        client: writes,
-        fence,
-        stores: Stores {
-            plans,
-            services,
-            clusters,
-            capacity,
-            pass: Default::default(),
-            limit_ranges,
-            runtime_classes,
-        },
-        metrics,
-        settings,
-        decisions: Mutex::new(Overlay::new()),
-        buffers: capacity_requests,
-        causes,
-        gates_written: Default::default(),
-    });
-    let sweeper = tokio::spawn({
-        let ctx = ctx.clone();
-        async move {
-            if ctx.stores.plans.wait_until_ready().await.is_err() {
-                return;
-            }
-            loop {
-                sweep_orphans(&ctx).await;
-                buffers::sweep(&ctx).await;
-                tokio::time::sleep(SWEEP_EVERY).await;
-            }
-        }
-    });
+    let ctx = Arc::new(Context::new(
+        client, fence, stores, metrics, settings, buffers, causes,
+    ));
+    let sweeper = spawn_sweeper(ctx.clone());
     controller
         .reconcile_on(rx)
         .graceful_shutdown_on(shutdown)
@@ -611,7 +685,7 @@ async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
             None,
             &admission::EventNote {
                 warning: false,
-                reason: "GateReleased",
+                reason: admission::EventReason::GateReleased,
                 note: format!("raygate no longer gates {name}"),
                 change: None,
             },
@@ -671,7 +745,7 @@ async fn hand_over(
             None,
             &admission::EventNote {
                 warning: false,
-                reason: "GateReleased",
+                reason: admission::EventReason::GateReleased,
                 note: format!("rayServiceRef changed: raygate no longer gates {old}"),
                 change: None,
             },
@@ -692,7 +766,7 @@ async fn report_conflict(
     if plan.status.as_ref() != Some(&st) && write_status(ctx, plan, &st).await? {
         let note = admission::EventNote {
             warning: true,
-            reason: "Conflict",
+            reason: admission::EventReason::Conflict,
             note: st.message.clone().unwrap_or_default(),
             change: None,
         };
@@ -808,7 +882,7 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
     };
     let (ns, name) = (r.plan.namespace().unwrap_or_default(), r.plan.name_any());
     let key = (ns.clone(), name.clone());
-    if r.seen.gate.value.as_deref() == Some(gate.strategy()) && r.seen.gate.owned_by_us {
+    if gate.is_set(r.seen.gate.value.as_ref()) && r.seen.gate.owned_by_us {
         return Ok(d.requeue);
     }
     let service = r.plan.spec.ray_service_ref.name.as_str();
@@ -899,7 +973,7 @@ async fn report(ctx: &Context, r: &Recorded, now: Timestamp) {
         && !prev
             .conditions
             .iter()
-            .any(|c| c.type_ == condition::GATE_OVERRIDDEN && c.status == "True")
+            .any(|c| condition::is(c, condition::GATE_OVERRIDDEN, condition::Status::True))
     {
         ctx.metrics
             .gate_override(&plan.namespace().unwrap_or_default(), &plan.name_any());
@@ -1049,7 +1123,7 @@ async fn publish(
         } else {
             EventType::Normal
         },
-        reason: note.reason.to_string(),
+        reason: note.reason.as_str().to_string(),
         note: Some(truncate(note.note.clone(), 1000)),
         action: note.action(),
         secondary: related,
@@ -1122,9 +1196,8 @@ fn observe_metrics(
         shortfall: &shortfall,
         pods_pending_unschedulable: unschedulable,
         kuberay_release_mismatch: s.conditions.iter().any(|c| {
-            c.type_ == condition::KUBERAY_RELEASE
-                && c.status == "False"
-                && c.reason != "NotGateable"
+            condition::is(c, condition::KUBERAY_RELEASE, condition::Status::False)
+                && c.reason != condition::Reason::NotGateable.as_str()
         }),
     });
     if let Some(c) = s.capacity.as_ref() {
@@ -1144,6 +1217,9 @@ fn as_numbers(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod reconcile_tests;
 
 #[cfg(test)]
 mod tests {

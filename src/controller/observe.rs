@@ -22,7 +22,9 @@ use crate::admission::fit::{OnIndex, Placement, PlanKey};
 use crate::admission::ledger::{self, Candidate};
 use crate::admission::pass::Pass;
 use crate::admission::surge::{self, Surge};
-use crate::admission::{ChangeFacts, Cluster, GateFacts, Inputs, ServiceFacts, Settings};
+use crate::admission::{
+    ChangeError, ChangeFacts, Cluster, GateFacts, Inputs, ServiceError, ServiceFacts, Settings,
+};
 use crate::capacity::{ClusterState, PodGroup};
 use crate::kuberay::incremental;
 use crate::kuberay::{
@@ -55,11 +57,14 @@ fn service(
     stores: &Stores,
     ns: &str,
     name: &str,
-) -> Result<Arc<DeserializeGuard<RayService>>, String> {
+) -> Result<Arc<DeserializeGuard<RayService>>, ServiceError> {
     stores
         .services
         .get(&ObjectRef::new(name).within(ns))
-        .ok_or_else(|| format!("RayService {ns}/{name} not found"))
+        .ok_or_else(|| ServiceError::NotFound {
+            namespace: ns.to_string(),
+            name: name.to_string(),
+        })
 }
 
 /// The RayClusters KubeRay created for a service.
@@ -247,12 +252,18 @@ pub fn observe<'a>(
     cluster: &'a dyn Cluster,
 ) -> Inputs<'a> {
     let version = release.version;
+    let ns = plan.namespace().unwrap_or_default();
+    let svc_name = &plan.spec.ray_service_ref.name;
     let mut inp = Inputs {
         now,
         plan,
         release: release.clone(),
         settings: Settings::of(plan),
-        service: Err(String::new()),
+        // Until the RayService is read.
+        service: Err(ServiceError::NotFound {
+            namespace: ns.clone(),
+            name: svc_name.clone(),
+        }),
         change: Ok(None),
         verdict: None,
         incremental: None,
@@ -264,22 +275,21 @@ pub fn observe<'a>(
         admission_unseen,
         cluster,
     };
-    let ns = plan.namespace().unwrap_or_default();
-    let svc_name = &plan.spec.ray_service_ref.name;
     let guard = match service(stores, &ns, svc_name) {
         Ok(g) => g,
-        Err(msg) => {
-            inp.service = Err(msg);
+        Err(e) => {
+            inp.service = Err(e);
             return inp;
         }
     };
     let svc = match &guard.0 {
         Ok(s) => s,
         Err(e) => {
-            inp.service = Err(format!(
-                "RayService {ns}/{svc_name} cannot be read: {}",
-                e.error
-            ));
+            inp.service = Err(ServiceError::Unreadable {
+                namespace: ns.clone(),
+                name: svc_name.clone(),
+                error: e.error.to_string(),
+            });
             return inp;
         }
     };
@@ -307,18 +317,18 @@ pub fn observe<'a>(
     (inp.change, inp.verdict) = match (&facts.active_cluster, base) {
         (None, _) => (Ok(None), None),
         (Some(a), None) => (
-            Err(format!(
-                "active RayCluster {ns}/{a} named in the RayService status does not exist (yet)"
-            )),
+            Err(ChangeError::ActiveClusterMissing {
+                namespace: ns.clone(),
+                cluster: a.clone(),
+            }),
             None,
         ),
         (Some(_), Some(base)) => match &base.0 {
             Err(e) => (
-                Err(format!(
-                    "RayCluster {} cannot be read: {}",
-                    guard_name(&base),
-                    e.error
-                )),
+                Err(ChangeError::ClusterUnreadable {
+                    cluster: guard_name(&base),
+                    error: e.error.to_string(),
+                }),
                 None,
             ),
             Ok(cluster) => change_against(svc, cluster, release, plan.spec.upgrade_type),
@@ -346,7 +356,7 @@ pub fn observe<'a>(
             &cluster.rules().limit_ranges,
         ) {
             Ok(s) => change.surge = Some(s),
-            Err(e) => inp.change = Err(e.to_string()),
+            Err(e) => inp.change = Err(e.into()),
         }
     }
     inp.service = Ok(facts);
@@ -361,8 +371,7 @@ fn gate_facts(svc: &RayService) -> GateFacts {
             .spec
             .upgrade_strategy
             .as_ref()
-            .and_then(|u| u.type_.as_ref())
-            .map(|t| t.as_str().to_string()),
+            .and_then(|u| u.type_.clone()),
         other_owner: gate::other_owner(managed),
         owned_by_us: gate::owned_by_us(managed),
         uid: svc.metadata.uid.clone(),
@@ -396,9 +405,13 @@ fn service_facts(svc: &RayService) -> ServiceFacts {
 /// (muted fields left out), so it can be compared with an admitted one.
 /// A RayService whose rayClusterConfig raygate did not keep whole
 /// ([`kuberay::budget`]): the finding, with the field path.
-fn over_budget(svc: &RayService) -> Option<String> {
+fn over_budget(svc: &RayService) -> Option<ChangeError> {
     let e = svc.spec.ray_cluster_config.as_ref()?.over_budget.as_ref()?;
-    Some(format!("RayService {}: {e}", svc.name_any()))
+    Some(ChangeError::OverBudget {
+        kind: "RayService",
+        name: svc.name_any(),
+        error: e.clone(),
+    })
 }
 
 fn cluster_fingerprint(c: &RayCluster, version: KubeRayVersion) -> Option<String> {
@@ -416,7 +429,7 @@ fn change_against(
     cluster: &RayCluster,
     release: &Release,
     t: PlanUpgradeType,
-) -> (Result<Option<ChangeFacts>, String>, Option<Verdict>) {
+) -> (Result<Option<ChangeFacts>, ChangeError>, Option<Verdict>) {
     let version = release.version;
     // Specs over raygate's bounds were pruned in the cache: refused here,
     // before anything would be compared or planned.
@@ -424,7 +437,12 @@ fn change_against(
         return (Err(e), None);
     }
     if let Some(e) = &cluster.spec.over_budget {
-        return (Err(format!("RayCluster {}: {e}", cluster.name_any())), None);
+        let e = ChangeError::OverBudget {
+            kind: "RayCluster",
+            name: cluster.name_any(),
+            error: e.clone(),
+        };
+        return (Err(e), None);
     }
     let open = with_gate_open(svc, t);
     // The operator's incremental-upgrade gate as raygate was told it.
@@ -439,7 +457,7 @@ fn change_against(
         &opts,
     ) {
         Ok(c) => c,
-        Err(e) => return (Err(e.to_string()), None),
+        Err(e) => return (Err(e.into()), None),
     };
     if c.verdict != Verdict::NewCluster {
         return (Ok(None), Some(c.verdict));
@@ -453,7 +471,7 @@ fn change_against(
                 surge: None,
             })
         })
-        .map_err(|e| e.to_string());
+        .map_err(ChangeError::from);
     (change, Some(c.verdict))
 }
 

@@ -1,0 +1,182 @@
+//! The reconcile glue against a mock apiserver, as kube-rs `controller-rs`
+//! tests its own: a real [`Context`] over caches filled by hand and a kube
+//! [`Client`] over a `tower_test` mock service that answers each request
+//! and records it. What is checked is the order and the set of writes; the
+//! decision itself is `admission`'s, tested there.
+
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use kube::client::Body;
+use kube::runtime::reflector;
+use kube::runtime::watcher::Event as WatchEvent;
+use serde_json::{Value, json};
+
+use super::*;
+
+const NS: &str = "ml";
+
+fn plan() -> UpgradePlan {
+    serde_json::from_value(json!({
+        "apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan",
+        "metadata": {"name": "llm", "namespace": NS, "uid": "plan-uid", "resourceVersion": "1",
+            "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z",
+            "finalizers": [FINALIZER]},
+        "spec": {"rayServiceRef": {"name": "llm"}}
+    }))
+    .unwrap()
+}
+
+/// A RayService KubeRay has not created a cluster for yet: the decision is
+/// `Pending` with the gate held, so one status write and one gate write.
+fn service() -> Value {
+    json!({
+        "apiVersion": "ray.io/v1", "kind": "RayService",
+        "metadata": {"name": "llm", "namespace": NS, "uid": "svc-uid", "resourceVersion": "7"},
+        "spec": {}
+    })
+}
+
+fn context(client: Client, fence: Fence) -> Arc<Context> {
+    let (plans, mut w) = reflector::store();
+    w.apply_watcher_event(&WatchEvent::Apply(plan()));
+    let (services, mut w) = reflector::store();
+    w.apply_watcher_event(&WatchEvent::Apply(
+        serde_json::from_value(service()).unwrap(),
+    ));
+    let stores = Stores {
+        plans,
+        services,
+        clusters: reflector::store().0,
+        capacity: Arc::new(std::sync::RwLock::new(crate::capacity::CapacityIndex::new())),
+        pass: Default::default(),
+        limit_ranges: reflector::store().0,
+        runtime_classes: reflector::store().0,
+    };
+    let settings = Settings {
+        namespaces: vec![],
+        kuberay_version: None,
+        incremental_gate: None,
+        instance: "test".into(),
+        capacity: crate::autoscale::Defaults::default(),
+        dra_plain_count: vec![],
+    };
+    Arc::new(Context::new(
+        client,
+        Arc::new(fence),
+        stores,
+        Arc::new(Metrics::new().unwrap()),
+        settings.clone(),
+        buffers::Shell::off(settings.capacity),
+        Arc::new(latency::Causes::default()),
+    ))
+}
+
+/// One request the mock apiserver answered: `METHOD path` and its body.
+type Seen = Arc<StdMutex<Vec<(String, Value)>>>;
+
+/// Answers every request until the client is gone: status writes with
+/// `status_write`, reads of the plan and gate writes with the objects, and
+/// anything else (Events) by echoing the body.
+fn apiserver(status_write: StatusCode) -> (Client, Seen, tokio::task::JoinHandle<()>) {
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let seen: Seen = Default::default();
+    let log = seen.clone();
+    let task = tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let line = format!("{} {}", req.method(), req.uri().path());
+            let bytes = req.into_body().collect_bytes().await.unwrap();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            log.lock().unwrap().push((line.clone(), body.clone()));
+            let plan_path = format!("/apis/raygate.io/v1alpha1/namespaces/{NS}/upgradeplans/llm");
+            let (code, answer) = if line == format!("PATCH {plan_path}/status") {
+                if status_write == StatusCode::OK {
+                    (StatusCode::OK, serde_json::to_value(plan()).unwrap())
+                } else {
+                    (
+                        status_write,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                            "reason": "Conflict", "code": status_write.as_u16(),
+                            "message": "the object has been modified"}),
+                    )
+                }
+            } else if line == format!("GET {plan_path}") {
+                (StatusCode::OK, serde_json::to_value(plan()).unwrap())
+            } else if line.starts_with("PATCH /apis/ray.io/v1/") {
+                (StatusCode::OK, service())
+            } else {
+                (StatusCode::CREATED, body)
+            };
+            let response = Response::builder()
+                .status(code)
+                .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                .unwrap();
+            send.send_response(response);
+        }
+    });
+    (Client::new(mock, "default"), seen, task)
+}
+
+#[tokio::test]
+async fn the_status_is_written_before_the_gate() {
+    let (client, seen, task) = apiserver(StatusCode::OK);
+    let ctx = context(client, Fence::open());
+    reconcile_plan(Arc::new(plan()), ctx.clone()).await.unwrap();
+    task.abort();
+    let seen = seen.lock().unwrap().clone();
+    let lines: Vec<&str> = seen.iter().map(|(l, _)| l.as_str()).collect();
+    assert_eq!(
+        lines,
+        [
+            "PATCH /apis/raygate.io/v1alpha1/namespaces/ml/upgradeplans/llm/status",
+            "PATCH /apis/ray.io/v1/namespaces/ml/rayservices/llm",
+        ],
+        "the status records the decision first, then the gate acts on it"
+    );
+    assert_eq!(seen[0].1["status"]["phase"], "Pending");
+    assert_eq!(seen[1].1["spec"]["upgradeStrategy"]["type"], "None");
+    assert_eq!(seen[1].1["metadata"]["uid"], "svc-uid", "never a create");
+}
+
+#[tokio::test]
+async fn a_conflict_on_the_status_write_writes_no_gate() {
+    let (client, seen, task) = apiserver(StatusCode::CONFLICT);
+    let ctx = context(client, Fence::open());
+    let action = reconcile_plan(Arc::new(plan()), ctx.clone()).await.unwrap();
+    task.abort();
+    // Read again and decided again once, then left to a requeue: a decision
+    // made on stale input is never applied.
+    assert_eq!(action, Action::requeue(Duration::from_secs(1)));
+    let lines: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(l, _)| l.clone())
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "PATCH /apis/raygate.io/v1alpha1/namespaces/ml/upgradeplans/llm/status",
+            "GET /apis/raygate.io/v1alpha1/namespaces/ml/upgradeplans/llm",
+            "PATCH /apis/raygate.io/v1alpha1/namespaces/ml/upgradeplans/llm/status",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_replica_without_the_lease_writes_nothing() {
+    let (client, seen, task) = apiserver(StatusCode::OK);
+    // Election on, no renewal confirmed: this replica does not lead.
+    let ctx = context(client, Fence::closed(Duration::from_secs(10)));
+    let err = reconcile_plan(Arc::new(plan()), ctx.clone()).await;
+    assert!(matches!(err, Err(Error::Fenced(_))), "{err:?}");
+    // Past the reconcile's own check, every write asks the fence again.
+    let err = apply(&plan(), &ctx).await;
+    assert!(matches!(err, Err(Error::Fenced(_))), "{err:?}");
+    task.abort();
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "not a write, not even a read"
+    );
+}
