@@ -13,9 +13,7 @@ use std::sync::Arc;
 use super::ledger::{self, Candidate};
 use super::pass::Pass;
 use super::{ChangeFacts, Inputs, Settings};
-use crate::capacity::{
-    self, CapacityIndex, ClusterState, FitReport, FitRequest, PodGroup, total_requests,
-};
+use crate::capacity::{self, CapacityIndex, ClusterState, FitReport, FitRequest, PodGroup};
 use crate::upgradeplan::Phase;
 
 /// A plan's `(namespace, name)`.
@@ -78,7 +76,7 @@ pub fn of_change(
         .and_then(|a| inp.pods.get(a))
         .map(Vec::as_slice)
         .unwrap_or_default();
-    let old_requests = total_requests(
+    let old_requests = super::observed::total_requests(
         old_pods.iter().map(|p| p.as_ref()),
         &cluster.rules().limit_ranges,
     )?;

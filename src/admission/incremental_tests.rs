@@ -6,6 +6,7 @@ use crate::capacity::{ClusterState, PodGroup};
 use crate::kuberay::incremental::{GroupBounds, Options, Problem};
 use crate::kuberay::{KubeRayVersion, Release};
 use crate::upgradeplan::{Admission, IncrementalStatus, Phase, UpgradePlanSpec};
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 fn at(s: &str) -> Timestamp {

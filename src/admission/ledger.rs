@@ -9,16 +9,12 @@
 
 use std::collections::BTreeMap;
 
+use super::observed::{ObservedPod, kind_of};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 
 #[cfg(test)]
 use crate::capacity::{ClusterState, fit};
 use crate::capacity::{FitRequest, PodGroup, ResourceList};
-
-/// Labels KubeRay puts on every pod it creates for a cluster.
-const NODE_TYPE_LABEL: &str = "ray.io/node-type";
-const GROUP_LABEL: &str = "ray.io/group";
 
 /// A waiting upgrade competing for capacity.
 #[derive(Debug, Clone)]
@@ -90,18 +86,17 @@ pub(crate) fn reserved_with(
 /// The planned pods of an admitted cluster that the scheduler has not bound
 /// yet. Real pod names carry random suffixes, so pods are matched by kind
 /// (head, or worker of a group) and counted.
-pub fn unbound(planned: &[PodGroup], existing: &[&Pod]) -> Vec<PodGroup> {
+pub fn unbound<P: ObservedPod + ?Sized>(planned: &[PodGroup], existing: &[&P]) -> Vec<PodGroup> {
     let mut bound: BTreeMap<(String, String), usize> = BTreeMap::new();
     for p in existing {
-        let is_bound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
-        if is_bound {
-            *bound.entry(kind(p)).or_default() += 1;
+        if p.is_bound() {
+            *bound.entry(kind_of(*p)).or_default() += 1;
         }
     }
     planned
         .iter()
         .filter_map(|g| {
-            let n = bound.get_mut(&kind(&g.template)).map_or(0, |n| {
+            let n = bound.get_mut(&kind_of(&g.template)).map_or(0, |n| {
                 let take = (*n).min(g.count);
                 *n -= take;
                 take
@@ -111,15 +106,10 @@ pub fn unbound(planned: &[PodGroup], existing: &[&Pod]) -> Vec<PodGroup> {
         .collect()
 }
 
-fn kind(p: &Pod) -> (String, String) {
-    let labels = p.metadata.labels.as_ref();
-    let get = |k: &str| labels.and_then(|l| l.get(k)).cloned().unwrap_or_default();
-    (get(NODE_TYPE_LABEL), get(GROUP_LABEL))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Pod;
     use serde_json::json;
 
     fn gpu_pod(name: &str, group: &str, gpus: u32) -> Pod {
@@ -255,7 +245,7 @@ mod tests {
         real.spec.as_mut().unwrap().node_name = Some("n1".into());
         let unbound_real = gpu_pod("c-gpu-worker-q9z1m", "gpu", 8);
         let left = unbound(&planned, &[&real, &unbound_real]);
-        let groups: Vec<_> = left.iter().map(|g| kind(&g.template).1).collect();
+        let groups: Vec<_> = left.iter().map(|g| kind_of(&g.template).1).collect();
         assert_eq!(groups, ["gpu", "cpu"]);
     }
 }

@@ -17,6 +17,7 @@
 
 pub mod fit;
 pub mod ledger;
+pub mod observed;
 pub mod pass;
 pub mod priority;
 pub mod render;
@@ -26,11 +27,9 @@ pub mod stall;
 pub mod surge;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 
 use crate::kuberay::incremental;
 use crate::kuberay::{UpgradeType, Verdict};
@@ -237,7 +236,7 @@ pub struct Inputs<'a> {
     /// Names of the RayClusters that exist for the service.
     pub clusters: BTreeSet<String>,
     /// Pods per cluster name (only the service's clusters).
-    pub pods: BTreeMap<String, Vec<Arc<Pod>>>,
+    pub pods: BTreeMap<String, Vec<observed::PodRef>>,
     /// Whether the pending cluster reports itself ready.
     pub pending_ready: bool,
     /// Fingerprint of the pending RayCluster's own spec, computed like the
@@ -470,6 +469,40 @@ pub struct Decision {
     /// The field manager that keeps another gate value than `gate`: raygate
     /// reports it and does not write the gate.
     pub overridden_by: Option<String>,
+    /// What the decision saw, as numbers: the controller exports these and
+    /// never derives them again from the status it rendered.
+    pub observed: Observations,
+}
+
+/// What a decision observed, for metrics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Observations {
+    /// Pods of the pending cluster the scheduler reported unschedulable.
+    pub unschedulable_pods: u32,
+    /// Another field manager took the gate since the last decision (the
+    /// `GateOverridden` condition was not `True` before).
+    pub newly_overridden: bool,
+    /// Of the fit made by this decision (none when it made none, e.g. while
+    /// tracking an admitted change): per resource, in base units (cores,
+    /// bytes, devices), what the new cluster lacks ...
+    pub shortfall: BTreeMap<String, f64>,
+    /// ... and what is free on schedulable nodes.
+    pub free: BTreeMap<String, f64>,
+}
+
+impl Observations {
+    /// Records the numbers of a fit.
+    pub fn fitted(&mut self, r: &crate::capacity::FitReport) {
+        self.shortfall = as_numbers(&r.shortfall);
+        self.free = as_numbers(&r.free);
+    }
+}
+
+/// Quantities as plain numbers in their base unit, for gauges.
+fn as_numbers(list: &crate::capacity::ResourceList) -> BTreeMap<String, f64> {
+    list.iter()
+        .map(|(k, q)| (k.clone(), q.milli_value() as f64 / 1000.0))
+        .collect()
 }
 
 /// Requeue intervals: tight while something moves, relaxed when idle.
@@ -492,9 +525,28 @@ pub fn decide(inp: &Inputs<'_>) -> Decision {
     // Reported only on a readable plan and RayService: the rules stop
     // before the gate is known otherwise.
     if let (Some(owner), Ok(_), Ok(_)) = (&overridden_by, &inp.settings, &inp.service) {
-        b.gate_overridden(owner, inp.gate.value.as_ref().map(UpgradeType::as_str));
+        b.observed.newly_overridden =
+            b.gate_overridden(owner, inp.gate.value.as_ref().map(UpgradeType::as_str));
     }
+    b.observed.unschedulable_pods = pending_unschedulable(inp);
     b.finish(overridden_by)
+}
+
+/// Pods of the pending cluster the scheduler reported unschedulable.
+fn pending_unschedulable(inp: &Inputs<'_>) -> u32 {
+    let pods = inp
+        .service
+        .as_ref()
+        .ok()
+        .and_then(|s| s.pending_cluster.as_ref())
+        .and_then(|c| inp.pods.get(c));
+    match pods {
+        Some(pods) => {
+            let pods: Vec<&observed::DynPod> = pods.iter().map(AsRef::as_ref).collect();
+            stall::count_unschedulable(&pods)
+        }
+        None => 0,
+    }
 }
 
 /// Another manager owns the gate: report it, don't fight it. Whatever value

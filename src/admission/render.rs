@@ -25,6 +25,7 @@ pub struct Builder<'a> {
     pub events: Vec<EventNote>,
     pub outcome: Option<Outcome>,
     pub requeue: Duration,
+    pub observed: super::Observations,
     gate_overridden: bool,
 }
 
@@ -50,6 +51,7 @@ impl<'a> Builder<'a> {
             events: vec![],
             outcome: None,
             requeue: REQUEUE_IDLE,
+            observed: Default::default(),
             gate_overridden: false,
         }
     }
@@ -134,20 +136,21 @@ impl<'a> Builder<'a> {
     }
 
     /// Reports another manager's hold on the gate; its Event comes first,
-    /// before those of the rules.
-    pub fn gate_overridden(&mut self, owner: &str, value: Option<&str>) {
+    /// before those of the rules. `true` when the hold is new (no
+    /// `GateOverridden=True` before).
+    pub fn gate_overridden(&mut self, owner: &str, value: Option<&str>) -> bool {
         self.gate_overridden = true;
         let msg = format!(
             "spec.upgradeStrategy.type is {} and owned by field manager {owner:?}; raygate will not fight it. \
              Remove upgradeStrategy from the source of truth (see the GitOps guide)",
             value.unwrap_or("unset")
         );
-        if !self
+        let new = !self
             .prev
             .conditions
             .iter()
-            .any(|c| condition::is(c, condition::GATE_OVERRIDDEN, Status::True))
-        {
+            .any(|c| condition::is(c, condition::GATE_OVERRIDDEN, Status::True));
+        if new {
             self.events.insert(
                 0,
                 EventNote {
@@ -170,6 +173,7 @@ impl<'a> Builder<'a> {
             "GateOverridden: {owner} keeps {}",
             value.unwrap_or("unset")
         ));
+        new
     }
 
     /// Records the KubeRay release whose rules apply; a flag that disagrees with the
@@ -402,6 +406,7 @@ impl<'a> Builder<'a> {
             outcome: self.outcome,
             requeue: self.requeue,
             overridden_by,
+            observed: self.observed,
         }
     }
 }

@@ -225,6 +225,7 @@ impl Rules<'_> {
             }
         };
         b.status.capacity = Some(render::capacity_status(&report));
+        b.observed.fitted(&report);
         capacity_condition(b, &report);
         b.resources_offered(&self.settings.headroom, &report);
         if let Some(hold) = held {
@@ -652,7 +653,7 @@ impl Rules<'_> {
             }
             None => running_for,
         };
-        let pods: Vec<&k8s_openapi::api::core::v1::Pod> = self
+        let pods: Vec<&super::observed::DynPod> = self
             .inp
             .pods
             .get(pending)

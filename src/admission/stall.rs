@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use super::observed::ObservedPod;
 
 use crate::upgradeplan::condition::Reason;
 
@@ -60,8 +60,8 @@ pub struct Stall {
 
 /// Diagnose the new cluster of a transition. `apps` is the pending service's
 /// `applicationStatuses` (app name → status string).
-pub fn diagnose(
-    new_cluster_pods: &[&Pod],
+pub fn diagnose<P: ObservedPod + ?Sized>(
+    new_cluster_pods: &[&P],
     apps: &BTreeMap<String, String>,
     cluster_ready: bool,
     running_for: Duration,
@@ -69,7 +69,7 @@ pub fn diagnose(
 ) -> Option<Stall> {
     let unschedulable: Vec<&str> = new_cluster_pods
         .iter()
-        .filter_map(|p| unschedulable_message(p))
+        .filter_map(|p| p.unschedulable_message())
         .collect();
     if !unschedulable.is_empty() {
         return Some(Stall {
@@ -129,30 +129,10 @@ pub fn diagnose(
 }
 
 /// How many of these pods the scheduler reported unschedulable.
-pub fn count_unschedulable(pods: &[&Pod]) -> u32 {
+pub fn count_unschedulable<P: ObservedPod + ?Sized>(pods: &[&P]) -> u32 {
     pods.iter()
-        .filter(|p| unschedulable_message(p).is_some())
+        .filter(|p| p.unschedulable_message().is_some())
         .count() as u32
-}
-
-/// The scheduler's message when the pod is unschedulable (PodScheduled=False).
-fn unschedulable_message(pod: &Pod) -> Option<&str> {
-    if pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .is_some()
-    {
-        return None;
-    }
-    pod.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-        .filter(|c| c.reason.as_deref() == Some("Unschedulable"))
-        .map(|c| c.message.as_deref().unwrap_or("unschedulable"))
 }
 
 /// `0/3 nodes are available: 3 Insufficient nvidia.com/gpu.` → `Insufficient nvidia.com/gpu`.
@@ -183,6 +163,7 @@ pub fn human_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Pod;
     use serde_json::json;
 
     fn pending_pod(msg: &str) -> Pod {
@@ -216,7 +197,7 @@ mod tests {
 
     #[test]
     fn failed_serve_app_is_reported_at_once() {
-        let s = diagnose(
+        let s = diagnose::<Pod>(
             &[],
             &apps(&[("llm", "DEPLOY_FAILED"), ("ok", "RUNNING")]),
             true,
@@ -233,7 +214,7 @@ mod tests {
     #[test]
     fn slow_transition_times_out_after_stall_after() {
         assert_eq!(
-            diagnose(
+            diagnose::<Pod>(
                 &[],
                 &apps(&[("llm", "DEPLOYING")]),
                 true,
@@ -242,7 +223,7 @@ mod tests {
             ),
             None
         );
-        let s = diagnose(
+        let s = diagnose::<Pod>(
             &[],
             &apps(&[("llm", "DEPLOYING")]),
             true,
@@ -255,7 +236,7 @@ mod tests {
             s.message,
             "app llm DEPLOYING; transition running for 31m (stallAfter 30m)"
         );
-        let s = diagnose(&[], &apps(&[]), false, 31 * MIN, 30 * MIN).unwrap();
+        let s = diagnose::<Pod>(&[], &apps(&[]), false, 31 * MIN, 30 * MIN).unwrap();
         assert_eq!(s.reason, StallReason::Timeout);
     }
 

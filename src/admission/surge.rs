@@ -21,16 +21,13 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{LimitRange, Pod};
+use k8s_openapi::api::core::v1::LimitRange;
 
+use super::observed::ObservedPod;
+pub use super::observed::{HEAD, group_of};
 use crate::capacity::{PodGroup, ResourceList, pod_requests};
 use crate::kuberay::incremental::{GroupBounds, Options};
 use crate::upgradeplan::SurgeBudget;
-
-const NODE_TYPE_LABEL: &str = "ray.io/node-type";
-const GROUP_LABEL: &str = "ray.io/group";
-/// The budget entry of the head pod.
-pub const HEAD: &str = "head";
 
 /// What an incremental upgrade needs: the pods to fit now, and the budget to
 /// keep for the transition.
@@ -39,17 +36,6 @@ pub struct Surge {
     /// The new cluster's pods at the peak of the surge.
     pub pods: Vec<PodGroup>,
     pub budget: Vec<SurgeBudget>,
-}
-
-/// The group a pod belongs to: [`HEAD`] or its worker group's name.
-pub fn group_of(p: &Pod) -> String {
-    let labels = p.metadata.labels.as_ref();
-    let get = |k: &str| labels.and_then(|l| l.get(k)).cloned().unwrap_or_default();
-    if get(NODE_TYPE_LABEL) == "head" {
-        HEAD.to_string()
-    } else {
-        get(GROUP_LABEL)
-    }
 }
 
 /// The running cluster's workers of one group.
@@ -61,19 +47,19 @@ pub struct ActiveGroup {
 }
 
 /// The active cluster's pods per worker group (the head is left out).
-pub fn active_groups(
-    pods: &[&Pod],
+pub fn active_groups<P: ObservedPod + ?Sized>(
+    pods: &[&P],
     limit_ranges: &[LimitRange],
 ) -> crate::Result<BTreeMap<String, ActiveGroup>> {
     let mut out: BTreeMap<String, ActiveGroup> = BTreeMap::new();
     for p in pods {
-        let g = group_of(p);
+        let g = group_of(*p);
         if g == HEAD {
             continue;
         }
         let entry = out.entry(g).or_default();
         if entry.pods == 0 {
-            entry.requests = pod_requests(p, limit_ranges)?;
+            entry.requests = p.requests(limit_ranges)?;
         }
         entry.pods += 1;
     }
@@ -150,11 +136,11 @@ pub fn plan(
 }
 
 /// Bound pods per group ([`group_of`]).
-pub fn bound_by_group(pods: &[&Pod]) -> BTreeMap<String, usize> {
+pub fn bound_by_group<P: ObservedPod + ?Sized>(pods: &[&P]) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
     for p in pods {
-        if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
-            *out.entry(group_of(p)).or_default() += 1;
+        if p.is_bound() {
+            *out.entry(group_of(*p)).or_default() += 1;
         }
     }
     out
@@ -191,6 +177,7 @@ pub fn held(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Pod;
     use serde_json::json;
 
     fn pod(name: &str, node_type: &str, group: &str, gpus: u32, node: Option<&str>) -> Pod {

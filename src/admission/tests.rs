@@ -1,8 +1,11 @@
 use super::*;
+use crate::admission::observed::PodRef;
 use crate::capacity::ClusterState;
 use crate::upgradeplan::{Phase, TransitionOutcome, UpgradePlanSpec};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use serde_json::json;
+use std::sync::Arc;
 
 const NOW: &str = "2026-12-02T12:00:00Z";
 /// The `metadata.uid` of the RayService [`service`] describes.
@@ -86,7 +89,7 @@ fn run(
     ch: Result<Option<ChangeFacts>, ChangeError>,
     st: &ClusterState,
     clusters: &[&str],
-    pods: BTreeMap<String, Vec<Arc<Pod>>>,
+    pods: BTreeMap<String, Vec<PodRef>>,
     at: Timestamp,
 ) -> Decision {
     run_built_from(p, svc, ch, st, clusters, pods, at, Some("abc123def456"))
@@ -99,7 +102,7 @@ fn run_built_from(
     ch: Result<Option<ChangeFacts>, ChangeError>,
     st: &ClusterState,
     clusters: &[&str],
-    pods: BTreeMap<String, Vec<Arc<Pod>>>,
+    pods: BTreeMap<String, Vec<PodRef>>,
     at: Timestamp,
     pending_fingerprint: Option<&str>,
 ) -> Decision {
@@ -340,6 +343,9 @@ fn an_upgrade_that_does_not_fit_waits_with_the_exact_shortfall() {
     assert_eq!(cap.gpus_free.as_deref(), Some("8"));
     assert_eq!(cap.gpus_short.as_deref(), Some("8"));
     assert_eq!(cap.gpus_peak.as_deref(), Some("16"));
+    // The same numbers for the gauges, typed: nothing parses the status back.
+    assert_eq!(d.observed.shortfall.get("nvidia.com/gpu"), Some(&8.0));
+    assert_eq!(d.observed.free.get("nvidia.com/gpu"), Some(&8.0));
     assert_eq!(cap.cpu_needed.as_deref(), Some("16"));
     assert_eq!(cap.cpu_short.as_deref(), Some("0"));
     assert_eq!(cap.needed.get("memory").map(String::as_str), Some("64Gi"));
@@ -828,7 +834,7 @@ fn unschedulable_new_pods_stall_the_transition() {
             "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}]}
     }))
     .unwrap();
-    let pods = BTreeMap::from([("llm-b".to_string(), vec![Arc::new(pod)])]);
+    let pods = BTreeMap::from([("llm-b".to_string(), vec![Arc::new(pod) as PodRef])]);
     let d = run(
         &p,
         service("llm-a", Some("llm-b")),
@@ -846,6 +852,9 @@ fn unschedulable_new_pods_stall_the_transition() {
         ("True", "Unschedulable")
     );
     assert_eq!(c.message, "1 pod Insufficient nvidia.com/gpu");
+    assert_eq!(d.observed.unschedulable_pods, 1);
+    // Tracking fits nothing: no free capacity is reported as current.
+    assert!(d.observed.free.is_empty() && d.observed.shortfall.is_empty());
     // The cluster is recorded by this decision: Upgrading, then Stalled.
     let reasons: Vec<&str> = d.events.iter().map(|e| e.reason.as_str()).collect();
     assert_eq!(reasons, ["Upgrading", "Stalled"]);
@@ -1108,6 +1117,7 @@ fn gate_override_is_reported_not_fought() {
     assert_eq!(c.status, "True");
     assert!(c.message.contains("argocd-controller"));
     assert!(d.events.iter().any(|e| e.reason == "GateOverridden"));
+    assert!(d.observed.newly_overridden);
     // Visible in `kubectl get upgradeplans` (WAITING FOR), with the manager.
     assert_eq!(
         d.status.waiting_for.as_deref(),
@@ -1290,6 +1300,28 @@ fn owned_by(owner: &str, value: &str) -> GateFacts {
         owned_by_us: true,
         uid: None,
     }
+}
+
+#[test]
+fn an_override_is_new_only_in_the_decision_that_first_sees_it() {
+    let st = state(&[8]);
+    let first = decide_with_gate(
+        &auto_plan(None),
+        Ok(None),
+        &st,
+        owned_by("argocd-controller", "NewCluster"),
+    );
+    assert!(first.overridden_by.is_some());
+    assert!(first.observed.newly_overridden);
+    let again = decide_with_gate(
+        &auto_plan(Some(first.status)),
+        Ok(None),
+        &st,
+        owned_by("argocd-controller", "NewCluster"),
+    );
+    assert!(again.overridden_by.is_some());
+    assert!(!again.observed.newly_overridden);
+    assert!(again.events.iter().all(|e| e.reason != "GateOverridden"));
 }
 
 #[test]

@@ -388,6 +388,7 @@ mod tests {
             outcome: Some(Outcome::HeldCapacity),
             requeue: Duration::from_secs(15),
             overridden_by: None,
+            observed: Default::default(),
         }
     }
 

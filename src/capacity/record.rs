@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::Deserialize;
 
 use super::requests::pod_requests;
-use super::{PODS, from_scheduler_units, scheduler_units};
+use super::{PODS, scheduler_units};
 use crate::podgroup::{LABEL_CLUSTER, LABEL_GROUP, LABEL_NODE_TYPE};
 
 /// How many distinct resource names the process interns. Real clusters use
@@ -133,17 +133,6 @@ impl PodPhase {
         }
     }
 
-    fn as_str(self) -> Option<&'static str> {
-        match self {
-            PodPhase::None => None,
-            PodPhase::Pending => Some("Pending"),
-            PodPhase::Running => Some("Running"),
-            PodPhase::Succeeded => Some("Succeeded"),
-            PodPhase::Failed => Some("Failed"),
-            PodPhase::Unknown => Some("Unknown"),
-        }
-    }
-
     /// Succeeded and Failed pods hold nothing.
     pub fn is_terminal(self) -> bool {
         matches!(self, PodPhase::Succeeded | PodPhase::Failed)
@@ -196,65 +185,6 @@ impl PodBody {
 
     pub fn cluster(&self) -> Option<&str> {
         self.ray.as_ref().map(|r| &*r.cluster)
-    }
-
-    /// A slim `Pod` with what the decision reads (name, Ray labels, node,
-    /// phase, conditions, the request as `overhead`), for the few pods of
-    /// one RayService a reconcile looks at.
-    pub fn to_pod(&self, key: &PodKey) -> Pod {
-        let mut labels = BTreeMap::new();
-        if let Some(r) = &self.ray {
-            labels.insert(LABEL_CLUSTER.to_string(), r.cluster.to_string());
-            if let Some(t) = &r.node_type {
-                labels.insert(LABEL_NODE_TYPE.to_string(), t.to_string());
-            }
-            if let Some(g) = &r.group {
-                labels.insert(LABEL_GROUP.to_string(), g.to_string());
-            }
-        }
-        let overhead = match &self.requests {
-            Ok(units) => Some(
-                units
-                    .iter()
-                    .map(|(r, u)| {
-                        let q = from_scheduler_units(r.as_str(), i128::from(*u));
-                        (r.as_str().to_string(), K8sQuantity(q.canonical()))
-                    })
-                    .collect(),
-            ),
-            Err(_) => None,
-        };
-        let conditions = self.ray.as_ref().map(|r| {
-            r.conditions
-                .iter()
-                .map(|c| PodCondition {
-                    type_: if c.ready { "Ready" } else { "PodScheduled" }.to_string(),
-                    status: c.status.to_string(),
-                    reason: c.reason.as_deref().map(str::to_string),
-                    message: c.message.as_deref().map(str::to_string),
-                    ..Default::default()
-                })
-                .collect()
-        });
-        Pod {
-            metadata: ObjectMeta {
-                name: Some(key.1.to_string()),
-                namespace: Some(key.0.to_string()),
-                labels: (!labels.is_empty()).then_some(labels),
-                deletion_timestamp: self.deleting.then_some(Time(jiff::Timestamp::UNIX_EPOCH)),
-                ..Default::default()
-            },
-            spec: Some(PodSpec {
-                node_name: self.node.as_deref().map(str::to_string),
-                overhead,
-                ..Default::default()
-            }),
-            status: Some(PodStatus {
-                phase: self.phase.as_str().map(str::to_string),
-                conditions,
-                ..Default::default()
-            }),
-        }
     }
 
     /// The request as a resource list, with one pod slot (as the fit counts).
@@ -643,28 +573,6 @@ mod tests {
             .map(|(_, u)| *u)
             .collect();
         assert_eq!(cpu, [3000]);
-    }
-
-    #[test]
-    fn the_slim_pod_keeps_what_the_decision_reads() {
-        let pod: Pod = serde_json::from_value(full()).unwrap();
-        let r = PodRecord::from_pod(&pod);
-        let slim = r.body.to_pod(&r.key);
-        assert_eq!(
-            pod_requests(&slim, &[]).unwrap(),
-            pod_requests(&pod, &[]).unwrap()
-        );
-        assert_eq!(PodRecord::from_pod(&slim), r);
-        let v = serde_json::to_value(&slim).unwrap();
-        assert_eq!(
-            v["metadata"]["labels"],
-            json!({"ray.io/cluster": "c", "ray.io/node-type": "worker", "ray.io/group": "gpu"})
-        );
-        assert_eq!(
-            v["status"]["conditions"],
-            json!([{"type": "PodScheduled", "status": "True"},
-                   {"type": "Ready", "status": "False", "reason": "ContainersNotReady", "message": "m"}])
-        );
     }
 
     #[test]

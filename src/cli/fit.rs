@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::input::{in_file, kind_of, parse_as, read_one, read_service, read_state};
 use super::{FitArgs, field, kuberay_version, plan_groups};
-use crate::capacity::{self, ClusterState, FitReport, FitRequest, ResourceList};
+use crate::capacity::{self, ClusterState, FitReport, FitRequest, PodRecord, ResourceList};
 use crate::kuberay::{self, Classification, KubeRayVersion, OldSide, RayService, Verdict};
 use crate::quantity::{Quantity, in_one_unit};
 use crate::{Error, Result};
@@ -86,10 +86,7 @@ pub(crate) fn no_new_cluster(
 /// Pods in the state that belong to the service's current cluster: the one
 /// its status names, or (for a manifest without status) KubeRay's naming
 /// pattern `<service>-<5 characters>`.
-fn old_cluster_pods(
-    state: &ClusterState,
-    svc: &RayService,
-) -> Vec<k8s_openapi::api::core::v1::Pod> {
+fn old_cluster_pods<'a>(state: &'a ClusterState, svc: &RayService) -> Vec<&'a PodRecord> {
     let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
     let name = svc.metadata.name.as_deref().unwrap_or_default();
     let active = svc
@@ -118,7 +115,6 @@ fn old_cluster_pods(
         })
         .filter(|p| !p.is_terminal())
         .filter(|p| p.body.cluster().is_some_and(matches))
-        .map(|p| p.body.to_pod(&p.key))
         .collect()
 }
 
@@ -192,7 +188,7 @@ pub(crate) fn fit_in(
     let old_pods = old_cluster_pods(&state, svc);
     let old_requests = in_file(
         state_source,
-        capacity::total_requests(old_pods.iter(), &state.limit_ranges),
+        crate::admission::observed::total_requests(old_pods.iter().copied(), &state.limit_ranges),
     )?;
     // The new pods were checked with the manifest: what fails now is the state.
     let report = in_file(

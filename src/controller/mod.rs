@@ -22,7 +22,7 @@ use std::time::Duration;
 use futures::channel::mpsc;
 use futures::{StreamExt, future};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{LimitRange, Pod};
+use k8s_openapi::api::core::v1::LimitRange;
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::DeserializeGuard;
@@ -969,12 +969,7 @@ fn lock_gates(ctx: &Context) -> std::sync::MutexGuard<'_, GatesWritten> {
 async fn report(ctx: &Context, r: &Recorded, now: Timestamp) {
     let (d, plan, prev) = (&r.decision, &r.plan, &r.prev);
     let service = plan.spec.ray_service_ref.name.as_str();
-    if d.overridden_by.is_some()
-        && !prev
-            .conditions
-            .iter()
-            .any(|c| condition::is(c, condition::GATE_OVERRIDDEN, condition::Status::True))
-    {
+    if d.observed.newly_overridden {
         ctx.metrics
             .gate_override(&plan.namespace().unwrap_or_default(), &plan.name_any());
     }
@@ -986,7 +981,7 @@ async fn report(ctx: &Context, r: &Recorded, now: Timestamp) {
     {
         ctx.metrics.admission(outcome);
     }
-    observe_metrics(ctx, plan, service, d, now, r.seen.unschedulable);
+    observe_metrics(ctx, plan, service, d, now);
     let open = d.status.capacity_request.as_ref().and_then(|c| {
         use crate::upgradeplan::CapacityRequestState as S;
         let overdue = match c.state {
@@ -1006,8 +1001,6 @@ async fn report(ctx: &Context, r: &Recorded, now: Timestamp) {
 /// What the writes after a decision need from its observation.
 struct Seen {
     gate: GateFacts,
-    /// Pods of the pending cluster the scheduler reported unschedulable.
-    unschedulable: u32,
     /// The plan's capacity request objects as the decision wants them.
     wanted: buffers::Wanted,
 }
@@ -1035,20 +1028,8 @@ fn decide_now(
     );
     let mut decision = admission::decide(&inputs);
     let wanted = buffers::settle(ctx, &inputs, &mut decision, now);
-    let unschedulable = inputs
-        .service
-        .as_ref()
-        .ok()
-        .and_then(|s| s.pending_cluster.as_ref())
-        .and_then(|c| inputs.pods.get(c))
-        .map(|pods| {
-            let pods: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
-            admission::stall::count_unschedulable(&pods)
-        })
-        .unwrap_or(0);
     let seen = Seen {
         gate: inputs.gate,
-        unschedulable,
         wanted,
     };
     (seen, decision, world.pass_at())
@@ -1154,14 +1135,7 @@ fn seconds_since(t: Timestamp, now: Timestamp) -> f64 {
     now.duration_since(t).as_secs_f64().max(0.0)
 }
 
-fn observe_metrics(
-    ctx: &Context,
-    plan: &UpgradePlan,
-    svc: &str,
-    d: &Decision,
-    now: Timestamp,
-    unschedulable: u32,
-) {
+fn observe_metrics(ctx: &Context, plan: &UpgradePlan, svc: &str, d: &Decision, now: Timestamp) {
     let s = &d.status;
     let waiting = matches!(
         s.phase,
@@ -1178,12 +1152,12 @@ fn observe_metrics(
         .as_ref()
         .filter(|_| s.phase.is_in_flight())
         .map(|a| seconds_since(a.admitted_time, now));
-    let shortfall = s
-        .capacity
-        .as_ref()
-        .filter(|_| s.phase == Phase::WaitingForCapacity)
-        .map(|c| as_numbers(&c.shortfall))
-        .unwrap_or_default();
+    let none = std::collections::BTreeMap::new();
+    let shortfall = if s.phase == Phase::WaitingForCapacity {
+        &d.observed.shortfall
+    } else {
+        &none
+    };
     ctx.metrics.observe_plan(&PlanObservation {
         namespace: &plan.namespace().unwrap_or_default(),
         plan: &plan.name_any(),
@@ -1193,29 +1167,18 @@ fn observe_metrics(
         transition_seconds: transition,
         stalled: s.phase == Phase::Stalled,
         gate_overridden: d.overridden_by.is_some(),
-        shortfall: &shortfall,
-        pods_pending_unschedulable: unschedulable,
+        shortfall,
+        pods_pending_unschedulable: d.observed.unschedulable_pods,
         kuberay_release_mismatch: s.conditions.iter().any(|c| {
             condition::is(c, condition::KUBERAY_RELEASE, condition::Status::False)
                 && c.reason != condition::Reason::NotGateable.as_str()
         }),
     });
-    if let Some(c) = s.capacity.as_ref() {
-        ctx.metrics.set_cluster_free(&as_numbers(&c.free));
+    // Only from a fit made now: a status carried over from an earlier
+    // decision would export stale free capacity as current.
+    if !d.observed.free.is_empty() {
+        ctx.metrics.set_cluster_free(&d.observed.free);
     }
-}
-
-/// Quantities as plain numbers in their base unit, for gauges.
-fn as_numbers(
-    m: &std::collections::BTreeMap<String, String>,
-) -> std::collections::BTreeMap<String, f64> {
-    m.iter()
-        .filter_map(|(k, v)| {
-            crate::quantity::Quantity::parse(v)
-                .ok()
-                .map(|q| (k.clone(), q.milli_value() as f64 / 1000.0))
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{LimitRange, Pod};
+use k8s_openapi::api::core::v1::LimitRange;
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::ResourceExt;
 use kube::core::DeserializeGuard;
@@ -20,12 +20,13 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::admission::fit::{OnIndex, Placement, PlanKey};
 use crate::admission::ledger::{self, Candidate};
+use crate::admission::observed::{DynPod, PodRef};
 use crate::admission::pass::Pass;
 use crate::admission::surge::{self, Surge};
 use crate::admission::{
     ChangeError, ChangeFacts, Cluster, GateFacts, Inputs, ServiceError, ServiceFacts, Settings,
 };
-use crate::capacity::{ClusterState, PodGroup};
+use crate::capacity::{ClusterState, PodGroup, PodRecord};
 use crate::kuberay::incremental;
 use crate::kuberay::{
     self, ANNOTATION_KUBERAY_VERSION, KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster,
@@ -117,16 +118,21 @@ fn pods_by_cluster(
     stores: &Stores,
     ns: &str,
     names: &BTreeSet<String>,
-) -> BTreeMap<String, Vec<Arc<Pod>>> {
-    let mut out: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
+) -> BTreeMap<String, Vec<PodRef>> {
+    let mut out: BTreeMap<String, Vec<PodRef>> = BTreeMap::new();
     let Ok(index) = super::cache::read_index(&stores.capacity) else {
         return out;
     };
     for c in names {
-        let pods: Vec<Arc<Pod>> = index
+        let pods: Vec<PodRef> = index
             .cluster_pods(ns, c)
             .into_iter()
-            .map(|(key, body)| Arc::new(body.to_pod(&key)))
+            .map(|(key, body)| -> PodRef {
+                Arc::new(PodRecord {
+                    key,
+                    body: body.clone(),
+                })
+            })
             .collect();
         if !pods.is_empty() {
             out.insert(c.clone(), pods);
@@ -163,7 +169,7 @@ fn incremental_of(
 fn surge_of(
     svc: &RayService,
     full: &[PodGroup],
-    active: &[&Pod],
+    active: &[&DynPod],
     opts: &incremental::Options,
     version: KubeRayVersion,
     limit_ranges: &[LimitRange],
@@ -188,12 +194,12 @@ fn pods_to_fit(
     };
     let opts = opts.map_err(|p| crate::Error::invalid("RayService", p.to_string()))?;
     let active = active_pods(stores, svc);
-    let refs: Vec<&Pod> = active.iter().map(|p| p.as_ref()).collect();
+    let refs: Vec<&DynPod> = active.iter().map(|p| p.as_ref()).collect();
     Ok(surge_of(svc, &full, &refs, &opts, release.version, limit_ranges)?.pods)
 }
 
 /// The pods of the RayService's active cluster.
-fn active_pods(stores: &Stores, svc: &RayService) -> Vec<Arc<Pod>> {
+fn active_pods(stores: &Stores, svc: &RayService) -> Vec<PodRef> {
     let ns = svc.namespace().unwrap_or_default();
     let Some(active) = status_cluster(
         svc.status
@@ -341,7 +347,7 @@ pub fn observe<'a>(
     }
     // An incremental upgrade fits its surge next to the active cluster.
     if let (Ok(Some(change)), Some(Ok(opts))) = (&mut inp.change, &inp.incremental) {
-        let active: Vec<&Pod> = facts
+        let active: Vec<&DynPod> = facts
             .active_cluster
             .as_ref()
             .and_then(|a| inp.pods.get(a))
@@ -521,25 +527,25 @@ fn ledger_pods(
             None => new_cluster_pods(svc, version),
         };
         let Ok(planned) = planned else { continue };
-        let existing: Vec<Arc<Pod>> = match &pending {
+        let existing: Vec<PodRef> = match &pending {
             Some(n) => pods_by_cluster(stores, &ns, &BTreeSet::from([n.clone()]))
                 .remove(n)
                 .unwrap_or_default(),
             None => vec![],
         };
-        let refs: Vec<&Pod> = existing.iter().map(|p| p.as_ref()).collect();
+        let refs: Vec<&DynPod> = existing.iter().map(|p| p.as_ref()).collect();
         if !adm.surge.is_empty() {
             // An incremental transition holds its surge budget to the end.
             let Ok(full) = new_cluster_pods(svc, version) else {
                 continue;
             };
-            let active: Vec<Arc<Pod>> = match &adm.from_cluster {
+            let active: Vec<PodRef> = match &adm.from_cluster {
                 Some(a) => pods_by_cluster(stores, &ns, &BTreeSet::from([a.clone()]))
                     .remove(a)
                     .unwrap_or_default(),
                 None => vec![],
             };
-            let active: Vec<&Pod> = active.iter().map(|p| p.as_ref()).collect();
+            let active: Vec<&DynPod> = active.iter().map(|p| p.as_ref()).collect();
             out.extend(surge::held(
                 &full,
                 &adm.surge,

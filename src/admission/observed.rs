@@ -1,0 +1,259 @@
+//! What a decision reads of a pod that exists: its Ray labels, whether it is
+//! bound, the scheduler's reason it is not, and its effective request.
+//!
+//! The controller hands the decision the capacity index's records
+//! ([`PodRecord`]: a few hundred bytes, requests already in scheduler units)
+//! and never rebuilds `Pod`s from them; the CLI and the unit tests hand it the
+//! full `Pod`s they read. Both answer the same questions through
+//! [`ObservedPod`], so the rules are written once.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{LimitRange, Pod};
+
+use crate::capacity::{self, PODS, PodRecord, ResourceList};
+use crate::podgroup::{LABEL_GROUP, LABEL_NODE_TYPE};
+
+/// The node type label's value on a head pod.
+pub const HEAD: &str = "head";
+
+/// A pod as the decision sees it.
+pub trait ObservedPod {
+    /// `ray.io/node-type`.
+    fn node_type(&self) -> Option<&str>;
+    /// `ray.io/group`.
+    fn group(&self) -> Option<&str>;
+    /// Bound to a node (`spec.nodeName`).
+    fn is_bound(&self) -> bool;
+    /// Succeeded or Failed: it holds nothing.
+    fn is_terminal(&self) -> bool;
+    /// The scheduler's message while the pod is unschedulable
+    /// (`PodScheduled=False`, reason `Unschedulable`, not bound).
+    fn unschedulable_message(&self) -> Option<&str>;
+    /// kube-scheduler's effective request, without the pod slot. A pod that
+    /// exists was admitted with its namespace's LimitRange defaults already;
+    /// `limit_ranges` only fills in what a hand-written `Pod` leaves out.
+    fn requests(&self, limit_ranges: &[LimitRange]) -> crate::Result<ResourceList>;
+}
+
+/// An observed pod of either kind.
+pub type DynPod = dyn ObservedPod + Send + Sync;
+
+/// A shared observed pod, as [`super::Inputs`] holds them.
+pub type PodRef = Arc<DynPod>;
+
+/// The pod's place in its cluster: [`HEAD`], or its worker group's name.
+pub fn group_of<P: ObservedPod + ?Sized>(p: &P) -> String {
+    if p.node_type() == Some(HEAD) {
+        HEAD.to_string()
+    } else {
+        p.group().unwrap_or_default().to_string()
+    }
+}
+
+/// `(node type, group)`: how planned and existing pods are matched (real pod
+/// names carry random suffixes).
+pub fn kind_of<P: ObservedPod + ?Sized>(p: &P) -> (String, String) {
+    (
+        p.node_type().unwrap_or_default().to_string(),
+        p.group().unwrap_or_default().to_string(),
+    )
+}
+
+/// The requests of the pods that hold something, plus one pod slot each.
+pub fn total_requests<'a, P: ObservedPod + ?Sized + 'a>(
+    pods: impl IntoIterator<Item = &'a P>,
+    limit_ranges: &[LimitRange],
+) -> crate::Result<ResourceList> {
+    let mut total = ResourceList::new();
+    let mut slots: i64 = 0;
+    for p in pods {
+        if p.is_terminal() {
+            continue;
+        }
+        capacity::add_into(&mut total, &p.requests(limit_ranges)?);
+        slots = slots.saturating_add(1);
+    }
+    if slots > 0 {
+        capacity::add_into(
+            &mut total,
+            &ResourceList::from([(
+                PODS.to_string(),
+                crate::quantity::Quantity::from_units(slots),
+            )]),
+        );
+    }
+    Ok(total)
+}
+
+impl ObservedPod for Pod {
+    fn node_type(&self) -> Option<&str> {
+        label(self, LABEL_NODE_TYPE)
+    }
+
+    fn group(&self) -> Option<&str> {
+        label(self, LABEL_GROUP)
+    }
+
+    fn is_bound(&self) -> bool {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .is_some()
+    }
+
+    fn is_terminal(&self) -> bool {
+        capacity::requests::is_terminal(self)
+    }
+
+    fn unschedulable_message(&self) -> Option<&str> {
+        if self.is_bound() {
+            return None;
+        }
+        self.status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+            .filter(|c| c.reason.as_deref() == Some("Unschedulable"))
+            .map(|c| c.message.as_deref().unwrap_or("unschedulable"))
+    }
+
+    fn requests(&self, limit_ranges: &[LimitRange]) -> crate::Result<ResourceList> {
+        capacity::pod_requests(self, limit_ranges)
+    }
+}
+
+fn label<'a>(p: &'a Pod, key: &str) -> Option<&'a str> {
+    p.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .map(String::as_str)
+}
+
+impl ObservedPod for PodRecord {
+    fn node_type(&self) -> Option<&str> {
+        self.body.ray.as_ref()?.node_type.as_deref()
+    }
+
+    fn group(&self) -> Option<&str> {
+        self.body.ray.as_ref()?.group.as_deref()
+    }
+
+    fn is_bound(&self) -> bool {
+        self.body.node.is_some()
+    }
+
+    fn is_terminal(&self) -> bool {
+        self.body.phase.is_terminal()
+    }
+
+    fn unschedulable_message(&self) -> Option<&str> {
+        if self.is_bound() {
+            return None;
+        }
+        self.body
+            .ray
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| !c.ready && &*c.status == "False")
+            .filter(|c| c.reason.as_deref() == Some("Unschedulable"))
+            .map(|c| c.message.as_deref().unwrap_or("unschedulable"))
+    }
+
+    fn requests(&self, _: &[LimitRange]) -> crate::Result<ResourceList> {
+        let units = self.body.requests.as_ref().map_err(|e| {
+            crate::Error::invalid(format!("Pod {}/{}", self.key.0, self.key.1), e.to_string())
+        })?;
+        Ok(units
+            .iter()
+            .filter(|(r, _)| r.as_str() != PODS)
+            .map(|(r, u)| {
+                (
+                    r.as_str().to_string(),
+                    capacity::from_scheduler_units(r.as_str(), i128::from(*u)),
+                )
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// Every question has the same answer from the `Pod` and from its record.
+    #[test]
+    fn a_record_answers_as_the_pod_it_was_made_from() {
+        let pods = [
+            pod(json!({
+                "metadata": {"name": "w-1", "namespace": "ml", "labels": {
+                    "ray.io/cluster": "c", "ray.io/node-type": "worker", "ray.io/group": "gpu"}},
+                "spec": {"containers": [{"name": "w", "resources": {
+                    "requests": {"cpu": "1500m", "memory": "1Gi", "nvidia.com/gpu": "2"},
+                    "limits": {"nvidia.com/gpu": "2"}}}]},
+                "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled",
+                    "status": "False", "reason": "Unschedulable",
+                    "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}
+            })),
+            pod(json!({
+                "metadata": {"name": "h", "namespace": "ml", "labels": {
+                    "ray.io/cluster": "c", "ray.io/node-type": "head"}},
+                "spec": {"nodeName": "n1", "containers": [{"name": "h", "resources": {
+                    "requests": {"cpu": "2", "memory": "4Gi"}}}]},
+                "status": {"phase": "Running", "conditions": [{"type": "PodScheduled",
+                    "status": "True"}]}
+            })),
+            pod(json!({
+                "metadata": {"name": "done", "namespace": "ml", "labels": {
+                    "ray.io/cluster": "c", "ray.io/node-type": "worker", "ray.io/group": "gpu"}},
+                "spec": {"nodeName": "n1", "containers": [{"name": "w", "resources": {
+                    "requests": {"cpu": "1"}}}]},
+                "status": {"phase": "Succeeded"}
+            })),
+        ];
+        for p in &pods {
+            let r = PodRecord::from_pod(p);
+            assert_eq!(p.node_type(), r.node_type());
+            assert_eq!(p.group(), r.group());
+            assert_eq!(group_of(p), group_of(&r));
+            assert_eq!(kind_of(p), kind_of(&r));
+            assert_eq!(p.is_bound(), r.is_bound());
+            assert_eq!(p.is_terminal(), r.is_terminal());
+            assert_eq!(p.unschedulable_message(), r.unschedulable_message());
+            assert_eq!(
+                capacity::canonical_map(&p.requests(&[]).unwrap()),
+                capacity::canonical_map(&r.requests(&[]).unwrap())
+            );
+        }
+        let records: Vec<PodRecord> = pods.iter().map(PodRecord::from_pod).collect();
+        assert_eq!(
+            capacity::canonical_map(&total_requests(pods.iter(), &[]).unwrap()),
+            capacity::canonical_map(&total_requests(records.iter(), &[]).unwrap())
+        );
+        assert_eq!(
+            pods[0].unschedulable_message(),
+            Some("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+        );
+        assert_eq!(group_of(&pods[1]), HEAD);
+    }
+
+    #[test]
+    fn a_record_whose_request_did_not_parse_is_an_error_naming_the_pod() {
+        let p = pod(json!({
+            "metadata": {"name": "bad", "namespace": "ml"},
+            "spec": {"containers": [{"name": "w", "resources": {"requests": {"cpu": "lots"}}}]}
+        }));
+        let r = PodRecord::from_pod(&p);
+        let e = r.requests(&[]).unwrap_err().to_string();
+        assert!(e.contains("Pod ml/bad"), "{e}");
+    }
+}
