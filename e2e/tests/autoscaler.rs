@@ -634,10 +634,18 @@ async fn held_upgrades_get_their_capacity_from_karpenter() {
         "{}",
         describe(&admitted)
     );
-    // Deleted before the gate opened.
+    // Deleted before the gate opened: raygate writes the Admitted status, deletes the
+    // buffers, then opens the gate, so the check waits until KubeRay has acted on the
+    // open gate (Upgrading), not only for the status that precedes both.
+    or_panic(
+        e.wait_plan("chat", "upgrading", |p| {
+            matches!(phase(p), "Upgrading" | "Completed")
+        })
+        .await,
+    );
     assert!(
         !or_panic(e.buffers_by_plan().await).contains_key(&chat_uid),
-        "buffers left after admission"
+        "buffers left after the gate opened"
     );
     let done = or_panic(
         e.wait_plan("chat", "Completed", |p| phase(p) == "Completed")
