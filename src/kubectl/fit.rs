@@ -14,7 +14,7 @@ use serde_json::json;
 use super::{KubeArgs, PAGE, connect, not_found, resources};
 use crate::capacity::record::Strings;
 use crate::capacity::slim;
-use crate::capacity::{ClusterState, PartialPod, PodRecord, ResourceList};
+use crate::capacity::{ClusterState, PartialPod, PodRecord, ResourceList, parse_status_map};
 use crate::cli::{self, ExplainArgs, FitArgs, Old};
 use crate::kuberay::{self, RayCluster, RayService, UpgradeType};
 use crate::quantity::Quantity;
@@ -399,12 +399,7 @@ fn reservations(plans: &[UpgradePlan], except: &str) -> BTreeMap<String, String>
             continue;
         };
         if let (Some(_), Some(capacity)) = (&status.admitted, &status.capacity) {
-            let list: ResourceList = capacity
-                .needed
-                .iter()
-                .filter_map(|(k, v)| Quantity::parse(v).ok().map(|q| (k.clone(), q)))
-                .collect();
-            crate::capacity::add_into(&mut total, &list);
+            crate::capacity::add_into(&mut total, &parse_status_map(&capacity.needed));
         }
     }
     crate::capacity::canonical_map(&total)

@@ -13,7 +13,7 @@ use serde_with::skip_serializing_none;
 use super::{Format, KubeArgs, connect, resources};
 use crate::Result;
 use crate::admission::ledger::{self, Candidate};
-use crate::capacity::{ACCELERATORS, ResourceList};
+use crate::capacity::{ACCELERATORS, ResourceList, parse_status_map, sum_of};
 use crate::cli;
 use crate::quantity::Quantity;
 use crate::upgradeplan::{UpgradePlan, UpgradePlanStatus};
@@ -145,19 +145,6 @@ pub(super) async fn queue(kube: &KubeArgs, all: bool, output: Format) -> Result<
     render_queue(&entries, all, output, Timestamp::now())
 }
 
-fn sum_q(m: &BTreeMap<String, String>, names: &[&str]) -> Option<Quantity> {
-    let mut total: Option<Quantity> = None;
-    for n in names {
-        if let Some(q) = m.get(*n).and_then(|v| Quantity::parse(v).ok()) {
-            total = Some(match total {
-                Some(t) => t.saturating_add(&q),
-                None => q,
-            });
-        }
-    }
-    total
-}
-
 /// One column of quantities in one unit, as kubectl prints a column
 /// (`18000m 64500m`, never `18 64500m`); `-` where there is none.
 fn column_in_one_unit(cells: &[Option<Quantity>]) -> Vec<String> {
@@ -220,7 +207,7 @@ pub fn render_queue(
         column_in_one_unit(
             &entries
                 .iter()
-                .map(|e| sum_q(of(e), names))
+                .map(|e| sum_of(&parse_status_map(of(e)), names))
                 .collect::<Vec<_>>(),
         )
     };
