@@ -357,7 +357,8 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
         notes.push((
             "Reserved:",
             format!(
-                "by upgrades admitted in {ns} (not counted here; see `kubectl raygate queue`): {}",
+                "at most {} by upgrades admitted in {ns}, until their pods are bound \
+                 (not counted here; see `kubectl raygate queue`)",
                 resources(&reserved)
             ),
         ));
@@ -388,7 +389,9 @@ async fn plans_in(client: &Client, ns: &str) -> Result<Vec<UpgradePlan>> {
     }
 }
 
-/// What admitted upgrades of other RayServices hold in the ledger, summed.
+/// What admitted upgrades of other RayServices need, summed: the most the
+/// ledger holds for them (it holds what of it is not bound yet; the status
+/// does not say how much that is).
 fn reservations(plans: &[UpgradePlan], except: &str) -> BTreeMap<String, String> {
     let mut total = ResourceList::new();
     for p in plans

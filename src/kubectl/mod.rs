@@ -2,7 +2,8 @@
 //! cluster. The same commands are `raygate approve|pause|resume|queue|...`.
 //!
 //! Nothing here decides anything: approval is the merge patch of
-//! `spec.approve` that docs/upgradeplan.md describes, the queue order is
+//! `spec.approve` that docs/upgradeplan.md describes, the queue is the plans
+//! [`crate::upgradeplan::UpgradePlanStatus::queued_for_capacity`] in
 //! [`crate::admission::ledger::order`] (the controller's), and `explain` /
 //! `fit` are the offline commands of [`crate::cli`] fed with live objects.
 //!
@@ -125,8 +126,10 @@ pub enum Command {
         #[command(flatten)]
         kube: KubeArgs,
     },
-    /// The upgrades raygate is running and those waiting, in the order it
-    /// will consider them: priority, then waiting time.
+    /// The upgrades raygate is running, those waiting for capacity in the
+    /// order it will consider them (priority, then waiting time), then the
+    /// changes held otherwise (approval, pause, maintenance window, error),
+    /// which have no place in the queue yet (`-` in #).
     Queue {
         /// Every namespace.
         #[arg(short = 'A', long)]

@@ -23,8 +23,15 @@ use crate::upgradeplan::{UpgradePlan, UpgradePlanStatus};
 #[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueEntry {
-    /// 1-based place among the waiting upgrades; none for admitted ones.
+    /// 1-based place in the admission queue, among the plans queued for
+    /// capacity ([`UpgradePlanStatus::queued_for_capacity`]); none for
+    /// admitted ones and for changes held otherwise (approval, a pause, a
+    /// maintenance window, an overridden gate, an error: `phase` and
+    /// `waitingFor` say which).
     pub position: Option<usize>,
+    /// The change is admitted (its transition runs, or KubeRay has yet to
+    /// start it).
+    pub admitted: bool,
     pub namespace: String,
     pub name: String,
     pub ray_service: String,
@@ -34,77 +41,91 @@ pub struct QueueEntry {
     pub priority: i32,
     /// `spec.priority`, when the ceiling lowered it.
     pub requested_priority: Option<i32>,
-    /// Since when the change has waited (waiting) or was admitted (admitted).
+    /// Since when the change has waited (not admitted) or was admitted.
     pub since: Option<String>,
     pub fingerprint: Option<String>,
-    /// What the new cluster requests.
+    /// What the new cluster requests (an incremental upgrade's: its surge),
+    /// as measured when it was last fitted.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub needs: BTreeMap<String, String>,
     pub waiting_for: Option<String>,
-    /// Held in the ledger for an admitted upgrade until its pods are bound.
+    /// An admitted upgrade's `needs`: the most the controller's ledger holds
+    /// for it. The ledger holds only what of it is not bound yet, so this is
+    /// an upper bound, which shrinks to nothing as KubeRay's pods are bound.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub reserved: BTreeMap<String, String>,
 }
 
 /// The queue: admitted upgrades first (they hold reservations), then the
-/// waiting ones in the controller's admission order.
+/// plans queued for capacity in the controller's admission order, then the
+/// other pending changes (held for approval, by a pause, a maintenance
+/// window, an overridden gate, an error), which have no place in the queue
+/// until they wait for capacity alone.
 pub fn queue_entries(plans: &[UpgradePlan]) -> Vec<QueueEntry> {
     let mut admitted = vec![];
-    let mut waiting = vec![];
+    let (mut queued, mut held) = (vec![], vec![]);
     let mut by_key = BTreeMap::new();
     for p in plans {
         let Some(status) = &p.status else { continue };
         let key = (p.namespace().unwrap_or_default(), p.name_any());
+        let needs = status
+            .capacity
+            .as_ref()
+            .map(|c| c.needed.clone())
+            .unwrap_or_default();
         if let Some(a) = &status.admitted {
             admitted.push(QueueEntry {
-                position: None,
+                admitted: true,
                 since: Some(a.admitted_time.to_string()),
                 fingerprint: Some(a.fingerprint.clone()),
-                needs: status
-                    .capacity
-                    .as_ref()
-                    .map(|c| c.needed.clone())
-                    .unwrap_or_default(),
-                reserved: status
-                    .capacity
-                    .as_ref()
-                    .map(|c| c.needed.clone())
-                    .unwrap_or_default(),
+                reserved: needs.clone(),
+                needs,
                 ..entry(p, status)
             });
-        } else if let Some(c) = &status.pending_change {
-            waiting.push(Candidate {
-                namespace: key.0.clone(),
-                name: key.1.clone(),
-                priority: effective_priority(p, status),
-                waiting_since: c.detected_time,
-                pods: vec![],
-                headroom: ResourceList::new(),
-            });
-            by_key.insert(
-                key,
-                QueueEntry {
-                    since: Some(c.detected_time.to_string()),
-                    fingerprint: Some(c.fingerprint.clone()),
-                    needs: status
-                        .capacity
-                        .as_ref()
-                        .map(|c| c.needed.clone())
-                        .unwrap_or_default(),
-                    ..entry(p, status)
-                },
-            );
+            continue;
         }
+        let pending = status.pending_change.as_ref();
+        if !status.queued_for_capacity() && pending.is_none() {
+            continue;
+        }
+        let candidate = Candidate {
+            namespace: key.0.clone(),
+            name: key.1.clone(),
+            priority: effective_priority(p, status),
+            // The controller counts a queued plan without a recorded change
+            // (never written so) as waiting since now: behind every other.
+            waiting_since: pending.map_or(Timestamp::MAX, |c| c.detected_time),
+            pods: vec![],
+            headroom: ResourceList::new(),
+        };
+        if status.queued_for_capacity() {
+            queued.push(candidate);
+        } else {
+            held.push(candidate);
+        }
+        by_key.insert(
+            key,
+            QueueEntry {
+                since: pending.map(|c| c.detected_time.to_string()),
+                fingerprint: pending.map(|c| c.fingerprint.clone()),
+                needs,
+                ..entry(p, status)
+            },
+        );
     }
     admitted
         .sort_by(|a, b| (&a.since, &a.namespace, &a.name).cmp(&(&b.since, &b.namespace, &b.name)));
-    ledger::order(&mut waiting);
+    ledger::order(&mut queued);
+    ledger::order(&mut held);
     let mut out = admitted;
-    for (i, c) in waiting.iter().enumerate() {
+    for (i, c) in queued.iter().enumerate() {
         if let Some(mut e) = by_key.remove(&(c.namespace.clone(), c.name.clone())) {
             e.position = Some(i + 1);
             out.push(e);
         }
+    }
+    for c in &held {
+        out.extend(by_key.remove(&(c.namespace.clone(), c.name.clone())));
     }
     out
 }
@@ -118,6 +139,7 @@ fn effective_priority(p: &UpgradePlan, status: &UpgradePlanStatus) -> i32 {
 fn entry(p: &UpgradePlan, status: &UpgradePlanStatus) -> QueueEntry {
     QueueEntry {
         position: None,
+        admitted: false,
         namespace: p.namespace().unwrap_or_default(),
         name: p.name_any(),
         ray_service: p.spec.ray_service_ref.name.clone(),
@@ -198,7 +220,9 @@ pub fn render_queue(
     if wide {
         head.extend(["CPU NEEDED", "MEMORY NEEDED"]);
     }
-    head.extend(["RESERVED", "WAITING FOR"]);
+    // What an admitted upgrade needs: the ledger holds at most that, and
+    // only until its pods are bound (the status does not say how much is left).
+    head.extend(["RESERVED UP TO", "WAITING FOR"]);
     if wide {
         head.push("FINGERPRINT");
     }
@@ -217,10 +241,11 @@ pub fn render_queue(
     let gpus_reserved = column(&ACCELERATORS, |e| &e.reserved);
     for (i, e) in entries.iter().enumerate() {
         let cell = |c: &[String]| c.get(i).cloned().unwrap_or_else(|| "-".into());
-        let mut r = vec![
-            e.position
-                .map_or_else(|| "admitted".into(), |p| p.to_string()),
-        ];
+        let mut r = vec![match (e.position, e.admitted) {
+            (Some(p), _) => p.to_string(),
+            (None, true) => "admitted".into(),
+            (None, false) => "-".into(),
+        }];
         if all {
             r.push(e.namespace.clone());
         }
@@ -230,10 +255,10 @@ pub fn render_queue(
             Some(asked) => format!("{} (asked {asked})", e.priority),
             None => e.priority.to_string(),
         });
-        r.push(if e.position.is_some() {
-            age(e.since.as_deref(), now)
-        } else {
+        r.push(if e.admitted {
             "-".into()
+        } else {
+            age(e.since.as_deref(), now)
         });
         r.push(cell(&gpus_needed));
         if wide {
@@ -368,8 +393,8 @@ mod tests {
         assert_eq!(
             lines[0].split_whitespace().collect::<Vec<_>>(),
             [
-                "#", "NAME", "PHASE", "PRIORITY", "WAITING", "GPUS", "NEEDED", "RESERVED",
-                "WAITING", "FOR"
+                "#", "NAME", "PHASE", "PRIORITY", "WAITING", "GPUS", "NEEDED", "RESERVED", "UP",
+                "TO", "WAITING", "FOR"
             ]
         );
         assert!(
@@ -401,6 +426,98 @@ mod tests {
         assert_eq!(v["items"][1]["name"], "urgent");
         assert_eq!(v["items"][1]["position"], 1);
         assert_eq!(v["items"][0].get("position"), None);
+        assert_eq!(v["items"][0]["admitted"], true);
+        assert_eq!(v["items"][1]["admitted"], false);
+    }
+
+    /// A pending change held for approval, by a pause, a maintenance window
+    /// or an error is not in the controller's queue: listed after it, with no
+    /// place, and what it waits for.
+    #[test]
+    fn changes_held_otherwise_follow_the_queue_without_a_place() {
+        let held = |phase: Phase, why: &str, fp: &str, since: &str| {
+            let mut s = waiting(fp, since, "8");
+            if let Some(s) = s.as_mut() {
+                s.phase = phase;
+                s.waiting_for = Some(why.into());
+            }
+            s
+        };
+        let plans = vec![
+            plan(
+                "paused",
+                0,
+                held(
+                    Phase::Paused,
+                    "policy Paused",
+                    "fp1",
+                    "2026-12-02T11:30:00Z",
+                ),
+            ),
+            plan(
+                "approve-me",
+                9,
+                held(
+                    Phase::WaitingForApproval,
+                    "approval",
+                    "fp2",
+                    "2026-12-02T11:40:00Z",
+                ),
+            ),
+            plan("queued", 0, waiting("fp3", "2026-12-02T11:50:00Z", "8")),
+            plan(
+                "window",
+                0,
+                held(
+                    Phase::Pending,
+                    "maintenance window",
+                    "fp4",
+                    "2026-12-02T11:00:00Z",
+                ),
+            ),
+        ];
+        let q = queue_entries(&plans);
+        let names: Vec<_> = q.iter().map(|e| (e.position, e.name.as_str())).collect();
+        assert_eq!(
+            names,
+            [
+                (Some(1), "queued"),
+                (None, "approve-me"),
+                (None, "window"),
+                (None, "paused")
+            ]
+        );
+        let text = render_queue(&q, false, Format::Text, now()).unwrap();
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows[0][..3],
+            ["1", "queued", "WaitingForCapacity"],
+            "{text}"
+        );
+        assert_eq!(
+            rows[1][..5],
+            ["-", "approve-me", "WaitingForApproval", "9", "20m"],
+            "{text}"
+        );
+        assert_eq!(rows[1].last(), Some(&"approval"), "{text}");
+        assert_eq!(rows[2][..3], ["-", "window", "Pending"], "{text}");
+        assert!(text.lines().nth(3).unwrap().ends_with("maintenance window"));
+        assert_eq!(rows[3][..3], ["-", "paused", "Paused"], "{text}");
+        assert!(!text.contains("admitted"), "{text}");
+        let v: Value =
+            serde_json::from_str(&render_queue(&q, false, Format::Json, now()).unwrap()).unwrap();
+        assert_eq!(v["items"][0]["position"], 1);
+        for e in v["items"].as_array().unwrap().iter().skip(1) {
+            assert_eq!(e.get("position"), None, "{e}");
+            assert_eq!(e["admitted"], false, "{e}");
+        }
+        assert_eq!(v["items"][1]["phase"], "WaitingForApproval");
+        assert_eq!(v["items"][1]["waitingFor"], "approval");
+        assert_eq!(v["items"][1]["fingerprint"], "fp2");
     }
 
     /// CPU NEEDED of one plan at 500m and another at 8 reads `500m 8000m`.
