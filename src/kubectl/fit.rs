@@ -6,18 +6,19 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{LimitRange, Node};
 use kube::api::{Api, ListParams, ObjectList};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::{KubeArgs, PAGE, connect, not_found, resources};
+use crate::admission::{Hold, Settings};
 use crate::capacity::record::Strings;
 use crate::capacity::slim;
 use crate::capacity::{ClusterState, PartialPod, PodRecord, ResourceList, parse_status_map};
 use crate::cli::{self, ExplainArgs, FitArgs, Old};
 use crate::kuberay::{self, RayCluster, RayService, UpgradeType};
-use crate::quantity::Quantity;
 use crate::upgradeplan::UpgradePlan;
 use crate::{Error, Result};
 
@@ -283,6 +284,10 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
     }
     // Nothing to fit when KubeRay builds no new cluster for the file (the
     // change completed, or only replicas or the Serve config changed).
+    // Otherwise the change's fingerprint, as the controller computes it
+    // (`observe::change_against`: the normalised, muted new rayClusterConfig,
+    // whichever cluster and gate it is compared with).
+    let mut fingerprint = None;
     if let Some(live) = &live
         && let Some((cluster, role)) = compared_cluster(live)
     {
@@ -313,6 +318,7 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
                 );
                 return cli::no_new_cluster(args, &c, &notes);
             }
+            fingerprint = Some(c.fingerprint);
         }
     }
     match live {
@@ -327,15 +333,18 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
     }
     let mut headroom: ResourceList = args.headroom.iter().cloned().collect();
     let plans = plans_in(&client, &ns).await?;
+    let mut holds = None;
     if let Some(plan) = plans.iter().find(|p| p.spec.ray_service_ref.name == name) {
+        // The plan's spec as the controller reads it: a spec it refuses is
+        // refused here, with the same field paths.
+        let settings = Settings::of(plan).map_err(|e| {
+            Error::invalid(
+                format!("UpgradePlan {ns}/{}", plan.name_any()),
+                e.to_string(),
+            )
+        })?;
         if headroom.is_empty() {
-            for (k, v) in &plan.spec.headroom {
-                let q = Quantity::parse_field(
-                    &format!("UpgradePlan {ns}/{} spec.headroom[{k}]", plan.name_any()),
-                    v,
-                )?;
-                headroom.insert(k.clone(), q);
-            }
+            headroom = settings.headroom.clone();
         }
         notes.push((
             "UpgradePlan:",
@@ -346,6 +355,11 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
                 plan.spec.priority
             ),
         ));
+        if let Some(fp) = &fingerprint {
+            let found = plan_holds(plan, &settings, fp, Timestamp::now());
+            notes.extend(hold_notes(&found));
+            holds = Some(found);
+        }
     }
     let mut state = live_state(&client).await?;
     state
@@ -370,8 +384,48 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
         Path::new("cluster state"),
         &svc,
         headroom,
-        &notes,
+        &cli::FitContext {
+            notes: &notes,
+            holds: holds.as_deref(),
+        },
     )
+}
+
+/// The holds the controller would put on change `fingerprint` of `plan`
+/// ([`crate::admission::holds`]): none once that change is admitted (the
+/// controller then tracks it).
+fn plan_holds(
+    plan: &UpgradePlan,
+    settings: &Settings,
+    fingerprint: &str,
+    now: Timestamp,
+) -> Vec<Hold> {
+    let admitted = plan
+        .status
+        .as_ref()
+        .and_then(|s| s.admitted.as_ref())
+        .is_some_and(|a| a.fingerprint == fingerprint);
+    if admitted {
+        return vec![];
+    }
+    crate::admission::holds(plan, settings, fingerprint, now)
+}
+
+/// One `Held:` line per hold, before the fit.
+fn hold_notes(holds: &[Hold]) -> Vec<(&'static str, String)> {
+    holds
+        .iter()
+        .map(|h| {
+            (
+                "Held:",
+                format!(
+                    "{} (phase {}): the upgrade does not proceed, whether or not it fits",
+                    h.message(),
+                    h.phase().as_str()
+                ),
+            )
+        })
+        .collect()
 }
 
 /// The UpgradePlans of a namespace; none where raygate's CRD is not
@@ -537,6 +591,49 @@ mod tests {
         let same = cli::with_live_serve_config(cluster_only, &new, &new);
         assert_eq!(same.verdict, kuberay::Verdict::NoChange);
         assert!(same.serve_config_paths.is_empty());
+    }
+
+    /// Every hold the controller would make on the change, one `Held:` line
+    /// each; none once the change is admitted (the controller tracks it).
+    #[test]
+    fn live_fit_shows_every_hold_of_the_plan() {
+        let spec = json!({
+            "rayServiceRef": {"name": "chat"}, "policy": "Manual", "approve": "0123456789ab",
+            "maintenanceWindows": [{"schedule": "0 2 * * *", "duration": "2h"}]
+        });
+        let mut plan = UpgradePlan::new("chat", serde_json::from_value(spec).unwrap());
+        let settings = Settings::of(&plan).unwrap();
+        let noon: Timestamp = "2026-12-02T12:00:00Z".parse().unwrap();
+        let fp = "6aca5d208cb0";
+        let holds = plan_holds(&plan, &settings, fp, noon);
+        let kinds: Vec<&str> = holds.iter().map(Hold::as_str).collect();
+        assert_eq!(kinds, ["Approval", "MaintenanceWindow"]);
+        let mut text = String::new();
+        for (label, value) in hold_notes(&holds) {
+            cli::field(&mut text, label, &value);
+        }
+        let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("Held:")).collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(
+            lines[0].starts_with("Held:         policy Manual: approve with `kubectl raygate approve chat --fingerprint 6aca5d208cb0`"),
+            "{text}"
+        );
+        assert!(
+            text.contains("no maintenance window is open now (UTC) (phase Pending)"),
+            "{text}"
+        );
+        // At 03:00 the window is open: only the approval is missing.
+        let night: Timestamp = "2026-12-02T03:00:00Z".parse().unwrap();
+        assert_eq!(plan_holds(&plan, &settings, fp, night).len(), 1);
+        // This change is admitted already: no hold.
+        plan.status = Some(crate::upgradeplan::UpgradePlanStatus {
+            admitted: Some(crate::upgradeplan::Admission {
+                fingerprint: fp.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        assert!(plan_holds(&plan, &settings, fp, noon).is_empty());
     }
 
     #[test]

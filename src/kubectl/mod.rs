@@ -5,12 +5,15 @@
 //! `spec.approve` that docs/upgradeplan.md describes, the queue is the plans
 //! [`crate::upgradeplan::UpgradePlanStatus::queued_for_capacity`] in
 //! [`crate::admission::ledger::order`] (the controller's), and `explain` /
-//! `fit` are the offline commands of [`crate::cli`] fed with live objects.
+//! `fit` are the offline commands of [`crate::cli`] fed with live objects,
+//! with the plan's spec read by [`crate::admission::Settings`] and its holds
+//! by [`crate::admission::holds`].
 //!
 //! Exit codes: 0 done; 1 invalid input, or the object does not allow it
 //! (not found, nothing to approve, another fingerprint pending); 2 usage;
-//! 3 no fit with `--fail-if-no-fit`; 4 the cluster could not be reached or
-//! refused the request (including a concurrent change of the plan).
+//! 3 no fit (or held by the UpgradePlan) with `--fail-if-no-fit`; 4 the
+//! cluster could not be reached or refused the request (including a
+//! concurrent change of the plan).
 //!
 //! Here: the commands, connecting, dispatch and what they share; in
 //! `approve.rs` `approve`, `pause` and `resume` (the writes of `spec.approve`
@@ -49,7 +52,8 @@ pub const PAUSED_POLICY_ANNOTATION: &str = "raygate.io/paused-policy";
 
 /// Exit code when the cluster could not be reached or refused the request.
 const EXIT_API: u8 = 4;
-/// Exit code of `fit --fail-if-no-fit` when the new cluster does not fit.
+/// Exit code of `fit --fail-if-no-fit` when the new cluster does not fit or
+/// its UpgradePlan holds the change.
 const EXIT_NO_FIT: u8 = 3;
 /// Page size when listing pods: a large cluster's pods are never all in memory
 /// as received, only as records for the fit.
@@ -91,12 +95,17 @@ pub enum Command {
         kube: KubeArgs,
     },
     /// Check whether a RayService's new cluster fits. With --state, offline;
-    /// without it, against the live nodes and pods. Exit 0 whether or not it
-    /// fits, unless --fail-if-no-fit.
+    /// without it, against the live nodes and pods, and with the holds its
+    /// UpgradePlan puts on the change whatever the capacity (policy Paused,
+    /// policy Manual without approval of this change, no maintenance window
+    /// open now: `Held:` lines, `holds` in JSON). Exit 0 whether or not it
+    /// fits or is held, unless --fail-if-no-fit.
     Fit {
         #[command(flatten)]
         args: FitArgs,
-        /// Exit 3 when the new cluster does not fit (for CI gates).
+        /// Exit 3 when the new cluster does not fit, or (live) when its
+        /// UpgradePlan holds the change: either way the upgrade would not
+        /// proceed now (for CI gates).
         #[arg(long)]
         fail_if_no_fit: bool,
         #[command(flatten)]
@@ -165,7 +174,7 @@ pub async fn run(command: Command, cli: clap::Command, bin: &str) -> ExitCode {
             fail_if_no_fit,
             kube,
         } => fit(&args, &kube).await.map(|o| {
-            let code = if fail_if_no_fit && !o.fits {
+            let code = if fail_if_no_fit && (!o.fits || o.held) {
                 EXIT_NO_FIT
             } else {
                 0
