@@ -385,6 +385,17 @@ pub struct UpgradePlanStatus {
     pub incremental: Option<IncrementalStatus>,
 }
 
+impl UpgradePlanStatus {
+    /// Waiting in the admission queue: held for capacity alone
+    /// (`WaitingForCapacity`) and not admitted. Only such a plan competes for
+    /// capacity in the controller's admission pass and has a place in
+    /// `kubectl raygate queue`; a change held for approval, by a pause, a
+    /// maintenance window, an overridden gate or an error waits outside it.
+    pub fn queued_for_capacity(&self) -> bool {
+        self.phase == Phase::WaitingForCapacity && self.admitted.is_none()
+    }
+}
+
 /// The KubeRay release raygate applies, as recorded in status.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -795,6 +806,27 @@ pub fn crd_yaml() -> crate::Result<String> {
 mod tests {
     use super::*;
     use kube::CustomResourceExt;
+
+    #[test]
+    fn only_a_change_waiting_for_capacity_alone_is_queued() {
+        for phase in Phase::ALL {
+            let s = UpgradePlanStatus {
+                phase,
+                ..Default::default()
+            };
+            assert_eq!(
+                s.queued_for_capacity(),
+                phase == Phase::WaitingForCapacity,
+                "{phase:?}"
+            );
+        }
+        let admitted = UpgradePlanStatus {
+            phase: Phase::WaitingForCapacity,
+            admitted: Some(Admission::default()),
+            ..Default::default()
+        };
+        assert!(!admitted.queued_for_capacity());
+    }
 
     #[test]
     fn committed_crd_is_current() {

@@ -470,4 +470,19 @@ async fn explain_and_fit_read_the_live_rayservice_its_cluster_and_the_nodes() {
     let (code, out, err) = plugin(&cp, &["fit", "-f", &v2, "-n", &ns, "--fail-if-no-fit"]);
     assert_eq!(code, 3, "8 GPUs free, 8 needed, 8 headroom: {out}{err}");
     assert!(out.contains(&format!("UpgradePlan:  {ns}/chat")), "{out}");
+    // Policy Auto, no maintenance window: the plan holds nothing.
+    let (code, out, err) = plugin(&cp, &["fit", "-f", &v2, "-n", &ns, "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json_of(&out)["holds"], json!([]), "{out}");
+    // Paused: held whatever the capacity, and fit says so.
+    let pause = json!({"spec": {"policy": "Paused"}});
+    plans(&client, &ns)
+        .patch("chat", &PatchParams::default(), &Patch::Merge(&pause))
+        .await
+        .expect("pause the plan");
+    let (code, out, err) = plugin(&cp, &["fit", "-f", &v2, "-n", &ns, "-o", "json"]);
+    assert_eq!(code, 0, "held, without --fail-if-no-fit: {err}");
+    assert_eq!(json_of(&out)["holds"][0]["hold"], "Paused", "{out}");
+    let (_, out, _) = plugin(&cp, &["fit", "-f", &v2, "-n", &ns]);
+    assert!(out.contains("Held:"), "{out}");
 }

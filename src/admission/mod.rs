@@ -11,11 +11,13 @@
 //! - [`fit`]: the capacity step, over the ledger, the queue and the pass;
 //! - [`render`]: the status, conditions and messages the rules produce;
 //! - [`settings`]: the plan's spec as typed values;
+//! - [`hold`]: what holds a pending change before capacity (policy, windows);
 //! - [`ledger`], [`priority`], [`pass`]: the cluster-wide queue;
 //! - [`stall`]: why a running transition is not finishing;
 //! - [`surge`]: what an incremental upgrade needs and holds.
 
 pub mod fit;
+pub mod hold;
 pub mod ledger;
 pub mod observed;
 pub mod pass;
@@ -36,6 +38,7 @@ use crate::kuberay::{UpgradeType, Verdict};
 use crate::upgradeplan::{PlanUpgradeType, UpgradePlan, UpgradePlanStatus};
 
 pub use fit::Cluster;
+pub use hold::{Hold, holds};
 pub use settings::Settings;
 
 /// The value raygate wants in `spec.upgradeStrategy.type`.

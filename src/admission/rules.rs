@@ -36,11 +36,10 @@ use jiff::Timestamp;
 
 use super::render::{self, Builder};
 use super::{
-    ADMISSION_TTL, ChangeFacts, EventReason, Gate, Inputs, Outcome, REQUEUE_ACTIVE, REQUEUE_IDLE,
-    REQUEUE_WAITING, ServiceFacts, Settings, stall,
+    ADMISSION_TTL, ChangeFacts, EventReason, Gate, Hold, Inputs, Outcome, REQUEUE_ACTIVE,
+    REQUEUE_IDLE, REQUEUE_WAITING, ServiceFacts, Settings, stall,
 };
 use crate::kuberay::ReleaseProblem;
-use crate::schedule;
 use crate::upgradeplan::{
     Admission, PendingChange, Phase, Policy, TransitionOutcome, TransitionRecord, condition,
 };
@@ -122,15 +121,6 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
     }
 }
 
-/// Why a pending change waits for a human.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PolicyHold {
-    /// `policy: Paused`.
-    Paused,
-    /// `policy: Manual` and `spec.approve` names another change, or none.
-    Approval,
-}
-
 /// What every rule reads.
 struct Rules<'a> {
     inp: &'a Inputs<'a>,
@@ -202,16 +192,26 @@ impl Rules<'_> {
             Ok(Some(c)) => c,
         };
         self.record_pending(b, change);
-        let held = self.policy_hold(change);
+        let holds = super::holds(
+            self.inp.plan,
+            self.settings,
+            &change.fingerprint,
+            self.now(),
+        );
+        // A change held by its policy waits for a human first; the windows
+        // are checked once the policy lets it through.
+        let held = holds.iter().find(|h| h.is_policy());
         if held.is_none() && self.approval_is_news(b, change) {
             self.approved(b, change);
         }
-        if held.is_none() && !schedule::any_open(&self.settings.windows, self.now()) {
+        if held.is_none()
+            && let Some(window) = holds.first()
+        {
             return b.hold(
-                Phase::Pending,
-                "maintenance window",
-                "no maintenance window is open now (UTC)",
-                Outcome::HeldWindow,
+                window.phase(),
+                window.waiting_for(),
+                &window.message(),
+                window.outcome(),
             );
         }
         let report = match super::fit::of_change(self.inp, self.settings, change) {
@@ -296,18 +296,6 @@ impl Rules<'_> {
         b.requeue = REQUEUE_WAITING;
     }
 
-    /// `Paused`, or `Manual` without this change's approval.
-    fn policy_hold(&self, change: &ChangeFacts) -> Option<PolicyHold> {
-        let spec = &self.inp.plan.spec;
-        match spec.policy {
-            Policy::Paused => Some(PolicyHold::Paused),
-            Policy::Manual if spec.approve.as_deref() != Some(change.fingerprint.as_str()) => {
-                Some(PolicyHold::Approval)
-            }
-            _ => None,
-        }
-    }
-
     /// Held by policy, with what the change needs and whether it would fit
     /// now; one Event when the change starts waiting.
     fn await_policy(
@@ -315,25 +303,15 @@ impl Rules<'_> {
         b: &mut Builder<'_>,
         change: &ChangeFacts,
         report: &crate::capacity::FitReport,
-        hold: PolicyHold,
+        hold: &Hold,
     ) {
         let needs = render::needs_text(report);
         let fp = &change.fingerprint;
-        let (phase, short, how, reason, what) = match hold {
-            PolicyHold::Paused => (
-                Phase::Paused,
-                "policy Paused",
-                "the plan's policy is Paused; set policy to Auto or Manual to proceed".to_string(),
-                EventReason::Paused,
-                "is held: the plan's policy is Paused",
-            ),
-            PolicyHold::Approval => (
-                Phase::WaitingForApproval,
-                "approval",
-                render::approval_hint(
-                    self.inp.plan.metadata.name.as_deref().unwrap_or_default(),
-                    fp,
-                ),
+        let (phase, short, how) = (hold.phase(), hold.waiting_for(), hold.message());
+        let (reason, what) = match hold {
+            Hold::Paused => (EventReason::Paused, "is held: the plan's policy is Paused"),
+            // Only policy holds come here.
+            Hold::Approval { .. } | Hold::Window => (
                 EventReason::WaitingForApproval,
                 "waits for approval (policy Manual)",
             ),
@@ -344,12 +322,7 @@ impl Rules<'_> {
                 .as_ref()
                 .map(|p| p.fingerprint.as_str())
                 != Some(fp);
-        b.hold(
-            phase,
-            short,
-            &format!("{how}; {needs}"),
-            Outcome::HeldPolicy,
-        );
+        b.hold(phase, short, &format!("{how}; {needs}"), hold.outcome());
         if news {
             let paths = change.triggering_paths.join(", ");
             b.change_event(

@@ -112,6 +112,30 @@ pub(crate) fn parse_resource_list_with(
         .collect()
 }
 
+/// The sum of the resources `names` in `m` (the GPUs of [`ACCELERATORS`], or
+/// one resource), saturating; `None` when `m` has none of them. The status
+/// columns (`gpusNeeded`, ...) and `kubectl raygate queue` add up alike.
+pub fn sum_of(m: &ResourceList, names: &[&str]) -> Option<Quantity> {
+    let mut total: Option<Quantity> = None;
+    for n in names {
+        if let Some(q) = m.get(*n) {
+            total = Some(match total {
+                Some(t) => t.saturating_add(q),
+                None => q.clone(),
+            });
+        }
+    }
+    total
+}
+
+/// A status map (`status.capacity.needed`) as quantities; a value that does
+/// not parse is left out (the controller writes canonical quantities).
+pub fn parse_status_map(m: &BTreeMap<String, String>) -> ResourceList {
+    m.iter()
+        .filter_map(|(k, v)| Quantity::parse(v).ok().map(|q| (k.clone(), q)))
+        .collect()
+}
+
 /// A quantity in the scheduler's integer unit for `resource`: millicores for
 /// cpu, whole units (rounded up) for everything else.
 pub fn scheduler_units(resource: &str, q: &Quantity) -> i128 {
@@ -171,6 +195,31 @@ pub(crate) mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), Quantity::parse(v).unwrap()))
             .collect()
+    }
+
+    /// A total past what i128 nanos hold clamps at the limit; it never drops
+    /// an addend (which printed a total smaller than one of its parts).
+    #[test]
+    fn sums_of_extreme_quantities_saturate() {
+        let huge = "170141183460469231731"; // > i128::MAX nanos / 1e9 units
+        let m = rl(&[("nvidia.com/gpu", "1E"), ("amd.com/gpu", huge)]);
+        let total = sum_of(&m, &["nvidia.com/gpu", "amd.com/gpu"]).expect("total");
+        let one_e = Quantity::parse("1E").expect("1E");
+        assert!(total >= one_e, "{}", total.canonical());
+        let m = rl(&[
+            ("nvidia.com/gpu", "9223372036854775807"),
+            ("amd.com/gpu", "100Mi"),
+        ]);
+        assert_eq!(
+            sum_of(&m, &["nvidia.com/gpu", "amd.com/gpu"]).map(|q| q.canonical()),
+            Some("9223372036959633407".to_string())
+        );
+        assert_eq!(sum_of(&m, &["cpu"]), None);
+        let parsed = parse_status_map(&BTreeMap::from([
+            ("cpu".to_string(), "500m".to_string()),
+            ("memory".to_string(), "lots".to_string()),
+        ]));
+        assert_eq!(parsed, rl(&[("cpu", "500m")]));
     }
 
     #[test]

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::input::{in_file, kind_of, parse_as, read_one, read_service, read_state};
 use super::{FitArgs, field, kuberay_version, plan_groups};
+use crate::admission::Hold;
 use crate::capacity::{self, ClusterState, FitReport, FitRequest, PodRecord, ResourceList};
 use crate::kuberay::{self, Classification, KubeRayVersion, OldSide, RayService, Verdict};
 use crate::quantity::{Quantity, in_one_unit};
@@ -32,6 +33,20 @@ struct FitJson<'a> {
     available: Option<ResourceList>,
     #[serde(skip_serializing_if = "Option::is_none")]
     fits: Option<bool>,
+    /// Live, with an UpgradePlan for the RayService: every hold the
+    /// controller would put on the change whatever the capacity (its policy,
+    /// its maintenance windows); empty when none. Absent offline or without
+    /// a plan.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    holds: Option<&'a [Hold]>,
+}
+
+/// What comes with the answer: lines printed before it and, live, the
+/// holds of the RayService's UpgradePlan.
+pub(crate) struct Context<'a> {
+    pub notes: &'a [(&'a str, String)],
+    /// `None` offline or without a plan.
+    pub holds: Option<&'a [Hold]>,
 }
 
 /// Does KubeRay build a second cluster for this change? `Held` counts: the
@@ -55,6 +70,7 @@ pub(crate) fn no_new_cluster(
         report: None,
         available: None,
         fits: Some(true),
+        holds: None,
     };
     let text = match args.output.structured(&out)? {
         Some(s) => s,
@@ -79,6 +95,7 @@ pub(crate) fn no_new_cluster(
     Ok(FitOutcome {
         text,
         fits: true,
+        held: false,
         warnings: vec![],
     })
 }
@@ -123,6 +140,9 @@ fn old_cluster_pods<'a>(state: &'a ClusterState, svc: &RayService) -> Vec<&'a Po
 pub struct FitOutcome {
     pub text: String,
     pub fits: bool,
+    /// The RayService's UpgradePlan holds the change whatever the capacity
+    /// (live only): the upgrade would not proceed now.
+    pub held: bool,
     /// Objects of the state that were ignored (for stderr).
     pub warnings: Vec<String>,
 }
@@ -170,7 +190,11 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
         .plain_count
         .extend(args.dra_plain_count_class.iter().cloned());
     let headroom: ResourceList = args.headroom.iter().cloned().collect();
-    fit_in(args, version, state, state_path, &svc, headroom, &notes)
+    let context = Context {
+        notes: &notes,
+        holds: None,
+    };
+    fit_in(args, version, state, state_path, &svc, headroom, &context)
 }
 
 /// `fit` once the state and the service are read. The service's status
@@ -182,7 +206,7 @@ pub(crate) fn fit_in(
     state_source: &Path,
     svc: &RayService,
     headroom: ResourceList,
-    notes: &[(&str, String)],
+    context: &Context<'_>,
 ) -> Result<FitOutcome> {
     let pods = in_file(&args.new, plan_groups(svc, version))?;
     let old_pods = old_cluster_pods(&state, svc);
@@ -211,12 +235,13 @@ pub(crate) fn fit_in(
         report: Some(&report),
         available: Some(available),
         fits: None,
+        holds: context.holds,
     };
     let text = match args.output.structured(&out)? {
         Some(s) => s,
         None => {
             let mut s = String::new();
-            for (label, value) in notes {
+            for (label, value) in context.notes {
                 field(&mut s, label, value);
             }
             s + &fit_text(&report)
@@ -225,6 +250,7 @@ pub(crate) fn fit_in(
     Ok(FitOutcome {
         text,
         fits: report.fits,
+        held: context.holds.is_some_and(|h| !h.is_empty()),
         warnings: state.warnings,
     })
 }
@@ -440,6 +466,67 @@ mod tests {
         let mut kept = report(false, 0, &[]);
         kept.headroom = rl(&[("cpu", "1")]);
         assert_eq!(fit_why(&kept), "the headroom is not kept");
+    }
+
+    /// Live, the holds of the RayService's UpgradePlan come with the fit: the
+    /// lines before it, `holds` in JSON, and `held` for the exit code.
+    #[test]
+    fn the_holds_of_a_plan_come_with_the_fit() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            args: FitArgs,
+        }
+        let fx = |f: &str| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/cli")
+                .join(f)
+        };
+        let state = fx("state-fits.yaml");
+        let new = fx("rayservice-llm-image-bump.yaml");
+        let run = |output: &str, holds: Option<&[Hold]>, notes: &[(&str, String)]| {
+            let new = new.display().to_string();
+            let args = Cmd::try_parse_from(["fit", "--new", &new, "-o", output])
+                .unwrap()
+                .args;
+            let version = kuberay_version(None).unwrap();
+            let svc = read_service(&args.new, version).unwrap();
+            let context = Context { notes, holds };
+            fit_in(
+                &args,
+                version,
+                read_state(&state).unwrap(),
+                &state,
+                &svc,
+                ResourceList::new(),
+                &context,
+            )
+            .unwrap()
+        };
+        let held = [Hold::Paused];
+        let note = [("Held:", Hold::Paused.message())];
+        let o = run("json", Some(&held), &note);
+        assert!(o.fits && o.held, "{}", o.text);
+        let v: serde_json::Value = serde_json::from_str(&o.text).unwrap();
+        assert_eq!(v["holds"][0]["hold"], "Paused", "{v}");
+        assert_eq!(v["holds"][0]["phase"], "Paused", "{v}");
+        let o = run("text", Some(&held), &note);
+        assert!(
+            o.text
+                .starts_with("Held:         the plan's policy is Paused"),
+            "{}",
+            o.text
+        );
+        assert!(o.text.contains("\nFits:         yes\n"), "{}", o.text);
+        // A plan that holds nothing: `holds: []`; offline, no `holds` at all.
+        let o = run("json", Some(&[]), &[]);
+        let v: serde_json::Value = serde_json::from_str(&o.text).unwrap();
+        assert!(!o.held);
+        assert_eq!(v["holds"], serde_json::json!([]), "{v}");
+        let o = run("json", None, &[]);
+        let v: serde_json::Value = serde_json::from_str(&o.text).unwrap();
+        assert_eq!(v.get("holds"), None, "{v}");
     }
 
     #[test]

@@ -32,7 +32,7 @@ use crate::kuberay::{
     self, ANNOTATION_KUBERAY_VERSION, KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster,
     RayService, Release, Releases, Verdict,
 };
-use crate::upgradeplan::{Admission, Phase, PlanUpgradeType, UpgradePlan};
+use crate::upgradeplan::{Admission, PlanUpgradeType, UpgradePlan};
 
 use super::gate;
 
@@ -579,7 +579,7 @@ fn waiting_plans(
         let Some(status) = p.status.as_ref() else {
             continue;
         };
-        if status.phase != Phase::WaitingForCapacity || admission_of(&p, overlay).is_some() {
+        if !status.queued_for_capacity() || admission_of(&p, overlay).is_some() {
             continue;
         }
         let Ok(settings) = Settings::of(&p) else {
@@ -832,6 +832,7 @@ impl Cluster for World<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::upgradeplan::Phase;
     use kube::runtime::reflector;
     use kube::runtime::watcher::Event;
     use std::sync::RwLock;

@@ -1,0 +1,211 @@
+//! What holds a pending change back before its capacity is even counted
+//! (rule 4 of [`super::rules`]): the plan's policy, then its maintenance
+//! windows. Pure, so `kubectl raygate fit` shows the holds the controller
+//! would make from the same definition.
+
+use jiff::Timestamp;
+use serde::ser::{Serialize, SerializeStruct, Serializer};
+
+use super::{Outcome, Settings, render};
+use crate::schedule;
+use crate::upgradeplan::{Phase, Policy, UpgradePlan};
+
+/// One reason the controller would not admit a pending change however much
+/// capacity is free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hold {
+    /// `policy: Paused`.
+    Paused,
+    /// `policy: Manual` and `spec.approve` names another change, or none.
+    Approval {
+        /// The plan's name, for the command that approves.
+        plan: String,
+        /// The change that waits for approval.
+        fingerprint: String,
+    },
+    /// `spec.maintenanceWindows` are set and none is open now.
+    Window,
+}
+
+impl Hold {
+    /// The name of the hold, as `-o json` spells it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Hold::Paused => "Paused",
+            Hold::Approval { .. } => "Approval",
+            Hold::Window => "MaintenanceWindow",
+        }
+    }
+
+    /// A hold by the plan's policy, which waits for a human; a window ends
+    /// on its own.
+    pub fn is_policy(&self) -> bool {
+        matches!(self, Hold::Paused | Hold::Approval { .. })
+    }
+
+    /// The phase the plan is in while this hold is the one reported.
+    pub fn phase(&self) -> Phase {
+        match self {
+            Hold::Paused => Phase::Paused,
+            Hold::Approval { .. } => Phase::WaitingForApproval,
+            Hold::Window => Phase::Pending,
+        }
+    }
+
+    /// `raygate_admissions_total{outcome}` of a decision held so.
+    pub fn outcome(&self) -> Outcome {
+        if self.is_policy() {
+            Outcome::HeldPolicy
+        } else {
+            Outcome::HeldWindow
+        }
+    }
+
+    /// `status.waitingFor` while this hold is the one reported.
+    pub fn waiting_for(&self) -> &'static str {
+        match self {
+            Hold::Paused => "policy Paused",
+            Hold::Approval { .. } => "approval",
+            Hold::Window => "maintenance window",
+        }
+    }
+
+    /// What holds the change and what lifts the hold, as `status.message`
+    /// says it.
+    pub fn message(&self) -> String {
+        match self {
+            Hold::Paused => {
+                "the plan's policy is Paused; set policy to Auto or Manual to proceed".into()
+            }
+            Hold::Approval { plan, fingerprint } => render::approval_hint(plan, fingerprint),
+            Hold::Window => "no maintenance window is open now (UTC)".into(),
+        }
+    }
+}
+
+/// `{"hold": "Approval", "phase": "WaitingForApproval", "message": "..."}`.
+impl Serialize for Hold {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("Hold", 3)?;
+        st.serialize_field("hold", self.as_str())?;
+        st.serialize_field("phase", self.phase().as_str())?;
+        st.serialize_field("message", &self.message())?;
+        st.end()
+    }
+}
+
+/// Every hold the plan puts on its pending change `fingerprint` at `now`, in
+/// the order the controller applies them: the policy first, then the
+/// maintenance windows. The controller reports the first (a change held by
+/// its policy is not checked against the windows until the hold is lifted);
+/// all are listed so that lifting one does not reveal the next.
+pub fn holds(
+    plan: &UpgradePlan,
+    settings: &Settings,
+    fingerprint: &str,
+    now: Timestamp,
+) -> Vec<Hold> {
+    let spec = &plan.spec;
+    let mut out = vec![];
+    match spec.policy {
+        Policy::Paused => out.push(Hold::Paused),
+        Policy::Manual if spec.approve.as_deref() != Some(fingerprint) => {
+            out.push(Hold::Approval {
+                plan: plan.metadata.name.clone().unwrap_or_default(),
+                fingerprint: fingerprint.to_string(),
+            })
+        }
+        Policy::Manual | Policy::Auto => {}
+    }
+    if !schedule::any_open(&settings.windows, now) {
+        out.push(Hold::Window);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upgradeplan::UpgradePlanSpec;
+    use serde_json::json;
+
+    fn plan(spec: serde_json::Value) -> (UpgradePlan, Settings) {
+        let mut full = json!({"rayServiceRef": {"name": "llm"}});
+        for (k, v) in spec.as_object().into_iter().flatten() {
+            full[k] = v.clone();
+        }
+        let spec: UpgradePlanSpec = serde_json::from_value(full).unwrap();
+        let p = UpgradePlan::new("chat", spec);
+        let s = Settings::of(&p).unwrap();
+        (p, s)
+    }
+
+    fn at(t: &str) -> Timestamp {
+        t.parse().unwrap()
+    }
+
+    /// 02:00-04:00 UTC every day.
+    fn nightly() -> serde_json::Value {
+        json!([{"schedule": "0 2 * * *", "duration": "2h"}])
+    }
+
+    #[test]
+    fn policy_then_window() {
+        let noon = at("2026-12-02T12:00:00Z");
+        let night = at("2026-12-02T03:00:00Z");
+        let fp = "6aca5d208cb0";
+        let (p, s) = plan(json!({}));
+        assert_eq!(holds(&p, &s, fp, noon), []);
+        let (p, s) = plan(json!({"policy": "Paused", "approve": fp}));
+        assert_eq!(holds(&p, &s, fp, noon), [Hold::Paused]);
+        let (p, s) = plan(json!({"policy": "Manual"}));
+        let approval = Hold::Approval {
+            plan: "chat".into(),
+            fingerprint: fp.into(),
+        };
+        assert_eq!(holds(&p, &s, fp, noon), vec![approval.clone()]);
+        // Approved another change: this one still waits.
+        let (p, s) = plan(json!({"policy": "Manual", "approve": "0123456789ab"}));
+        assert_eq!(holds(&p, &s, fp, noon), vec![approval.clone()]);
+        let (p, s) = plan(json!({"policy": "Manual", "approve": fp}));
+        assert_eq!(holds(&p, &s, fp, noon), []);
+        let (p, s) = plan(json!({"maintenanceWindows": nightly()}));
+        assert_eq!(holds(&p, &s, fp, noon), [Hold::Window]);
+        assert_eq!(holds(&p, &s, fp, night), []);
+        let (p, s) = plan(json!({"policy": "Manual", "maintenanceWindows": nightly()}));
+        assert_eq!(holds(&p, &s, fp, noon), [approval, Hold::Window]);
+    }
+
+    #[test]
+    fn each_hold_says_what_lifts_it() {
+        let approval = Hold::Approval {
+            plan: "chat".into(),
+            fingerprint: "6aca5d208cb0".into(),
+        };
+        assert!(
+            approval
+                .message()
+                .contains("kubectl raygate approve chat --fingerprint 6aca5d208cb0"),
+            "{}",
+            approval.message()
+        );
+        assert_eq!(
+            (approval.phase(), approval.outcome(), approval.waiting_for()),
+            (Phase::WaitingForApproval, Outcome::HeldPolicy, "approval")
+        );
+        assert_eq!(
+            (Hold::Window.phase(), Hold::Window.outcome()),
+            (Phase::Pending, Outcome::HeldWindow)
+        );
+        assert!(Hold::Paused.message().contains("policy is Paused"));
+        assert_eq!(
+            serde_json::to_value([Hold::Paused, Hold::Window]).unwrap(),
+            json!([
+                {"hold": "Paused", "phase": "Paused",
+                 "message": "the plan's policy is Paused; set policy to Auto or Manual to proceed"},
+                {"hold": "MaintenanceWindow", "phase": "Pending",
+                 "message": "no maintenance window is open now (UTC)"},
+            ])
+        );
+    }
+}
