@@ -484,11 +484,21 @@ async fn more_upgrades_each_have_their_own_events(e: &Env, first: &str) {
         ("Approved", &pending, "kubectl-raygate"),
         ("Paused", &paused, "nvidia.com/gpu 6"),
     ] {
-        let evs = or_panic(plan_events(e, "llm", reason).await);
-        assert!(
-            evs.len() == 1 && evs[0].1.contains(fp.as_str()) && evs[0].1.contains(also),
-            "{reason}: {evs:?}"
-        );
+        // An Event is published after the status and gate writes: the phase
+        // can be seen before it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let evs = or_panic(plan_events(e, "llm", reason).await);
+            let ok = evs.len() == 1 && evs[0].1.contains(fp.as_str()) && evs[0].1.contains(also);
+            if ok {
+                break;
+            }
+            assert!(
+                evs.len() <= 1 && std::time::Instant::now() < deadline,
+                "{reason}: {evs:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
 }
 
