@@ -25,6 +25,16 @@ pub enum Hold {
     },
     /// `spec.maintenanceWindows` are set and none is open now.
     Window,
+    /// Another field manager owns `spec.upgradeStrategy.type` (e.g. the
+    /// RayService's creator set it): raygate cannot set the gate, so a change
+    /// that fits is not admitted and nothing is reserved (`GateOverridden`).
+    /// The controller reports it after the fit ([`gate_hold`]).
+    GateOverridden {
+        /// The field manager that owns the gate.
+        owner: String,
+        /// The value it keeps, `unset` when none.
+        value: String,
+    },
 }
 
 impl Hold {
@@ -34,6 +44,7 @@ impl Hold {
             Hold::Paused => "Paused",
             Hold::Approval { .. } => "Approval",
             Hold::Window => "MaintenanceWindow",
+            Hold::GateOverridden { .. } => "GateOverridden",
         }
     }
 
@@ -48,13 +59,14 @@ impl Hold {
         match self {
             Hold::Paused => Phase::Paused,
             Hold::Approval { .. } => Phase::WaitingForApproval,
-            Hold::Window => Phase::Pending,
+            Hold::Window | Hold::GateOverridden { .. } => Phase::Pending,
         }
     }
 
-    /// `raygate_admissions_total{outcome}` of a decision held so.
+    /// `raygate_admissions_total{outcome}` of a decision held so (another
+    /// field manager's gate counts as a policy: a human must act).
     pub fn outcome(&self) -> Outcome {
-        if self.is_policy() {
+        if self.is_policy() || matches!(self, Hold::GateOverridden { .. }) {
             Outcome::HeldPolicy
         } else {
             Outcome::HeldWindow
@@ -67,6 +79,7 @@ impl Hold {
             Hold::Paused => "policy Paused",
             Hold::Approval { .. } => "approval",
             Hold::Window => "maintenance window",
+            Hold::GateOverridden { .. } => "GateOverridden",
         }
     }
 
@@ -79,6 +92,11 @@ impl Hold {
             }
             Hold::Approval { plan, fingerprint } => render::approval_hint(plan, fingerprint),
             Hold::Window => "no maintenance window is open now (UTC)".into(),
+            Hold::GateOverridden { owner, value } => format!(
+                "field manager {owner:?} owns spec.upgradeStrategy.type ({value}): raygate cannot \
+                 set it, so it admits nothing and reserves nothing; remove upgradeStrategy.type \
+                 from that manager's source of truth (see the GitOps guide)"
+            ),
         }
     }
 }
@@ -121,6 +139,16 @@ pub fn holds(
         out.push(Hold::Window);
     }
     out
+}
+
+/// The hold of a gate another field manager owns (`other_owner`, keeping
+/// `value`), as rule 4 applies it last: whatever the policy, the windows and
+/// the capacity say, raygate cannot open that gate.
+pub fn gate_hold(other_owner: Option<&str>, value: Option<&str>) -> Option<Hold> {
+    other_owner.map(|owner| Hold::GateOverridden {
+        owner: owner.to_string(),
+        value: value.unwrap_or("unset").to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -174,6 +202,27 @@ mod tests {
         assert_eq!(holds(&p, &s, fp, night), []);
         let (p, s) = plan(json!({"policy": "Manual", "maintenanceWindows": nightly()}));
         assert_eq!(holds(&p, &s, fp, noon), [approval, Hold::Window]);
+    }
+
+    #[test]
+    fn a_gate_another_manager_owns_is_a_hold_naming_it() {
+        assert_eq!(gate_hold(None, Some("NewCluster")), None);
+        let h = gate_hold(Some("argocd-controller"), Some("NewCluster")).unwrap();
+        assert_eq!(h.as_str(), "GateOverridden");
+        assert_eq!(
+            (h.phase(), h.waiting_for()),
+            (Phase::Pending, "GateOverridden")
+        );
+        assert!(!h.is_policy());
+        assert!(
+            h.message().starts_with(
+                "field manager \"argocd-controller\" owns spec.upgradeStrategy.type (NewCluster)"
+            ),
+            "{}",
+            h.message()
+        );
+        let unset = gate_hold(Some("helm"), None).unwrap();
+        assert!(unset.message().contains("(unset)"), "{}", unset.message());
     }
 
     #[test]

@@ -311,7 +311,7 @@ impl Rules<'_> {
         let (reason, what) = match hold {
             Hold::Paused => (EventReason::Paused, "is held: the plan's policy is Paused"),
             // Only policy holds come here.
-            Hold::Approval { .. } | Hold::Window => (
+            Hold::Approval { .. } | Hold::Window | Hold::GateOverridden { .. } => (
                 EventReason::WaitingForApproval,
                 "waits for approval (policy Manual)",
             ),

@@ -321,6 +321,7 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
             fingerprint = Some(c.fingerprint);
         }
     }
+    let gate_held = live.as_ref().and_then(live_gate_hold);
     match live {
         Some(live) => svc.status = live.status,
         None => {
@@ -356,7 +357,10 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
             ),
         ));
         if let Some(fp) = &fingerprint {
-            let found = plan_holds(plan, &settings, fp, Timestamp::now());
+            let mut found = plan_holds(plan, &settings, fp, Timestamp::now());
+            if !is_admitted(plan, fp) {
+                found.extend(gate_held);
+            }
             notes.extend(hold_notes(&found));
             holds = Some(found);
         }
@@ -400,15 +404,34 @@ fn plan_holds(
     fingerprint: &str,
     now: Timestamp,
 ) -> Vec<Hold> {
-    let admitted = plan
-        .status
-        .as_ref()
-        .and_then(|s| s.admitted.as_ref())
-        .is_some_and(|a| a.fingerprint == fingerprint);
-    if admitted {
+    if is_admitted(plan, fingerprint) {
         return vec![];
     }
     crate::admission::holds(plan, settings, fingerprint, now)
+}
+
+/// Another field manager keeping the live RayService's gate holds any change
+/// (rule 4's last step), read from managedFields as the controller reads it.
+fn live_gate_hold(live: &RayService) -> Option<Hold> {
+    let managed = live.metadata.managed_fields.as_deref().unwrap_or(&[]);
+    let value = live
+        .spec
+        .upgrade_strategy
+        .as_ref()
+        .and_then(|u| u.type_.as_ref())
+        .map(UpgradeType::as_str);
+    crate::admission::gate_hold(
+        crate::upgradeplan::ownership::other_owner(managed).as_deref(),
+        value,
+    )
+}
+
+/// The plan's admitted change is `fingerprint`.
+fn is_admitted(plan: &UpgradePlan, fingerprint: &str) -> bool {
+    plan.status
+        .as_ref()
+        .and_then(|s| s.admitted.as_ref())
+        .is_some_and(|a| a.fingerprint == fingerprint)
 }
 
 /// One `Held:` line per hold, before the fit.
@@ -634,6 +657,40 @@ mod tests {
             ..Default::default()
         });
         assert!(plan_holds(&plan, &settings, fp, noon).is_empty());
+    }
+
+    /// A gate kept by another field manager is a hold too, named with its
+    /// manager; raygate's own gate is not.
+    #[test]
+    fn live_fit_shows_a_gate_another_manager_keeps() {
+        let svc = |manager: &str| -> RayService {
+            serde_json::from_value(json!({
+                "apiVersion": "ray.io/v1", "kind": "RayService",
+                "metadata": {"name": "chat", "namespace": "ml", "managedFields": [{
+                    "manager": manager, "operation": "Apply", "apiVersion": "ray.io/v1",
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:spec": {"f:upgradeStrategy": {"f:type": {}}}}
+                }]},
+                "spec": {"upgradeStrategy": {"type": "NewCluster"}}
+            }))
+            .unwrap()
+        };
+        let h = live_gate_hold(&svc("argocd-controller")).unwrap();
+        assert_eq!(h.as_str(), "GateOverridden");
+        let mut text = String::new();
+        for (label, value) in hold_notes(&[h]) {
+            cli::field(&mut text, label, &value);
+        }
+        assert!(
+            text.starts_with(
+                "Held:         field manager \"argocd-controller\" owns spec.upgradeStrategy.type (NewCluster)"
+            ),
+            "{text}"
+        );
+        assert_eq!(
+            live_gate_hold(&svc(crate::upgradeplan::ownership::FIELD_MANAGER)),
+            None
+        );
     }
 
     #[test]
