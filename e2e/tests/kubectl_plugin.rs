@@ -474,6 +474,11 @@ async fn explain_and_fit_read_the_live_rayservice_its_cluster_and_the_nodes() {
     let (code, out, err) = plugin(&cp, &["fit", "-f", &v2, "-n", &ns, "-o", "json"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(json_of(&out)["holds"], json!([]), "{out}");
+    // The controller's own decision on the live objects with the file's spec:
+    // it waits for capacity (the headroom) and keeps the gate closed.
+    let d = &json_of(&out)["decision"];
+    assert_eq!(d["phase"], "WaitingForCapacity", "{out}");
+    assert_eq!(d["gate"], "None", "{out}");
     // Paused: held whatever the capacity, and fit says so.
     let pause = json!({"spec": {"policy": "Paused"}});
     plans(&client, &ns)
@@ -483,6 +488,11 @@ async fn explain_and_fit_read_the_live_rayservice_its_cluster_and_the_nodes() {
     let (code, out, err) = plugin(&cp, &["fit", "-f", &v2, "-n", &ns, "-o", "json"]);
     assert_eq!(code, 0, "held, without --fail-if-no-fit: {err}");
     assert_eq!(json_of(&out)["holds"][0]["hold"], "Paused", "{out}");
+    assert_eq!(json_of(&out)["decision"]["phase"], "Paused", "{out}");
     let (_, out, _) = plugin(&cp, &["fit", "-f", &v2, "-n", &ns]);
     assert!(out.contains("Held:"), "{out}");
+    assert!(
+        out.contains("Decision:     Paused (waiting for policy Paused)"),
+        "{out}"
+    );
 }

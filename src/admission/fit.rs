@@ -139,12 +139,11 @@ fn run_pass(cluster: &dyn Cluster) -> crate::Result<Pass> {
     cluster.capacity()?.pass(&ledger, &queue)
 }
 
-/// A cluster read from a file, with no other plan: what the unit tests
-/// decide against.
-#[cfg(test)]
+/// A cluster read whole (a file, or `kubectl raygate fit`'s live lists),
+/// with no other plan's reservations or queue: what the unit tests and the
+/// live fit decide against.
 pub struct Alone<'a>(pub &'a ClusterState);
 
-#[cfg(test)]
 impl Placement for Alone<'_> {
     fn fit(&self, req: &FitRequest) -> crate::Result<FitReport> {
         capacity::fit(self.0, req)
@@ -155,7 +154,6 @@ impl Placement for Alone<'_> {
     }
 }
 
-#[cfg(test)]
 impl Cluster for Alone<'_> {
     fn rules(&self) -> &ClusterState {
         self.0

@@ -19,6 +19,7 @@
 pub mod fit;
 pub mod hold;
 pub mod ledger;
+pub mod objects;
 pub mod observed;
 pub mod pass;
 pub mod priority;

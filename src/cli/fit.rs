@@ -39,6 +39,39 @@ struct FitJson<'a> {
     /// a plan.
     #[serde(skip_serializing_if = "Option::is_none")]
     holds: Option<&'a [Hold]>,
+    /// Live, with an UpgradePlan: what the controller's own decision says
+    /// of the change now (other plans' reservations and queue left out).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decision: Option<&'a DecisionSummary>,
+}
+
+/// The controller's decision on the change, as `kubectl raygate fit` ran it
+/// (`admission::decide` on the live objects, with the file's spec).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DecisionSummary {
+    pub phase: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The gate the controller would write (`None`, `NewCluster`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gate: Option<String>,
+}
+
+impl DecisionSummary {
+    /// The `Decision:` line.
+    pub fn line(&self) -> String {
+        let mut s = self.phase.clone();
+        if let Some(w) = self.waiting_for.as_deref().filter(|w| !w.is_empty()) {
+            s.push_str(&format!(" (waiting for {w})"));
+        }
+        if let Some(m) = self.message.as_deref().filter(|m| !m.is_empty()) {
+            s.push_str(&format!(": {m}"));
+        }
+        s
+    }
 }
 
 /// What comes with the answer: lines printed before it and, live, the
@@ -47,6 +80,8 @@ pub(crate) struct Context<'a> {
     pub notes: &'a [(&'a str, String)],
     /// `None` offline or without a plan.
     pub holds: Option<&'a [Hold]>,
+    /// `None` offline or without a plan.
+    pub decision: Option<&'a DecisionSummary>,
 }
 
 /// Does KubeRay build a second cluster for this change? `Held` counts: the
@@ -71,6 +106,7 @@ pub(crate) fn no_new_cluster(
         available: None,
         fits: Some(true),
         holds: None,
+        decision: None,
     };
     let text = match args.output.structured(&out)? {
         Some(s) => s,
@@ -193,6 +229,7 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
     let context = Context {
         notes: &notes,
         holds: None,
+        decision: None,
     };
     fit_in(args, version, state, state_path, &svc, headroom, &context)
 }
@@ -236,6 +273,7 @@ pub(crate) fn fit_in(
         available: Some(available),
         fits: None,
         holds: context.holds,
+        decision: context.decision,
     };
     let text = match args.output.structured(&out)? {
         Some(s) => s,
@@ -426,6 +464,33 @@ fn fit_text(r: &FitReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_decision_is_one_line_with_what_it_waits_for() {
+        let d = DecisionSummary {
+            phase: "WaitingForCapacity".into(),
+            waiting_for: Some("capacity: nvidia.com/gpu 8".into()),
+            message: Some("short by nvidia.com/gpu 8".into()),
+            gate: Some("None".into()),
+        };
+        assert_eq!(
+            d.line(),
+            "WaitingForCapacity (waiting for capacity: nvidia.com/gpu 8): short by nvidia.com/gpu 8"
+        );
+        let admitted = DecisionSummary {
+            phase: "Admitted".into(),
+            waiting_for: Some(String::new()),
+            message: None,
+            gate: Some("NewCluster".into()),
+        };
+        assert_eq!(admitted.line(), "Admitted");
+        assert_eq!(
+            serde_json::to_value(&d).unwrap(),
+            serde_json::json!({"phase": "WaitingForCapacity",
+                "waitingFor": "capacity: nvidia.com/gpu 8",
+                "message": "short by nvidia.com/gpu 8", "gate": "None"})
+        );
+    }
     use crate::capacity::Unplaced;
     use crate::capacity::tests::rl;
 
@@ -492,7 +557,11 @@ mod tests {
                 .args;
             let version = kuberay_version(None).unwrap();
             let svc = read_service(&args.new, version).unwrap();
-            let context = Context { notes, holds };
+            let context = Context {
+                notes,
+                holds,
+                decision: None,
+            };
             fit_in(
                 &args,
                 version,

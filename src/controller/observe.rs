@@ -20,21 +20,19 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::admission::fit::{OnIndex, Placement, PlanKey};
 use crate::admission::ledger::{self, Candidate};
+use crate::admission::objects::{
+    self, ClusterObject, incremental_of, new_cluster_pods, status_cluster, surge_of,
+};
 use crate::admission::observed::{DynPod, PodRef};
 use crate::admission::pass::Pass;
-use crate::admission::surge::{self, Surge};
-use crate::admission::{
-    ChangeError, ChangeFacts, Cluster, GateFacts, Inputs, ServiceError, ServiceFacts, Settings,
-};
+use crate::admission::surge;
+use crate::admission::{Cluster, Inputs, ServiceError, Settings};
 use crate::capacity::{ClusterState, PodGroup, PodRecord};
-use crate::kuberay::incremental;
 use crate::kuberay::{
     self, ANNOTATION_KUBERAY_VERSION, KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster,
-    RayService, Release, Releases, Verdict,
+    RayService, Release, Releases,
 };
-use crate::upgradeplan::{Admission, PlanUpgradeType, UpgradePlan};
-
-use super::gate;
+use crate::upgradeplan::{Admission, UpgradePlan};
 
 /// Everything the caches hold.
 #[derive(Clone)]
@@ -141,44 +139,6 @@ fn pods_by_cluster(
     out
 }
 
-/// The service's spec with the gate forced open with the plan's strategy:
-/// raygate's own `None` must not hide what KubeRay would do once the gate opens.
-fn with_gate_open(svc: &RayService, t: PlanUpgradeType) -> RayService {
-    let mut s = svc.clone();
-    let strategy = s.spec.upgrade_strategy.get_or_insert_with(Default::default);
-    strategy.type_ = Some(match t {
-        PlanUpgradeType::NewCluster => kuberay::UpgradeType::NewCluster,
-        PlanUpgradeType::NewClusterWithIncrementalUpgrade => {
-            kuberay::UpgradeType::NewClusterWithIncrementalUpgrade
-        }
-    });
-    s
-}
-
-/// A plan's incremental options under the release, `None` for `NewCluster`.
-fn incremental_of(
-    plan: &UpgradePlan,
-    svc: &RayService,
-    release: &Release,
-) -> Option<Result<incremental::Options, incremental::Problem>> {
-    (plan.spec.upgrade_type == PlanUpgradeType::NewClusterWithIncrementalUpgrade)
-        .then(|| incremental::validate(svc, &release.version.rules(), release.incremental_gate()))
-}
-
-/// The surge of `svc`'s new cluster next to its active cluster's pods.
-fn surge_of(
-    svc: &RayService,
-    full: &[PodGroup],
-    active: &[&DynPod],
-    opts: &incremental::Options,
-    version: KubeRayVersion,
-    limit_ranges: &[LimitRange],
-) -> crate::Result<Surge> {
-    let bounds = incremental::group_bounds(svc, &version.rules());
-    let active = surge::active_groups(active, limit_ranges)?;
-    surge::plan(full, &bounds, &active, opts, limit_ranges)
-}
-
 /// The pods a waiting plan needs to fit: its surge when incremental, else
 /// the whole new cluster.
 fn pods_to_fit(
@@ -213,20 +173,6 @@ fn active_pods(stores: &Stores, svc: &RayService) -> Vec<PodRef> {
         .unwrap_or_default()
 }
 
-/// The pods KubeRay will create for the service's new cluster, named after
-/// `<service>-next` (the real name is random and not known yet).
-fn new_cluster_pods(svc: &RayService, version: KubeRayVersion) -> crate::Result<Vec<PodGroup>> {
-    let ns = svc.namespace().unwrap_or_default();
-    let name = format!("{}-next", svc.name_any());
-    kuberay::planned_groups(&name, &ns, kuberay::checked_cluster_config(svc)?, version)
-}
-
-/// A cluster name the RayService status gives (empty means none).
-fn status_cluster(s: Option<&kuberay::RayServiceStatus>) -> Option<String> {
-    s.and_then(|s| s.ray_cluster_name.clone())
-        .filter(|n| !n.is_empty())
-}
-
 fn key_of(p: &UpgradePlan) -> PlanKey {
     (p.namespace().unwrap_or_default(), p.name_any())
 }
@@ -257,228 +203,46 @@ pub fn observe<'a>(
     admission_unseen: bool,
     cluster: &'a dyn Cluster,
 ) -> Inputs<'a> {
-    let version = release.version;
     let ns = plan.namespace().unwrap_or_default();
     let svc_name = &plan.spec.ray_service_ref.name;
-    let mut inp = Inputs {
-        now,
-        plan,
-        release: release.clone(),
-        settings: Settings::of(plan),
-        // Until the RayService is read.
-        service: Err(ServiceError::NotFound {
-            namespace: ns.clone(),
-            name: svc_name.clone(),
-        }),
-        change: Ok(None),
-        verdict: None,
-        incremental: None,
-        clusters: BTreeSet::new(),
-        pods: BTreeMap::new(),
-        pending_ready: false,
-        pending_fingerprint: None,
-        gate: GateFacts::default(),
-        admission_unseen,
-        cluster,
+    let decide_on = |service, clusters: &[ClusterObject<'_>], pods| {
+        objects::inputs(
+            plan,
+            release,
+            now,
+            admission_unseen,
+            cluster,
+            service,
+            clusters,
+            pods,
+        )
     };
     let guard = match service(stores, &ns, svc_name) {
         Ok(g) => g,
-        Err(e) => {
-            inp.service = Err(e);
-            return inp;
-        }
+        Err(e) => return decide_on(Err(e), &[], BTreeMap::new()),
     };
     let svc = match &guard.0 {
         Ok(s) => s,
         Err(e) => {
-            inp.service = Err(ServiceError::Unreadable {
+            let e = ServiceError::Unreadable {
                 namespace: ns.clone(),
                 name: svc_name.clone(),
                 error: e.error.to_string(),
-            });
-            return inp;
+            };
+            return decide_on(Err(e), &[], BTreeMap::new());
         }
     };
-    inp.gate = gate_facts(svc);
-    inp.incremental = incremental_of(plan, svc, release);
-    let facts = service_facts(svc);
-
     let clusters = clusters_of(stores, svc);
-    inp.clusters = clusters.iter().map(|c| guard_name(c)).collect();
-    inp.pods = pods_by_cluster(stores, &ns, &inp.clusters);
-    let find = |name: &Option<String>| {
-        name.as_ref()
-            .and_then(|n| clusters.iter().find(|c| &guard_name(c) == n).cloned())
-    };
-    let pending_cluster = find(&facts.pending_cluster);
-    let pending = pending_cluster.as_ref().and_then(|c| c.0.as_ref().ok());
-    inp.pending_ready = pending
-        .and_then(|c| c.status.as_ref())
-        .and_then(|s| s.state.as_deref())
-        == Some("ready");
-    inp.pending_fingerprint = pending.and_then(|c| cluster_fingerprint(c, version));
-
-    // KubeRay compares the spec with the pending cluster when there is one.
-    let base = pending_cluster.or_else(|| find(&facts.active_cluster));
-    (inp.change, inp.verdict) = match (&facts.active_cluster, base) {
-        (None, _) => (Ok(None), None),
-        (Some(a), None) => (
-            Err(ChangeError::ActiveClusterMissing {
-                namespace: ns.clone(),
-                cluster: a.clone(),
-            }),
-            None,
-        ),
-        (Some(_), Some(base)) => match &base.0 {
-            Err(e) => (
-                Err(ChangeError::ClusterUnreadable {
-                    cluster: guard_name(&base),
-                    error: e.error.to_string(),
-                }),
-                None,
-            ),
-            Ok(cluster) => change_against(svc, cluster, release, plan.spec.upgrade_type),
-        },
-    };
-    // Refused from the start, not only once KubeRay has a cluster to compare
-    // with: the tenant learns it as soon as the object is cached.
-    if let (Ok(None), Some(e)) = (&inp.change, over_budget(svc)) {
-        (inp.change, inp.verdict) = (Err(e), None);
-    }
-    // An incremental upgrade fits its surge next to the active cluster.
-    if let (Ok(Some(change)), Some(Ok(opts))) = (&mut inp.change, &inp.incremental) {
-        let active: Vec<&DynPod> = facts
-            .active_cluster
-            .as_ref()
-            .and_then(|a| inp.pods.get(a))
-            .map(|p| p.iter().map(AsRef::as_ref).collect())
-            .unwrap_or_default();
-        match surge_of(
-            svc,
-            &change.new_pods,
-            &active,
-            opts,
-            version,
-            &cluster.rules().limit_ranges,
-        ) {
-            Ok(s) => change.surge = Some(s),
-            Err(e) => inp.change = Err(e.into()),
-        }
-    }
-    inp.service = Ok(facts);
-    inp
-}
-
-/// The gate's value and who owns it.
-fn gate_facts(svc: &RayService) -> GateFacts {
-    let managed = svc.metadata.managed_fields.as_deref().unwrap_or(&[]);
-    GateFacts {
-        value: svc
-            .spec
-            .upgrade_strategy
-            .as_ref()
-            .and_then(|u| u.type_.clone()),
-        other_owner: gate::other_owner(managed),
-        owned_by_us: gate::owned_by_us(managed),
-        uid: svc.metadata.uid.clone(),
-    }
-}
-
-/// The clusters the RayService status names, and the pending one's apps.
-fn service_facts(svc: &RayService) -> ServiceFacts {
-    let status = svc.status.as_ref();
-    let pending = status.and_then(|s| s.pending_service_status.as_ref());
-    let active = status.and_then(|s| s.active_service_status.as_ref());
-    ServiceFacts {
-        uid: svc.metadata.uid.clone(),
-        pending_target_capacity: pending.and_then(|p| p.target_capacity),
-        pending_traffic_percent: pending.and_then(|p| p.traffic_routed_percent),
-        active_target_capacity: active.and_then(|a| a.target_capacity),
-        active_cluster: status_cluster(active),
-        pending_cluster: status_cluster(pending),
-        pending_apps: pending
-            .and_then(|p| p.application_statuses.as_ref())
-            .map(|apps| {
-                apps.iter()
-                    .map(|(k, v)| (k.clone(), v.status.clone().unwrap_or_default()))
-                    .collect()
-            })
-            .unwrap_or_default(),
-    }
-}
-
-/// The fingerprint a RayCluster's own spec has, computed as a change's is
-/// (muted fields left out), so it can be compared with an admitted one.
-/// A RayService whose rayClusterConfig raygate did not keep whole
-/// ([`kuberay::budget`]): the finding, with the field path.
-fn over_budget(svc: &RayService) -> Option<ChangeError> {
-    let e = svc.spec.ray_cluster_config.as_ref()?.over_budget.as_ref()?;
-    Some(ChangeError::OverBudget {
-        kind: "RayService",
-        name: svc.name_any(),
-        error: e.clone(),
-    })
-}
-
-fn cluster_fingerprint(c: &RayCluster, version: KubeRayVersion) -> Option<String> {
-    // A spec over raygate's bounds was not kept: no fingerprint to give.
-    kuberay::budget::check(&c.spec, "spec").ok()?;
-    let spec = serde_json::to_value(&c.spec).ok()?;
-    let n = kuberay::normalize::normalize_cluster_spec(&spec, &version.rules(), "RayCluster spec")
-        .ok()?;
-    Some(kuberay::classify::fingerprint(&n.muted))
-}
-
-/// The change the service's spec makes against `cluster`, and the verdict.
-fn change_against(
-    svc: &RayService,
-    cluster: &RayCluster,
-    release: &Release,
-    t: PlanUpgradeType,
-) -> (Result<Option<ChangeFacts>, ChangeError>, Option<Verdict>) {
-    let version = release.version;
-    // Specs over raygate's bounds were pruned in the cache: refused here,
-    // before anything would be compared or planned.
-    if let Some(e) = over_budget(svc) {
-        return (Err(e), None);
-    }
-    if let Some(e) = &cluster.spec.over_budget {
-        let e = ChangeError::OverBudget {
-            kind: "RayCluster",
-            name: cluster.name_any(),
-            error: e.clone(),
-        };
-        return (Err(e), None);
-    }
-    let open = with_gate_open(svc, t);
-    // The operator's incremental-upgrade gate as raygate was told it.
-    let opts = kuberay::ClassifyOptions {
-        incremental_upgrade_gate: Some(release.incremental_gate()),
-        ..Default::default()
-    };
-    let c = match kuberay::classify_with(
-        &kuberay::OldSide::RayCluster(cluster),
-        &open,
-        version,
-        &opts,
-    ) {
-        Ok(c) => c,
-        Err(e) => return (Err(e.into()), None),
-    };
-    if c.verdict != Verdict::NewCluster {
-        return (Ok(None), Some(c.verdict));
-    }
-    let change = new_cluster_pods(svc, version)
-        .map(|pods| {
-            Some(ChangeFacts {
-                fingerprint: c.fingerprint.clone(),
-                triggering_paths: c.triggering_paths.clone(),
-                new_pods: pods,
-                surge: None,
-            })
+    let objects: Vec<ClusterObject<'_>> = clusters
+        .iter()
+        .map(|c| ClusterObject {
+            name: guard_name(c),
+            cluster: c.0.as_ref().map_err(|e| e.error.to_string()),
         })
-        .map_err(ChangeError::from);
-    (change, Some(c.verdict))
+        .collect();
+    let names: BTreeSet<String> = objects.iter().map(|c| c.name.clone()).collect();
+    let pods = pods_by_cluster(stores, &ns, &names);
+    decide_on(Ok(svc), &objects, pods)
 }
 
 /// The current admission of a plan: its status, or a just-written one.
@@ -832,7 +596,7 @@ impl Cluster for World<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upgradeplan::Phase;
+    use crate::upgradeplan::{Phase, PlanUpgradeType};
     use kube::runtime::reflector;
     use kube::runtime::watcher::Event;
     use std::sync::RwLock;

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{LimitRange, Node};
@@ -13,6 +14,8 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::{KubeArgs, PAGE, connect, not_found, resources};
+use crate::admission::objects::ClusterObject;
+use crate::admission::observed::PodRef;
 use crate::admission::{Hold, Settings};
 use crate::capacity::record::Strings;
 use crate::capacity::slim;
@@ -322,6 +325,7 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
         }
     }
     let gate_held = live.as_ref().and_then(live_gate_hold);
+    let live_object = live.clone();
     match live {
         Some(live) => svc.status = live.status,
         None => {
@@ -335,7 +339,8 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
     let mut headroom: ResourceList = args.headroom.iter().cloned().collect();
     let plans = plans_in(&client, &ns).await?;
     let mut holds = None;
-    if let Some(plan) = plans.iter().find(|p| p.spec.ray_service_ref.name == name) {
+    let plan = plans.iter().find(|p| p.spec.ray_service_ref.name == name);
+    if let Some(plan) = plan {
         // The plan's spec as the controller reads it: a spec it refuses is
         // refused here, with the same field paths.
         let settings = Settings::of(plan).map_err(|e| {
@@ -370,6 +375,14 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
         .dra
         .plain_count
         .extend(args.dra_plain_count_class.iter().cloned());
+    let decision = match (plan, &live_object) {
+        (Some(plan), Some(live)) => {
+            let d = decide_live(&client, plan, live, &svc, &state, args).await?;
+            notes.push(("Decision:", d.line()));
+            Some(d)
+        }
+        _ => None,
+    };
     let reserved = reservations(&plans, &name);
     if !reserved.is_empty() {
         notes.push((
@@ -391,8 +404,119 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
         &cli::FitContext {
             notes: &notes,
             holds: holds.as_deref(),
+            decision: decision.as_ref(),
         },
     )
+}
+
+/// The controller's decision on the change, run as the controller runs it
+/// ([`crate::admission::objects::inputs`], then [`crate::admission::decide`])
+/// on the live RayService with the file's spec, its RayClusters and their
+/// pods, and the namespace's KubeRay release as the controller reads it. The
+/// capacity is the live cluster's alone: other plans' reservations and queue
+/// are not counted (the `Reserved:` note says what they hold).
+async fn decide_live(
+    client: &Client,
+    plan: &UpgradePlan,
+    live: &RayService,
+    file: &RayService,
+    state: &ClusterState,
+    args: &FitArgs,
+) -> Result<cli::DecisionSummary> {
+    let ns = plan.namespace().unwrap_or_default();
+    let name = live.name_any();
+    let clusters = Api::<RayCluster>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let flag = match args.kuberay_version.as_deref() {
+        Some(_) => Some(cli::kuberay_version(args.kuberay_version.as_deref())?),
+        None => None,
+    };
+    let stamps = clusters.iter().filter_map(|c| {
+        let stamp = c.annotations().get(kuberay::ANNOTATION_KUBERAY_VERSION)?;
+        Some((ns.as_str(), stamp.as_str()))
+    });
+    let release = kuberay::Releases::from_stamps(stamps, flag).for_namespace(&ns);
+    // The live object as `kubectl apply -f FILE` would leave it: its
+    // metadata and status, the file's spec with raygate's gate kept.
+    let mut applied = live.clone();
+    applied.spec = file.spec.clone();
+    let file_sets_gate = file
+        .spec
+        .upgrade_strategy
+        .as_ref()
+        .and_then(|u| u.type_.as_ref())
+        .is_some();
+    if !file_sets_gate
+        && let Some(t) = live
+            .spec
+            .upgrade_strategy
+            .as_ref()
+            .and_then(|u| u.type_.clone())
+    {
+        applied
+            .spec
+            .upgrade_strategy
+            .get_or_insert_with(Default::default)
+            .type_ = Some(t);
+    }
+    let own: Vec<&RayCluster> = clusters
+        .iter()
+        .filter(|c| {
+            c.labels().get(kuberay::LABEL_ORIGINATED_FROM_CR_NAME) == Some(&name)
+                && c.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .filter(|o| o.kind == "RayService")
+                    .all(|o| Some(&o.uid) == live.metadata.uid.as_ref())
+        })
+        .collect();
+    let objects: Vec<ClusterObject<'_>> = own
+        .iter()
+        .map(|c| ClusterObject {
+            name: c.name_any(),
+            cluster: Ok(*c),
+        })
+        .collect();
+    let mut pods: BTreeMap<String, Vec<PodRef>> = BTreeMap::new();
+    for r in &state.pods {
+        if &*r.key.0 != ns.as_str() {
+            continue;
+        }
+        if let Some(c) = r
+            .body
+            .cluster()
+            .filter(|c| objects.iter().any(|o| o.name == *c))
+        {
+            pods.entry(c.to_string())
+                .or_default()
+                .push(Arc::new(r.clone()));
+        }
+    }
+    let alone = crate::admission::fit::Alone(state);
+    let inputs = crate::admission::objects::inputs(
+        plan,
+        &release,
+        Timestamp::now(),
+        false,
+        &alone,
+        Ok(&applied),
+        &objects,
+        pods,
+    );
+    Ok(summary(&crate::admission::decide(&inputs)))
+}
+
+/// What `fit` prints of a decision.
+fn summary(d: &crate::admission::Decision) -> cli::DecisionSummary {
+    cli::DecisionSummary {
+        phase: d.status.phase.as_str().to_string(),
+        waiting_for: d.status.waiting_for.clone(),
+        message: d.status.message.clone(),
+        gate: d.gate.map(|g| g.strategy().to_string()),
+    }
 }
 
 /// The holds the controller would put on change `fingerprint` of `plan`

@@ -1,0 +1,308 @@
+//! The decision's inputs from the objects one plan concerns: its RayService,
+//! that service's RayClusters and their pods, however they were read.
+//!
+//! The controller reads them from its caches ([`crate::controller`]'s
+//! `observe`), `kubectl raygate fit` from the live cluster; both build
+//! [`Inputs`] here, so the live fit is decided by the same [`super::decide`]
+//! on the same facts. Pure: what to read is the caller's; what the objects
+//! mean (the change, its fingerprint, the verdict, the surge, the gate's
+//! owner) is decided here once.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::LimitRange;
+use kube::ResourceExt;
+
+use super::observed::{DynPod, PodRef};
+use super::surge::{self, Surge};
+use super::{
+    ChangeError, ChangeFacts, Cluster, GateFacts, Inputs, ServiceError, ServiceFacts, Settings,
+};
+use crate::capacity::PodGroup;
+use crate::kuberay::incremental;
+use crate::kuberay::{self, KubeRayVersion, RayCluster, RayService, Release, Verdict};
+use crate::upgradeplan::{PlanUpgradeType, UpgradePlan, ownership};
+
+/// One RayCluster of the service as read: its name, and its spec or why it
+/// could not be read.
+pub struct ClusterObject<'o> {
+    pub name: String,
+    pub cluster: Result<&'o RayCluster, String>,
+}
+
+/// The inputs of one decision on `plan`: `service` is the RayService it
+/// names (or why there is none), `clusters` that service's RayClusters, and
+/// `pods` their pods per cluster name.
+#[allow(clippy::too_many_arguments)]
+pub fn inputs<'a>(
+    plan: &'a UpgradePlan,
+    release: &Release,
+    now: Timestamp,
+    admission_unseen: bool,
+    cluster: &'a dyn Cluster,
+    service: Result<&RayService, ServiceError>,
+    clusters: &[ClusterObject<'_>],
+    pods: BTreeMap<String, Vec<PodRef>>,
+) -> Inputs<'a> {
+    let version = release.version;
+    let ns = plan.namespace().unwrap_or_default();
+    let mut inp = Inputs {
+        now,
+        plan,
+        release: release.clone(),
+        settings: Settings::of(plan),
+        service: Err(ServiceError::NotFound {
+            namespace: ns.clone(),
+            name: plan.spec.ray_service_ref.name.clone(),
+        }),
+        change: Ok(None),
+        verdict: None,
+        incremental: None,
+        clusters: BTreeSet::new(),
+        pods: BTreeMap::new(),
+        pending_ready: false,
+        pending_fingerprint: None,
+        gate: GateFacts::default(),
+        admission_unseen,
+        cluster,
+    };
+    let svc = match service {
+        Ok(s) => s,
+        Err(e) => {
+            inp.service = Err(e);
+            return inp;
+        }
+    };
+    inp.gate = gate_facts(svc);
+    inp.incremental = incremental_of(plan, svc, release);
+    let facts = service_facts(svc);
+
+    inp.clusters = clusters.iter().map(|c| c.name.clone()).collect();
+    inp.pods = pods;
+    let find = |name: &Option<String>| {
+        name.as_ref()
+            .and_then(|n| clusters.iter().find(|c| &c.name == n))
+    };
+    let pending_cluster = find(&facts.pending_cluster);
+    let pending = pending_cluster.and_then(|c| c.cluster.as_ref().ok().copied());
+    inp.pending_ready = pending
+        .and_then(|c| c.status.as_ref())
+        .and_then(|s| s.state.as_deref())
+        == Some("ready");
+    inp.pending_fingerprint = pending.and_then(|c| cluster_fingerprint(c, version));
+
+    // KubeRay compares the spec with the pending cluster when there is one.
+    let base = pending_cluster.or_else(|| find(&facts.active_cluster));
+    (inp.change, inp.verdict) = match (&facts.active_cluster, base) {
+        (None, _) => (Ok(None), None),
+        (Some(a), None) => (
+            Err(ChangeError::ActiveClusterMissing {
+                namespace: ns.clone(),
+                cluster: a.clone(),
+            }),
+            None,
+        ),
+        (Some(_), Some(base)) => match &base.cluster {
+            Err(e) => (
+                Err(ChangeError::ClusterUnreadable {
+                    cluster: base.name.clone(),
+                    error: e.clone(),
+                }),
+                None,
+            ),
+            Ok(cluster) => change_against(svc, cluster, release, plan.spec.upgrade_type),
+        },
+    };
+    // Refused from the start, not only once KubeRay has a cluster to compare
+    // with: the tenant learns it as soon as the object is cached.
+    if let (Ok(None), Some(e)) = (&inp.change, over_budget(svc)) {
+        (inp.change, inp.verdict) = (Err(e), None);
+    }
+    // An incremental upgrade fits its surge next to the active cluster.
+    if let (Ok(Some(change)), Some(Ok(opts))) = (&mut inp.change, &inp.incremental) {
+        let active: Vec<&DynPod> = facts
+            .active_cluster
+            .as_ref()
+            .and_then(|a| inp.pods.get(a))
+            .map(|p| p.iter().map(AsRef::as_ref).collect())
+            .unwrap_or_default();
+        match surge_of(
+            svc,
+            &change.new_pods,
+            &active,
+            opts,
+            version,
+            &cluster.rules().limit_ranges,
+        ) {
+            Ok(s) => change.surge = Some(s),
+            Err(e) => inp.change = Err(e.into()),
+        }
+    }
+    inp.service = Ok(facts);
+    inp
+}
+
+/// The service's spec with the gate forced open with the plan's strategy:
+/// raygate's own `None` must not hide what KubeRay would do once the gate opens.
+fn with_gate_open(svc: &RayService, t: PlanUpgradeType) -> RayService {
+    let mut s = svc.clone();
+    let strategy = s.spec.upgrade_strategy.get_or_insert_with(Default::default);
+    strategy.type_ = Some(match t {
+        PlanUpgradeType::NewCluster => kuberay::UpgradeType::NewCluster,
+        PlanUpgradeType::NewClusterWithIncrementalUpgrade => {
+            kuberay::UpgradeType::NewClusterWithIncrementalUpgrade
+        }
+    });
+    s
+}
+
+/// A plan's incremental options under the release, `None` for `NewCluster`.
+pub fn incremental_of(
+    plan: &UpgradePlan,
+    svc: &RayService,
+    release: &Release,
+) -> Option<Result<incremental::Options, incremental::Problem>> {
+    (plan.spec.upgrade_type == PlanUpgradeType::NewClusterWithIncrementalUpgrade)
+        .then(|| incremental::validate(svc, &release.version.rules(), release.incremental_gate()))
+}
+
+/// The surge of `svc`'s new cluster next to its active cluster's pods.
+pub fn surge_of(
+    svc: &RayService,
+    full: &[PodGroup],
+    active: &[&DynPod],
+    opts: &incremental::Options,
+    version: KubeRayVersion,
+    limit_ranges: &[LimitRange],
+) -> crate::Result<Surge> {
+    let bounds = incremental::group_bounds(svc, &version.rules());
+    let active = surge::active_groups(active, limit_ranges)?;
+    surge::plan(full, &bounds, &active, opts, limit_ranges)
+}
+
+/// The pods KubeRay will create for the service's new cluster, named after
+/// `<service>-next` (the real name is random and not known yet).
+pub fn new_cluster_pods(svc: &RayService, version: KubeRayVersion) -> crate::Result<Vec<PodGroup>> {
+    let ns = svc.namespace().unwrap_or_default();
+    let name = format!("{}-next", svc.name_any());
+    kuberay::planned_groups(&name, &ns, kuberay::checked_cluster_config(svc)?, version)
+}
+
+/// A cluster name the RayService status gives (empty means none).
+pub fn status_cluster(s: Option<&kuberay::RayServiceStatus>) -> Option<String> {
+    s.and_then(|s| s.ray_cluster_name.clone())
+        .filter(|n| !n.is_empty())
+}
+
+/// The gate's value and who owns it.
+fn gate_facts(svc: &RayService) -> GateFacts {
+    let managed = svc.metadata.managed_fields.as_deref().unwrap_or(&[]);
+    GateFacts {
+        value: svc
+            .spec
+            .upgrade_strategy
+            .as_ref()
+            .and_then(|u| u.type_.clone()),
+        other_owner: ownership::other_owner(managed),
+        owned_by_us: ownership::owned_by_us(managed),
+        uid: svc.metadata.uid.clone(),
+    }
+}
+
+/// The clusters the RayService status names, and the pending one's apps.
+fn service_facts(svc: &RayService) -> ServiceFacts {
+    let status = svc.status.as_ref();
+    let pending = status.and_then(|s| s.pending_service_status.as_ref());
+    let active = status.and_then(|s| s.active_service_status.as_ref());
+    ServiceFacts {
+        uid: svc.metadata.uid.clone(),
+        pending_target_capacity: pending.and_then(|p| p.target_capacity),
+        pending_traffic_percent: pending.and_then(|p| p.traffic_routed_percent),
+        active_target_capacity: active.and_then(|a| a.target_capacity),
+        active_cluster: status_cluster(active),
+        pending_cluster: status_cluster(pending),
+        pending_apps: pending
+            .and_then(|p| p.application_statuses.as_ref())
+            .map(|apps| {
+                apps.iter()
+                    .map(|(k, v)| (k.clone(), v.status.clone().unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// A RayService whose rayClusterConfig raygate did not keep whole
+/// ([`kuberay::budget`]): the finding, with the field path.
+fn over_budget(svc: &RayService) -> Option<ChangeError> {
+    let e = svc.spec.ray_cluster_config.as_ref()?.over_budget.as_ref()?;
+    Some(ChangeError::OverBudget {
+        kind: "RayService",
+        name: svc.name_any(),
+        error: e.clone(),
+    })
+}
+
+/// The fingerprint a RayCluster's own spec has, computed as a change's is
+/// (muted fields left out), so it can be compared with an admitted one.
+fn cluster_fingerprint(c: &RayCluster, version: KubeRayVersion) -> Option<String> {
+    // A spec over raygate's bounds was not kept: no fingerprint to give.
+    kuberay::budget::check(&c.spec, "spec").ok()?;
+    let spec = serde_json::to_value(&c.spec).ok()?;
+    let n = kuberay::normalize::normalize_cluster_spec(&spec, &version.rules(), "RayCluster spec")
+        .ok()?;
+    Some(kuberay::classify::fingerprint(&n.muted))
+}
+
+/// The change the service's spec makes against `cluster`, and the verdict.
+fn change_against(
+    svc: &RayService,
+    cluster: &RayCluster,
+    release: &Release,
+    t: PlanUpgradeType,
+) -> (Result<Option<ChangeFacts>, ChangeError>, Option<Verdict>) {
+    let version = release.version;
+    // Specs over raygate's bounds were pruned in the cache: refused here,
+    // before anything would be compared or planned.
+    if let Some(e) = over_budget(svc) {
+        return (Err(e), None);
+    }
+    if let Some(e) = &cluster.spec.over_budget {
+        let e = ChangeError::OverBudget {
+            kind: "RayCluster",
+            name: cluster.name_any(),
+            error: e.clone(),
+        };
+        return (Err(e), None);
+    }
+    let open = with_gate_open(svc, t);
+    // The operator's incremental-upgrade gate as raygate was told it.
+    let opts = kuberay::ClassifyOptions {
+        incremental_upgrade_gate: Some(release.incremental_gate()),
+        ..Default::default()
+    };
+    let c = match kuberay::classify_with(
+        &kuberay::OldSide::RayCluster(cluster),
+        &open,
+        version,
+        &opts,
+    ) {
+        Ok(c) => c,
+        Err(e) => return (Err(e.into()), None),
+    };
+    if c.verdict != Verdict::NewCluster {
+        return (Ok(None), Some(c.verdict));
+    }
+    let change = new_cluster_pods(svc, version)
+        .map(|pods| {
+            Some(ChangeFacts {
+                fingerprint: c.fingerprint.clone(),
+                triggering_paths: c.triggering_paths.clone(),
+                new_pods: pods,
+                surge: None,
+            })
+        })
+        .map_err(ChangeError::from);
+    (change, Some(c.verdict))
+}
