@@ -8,7 +8,7 @@
 //! wrote nothing after the takeover" is read from the apiserver's own record, not from
 //! raygate's logs. Needs `e2e/setup` and `cargo build --workspace --bins`.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -1088,6 +1088,27 @@ async fn admission_seconds(client: &Client, ns: &str, svc: &str) -> Result<f64> 
     Ok(at.duration_since(before).as_secs_f64())
 }
 
+/// raygate's own part of `plan`'s last admission, in seconds: from the change as it
+/// received it to the decision (`decided_ms` of its `gate set` log line; the 0.2 s debounce
+/// included). Unlike [`admission_seconds`], it leaves out the apiserver's time for the
+/// user's write, the watch and raygate's writes, which another workload's load moves.
+fn decided_seconds(logs: &str, plan: &str) -> Result<f64> {
+    let line = logs
+        .lines()
+        .rev()
+        .filter(|l| l.contains("gate set") && l.contains(&format!(" plan={plan} ")))
+        .find(|l| l.contains("decided_ms="))
+        .with_context(|| format!("no `gate set` line with its stages for plan {plan}"))?;
+    let ms: i64 = line
+        .split("decided_ms=")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit() && c != '-').next())
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("decided_ms in {line}"))?;
+    ensure!(ms >= 0, "no decision stage recorded: {line}");
+    Ok(ms as f64 / 1e3)
+}
+
 async fn wait_phase_in(client: &Client, ns: &str, plan: &str, want: &[&str]) -> Result<Value> {
     let api = plan_api(client, ns);
     wait_for(
@@ -1118,11 +1139,12 @@ async fn a_tenants_huge_rayservices_are_refused_within_a_memory_budget() {
     // 2 cores, was starved.
     const HOSTILE: usize = 1;
     /// Resident memory raygate may reach with the object (peak included): about
-    /// 48 MiB at rest here, 75 MiB with three of them and 112 MiB at the peak (one
-    /// object read from the watch costs ~85 MB transiently, `cargo bench --bench
-    /// object_memory`; RayServices and RayClusters are read by two watches at once).
-    /// Before the bounds: 628 MB with three, kept after deletion.
-    const BUDGET_MIB: f64 = 160.0;
+    /// 48 MiB at rest here, 75 MiB with it and 112-146 MiB at the peak (one object
+    /// read from the watch costs ~85 MB transiently, `cargo bench --bench
+    /// object_memory`; the RayService and its RayCluster are read by two watches at
+    /// once, so the peak depends on their timing). Before the bounds: 342 MB with one,
+    /// 628 MB with three, kept after deletion.
+    const BUDGET_MIB: f64 = 192.0;
     /// What may stay after they are deleted, over the resident memory before them.
     const KEPT_MIB: f64 = 48.0;
     let (cp, client) = control_plane(Options::from_env().expect("options")).await;
@@ -1144,9 +1166,10 @@ async fn a_tenants_huge_rayservices_are_refused_within_a_memory_budget() {
     for svc in ["b1", "b2", "b3", "b4"] {
         or_panic(wait_phase(&client, &calm, svc, "Idle").await);
     }
-    let mut baseline = vec![];
+    let (mut baseline, mut own_before) = (vec![], vec![]);
     for svc in ["b1", "b2"] {
         baseline.push(or_panic(admission_seconds(&client, &calm, svc).await));
+        own_before.push(or_panic(decided_seconds(&rg.logs(), svc)));
     }
     let (rss_before, _) = or_panic(rss_mib(rg.pid()));
 
@@ -1214,9 +1237,10 @@ async fn a_tenants_huge_rayservices_are_refused_within_a_memory_budget() {
     );
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (rss_with, peak_with) = or_panic(rss_mib(rg.pid()));
-    let mut after = vec![];
+    let (mut after, mut own_with) = (vec![], vec![]);
     for svc in ["b3", "b4"] {
         after.push(or_panic(admission_seconds(&client, &calm, svc).await));
+        own_with.push(or_panic(decided_seconds(&rg.logs(), svc)));
     }
     for i in 0..HOSTILE {
         let name = format!("huge-{i}");
@@ -1246,7 +1270,8 @@ async fn a_tenants_huge_rayservices_are_refused_within_a_memory_budget() {
     eprintln!(
         "figures: RSS {rss_before:.0} MiB before, {rss_with:.0} MiB with {HOSTILE} x {GROUPS} \
          groups (peak {peak_with:.0}), {rss_after:.0} MiB after deletion (peak {peak:.0}); \
-         other tenant's admission {baseline:.2?} s before, {after:.2?} s with them"
+         other tenant's admission {baseline:.2?} s before, {after:.2?} s with them \
+         (raygate's own part, change received -> decided: {own_before:.2?} s, {own_with:.2?} s)"
     );
     assert!(
         rss_with <= BUDGET_MIB && peak <= BUDGET_MIB,
@@ -1256,10 +1281,19 @@ async fn a_tenants_huge_rayservices_are_refused_within_a_memory_budget() {
         rss_after <= rss_before + KEPT_MIB,
         "memory not given back: {rss_before:.0} MiB before, {rss_after:.0} after deletion"
     );
-    // The debounce alone is 0.2 s: a floor of 0.5 s keeps scheduling noise on a loaded
-    // CI machine from reading as a slowdown.
+    // What raygate itself spends on another tenant's change must not grow with the hostile
+    // object (it grew 4-5x before the bounds). The debounce alone is 0.2 s: a floor of 0.5 s
+    // keeps scheduling noise on a loaded CI machine from reading as a slowdown.
+    let (own_base, own_then) = (mean(&own_before), mean(&own_with));
     assert!(
-        then <= 2.0 * base.max(0.5),
+        own_then <= 2.0 * own_base.max(0.5),
+        "raygate's part of another tenant's admission went from {own_base:.2} s to {own_then:.2} s"
+    );
+    // End to end, the apiserver's time is in it too, and KubeRay rewriting the hostile
+    // 850 KB objects beside the other suites loads the apiserver (seen: 0.40 -> 1.16 s while
+    // raygate's own part stayed 0.20 -> 0.24 s): a looser bound for the whole.
+    assert!(
+        then <= 2.0 * base.max(0.5) + 2.0,
         "another tenant's admission went from {base:.2} s to {then:.2} s"
     );
     assert!(!rg.logs().contains("panicked"), "{}", rg.logs());
