@@ -1092,7 +1092,20 @@ async fn admission_seconds(client: &Client, ns: &str, svc: &str) -> Result<f64> 
 /// received it to the decision (`decided_ms` of its `gate set` log line; the 0.2 s debounce
 /// included). Unlike [`admission_seconds`], it leaves out the apiserver's time for the
 /// user's write, the watch and raygate's writes, which another workload's load moves.
-fn decided_seconds(logs: &str, plan: &str) -> Result<f64> {
+/// The status is written before the gate, so the line may come a little after the
+/// `Admitted` phase is seen: it is waited for.
+async fn decided_seconds(rg: &Raygate, plan: &str) -> Result<f64> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match decided_in(&rg.logs(), plan) {
+            Ok(s) => return Ok(s),
+            Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+fn decided_in(logs: &str, plan: &str) -> Result<f64> {
     let line = logs
         .lines()
         .rev()
@@ -1169,7 +1182,7 @@ async fn a_tenants_huge_rayservices_are_refused_within_a_memory_budget() {
     let (mut baseline, mut own_before) = (vec![], vec![]);
     for svc in ["b1", "b2"] {
         baseline.push(or_panic(admission_seconds(&client, &calm, svc).await));
-        own_before.push(or_panic(decided_seconds(&rg.logs(), svc)));
+        own_before.push(or_panic(decided_seconds(&rg, svc).await));
     }
     let (rss_before, _) = or_panic(rss_mib(rg.pid()));
 
@@ -1240,7 +1253,7 @@ async fn a_tenants_huge_rayservices_are_refused_within_a_memory_budget() {
     let (mut after, mut own_with) = (vec![], vec![]);
     for svc in ["b3", "b4"] {
         after.push(or_panic(admission_seconds(&client, &calm, svc).await));
-        own_with.push(or_panic(decided_seconds(&rg.logs(), svc)));
+        own_with.push(or_panic(decided_seconds(&rg, svc).await));
     }
     for i in 0..HOSTILE {
         let name = format!("huge-{i}");
