@@ -42,8 +42,9 @@ impl Raygate {
     /// Starts `raygate run` (found next to the test executable; build it with
     /// `cargo build -p raygate`) and waits until it serves /readyz. As the chart
     /// starts it: no `--kuberay-version` (raygate reads the release from the
-    /// RayClusters the operator stamps) and nothing from the test's environment
-    /// but `RUST_LOG` and `opts.env`.
+    /// RayClusters the operator stamps), the chart's `--max-priority=0` unless the
+    /// test gives its own ceiling, and nothing from the test's environment but
+    /// `RUST_LOG` and `opts.env`.
     pub fn spawn(cp: &ControlPlane, extra_args: &[&str]) -> Result<Raygate> {
         Raygate::spawn_with(cp, &Spawn::args(extra_args))
     }
@@ -60,6 +61,11 @@ impl Raygate {
         }
         if !given("--health-addr") {
             defaults.extend(["--health-addr", "127.0.0.1:0"]);
+        }
+        // The chart's default (values.yaml `maxPriority: ["0"]`): tenants' priorities are
+        // capped unless a test sets its own ceiling, as a platform team would.
+        if !given("--max-priority") {
+            defaults.push("--max-priority=0");
         }
         let bin = crate::workspace_bin("raygate").context(
             "raygate binary not found next to the test executable: run `cargo build -p raygate` first",

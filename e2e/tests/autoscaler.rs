@@ -41,7 +41,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(180);
-const RAYGATE_ARGS: &[&str] = &["--capacity-requests=true", "--max-open-capacity-requests=1"];
+/// Priorities order the requests here (batch at 10 before chat): a ceiling above them, as a
+/// platform team sets one to let its own plans rank (the chart's default caps at 0).
+const RAYGATE_ARGS: &[&str] = &[
+    "--capacity-requests=true",
+    "--max-open-capacity-requests=1",
+    "--max-priority=10",
+];
 const NODEPOOL_LABEL: &str = "karpenter.sh/nodepool";
 
 struct Env {

@@ -44,6 +44,10 @@ impl Rng {
     }
 }
 
+/// The soak edits priorities in -10..=10: a ceiling that lets them all rank (the chart's
+/// default, 0, would cap the positive ones).
+const SOAK_ARGS: &[&str] = &["--max-priority=10"];
+
 fn env_num(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -224,7 +228,7 @@ impl World {
             }
             _ => {
                 rg.kill();
-                *rg = Raygate::spawn(cp, &[])?;
+                *rg = Raygate::spawn(cp, SOAK_ARGS)?;
                 "raygate killed (-9) and restarted".into()
             }
         })
@@ -377,7 +381,7 @@ async fn soak(seed: u64, rg: &mut Option<Raygate>, cp: &ControlPlane) -> Result<
         add_node(&client, &name).await?;
         world.nodes.push(name);
     }
-    let mut r = Raygate::spawn(cp, &[])?;
+    let mut r = Raygate::spawn(cp, SOAK_ARGS)?;
     for i in 0..SERVICES {
         let s = svc(i);
         let plan = json!({"apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan",
