@@ -36,25 +36,7 @@ fn reserved_on(
     queue: &[Candidate],
     me: (&str, &str),
 ) -> raygate::Result<Vec<PodGroup>> {
-    let mut reserved = ledger.to_vec();
-    for c in queue {
-        if (c.namespace.as_str(), c.name.as_str()) == me {
-            break;
-        }
-        let report = index.fit(
-            rules,
-            &FitRequest {
-                pods: c.pods.clone(),
-                reserved: reserved.clone(),
-                headroom: c.headroom.clone(),
-                old_requests: ResourceList::new(),
-            },
-        )?;
-        if report.fits {
-            reserved.extend(c.pods.iter().cloned());
-        }
-    }
-    Ok(reserved)
+    raygate::admission::ledger::reserved_with(|r| index.fit(rules, r), ledger, queue, me)
 }
 
 fn candidate(i: usize) -> Candidate {

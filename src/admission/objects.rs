@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::LimitRange;
 use kube::ResourceExt;
+use kube::api::ObjectMeta;
 
 use super::observed::{DynPod, PodRef};
 use super::surge::{self, Surge};
@@ -29,6 +30,28 @@ use crate::upgradeplan::{PlanUpgradeType, UpgradePlan, ownership};
 pub struct ClusterObject<'o> {
     pub name: String,
     pub cluster: Result<&'o RayCluster, String>,
+}
+
+/// A RayCluster of `svc`: in its namespace, labelled with its name, and not
+/// owned by another RayService object (one deleted, whose clusters the garbage
+/// collector has not removed yet, under the same name). KubeRay sets the
+/// RayService as the cluster's controller reference.
+pub fn is_cluster_of(meta: &ObjectMeta, svc: &RayService) -> bool {
+    let named = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(kuberay::LABEL_ORIGINATED_FROM_CR_NAME))
+        == svc.metadata.name.as_ref();
+    let owned = match svc.metadata.uid.as_deref() {
+        None => true,
+        Some(uid) => meta
+            .owner_references
+            .iter()
+            .flatten()
+            .filter(|o| o.kind == "RayService")
+            .all(|o| o.uid == uid),
+    };
+    meta.namespace == svc.metadata.namespace && named && owned
 }
 
 /// The inputs of one decision on `plan`: `service` is the RayService it

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{LimitRange, Pod};
+use kube::ResourceExt;
 
 use crate::capacity::{self, PODS, PodRecord, ResourceList};
 use crate::podgroup::{LABEL_GROUP, LABEL_NODE_TYPE};
@@ -60,7 +61,8 @@ pub fn kind_of<P: ObservedPod + ?Sized>(p: &P) -> (String, String) {
     )
 }
 
-/// The requests of the pods that hold something, plus one pod slot each.
+/// Total requests of an old cluster's pods that hold something (terminal pods
+/// hold nothing), counting one pod slot each, as every new pod will take one too.
 pub fn total_requests<'a, P: ObservedPod + ?Sized + 'a>(
     pods: impl IntoIterator<Item = &'a P>,
     limit_ranges: &[LimitRange],
@@ -88,11 +90,11 @@ pub fn total_requests<'a, P: ObservedPod + ?Sized + 'a>(
 
 impl ObservedPod for Pod {
     fn node_type(&self) -> Option<&str> {
-        label(self, LABEL_NODE_TYPE)
+        self.labels().get(LABEL_NODE_TYPE).map(String::as_str)
     }
 
     fn group(&self) -> Option<&str> {
-        label(self, LABEL_GROUP)
+        self.labels().get(LABEL_GROUP).map(String::as_str)
     }
 
     fn is_bound(&self) -> bool {
@@ -123,14 +125,6 @@ impl ObservedPod for Pod {
     fn requests(&self, limit_ranges: &[LimitRange]) -> crate::Result<ResourceList> {
         capacity::pod_requests(self, limit_ranges)
     }
-}
-
-fn label<'a>(p: &'a Pod, key: &str) -> Option<&'a str> {
-    p.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(key))
-        .map(String::as_str)
 }
 
 impl ObservedPod for PodRecord {
@@ -244,6 +238,27 @@ mod tests {
             Some("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
         );
         assert_eq!(group_of(&pods[1]), HEAD);
+    }
+
+    #[test]
+    fn totals_count_pod_slots_and_skip_terminal_pods() {
+        let pod = |phase: &str| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "p"},
+                "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]},
+                "status": {"phase": phase}
+            }))
+            .unwrap()
+        };
+        let pods = [pod("Running"), pod("Pending"), pod("Succeeded")];
+        let t = total_requests(pods.iter(), &[]).unwrap();
+        assert_eq!(t.get("cpu").map(|q| q.canonical()).as_deref(), Some("4"));
+        assert_eq!(t.get("pods").map(|q| q.canonical()).as_deref(), Some("2"));
+        assert!(
+            total_requests::<Pod>(std::iter::empty(), &[])
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]

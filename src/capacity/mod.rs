@@ -32,7 +32,7 @@ pub use fit::{FitOptions, FitReport, FitRequest, Unplaced, fit, fit_with};
 pub use index::CapacityIndex;
 pub use node::{NodeFree, NodeSummary, SkippedNode, node_free};
 pub use record::{PartialPod, PodBody, PodKey, PodRecord};
-pub use requests::{pod_name, pod_requests, total_requests};
+pub use requests::{pod_name, pod_requests};
 pub use scheduling::Wording;
 pub use state::ClusterState;
 

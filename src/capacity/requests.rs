@@ -456,30 +456,6 @@ pub fn is_terminal(pod: &Pod) -> bool {
     )
 }
 
-/// Total requests of running pods (an old cluster's), counting one pod slot
-/// each, as every new pod will take one too. Terminal pods hold nothing.
-pub fn total_requests<'a>(
-    pods: impl IntoIterator<Item = &'a Pod>,
-    limit_ranges: &[LimitRange],
-) -> crate::Result<ResourceList> {
-    let mut total = ResourceList::new();
-    let mut slots: i64 = 0;
-    for p in pods {
-        if is_terminal(p) {
-            continue;
-        }
-        super::add_into(&mut total, &pod_requests(p, limit_ranges)?);
-        slots = slots.saturating_add(1);
-    }
-    if slots > 0 {
-        super::add_into(
-            &mut total,
-            &ResourceList::from([(super::PODS.to_string(), Quantity::from_units(slots))]),
-        );
-    }
-    Ok(total)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -879,22 +855,5 @@ mod tests {
             err.starts_with("limitrange ray/defaults: limits[1].default[cpu]:"),
             "{err}"
         );
-    }
-
-    #[test]
-    fn totals_count_pod_slots_and_skip_terminal_pods() {
-        let pod = |phase: &str| -> Pod {
-            serde_json::from_value(json!({
-                "metadata": {"name": "p"},
-                "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]},
-                "status": {"phase": phase}
-            }))
-            .unwrap()
-        };
-        let pods = [pod("Running"), pod("Pending"), pod("Succeeded")];
-        let t = total_requests(pods.iter(), &[]).unwrap();
-        assert_eq!(t.get("cpu").map(|q| q.canonical()).as_deref(), Some("4"));
-        assert_eq!(t.get("pods").map(|q| q.canonical()).as_deref(), Some("2"));
-        assert!(total_requests(std::iter::empty(), &[]).unwrap().is_empty());
     }
 }

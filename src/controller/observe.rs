@@ -29,8 +29,7 @@ use crate::admission::surge;
 use crate::admission::{Cluster, Inputs, ServiceError, Settings};
 use crate::capacity::{ClusterState, PodGroup, PodRecord};
 use crate::kuberay::{
-    self, ANNOTATION_KUBERAY_VERSION, KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster,
-    RayService, Release, Releases,
+    self, ANNOTATION_KUBERAY_VERSION, KubeRayVersion, RayCluster, RayService, Release, Releases,
 };
 use crate::upgradeplan::{Admission, UpgradePlan};
 
@@ -66,13 +65,8 @@ fn service(
         })
 }
 
-/// The RayClusters KubeRay created for a service.
-/// The RayClusters of `svc`: labelled with its name and not owned by
-/// another RayService object (one deleted, whose clusters the garbage
-/// collector has not removed yet, under the same name).
+/// The RayClusters KubeRay created for `svc` ([`objects::is_cluster_of`]).
 fn clusters_of(stores: &Stores, svc: &RayService) -> Vec<Arc<DeserializeGuard<RayCluster>>> {
-    let ns = svc.metadata.namespace.as_deref();
-    let name = svc.metadata.name.as_deref();
     stores
         .clusters
         .state()
@@ -82,27 +76,9 @@ fn clusters_of(stores: &Stores, svc: &RayService) -> Vec<Arc<DeserializeGuard<Ra
                 Ok(c) => &c.metadata,
                 Err(e) => &e.metadata,
             };
-            meta.namespace.as_deref() == ns
-                && meta
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(LABEL_ORIGINATED_FROM_CR_NAME))
-                    .map(String::as_str)
-                    == name
-                && owned_by(meta, svc.metadata.uid.as_deref())
+            objects::is_cluster_of(meta, svc)
         })
         .collect()
-}
-
-/// Whether a RayCluster's RayService owner (if it names one) is `uid` (if
-/// known): KubeRay sets it as the cluster's controller reference.
-fn owned_by(meta: &kube::api::ObjectMeta, uid: Option<&str>) -> bool {
-    let Some(uid) = uid else { return true };
-    meta.owner_references
-        .iter()
-        .flatten()
-        .filter(|o| o.kind == "RayService")
-        .all(|o| o.uid == uid)
 }
 
 fn guard_name<K: kube::Resource>(g: &DeserializeGuard<K>) -> String {
@@ -596,6 +572,7 @@ impl Cluster for World<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kuberay::LABEL_ORIGINATED_FROM_CR_NAME;
     use crate::upgradeplan::{Phase, PlanUpgradeType};
     use kube::runtime::reflector;
     use kube::runtime::watcher::Event;

@@ -119,17 +119,26 @@ fn live_version(
     )
 }
 
+/// The file's RayService (read with `--kuberay-version`'s rules, or the newest),
+/// a client for the cluster, and the namespace the answer is about.
+async fn file_and_cluster(
+    file: &Path,
+    kuberay_version: Option<&str>,
+    kube: &KubeArgs,
+) -> Result<(RayService, Client, String)> {
+    let first = cli::read_service(file, cli::kuberay_version(kuberay_version)?)?;
+    let (client, default_ns) = connect(kube).await?;
+    let ns = service_namespace(&first, file, kube.namespace.as_deref(), &default_ns)?;
+    Ok((first, client, ns))
+}
+
 pub(super) async fn explain(args: &ExplainArgs, kube: &KubeArgs) -> Result<String> {
     if args.old.is_some() {
         return cli::explain(args);
     }
     // Read once for its name and namespace; again below with the live release's rules.
-    let first = cli::read_service(
-        &args.new,
-        cli::kuberay_version(args.kuberay_version.as_deref())?,
-    )?;
-    let (client, default_ns) = connect(kube).await?;
-    let ns = service_namespace(&first, &args.new, kube.namespace.as_deref(), &default_ns)?;
+    let (first, client, ns) =
+        file_and_cluster(&args.new, args.kuberay_version.as_deref(), kube).await?;
     let name = first.name_any();
     let Some(live) = live_service(&client, &ns, &name).await? else {
         let (version, _) = live_version(args.kuberay_version.as_deref(), None)?;
@@ -252,12 +261,8 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
             .collect();
         return Ok(o);
     }
-    let first = cli::read_service(
-        &args.new,
-        cli::kuberay_version(args.kuberay_version.as_deref())?,
-    )?;
-    let (client, default_ns) = connect(kube).await?;
-    let ns = service_namespace(&first, &args.new, kube.namespace.as_deref(), &default_ns)?;
+    let (first, client, ns) =
+        file_and_cluster(&args.new, args.kuberay_version.as_deref(), kube).await?;
     let name = first.name_any();
     let mut notes = vec![];
     // The old side is the live service's active cluster; its pods are the old
@@ -424,7 +429,6 @@ async fn decide_live(
     args: &FitArgs,
 ) -> Result<cli::DecisionSummary> {
     let ns = plan.namespace().unwrap_or_default();
-    let name = live.name_any();
     let clusters = Api::<RayCluster>::namespaced(client.clone(), &ns)
         .list(&ListParams::default())
         .await?
@@ -463,15 +467,7 @@ async fn decide_live(
     }
     let own: Vec<&RayCluster> = clusters
         .iter()
-        .filter(|c| {
-            c.labels().get(kuberay::LABEL_ORIGINATED_FROM_CR_NAME) == Some(&name)
-                && c.metadata
-                    .owner_references
-                    .iter()
-                    .flatten()
-                    .filter(|o| o.kind == "RayService")
-                    .all(|o| Some(&o.uid) == live.metadata.uid.as_ref())
-        })
+        .filter(|c| crate::admission::objects::is_cluster_of(&c.metadata, live))
         .collect();
     let objects: Vec<ClusterObject<'_>> = own
         .iter()
