@@ -134,6 +134,18 @@ struct RunArgs {
         value_name = "CLASS"
     )]
     dra_plain_count_class: Vec<String>,
+    /// How long raygate gathers the changes that wake an UpgradePlan (node,
+    /// pod, RayService and RayCluster events) before reconciling it: a burst
+    /// is one reconcile per plan, and no change waits longer than this to be
+    /// acted on, however long the burst lasts. A plan's own changes (an
+    /// approval, a spec edit) are not delayed. Units: ms, s.
+    #[arg(
+        long,
+        env = "RAYGATE_BATCH_WINDOW",
+        default_value = "50ms",
+        value_name = "DURATION"
+    )]
+    batch_window: String,
     /// Namespace of the leader-election Lease (default: POD_NAMESPACE or "default").
     #[arg(long, env = "RAYGATE_LEASE_NAMESPACE")]
     lease_namespace: Option<String>,
@@ -271,6 +283,23 @@ async fn config(args: &KubeArgs) -> Result<kube::Config> {
 }
 
 /// A client whose every call is bounded by `timeout`.
+/// `--batch-window`, at most [`MAX_BATCH_WINDOW`]: longer only delays every
+/// admission.
+fn batch_window(s: &str) -> Result<Duration> {
+    let d = raygate::schedule::parse_duration("--batch-window", s)?;
+    if d > MAX_BATCH_WINDOW {
+        return Err(Error::invalid(
+            "--batch-window",
+            format!(
+                "{s} is longer than {MAX_BATCH_WINDOW:?}: every admission would wait that long"
+            ),
+        ));
+    }
+    Ok(d)
+}
+
+const MAX_BATCH_WINDOW: Duration = Duration::from_secs(5);
+
 fn bounded_client(mut config: kube::Config, timeout: Duration) -> Result<kube::Client> {
     config.connect_timeout = Some(timeout);
     config.read_timeout = Some(timeout);
@@ -433,6 +462,7 @@ async fn run(args: RunArgs) -> Result<()> {
             max_open: args.max_open_capacity_requests,
         },
         dra_plain_count: args.dra_plain_count_class.clone(),
+        batch_window: batch_window(&args.batch_window)?,
     };
     let lease_namespace = args
         .lease_namespace

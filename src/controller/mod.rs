@@ -8,6 +8,7 @@
 
 pub mod buffers;
 pub mod cache;
+pub mod coalesce;
 pub mod gate;
 pub mod govern;
 pub mod latency;
@@ -68,6 +69,9 @@ pub struct Settings {
     /// `--dra-plain-count-class`: DeviceClasses counted as plain units (see
     /// [`crate::capacity::dra`]).
     pub dra_plain_count: Vec<String>,
+    /// `--batch-window`: how long the wake-ups of a plan are gathered before
+    /// it is reconciled (see [`coalesce`]).
+    pub batch_window: Duration,
 }
 
 /// How often gates no plan governs any more are looked for.
@@ -320,8 +324,10 @@ fn plan_controller(
                     note_plan(&noted, &mut approvals, p);
                 }
             });
+    // No debounce: a plan's own events (an approval, a spec change) are
+    // reconciled at once; the caches' wake-ups are gathered by `coalesce`.
     let controller = Controller::for_stream(plan_events, plans.clone())
-        .with_config(ControllerConfig::default().debounce(Duration::from_millis(200)));
+        .with_config(ControllerConfig::default().debounce(Duration::ZERO));
     (controller, plans)
 }
 
@@ -508,6 +514,7 @@ pub async fn run(
     let (controller, plans) = plan_controller(&watch, &settings.namespaces, &causes);
     let (tx, rx) = mpsc::unbounded::<ObjectRef<UpgradePlan>>();
     let caches = spawn_caches(&watch, &settings, &plans, &causes, tx);
+    let wakeups = coalesce::coalesce(rx, settings.batch_window);
     info!("waiting for caches to sync");
     let (stores, buffers) = caches.synced(plans).await?;
     info!("caches synced");
@@ -518,7 +525,7 @@ pub async fn run(
     ));
     let sweeper = spawn_sweeper(ctx.clone());
     controller
-        .reconcile_on(rx)
+        .reconcile_on(wakeups)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {

@@ -61,6 +61,7 @@ fn context(client: Client, fence: Fence) -> Arc<Context> {
         instance: "test".into(),
         capacity: crate::autoscale::Defaults::default(),
         dra_plain_count: vec![],
+        batch_window: std::time::Duration::ZERO,
     };
     Arc::new(Context::new(
         client,
