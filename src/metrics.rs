@@ -58,7 +58,7 @@ const RECONCILE_BUCKETS: [f64; 13] = [
 ];
 
 /// Admission latency buckets: the target is under a second at 1,000 nodes;
-/// the debounce alone is 0.2 s, a loaded apiserver's write up to seconds.
+/// the batch window is 0.05 s, a loaded apiserver's write up to seconds.
 const ADMISSION_BUCKETS: [f64; 15] = [
     0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];

@@ -183,7 +183,7 @@ impl Causes {
     }
 
     /// Plans were sent to the reconcile queue at `at`: kept if they were
-    /// not queued already (the controller's debounce only moves the start).
+    /// not queued already (the batch window only moves the start).
     pub fn queued<'a>(&self, plans: impl IntoIterator<Item = &'a PlanKey>, at: Timestamp) {
         let mut inner = self.lock();
         for p in plans {
