@@ -15,6 +15,7 @@ pub mod latency;
 pub mod observe;
 pub mod patch;
 pub mod release;
+pub mod written;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -97,6 +98,8 @@ pub struct Context {
     pub causes: Arc<latency::Causes>,
     /// Gates written that the RayService cache may not show yet.
     gates_written: std::sync::Mutex<GatesWritten>,
+    /// Status writes the plan cache may not show yet (see [`written`]).
+    status_written: std::sync::Mutex<written::StatusWritten>,
 }
 
 /// The gates raygate wrote, per plan: the RayService's uid, the value, and
@@ -480,6 +483,7 @@ impl Context {
             buffers,
             causes,
             gates_written: Default::default(),
+            status_written: Default::default(),
         }
     }
 }
@@ -651,6 +655,8 @@ async fn reconcile_plan(plan: Arc<UpgradePlan>, ctx: Arc<Context>) -> Result<Act
         leave(&api, &plan, &ctx).await?;
         return Ok(Action::await_change());
     }
+    // Our own last status write, if the cache has not delivered it yet.
+    let plan = lock_status(&ctx).newest(plan);
     finalizer(&api, FINALIZER, plan, |event| async {
         match event {
             Finalizer::Apply(p) => apply(&p, &ctx).await,
@@ -706,6 +712,7 @@ async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     }
     ctx.metrics.forget_plan(&ns, &plan.name_any());
     ctx.causes.forget(&(ns.clone(), plan.name_any()));
+    lock_status(ctx).forget(&(ns.clone(), plan.name_any()));
     ctx.decisions.lock().await.remove(&(ns, plan.name_any()));
     Ok(Action::await_change())
 }
@@ -807,13 +814,16 @@ async fn record(
         // Decide under the lock and reserve the admission there, so that a
         // decision made while the status is written counts it; the lock is
         // not held across the write.
-        let (seen, decision, reserved_before) = {
+        let (seen, mut decision, reserved_before) = {
             let mut overlay = ctx.decisions.lock().await;
-            // The cache caught up with what we wrote: the entry is no longer needed.
-            if current
-                .status
-                .as_ref()
-                .is_some_and(|s| s.admitted.is_some())
+            // The cache caught up with what we wrote: the entry is no longer
+            // needed. The cache's copy, not `current`: that may be our own
+            // write or a fresh read, which other plans' decisions do not see.
+            if ctx
+                .stores
+                .plans
+                .get(&ObjectRef::from_obj(plan))
+                .is_some_and(|p| p.status.as_ref().is_some_and(|s| s.admitted.is_some()))
             {
                 overlay.remove(&key);
             }
@@ -839,13 +849,27 @@ async fn record(
             (seen, decision, before)
         };
         let prev = current.status.clone().unwrap_or_default();
+        // A held plan's figures moving (nodes arriving one by one) are
+        // written at most every PROGRESS_EVERY; the requeue writes them.
+        let pace = (decision.events.is_empty()
+            && !matches!(
+                decision.gate,
+                Some(admission::Gate::Open | admission::Gate::OpenIncremental)
+            )
+            && written::progress_only(&prev, &decision.status))
+        .then(|| lock_status(ctx).progress_wait(&key, Timestamp::now()))
+        .flatten();
         let written = if decision.status == prev {
+            Ok(true)
+        } else if let Some(wait) = pace {
+            debug!(plan = %name, namespace = %ns, wait = ?wait, "only the figures moved: written later");
+            decision.requeue = decision.requeue.min(wait);
             Ok(true)
         } else {
             write_status(ctx, &current, &decision.status).await
         };
         if matches!(written, Ok(true)) {
-            if decision.status != prev {
+            if decision.status != prev && pace.is_none() {
                 let at = Timestamp::now();
                 ctx.causes.status_written(&key, at);
             }
@@ -966,6 +990,12 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
     }
 }
 
+fn lock_status(ctx: &Context) -> std::sync::MutexGuard<'_, written::StatusWritten> {
+    ctx.status_written
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn lock_gates(ctx: &Context) -> std::sync::MutexGuard<'_, GatesWritten> {
     ctx.gates_written
         .lock()
@@ -1075,7 +1105,8 @@ async fn write_status(
     let apply = Patch::Apply(&body);
     let call = api.patch_status(&name, &params, &apply);
     match guarded(&ctx.fence, "writing the UpgradePlan status", call).await? {
-        Ok(_) => {
+        Ok(written) => {
+            lock_status(ctx).record(plan, written, Timestamp::now());
             info!(plan = %name, namespace = %ns, phase = status.phase.as_str(),
                   waiting_for = status.waiting_for.as_deref().unwrap_or(""), "status updated");
             Ok(true)

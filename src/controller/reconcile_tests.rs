@@ -93,7 +93,11 @@ fn apiserver(status_write: StatusCode) -> (Client, Seen, tokio::task::JoinHandle
             let plan_path = format!("/apis/raygate.io/v1alpha1/namespaces/{NS}/upgradeplans/llm");
             let (code, answer) = if line == format!("PATCH {plan_path}/status") {
                 if status_write == StatusCode::OK {
-                    (StatusCode::OK, serde_json::to_value(plan()).unwrap())
+                    // The plan as written: the next version, with the status sent.
+                    let mut written = serde_json::to_value(plan()).unwrap();
+                    written["metadata"]["resourceVersion"] = json!("2");
+                    written["status"] = body["status"].clone();
+                    (StatusCode::OK, written)
                 } else {
                     (
                         status_write,
@@ -138,6 +142,31 @@ async fn the_status_is_written_before_the_gate() {
     assert_eq!(seen[0].1["status"]["phase"], "Pending");
     assert_eq!(seen[1].1["spec"]["upgradeStrategy"]["type"], "None");
     assert_eq!(seen[1].1["metadata"]["uid"], "svc-uid", "never a create");
+}
+
+#[tokio::test]
+async fn a_reconcile_before_the_cache_shows_our_write_decides_on_that_write() {
+    let (client, seen, task) = apiserver(StatusCode::OK);
+    let ctx = context(client, Fence::open());
+    reconcile_plan(Arc::new(plan()), ctx.clone()).await.unwrap();
+    // Woken again (a node, a pod) while the cache still shows version 1:
+    // decided on the written version 2, so nothing to write; not a 409,
+    // a GET and a second decision.
+    reconcile_plan(Arc::new(plan()), ctx.clone()).await.unwrap();
+    task.abort();
+    let lines: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(l, _)| l.clone())
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "PATCH /apis/raygate.io/v1alpha1/namespaces/ml/upgradeplans/llm/status",
+            "PATCH /apis/ray.io/v1/namespaces/ml/rayservices/llm",
+        ]
+    );
 }
 
 #[tokio::test]

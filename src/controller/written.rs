@@ -1,0 +1,224 @@
+//! What raygate wrote to plans' status, until the plan cache shows it.
+//!
+//! Since a wake-up is reconciled within the batch window (see
+//! [`super::coalesce`]), a plan is often reconciled again before the watch
+//! has delivered its own last status write. Deciding on the cached copy
+//! then sends a write with a stale `resourceVersion`: a 409, a GET and a
+//! second decision, three requests for nothing (issue 22's scale run saw
+//! one such pair per admission). The apiserver's answer to the write *is*
+//! the newest plan; [`StatusWritten::newest`] hands it to the reconcile
+//! while the cache still shows the version it replaced.
+//!
+//! It also paces a held plan's progress: while nodes arrive one after
+//! another, every waiting plan's shortfall changes with each, and writing
+//! each step would be one request per node per waiting plan. A change
+//! that is only such numbers ([`progress_only`]) is written at most once
+//! every [`PROGRESS_EVERY`]; anything else (a phase, an admission, a
+//! condition's status or reason) at once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::latency::PlanKey;
+use crate::upgradeplan::{UpgradePlan, UpgradePlanStatus};
+
+/// At most one progress-only status write per plan this often.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// Entries older than this are dropped (a plan deleted meanwhile).
+const KEEP: Duration = Duration::from_secs(600);
+
+struct Entry {
+    /// The `resourceVersion` the write replaced.
+    replaced: Option<String>,
+    /// The plan as the apiserver answered the write.
+    written: Arc<UpgradePlan>,
+    at: Timestamp,
+}
+
+/// Per plan, its last status write (see the module doc).
+#[derive(Default)]
+pub struct StatusWritten(HashMap<PlanKey, Entry>);
+
+impl StatusWritten {
+    /// `written` is what the apiserver answered to a status write made on
+    /// `before` at `at`.
+    pub fn record(&mut self, before: &UpgradePlan, written: UpgradePlan, at: Timestamp) {
+        let keep = KEEP.as_secs_f64();
+        self.0
+            .retain(|_, e| at.duration_since(e.at).as_secs_f64() < keep);
+        self.0.insert(
+            key(before),
+            Entry {
+                replaced: before.resource_version(),
+                written: Arc::new(written),
+                at,
+            },
+        );
+    }
+
+    /// The newest known copy of `cached`: what raygate wrote, while the
+    /// cache still shows the version that write replaced; else `cached`.
+    pub fn newest(&self, cached: Arc<UpgradePlan>) -> Arc<UpgradePlan> {
+        match self.0.get(&key(&cached)) {
+            Some(e)
+                if e.replaced.is_some()
+                    && e.replaced == cached.resource_version()
+                    && e.written.uid() == cached.uid() =>
+            {
+                e.written.clone()
+            }
+            _ => cached,
+        }
+    }
+
+    /// How long a progress-only write of the plan must still wait, if at all.
+    pub fn progress_wait(&self, key: &PlanKey, now: Timestamp) -> Option<Duration> {
+        let e = self.0.get(key)?;
+        let since = now.duration_since(e.at).as_secs_f64().max(0.0);
+        let left = PROGRESS_EVERY.as_secs_f64() - since;
+        (left > 0.0).then(|| Duration::from_secs_f64(left))
+    }
+
+    pub fn forget(&mut self, key: &PlanKey) {
+        self.0.remove(key);
+    }
+}
+
+fn key(p: &UpgradePlan) -> PlanKey {
+    (p.namespace().unwrap_or_default(), p.name_any())
+}
+
+/// `next` differs from `prev` only in what a held plan reports as capacity
+/// comes and goes: the capacity figures, the printer column, the message and
+/// the conditions' messages. The phase, the admission, the pending change,
+/// each condition's type, status and reason, and the rest are the same.
+pub fn progress_only(prev: &UpgradePlanStatus, next: &UpgradePlanStatus) -> bool {
+    if prev == next || prev.phase != next.phase || prev.admitted.is_some() {
+        return false;
+    }
+    let strip = |s: &UpgradePlanStatus| {
+        let mut s = s.clone();
+        s.capacity = None;
+        s.waiting_for = None;
+        s.message = None;
+        for c in &mut s.conditions {
+            c.message = String::new();
+        }
+        s
+    };
+    strip(prev) == strip(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upgradeplan::{CapacityStatus, Phase};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+    fn plan(rv: &str) -> UpgradePlan {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan",
+            "metadata": {"name": "svc", "namespace": "ns", "uid": "u1", "resourceVersion": rv},
+            "spec": {"rayServiceRef": {"name": "svc"}}
+        }))
+        .unwrap()
+    }
+
+    fn waiting(short: &str) -> UpgradePlanStatus {
+        UpgradePlanStatus {
+            phase: Phase::WaitingForCapacity,
+            waiting_for: Some(format!("capacity: nvidia.com/gpu {short}")),
+            message: Some(format!("short of {short} nvidia.com/gpu")),
+            capacity: Some(CapacityStatus {
+                shortfall: [("nvidia.com/gpu".to_string(), short.to_string())].into(),
+                ..Default::default()
+            }),
+            conditions: vec![Condition {
+                type_: "CapacityAvailable".into(),
+                status: "False".into(),
+                reason: "Insufficient".into(),
+                message: format!("short of {short}"),
+                last_transition_time: Time(Timestamp::UNIX_EPOCH),
+                observed_generation: None,
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_written_plan_stands_in_for_the_version_it_replaced() {
+        let rv = |p: Arc<UpgradePlan>| p.resource_version().unwrap_or_default();
+        let mut w = StatusWritten::default();
+        let mut after = plan("11");
+        after.status = Some(waiting("4"));
+        w.record(&plan("10"), after.clone(), Timestamp::now());
+        let got = w.newest(Arc::new(plan("10")));
+        assert_eq!(
+            (rv(got.clone()), got.status.clone()),
+            ("11".into(), after.status),
+            "cache behind: ours"
+        );
+        assert_eq!(
+            rv(w.newest(Arc::new(plan("11")))),
+            "11",
+            "caught up: the cache's"
+        );
+        let cached = w.newest(Arc::new(plan("12")));
+        assert_eq!(
+            (rv(cached.clone()), cached.status.is_none()),
+            ("12".into(), true),
+            "moved on: the cache's"
+        );
+        let mut recreated = plan("10");
+        recreated.metadata.uid = Some("u2".into());
+        let got = w.newest(Arc::new(recreated));
+        assert_eq!(
+            (rv(got.clone()), got.uid()),
+            ("10".into(), Some("u2".into())),
+            "another object of the same name: never ours"
+        );
+    }
+
+    #[test]
+    fn progress_waits_out_the_interval_after_the_last_write() {
+        let mut w = StatusWritten::default();
+        let k = ("ns".to_string(), "svc".to_string());
+        let t0 = Timestamp::now();
+        assert_eq!(w.progress_wait(&k, t0), None, "never written: at once");
+        w.record(&plan("1"), plan("2"), t0);
+        let later = t0 + jiff::SignedDuration::from_secs(2);
+        let left = w.progress_wait(&k, later).unwrap();
+        assert!((left.as_secs_f64() - 3.0).abs() < 0.01, "{left:?}");
+        let after = t0 + jiff::SignedDuration::from_secs(6);
+        assert_eq!(w.progress_wait(&k, after), None);
+        w.forget(&k);
+        assert_eq!(w.progress_wait(&k, later), None);
+    }
+
+    #[test]
+    fn only_capacity_figures_and_their_words_are_progress() {
+        let (a, b) = (waiting("8"), waiting("4"));
+        assert!(progress_only(&a, &b));
+        assert!(!progress_only(&a, &a), "no change is not a write at all");
+        let mut phase = b.clone();
+        phase.phase = Phase::Admitted;
+        assert!(!progress_only(&a, &phase));
+        let mut reason = b.clone();
+        reason.conditions[0].reason = "Fits".into();
+        assert!(!progress_only(&a, &reason));
+        let mut status = b.clone();
+        status.conditions[0].status = "True".into();
+        assert!(!progress_only(&a, &status));
+        let mut more = b.clone();
+        more.conditions.push(a.conditions[0].clone());
+        assert!(!progress_only(&a, &more));
+        let mut other = b.clone();
+        other.effective_priority = Some(3);
+        assert!(!progress_only(&a, &other));
+    }
+}
