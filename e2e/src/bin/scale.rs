@@ -251,6 +251,9 @@ impl AdmissionWatch {
 
 async fn wait_phases(client: &Client, want: &[&str], n: usize, timeout: Duration) -> Result<()> {
     wait_for(&format!("{n} plans in {want:?}"), timeout, || async {
+        // A list of every plan is load on the apiserver KubeRay is bringing the
+        // services up on: once a second or so is enough for phases minutes long.
+        tokio::time::sleep(Duration::from_secs(1)).await;
         let phases = plans_by_phase(client).await?;
         let done = phases
             .values()
@@ -922,12 +925,14 @@ async fn main() -> Result<()> {
         .iter()
         .map(|k| {
             let v = stage(k);
-            format!(
-                "{} {:.0} / {:.0}",
-                k.trim_end_matches("_ms"),
-                p(&v, 0.5),
-                p(&v, 1.0)
-            )
+            let name = k.trim_end_matches("_ms");
+            if v.is_empty() {
+                // Every one before the cause: already queued (or started) by an
+                // earlier event when the cause arrived.
+                format!("{name} before the cause")
+            } else {
+                format!("{name} {:.0} / {:.0}", p(&v, 0.5), p(&v, 1.0))
+            }
         })
         .collect();
     println!(
