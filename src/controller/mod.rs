@@ -1107,8 +1107,10 @@ async fn write_status(
     match guarded(&ctx.fence, "writing the UpgradePlan status", call).await? {
         Ok(written) => {
             lock_status(ctx).record(plan, written, Timestamp::now());
+            let changed = written::changed_fields(plan.status.as_ref(), status);
             info!(plan = %name, namespace = %ns, phase = status.phase.as_str(),
-                  waiting_for = status.waiting_for.as_deref().unwrap_or(""), "status updated");
+                  waiting_for = status.waiting_for.as_deref().unwrap_or(""),
+                  changed = %changed.join(","), "status updated");
             Ok(true)
         }
         Err(kube::Error::Api(e)) if e.code == 409 => {

@@ -25,6 +25,7 @@ use kube::ResourceExt;
 
 use super::latency::PlanKey;
 use crate::upgradeplan::{UpgradePlan, UpgradePlanStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 /// At most one progress-only status write per plan this often.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
@@ -114,11 +115,45 @@ pub fn progress_only(prev: &UpgradePlanStatus, next: &UpgradePlanStatus) -> bool
     strip(prev) == strip(next)
 }
 
+/// The status fields `next` changes from `prev` (`conditions[Ready]` for a
+/// condition), for the log line of a status write: what moved, and so why
+/// it was written.
+pub fn changed_fields(prev: Option<&UpgradePlanStatus>, next: &UpgradePlanStatus) -> Vec<String> {
+    let as_map = |s: Option<&UpgradePlanStatus>| match s.map(serde_json::to_value) {
+        Some(Ok(serde_json::Value::Object(m))) => m,
+        _ => serde_json::Map::new(),
+    };
+    let (a, b) = (as_map(prev), as_map(Some(next)));
+    let mut out = vec![];
+    for k in a.keys().chain(b.keys().filter(|k| !a.contains_key(*k))) {
+        if a.get(k) == b.get(k) {
+            continue;
+        }
+        if k == "conditions" {
+            let named = |c: &Condition| c.type_.clone();
+            let old = prev.map(|p| p.conditions.as_slice()).unwrap_or_default();
+            for c in &next.conditions {
+                if !old.contains(c) {
+                    out.push(format!("conditions[{}]", named(c)));
+                }
+            }
+            for c in old {
+                if !next.conditions.iter().any(|n| n.type_ == c.type_) {
+                    out.push(format!("conditions[{}]", named(c)));
+                }
+            }
+        } else {
+            out.push(k.clone());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::upgradeplan::{CapacityStatus, Phase};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn plan(rv: &str) -> UpgradePlan {
         serde_json::from_value(serde_json::json!({
@@ -198,6 +233,22 @@ mod tests {
         assert_eq!(w.progress_wait(&k, after), None);
         w.forget(&k);
         assert_eq!(w.progress_wait(&k, later), None);
+    }
+
+    #[test]
+    fn the_log_names_the_fields_a_write_changes() {
+        let (a, b) = (waiting("8"), waiting("4"));
+        assert_eq!(
+            changed_fields(Some(&a), &b),
+            [
+                "conditions[CapacityAvailable]",
+                "capacity",
+                "message",
+                "waitingFor"
+            ]
+        );
+        assert!(changed_fields(Some(&a), &a).is_empty());
+        assert!(changed_fields(None, &a).contains(&"phase".to_string()));
     }
 
     #[test]
