@@ -241,8 +241,8 @@ mod tests {
         assert_eq!(
             changed_fields(Some(&a), &b),
             [
-                "conditions[CapacityAvailable]",
                 "capacity",
+                "conditions[CapacityAvailable]",
                 "message",
                 "waitingFor"
             ]
