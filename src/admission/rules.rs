@@ -245,8 +245,6 @@ impl Rules<'_> {
     /// transition.
     fn nothing_pending(&self, b: &mut Builder<'_>) {
         b.status.pending_change = None;
-        // Checked on the next change's fit.
-        b.drop_condition(condition::RESOURCES_OFFERED);
         let completed = b.prev.last_transition.as_ref().and_then(|t| t.outcome)
             == Some(TransitionOutcome::Completed)
             && b.prev.phase == Phase::Completed;
@@ -260,19 +258,26 @@ impl Rules<'_> {
             .verdict
             .map(|v| format!("{v:?}"))
             .unwrap_or_default();
-        b.status.message = Some(format!("no new cluster needed (verdict {verdict})"));
-        b.condition(
-            condition::UPGRADE_ADMITTED,
-            Status::False,
-            Reason::NoPendingChange,
-            "nothing to admit",
-        );
-        b.condition(
-            condition::CAPACITY_AVAILABLE,
-            Status::True,
-            Reason::NoPendingChange,
-            "no new cluster needed",
-        );
+        if completed {
+            // What the completing decision wrote ([`Self::promoted`]) stays:
+            // deciding again on it writes nothing.
+            b.status.message = b.prev.message.clone();
+            b.condition(
+                condition::UPGRADE_ADMITTED,
+                Status::False,
+                Reason::Completed,
+                "transition completed",
+            );
+        } else {
+            b.status.message = Some(format!("no new cluster needed (verdict {verdict})"));
+            b.condition(
+                condition::UPGRADE_ADMITTED,
+                Status::False,
+                Reason::NoPendingChange,
+                "nothing to admit",
+            );
+        }
+        no_new_cluster_needed(b);
         b.requeue = REQUEUE_IDLE;
     }
 
@@ -407,6 +412,9 @@ impl Rules<'_> {
             &format!("change {} admitted", change.fingerprint),
         );
         b.status.phase = Phase::Admitted;
+        // No longer pending: `admitted` names it from here on, as the next
+        // decision (rule 2) says (one status write per admission, not two).
+        b.status.pending_change = None;
         b.waiting(
             "KubeRay",
             "admitted; waiting for KubeRay to create the new cluster",
@@ -664,9 +672,11 @@ impl Rules<'_> {
                         pct(inc.active_target_capacity),
                     )
                 });
+                // A time, not a duration: deciding again a second later
+                // writes nothing (a duration rewrote the status each time).
                 b.status.message = Some(format!(
-                    "transition to {pending} running for {}{steps}",
-                    stall::human_duration(running_for)
+                    "transition to {pending} running since {}{steps}",
+                    admitted.admitted_time
                 ));
                 b.condition(
                     condition::STALLED,
@@ -701,6 +711,8 @@ impl Rules<'_> {
         b.status.last_transition = Some(self.ended(&admitted, TransitionOutcome::Completed));
         b.status.phase = Phase::Completed;
         b.status.waiting_for = None;
+        b.status.capacity = None;
+        no_new_cluster_needed(b);
         b.status.message = Some(format!(
             "upgrade to {} completed in {took}",
             self.svc.active_cluster.as_deref().unwrap_or("?"),
@@ -760,6 +772,19 @@ fn capacity_condition(b: &mut Builder<'_>, report: &crate::capacity::FitReport) 
 }
 
 /// The new cluster does not fit: wait, with the exact shortfall.
+/// Nothing needs a new cluster (idle, or a transition just completed): the
+/// capacity conditions say so, the last fit's figures go.
+fn no_new_cluster_needed(b: &mut Builder<'_>) {
+    // Checked on the next change's fit.
+    b.drop_condition(condition::RESOURCES_OFFERED);
+    b.condition(
+        condition::CAPACITY_AVAILABLE,
+        Status::True,
+        Reason::NoPendingChange,
+        "no new cluster needed",
+    );
+}
+
 fn wait_for_capacity(
     b: &mut Builder<'_>,
     change: &ChangeFacts,

@@ -820,6 +820,28 @@ fn once_the_new_cluster_is_named_the_gate_closes_and_the_transition_is_tracked()
     );
     assert_eq!(d.status.pending_cluster.as_deref(), Some("llm-b"));
     assert!(d.events.iter().any(|e| e.reason == "Upgrading"));
+    assert!(
+        d.status
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("running since"),
+        "{:?}",
+        d.status.message
+    );
+    // Decided again later on the same world: nothing to write.
+    for secs in [1, 90] {
+        let again = run(
+            &auto_plan(Some(d.status.clone())),
+            service("llm-a", Some("llm-b")),
+            Ok(None),
+            &state(&[8]),
+            &["llm-a", "llm-b"],
+            BTreeMap::new(),
+            now() + jiff::SignedDuration::from_secs(secs),
+        );
+        assert_eq!(differing(&d.status, &again.status), Vec::<String>::new());
+    }
 }
 
 #[test]
@@ -914,6 +936,9 @@ fn completed_only_when_the_old_cluster_and_its_pods_are_gone() {
     );
     assert_eq!(d2.status.phase, Phase::Completed);
     assert!(d2.events.is_empty());
+    // And writes nothing more: the completing decision's status is the
+    // next one's (one status write per completion, not two).
+    assert_eq!(differing(&d.status, &d2.status), Vec::<String>::new());
 }
 
 /// The same name, another object: [`service`] recreated (issue 26).
@@ -1017,6 +1042,19 @@ fn a_recreated_rayservice_starts_afresh() {
     // Recreated with a change of the same fingerprint: it is a new change,
     // detected now, and the old admission is not carried over.
     let later: Timestamp = "2026-12-02T12:05:00Z".parse().unwrap();
+    let still = run(
+        &auto_plan(Some(waiting.clone())),
+        recreated("llm-c", None),
+        Ok(Some(ch.clone())),
+        &state(&[0]),
+        &["llm-c"],
+        BTreeMap::new(),
+        later,
+    );
+    assert_eq!(
+        still.status.pending_change.as_ref().unwrap().detected_time,
+        later
+    );
     let d = run(
         &auto_plan(Some(waiting)),
         recreated("llm-c", None),
@@ -1027,10 +1065,7 @@ fn a_recreated_rayservice_starts_afresh() {
         later,
     );
     assert_eq!(d.status.phase, Phase::Admitted);
-    assert_eq!(
-        d.status.pending_change.as_ref().unwrap().detected_time,
-        later
-    );
+    assert_eq!(d.status.admitted.as_ref().unwrap().admitted_time, later);
     assert_eq!(
         d.status.admitted.as_ref().unwrap().from_cluster.as_deref(),
         Some("llm-c")
@@ -1746,4 +1781,27 @@ fn a_gate_is_set_only_when_the_value_is_the_same() {
     for g in [Gate::Hold, Gate::Open, Gate::OpenIncremental] {
         assert_eq!(g.upgrade_type().as_str(), g.strategy());
     }
+}
+
+/// Fields of `a` and `b` that differ (for a readable assertion).
+fn differing(a: &UpgradePlanStatus, b: &UpgradePlanStatus) -> Vec<String> {
+    crate::controller::written::changed_fields(Some(a), b)
+}
+
+#[test]
+fn an_admission_decided_again_on_its_own_status_is_the_same() {
+    // The status an admission writes is what the next decision on the same
+    // world writes: else every admission costs a second status write.
+    let first = admitted_status();
+    let p = auto_plan(Some(first.clone()));
+    let d = run(
+        &p,
+        service("llm-a", None),
+        Ok(Some(change(vec![gpu_pod("w0", 8)]))),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now() + jiff::SignedDuration::from_secs(1),
+    );
+    assert_eq!(differing(&first, &d.status), Vec::<String>::new());
 }
