@@ -125,9 +125,10 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// `p` of a Prometheus histogram from its cumulative `_bucket` lines: the upper bound of the
-/// first bucket holding that fraction of observations.
+/// first bucket holding that fraction of observations. The series of every other label
+/// (`cause`) are summed per bound, as `sum by (le)` does (before, they were interleaved).
 fn histogram_quantile(metrics: &str, name: &str, p: f64) -> Option<f64> {
-    let mut buckets: Vec<(f64, f64)> = metrics
+    let series: Vec<(f64, f64)> = metrics
         .lines()
         .filter(|l| l.starts_with(&format!("{name}_bucket{{")))
         .filter_map(|l| {
@@ -140,6 +141,13 @@ fn histogram_quantile(metrics: &str, name: &str, p: f64) -> Option<f64> {
             Some((le, l.rsplit(' ').next()?.parse().ok()?))
         })
         .collect();
+    let mut buckets: Vec<(f64, f64)> = vec![];
+    for (le, n) in series {
+        match buckets.iter_mut().find(|(b, _)| *b == le) {
+            Some((_, sum)) => *sum += n,
+            None => buckets.push((le, n)),
+        }
+    }
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     let total = buckets.last()?.1;
     buckets
@@ -1081,6 +1089,19 @@ async fn main() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_histogram_quantile_sums_the_series_of_each_bound() {
+        let m = "x_bucket{cause=\"node\",le=\"0.2\"} 0\n\
+                 x_bucket{cause=\"node\",le=\"0.5\"} 8\n\
+                 x_bucket{cause=\"node\",le=\"+Inf\"} 10\n\
+                 x_bucket{cause=\"pod\",le=\"0.2\"} 1\n\
+                 x_bucket{cause=\"pod\",le=\"0.5\"} 1\n\
+                 x_bucket{cause=\"pod\",le=\"+Inf\"} 1\n";
+        assert_eq!(histogram_quantile(m, "x", 0.05), Some(0.2));
+        assert_eq!(histogram_quantile(m, "x", 0.5), Some(0.5));
+        assert_eq!(histogram_quantile(m, "x", 0.99), Some(f64::INFINITY));
+    }
 
     #[test]
     fn a_gate_line_is_read_from_raygates_text_log() {
