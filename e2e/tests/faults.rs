@@ -1089,7 +1089,7 @@ async fn admission_seconds(client: &Client, ns: &str, svc: &str) -> Result<f64> 
 }
 
 /// raygate's own part of `plan`'s last admission, in seconds: from the change as it
-/// received it to the decision (`decided_ms` of its `gate set` log line; the 0.2 s debounce
+/// received it to the decision (`decided_ms` of its `gate set` log line; the batch window
 /// included). Unlike [`admission_seconds`], it leaves out the apiserver's time for the
 /// user's write, the watch and raygate's writes, which another workload's load moves.
 /// The status is written before the gate, so the line may come a little after the

@@ -28,7 +28,8 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
-use super::{Context, cache, gate, guarded, spawn_cache};
+use super::latency::plan_key;
+use super::{Context, cache, gate, guarded, lock, spawn_cache};
 use crate::admission::{Decision, Inputs};
 use crate::autoscale::buffer::CapacityBuffer;
 use crate::autoscale::queue::{self, PlanKey, Slot, Want};
@@ -59,10 +60,6 @@ pub struct Shell {
     recent: std::sync::Mutex<BTreeSet<PlanKey>>,
     /// Why the last attempt to create a plan's objects failed.
     errors: std::sync::Mutex<BTreeMap<PlanKey, String>>,
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn label<'a>(meta: &'a kube::api::ObjectMeta, key: &str) -> Option<&'a str> {
@@ -191,7 +188,7 @@ impl Shell {
     ) -> BTreeSet<PlanKey> {
         let by_uid: BTreeMap<&str, PlanKey> = plans
             .iter()
-            .filter_map(|p| Some((p.metadata.uid.as_deref()?, key_of(p))))
+            .filter_map(|p| Some((p.metadata.uid.as_deref()?, plan_key(p))))
             .collect();
         let mut open = recent.clone();
         for b in self.buffers.iter().flat_map(|s| s.state()) {
@@ -207,10 +204,6 @@ impl Shell {
         }
         open
     }
-}
-
-fn key_of(p: &UpgradePlan) -> PlanKey {
-    (p.namespace().unwrap_or_default(), p.name_any())
 }
 
 /// What a decision wants done with the plan's objects.
@@ -245,7 +238,7 @@ fn recorded_want(p: &UpgradePlan, d: &Defaults) -> Option<Want> {
 pub fn settle(ctx: &Context, inputs: &Inputs<'_>, d: &mut Decision, now: Timestamp) -> Wanted {
     let shell = &ctx.buffers;
     let plan = inputs.plan;
-    let key = key_of(plan);
+    let key = plan_key(plan);
     let request = autoscale::resolve(plan, &shell.defaults).map_err(|e| e.to_string());
     let waiting = d.status.phase == Phase::WaitingForCapacity && d.status.admitted.is_none();
     let fingerprint = d
@@ -262,7 +255,7 @@ pub fn settle(ctx: &Context, inputs: &Inputs<'_>, d: &mut Decision, now: Timesta
     {
         let mut wants: Vec<Want> = plans
             .iter()
-            .filter(|p| key_of(p) != key)
+            .filter(|p| plan_key(p) != key)
             .filter_map(|p| recorded_want(p, &shell.defaults))
             .collect();
         wants.push(Want {
@@ -383,7 +376,7 @@ pub async fn act(ctx: &Context, plan: &UpgradePlan, wanted: &Wanted) {
     if shell.buffers.is_none() {
         return;
     }
-    let key = key_of(plan);
+    let key = plan_key(plan);
     let Some(uid) = plan.metadata.uid.clone() else {
         return;
     };
@@ -546,7 +539,7 @@ async fn delete_named(
 /// A deleted plan: its objects go now (the garbage collector would too,
 /// through the owner reference, once the plan object is gone).
 pub async fn forget(ctx: &Context, plan: &UpgradePlan) -> Result<()> {
-    let key = key_of(plan);
+    let key = plan_key(plan);
     lock(&ctx.buffers.errors).remove(&key);
     if let Some(uid) = plan.metadata.uid.as_deref() {
         delete_stale(ctx, &key.0, uid, None).await?;
@@ -625,7 +618,7 @@ pub async fn sweep(ctx: &Context) {
         .collect();
     let live: BTreeMap<PlanKey, Option<String>> = plans
         .iter()
-        .map(|p| (key_of(p), p.metadata.uid.clone()))
+        .map(|p| (plan_key(p), p.metadata.uid.clone()))
         .collect();
     lock(&shell.recent).retain(|k| {
         live.get(k)

@@ -28,6 +28,12 @@ use jiff::Timestamp;
 /// (namespace, name) of a plan.
 pub type PlanKey = (String, String);
 
+/// A plan's key.
+pub fn plan_key(p: &crate::upgradeplan::UpgradePlan) -> PlanKey {
+    use kube::ResourceExt;
+    (p.namespace().unwrap_or_default(), p.name_any())
+}
+
 /// Kinds of events that can let a held upgrade through; a label value of
 /// `raygate_admission_latency_seconds`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

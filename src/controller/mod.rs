@@ -160,7 +160,7 @@ fn note_plan(
     approvals: &mut HashMap<latency::PlanKey, Option<String>>,
     plan: &UpgradePlan,
 ) {
-    let key = (plan.namespace().unwrap_or_default(), plan.name_any());
+    let key = latency::plan_key(plan);
     let now = Timestamp::now();
     causes.queued([&key], now);
     let approve = plan.spec.approve.clone().filter(|a| !a.is_empty());
@@ -410,10 +410,7 @@ fn spawn_caches(
         },
         move || {
             let plans = p_all.state();
-            let keys: Vec<latency::PlanKey> = plans
-                .iter()
-                .map(|x| (x.namespace().unwrap_or_default(), x.name_any()))
-                .collect();
+            let keys: Vec<latency::PlanKey> = plans.iter().map(|x| latency::plan_key(x)).collect();
             queued_nodes.queued(&keys, Timestamp::now());
             for x in plans.iter() {
                 let _ = tx_nodes.unbounded_send(ObjectRef::from_obj(x.as_ref()));
@@ -638,7 +635,7 @@ async fn sweep_orphans(ctx: &Context) {
 /// One reconcile, in a span naming the plan (every log line in it says
 /// which plan it is about).
 async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context>) -> Result<Action> {
-    let key = (plan.namespace().unwrap_or_default(), plan.name_any());
+    let key = latency::plan_key(&plan);
     let span = tracing::info_span!("reconcile", namespace = %key.0, plan = %key.1);
     let now = Timestamp::now();
     ctx.causes.started(&key, now);
@@ -656,7 +653,7 @@ async fn reconcile_plan(plan: Arc<UpgradePlan>, ctx: Arc<Context>) -> Result<Act
         return Ok(Action::await_change());
     }
     // Our own last status write, if the cache has not delivered it yet.
-    let plan = lock_status(&ctx).newest(plan);
+    let plan = lock(&ctx.status_written).newest(plan);
     finalizer(&api, FINALIZER, plan, |event| async {
         match event {
             Finalizer::Apply(p) => apply(&p, &ctx).await,
@@ -712,7 +709,7 @@ async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     }
     ctx.metrics.forget_plan(&ns, &plan.name_any());
     ctx.causes.forget(&(ns.clone(), plan.name_any()));
-    lock_status(ctx).forget(&(ns.clone(), plan.name_any()));
+    lock(&ctx.status_written).forget(&latency::plan_key(plan));
     ctx.decisions.lock().await.remove(&(ns, plan.name_any()));
     Ok(Action::await_change())
 }
@@ -857,7 +854,7 @@ async fn record(
                 Some(admission::Gate::Open | admission::Gate::OpenIncremental)
             )
             && written::progress_only(&prev, &decision.status))
-        .then(|| lock_status(ctx).progress_wait(&key, Timestamp::now()))
+        .then(|| lock(&ctx.status_written).progress_wait(&key, Timestamp::now()))
         .flatten();
         let written = if decision.status == prev {
             Ok(true)
@@ -930,7 +927,7 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
             Err(e) => e.metadata.resource_version.clone(),
         });
     if let Some(rv) = &cached
-        && lock_gates(ctx).unseen(&key, uid, gate.strategy(), rv)
+        && lock(&ctx.gates_written).unseen(&key, uid, gate.strategy(), rv)
     {
         debug!(plan = %name, rayservice = %service, gate = gate.strategy(),
                "gate written, not in the cache yet: not written again");
@@ -948,7 +945,7 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
         Ok(()) => {
             let at = Timestamp::now();
             if let Some(rv) = cached {
-                lock_gates(ctx).written(key.clone(), uid, gate.strategy(), rv, at);
+                lock(&ctx.gates_written).written(key.clone(), uid, gate.strategy(), rv, at);
             }
             let timed = matches!(
                 gate,
@@ -990,16 +987,10 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
     }
 }
 
-fn lock_status(ctx: &Context) -> std::sync::MutexGuard<'_, written::StatusWritten> {
-    ctx.status_written
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn lock_gates(ctx: &Context) -> std::sync::MutexGuard<'_, GatesWritten> {
-    ctx.gates_written
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+/// A lock of the controller's bookkeeping: a panic elsewhere while it was
+/// held left it usable (each entry is written whole).
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Events and metrics of a recorded decision.
@@ -1053,7 +1044,7 @@ fn decide_now(
     let releases = observe::releases(&ctx.stores, ctx.settings.kuberay_version)
         .with_incremental_gate(ctx.settings.incremental_gate);
     let world = World::new(&ctx.stores, overlay, &releases, now);
-    let key = (plan.namespace().unwrap_or_default(), plan.name_any());
+    let key = latency::plan_key(plan);
     let release = releases.for_namespace(&key.0);
     let inputs = observe::observe(
         &ctx.stores,
@@ -1106,7 +1097,7 @@ async fn write_status(
     let call = api.patch_status(&name, &params, &apply);
     match guarded(&ctx.fence, "writing the UpgradePlan status", call).await? {
         Ok(written) => {
-            lock_status(ctx).record(plan, written, Timestamp::now());
+            lock(&ctx.status_written).record(plan, written, Timestamp::now());
             let changed = written::changed_fields(plan.status.as_ref(), status);
             info!(plan = %name, namespace = %ns, phase = status.phase.as_str(),
                   waiting_for = status.waiting_for.as_deref().unwrap_or(""),

@@ -18,6 +18,7 @@ use kube::ResourceExt;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
 
+use super::latency::plan_key;
 use crate::admission::fit::{OnIndex, Placement, PlanKey};
 use crate::admission::ledger::{self, Candidate};
 use crate::admission::objects::{
@@ -149,10 +150,6 @@ fn active_pods(stores: &Stores, svc: &RayService) -> Vec<PodRef> {
         .unwrap_or_default()
 }
 
-fn key_of(p: &UpgradePlan) -> PlanKey {
-    (p.namespace().unwrap_or_default(), p.name_any())
-}
-
 /// The KubeRay releases the watched RayClusters are stamped with
 /// (`ray.io/kuberay-version`); `flag` is `--kuberay-version`.
 pub fn releases(stores: &Stores, flag: Option<KubeRayVersion>) -> Releases {
@@ -223,7 +220,7 @@ pub fn observe<'a>(
 
 /// The current admission of a plan: its status, or a just-written one.
 fn admission_of(plan: &UpgradePlan, overlay: &Overlay) -> Option<Admission> {
-    let key = (plan.namespace().unwrap_or_default(), plan.name_any());
+    let key = plan_key(plan);
     plan.status
         .as_ref()
         .and_then(|s| s.admitted.clone())
@@ -239,7 +236,7 @@ fn ledger_pods(
 ) -> Vec<PodGroup> {
     let mut out = vec![];
     for p in stores.plans.state() {
-        if except.is_some_and(|k| *k == key_of(&p)) {
+        if except.is_some_and(|k| *k == plan_key(&p)) {
             continue;
         }
         let Some(adm) = admission_of(&p, overlay) else {
@@ -313,7 +310,7 @@ fn waiting_plans(
 ) -> Vec<Candidate> {
     let mut q = vec![];
     for p in stores.plans.state() {
-        if except.is_some_and(|k| *k == key_of(&p)) {
+        if except.is_some_and(|k| *k == plan_key(&p)) {
             continue;
         }
         let Some(status) = p.status.as_ref() else {
@@ -442,7 +439,7 @@ fn world_digest(stores: &Stores, generation: u64, overlay: &Overlay) -> WorldDig
                 .and_then(|s| s.pending_change.as_ref())
                 .map(|c| c.detected_time),
         ));
-        plans.insert(key_of(&p), (digest, admission.is_some()));
+        plans.insert(plan_key(&p), (digest, admission.is_some()));
     }
     WorldDigest { rest, plans }
 }
@@ -634,7 +631,7 @@ mod tests {
         );
         let mut plan = waiting_plan(&svc);
         plan.spec.upgrade_type = PlanUpgradeType::NewClusterWithIncrementalUpgrade;
-        let key = key_of(&plan);
+        let key = plan_key(&plan);
         let stores = stores(plan, svc);
         let mut index = stores.capacity.write().unwrap();
         for i in 0..2 {
@@ -711,7 +708,7 @@ mod tests {
     fn a_pass_holds_while_only_its_own_admissions_are_recorded() {
         let svc = rayservice();
         let plan = waiting_plan(&svc);
-        let key = key_of(&plan);
+        let key = plan_key(&plan);
         let stores_now = stores(plan.clone(), svc);
         let none = Overlay::new();
         let then = world_digest(&stores_now, 7, &none);
@@ -872,7 +869,7 @@ mod tests {
     fn an_admission_the_cache_has_not_shown_is_in_the_ledger_and_not_in_the_queue() {
         let svc = rayservice();
         let plan = waiting_plan(&svc);
-        let key = key_of(&plan);
+        let key = plan_key(&plan);
         let stores = stores(plan, svc);
         let now = Timestamp::now();
         let version = Releases::default();

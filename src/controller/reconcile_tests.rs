@@ -123,6 +123,15 @@ fn apiserver(status_write: StatusCode) -> (Client, Seen, tokio::task::JoinHandle
     (Client::new(mock, "default"), seen, task)
 }
 
+/// The `METHOD path` of every request the mock answered, in order.
+fn requested(seen: &Seen) -> Vec<String> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .map(|(l, _)| l.clone())
+        .collect()
+}
+
 #[tokio::test]
 async fn the_status_is_written_before_the_gate() {
     let (client, seen, task) = apiserver(StatusCode::OK);
@@ -154,12 +163,7 @@ async fn a_reconcile_before_the_cache_shows_our_write_decides_on_that_write() {
     // a GET and a second decision.
     reconcile_plan(Arc::new(plan()), ctx.clone()).await.unwrap();
     task.abort();
-    let lines: Vec<String> = seen
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(l, _)| l.clone())
-        .collect();
+    let lines = requested(&seen);
     assert_eq!(
         lines,
         [
@@ -178,12 +182,7 @@ async fn a_conflict_on_the_status_write_writes_no_gate() {
     // Read again and decided again once, then left to a requeue: a decision
     // made on stale input is never applied.
     assert_eq!(action, Action::requeue(Duration::from_secs(1)));
-    let lines: Vec<String> = seen
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(l, _)| l.clone())
-        .collect();
+    let lines = requested(&seen);
     assert_eq!(
         lines,
         [

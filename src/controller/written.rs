@@ -23,7 +23,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::latency::PlanKey;
+use super::latency::{PlanKey, plan_key};
 use crate::upgradeplan::{UpgradePlan, UpgradePlanStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
@@ -53,7 +53,7 @@ impl StatusWritten {
         self.0
             .retain(|_, e| at.duration_since(e.at).as_secs_f64() < keep);
         self.0.insert(
-            key(before),
+            plan_key(before),
             Entry {
                 replaced: before.resource_version(),
                 written: Arc::new(written),
@@ -65,7 +65,7 @@ impl StatusWritten {
     /// The newest known copy of `cached`: what raygate wrote, while the
     /// cache still shows the version that write replaced; else `cached`.
     pub fn newest(&self, cached: Arc<UpgradePlan>) -> Arc<UpgradePlan> {
-        match self.0.get(&key(&cached)) {
+        match self.0.get(&plan_key(&cached)) {
             Some(e)
                 if e.replaced.is_some()
                     && e.replaced == cached.resource_version()
@@ -88,10 +88,6 @@ impl StatusWritten {
     pub fn forget(&mut self, key: &PlanKey) {
         self.0.remove(key);
     }
-}
-
-fn key(p: &UpgradePlan) -> PlanKey {
-    (p.namespace().unwrap_or_default(), p.name_any())
 }
 
 /// `next` differs from `prev` only in what a held plan reports as capacity
