@@ -282,7 +282,6 @@ async fn config(args: &KubeArgs) -> Result<kube::Config> {
     kubectl::kube_config(args.kubeconfig.as_deref(), args.context.as_deref()).await
 }
 
-/// A client whose every call is bounded by `timeout`.
 /// `--batch-window`, at most [`MAX_BATCH_WINDOW`]: longer only delays every
 /// admission.
 fn batch_window(s: &str) -> Result<Duration> {
@@ -300,6 +299,7 @@ fn batch_window(s: &str) -> Result<Duration> {
 
 const MAX_BATCH_WINDOW: Duration = Duration::from_secs(5);
 
+/// A client whose every call is bounded by `timeout`.
 fn bounded_client(mut config: kube::Config, timeout: Duration) -> Result<kube::Client> {
     config.connect_timeout = Some(timeout);
     config.read_timeout = Some(timeout);

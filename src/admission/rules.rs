@@ -771,7 +771,6 @@ fn capacity_condition(b: &mut Builder<'_>, report: &crate::capacity::FitReport) 
     }
 }
 
-/// The new cluster does not fit: wait, with the exact shortfall.
 /// Nothing needs a new cluster (idle, or a transition just completed): the
 /// capacity conditions say so, the last fit's figures go.
 fn no_new_cluster_needed(b: &mut Builder<'_>) {
@@ -785,6 +784,7 @@ fn no_new_cluster_needed(b: &mut Builder<'_>) {
     );
 }
 
+/// The new cluster does not fit: wait, with the exact shortfall.
 fn wait_for_capacity(
     b: &mut Builder<'_>,
     change: &ChangeFacts,
