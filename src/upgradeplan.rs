@@ -289,6 +289,12 @@ pub enum Phase {
     /// A change was detected and is being evaluated.
     Pending,
     WaitingForCapacity,
+    /// Kueue manages the RayService and its ClusterQueue lacks the quota
+    /// for the new cluster (the nodes may have room).
+    WaitingForQuota,
+    /// The serving cluster is suspended (`rayClusterConfig.suspend`), or
+    /// KubeRay is suspending it in place: no pod serves.
+    Suspended,
     /// `policy: Manual` and the pending change is not approved.
     WaitingForApproval,
     /// `policy: Paused`: nothing is admitted until the policy changes.
@@ -303,10 +309,12 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub const ALL: [Phase; 10] = [
+    pub const ALL: [Phase; 12] = [
         Phase::Idle,
         Phase::Pending,
         Phase::WaitingForCapacity,
+        Phase::WaitingForQuota,
+        Phase::Suspended,
         Phase::WaitingForApproval,
         Phase::Paused,
         Phase::Admitted,
@@ -321,6 +329,8 @@ impl Phase {
             Phase::Idle => "Idle",
             Phase::Pending => "Pending",
             Phase::WaitingForCapacity => "WaitingForCapacity",
+            Phase::WaitingForQuota => "WaitingForQuota",
+            Phase::Suspended => "Suspended",
             Phase::WaitingForApproval => "WaitingForApproval",
             Phase::Paused => "Paused",
             Phase::Admitted => "Admitted",
@@ -440,6 +450,12 @@ pub mod condition {
     /// `spec.approve` names the pending change (or the admitted or last one):
     /// False when it matches none of them. Absent while `spec.approve` is unset.
     pub const APPROVAL_MATCHED: &str = "ApprovalMatched";
+    /// The serving cluster is suspended or being suspended
+    /// (`rayClusterConfig.suspend`). Absent while it is not.
+    pub const SERVICE_SUSPENDED: &str = "ServiceSuspended";
+    /// Kueue manages the RayService: its ClusterQueue has the quota for the
+    /// new cluster. Absent for a RayService Kueue does not manage.
+    pub const QUOTA_AVAILABLE: &str = "QuotaAvailable";
 
     /// `metav1.Condition.status`: raygate only ever writes `True` or `False`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -507,6 +523,18 @@ pub mod condition {
         Requested,
         NotDelivered,
         Failed,
+        // ServiceSuspended
+        /// `rayClusterConfig.suspend: true` is being applied in place.
+        Suspending,
+        /// The active cluster is suspended.
+        ClusterSuspended,
+        // UpgradeAdmitted: Kueue would suspend the change.
+        KueueWouldSuspend,
+        // QuotaAvailable
+        QuotaFits,
+        InsufficientQuota,
+        /// Quota known, but the reservation Kueue must admit is not yet.
+        QuotaPending,
     }
 
     impl Reason {
@@ -544,6 +572,12 @@ pub mod condition {
                 Reason::Requested => "Requested",
                 Reason::NotDelivered => "NotDelivered",
                 Reason::Failed => "Failed",
+                Reason::Suspending => "Suspending",
+                Reason::ClusterSuspended => "ClusterSuspended",
+                Reason::KueueWouldSuspend => "KueueWouldSuspend",
+                Reason::QuotaFits => "QuotaFits",
+                Reason::InsufficientQuota => "InsufficientQuota",
+                Reason::QuotaPending => "QuotaPending",
             }
         }
     }

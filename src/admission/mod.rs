@@ -141,6 +141,25 @@ pub struct ServiceFacts {
     pub pending_target_capacity: Option<i32>,
     pub pending_traffic_percent: Option<i32>,
     pub active_target_capacity: Option<i32>,
+    /// Kueue manages the RayService (its `kueue.x-k8s.io/queue-name` label),
+    /// and whether it is elastic.
+    pub kueue: Option<crate::kueue::Managed>,
+    /// The serving cluster is suspended, or `rayClusterConfig.suspend` is
+    /// about to suspend it in place.
+    pub suspension: Option<Suspension>,
+}
+
+/// `rayClusterConfig.suspend` takes the serving cluster's pods away: never
+/// reported as `Idle`, whoever set it (a user, or Kueue stopping a
+/// RayService that no longer matches its Workload).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Suspension {
+    /// `spec.rayClusterConfig.suspend: true` while the active cluster is not
+    /// suspended: KubeRay rewrites it in place and deletes its pods. The
+    /// prediction, with the field paths ([`crate::kuberay::Classification::outage`]).
+    Applying { outage: String },
+    /// The active RayCluster `cluster` has `spec.suspend: true`: no pod serves.
+    Suspended { cluster: String },
 }
 
 /// A detected change that needs a new cluster (verdict NewCluster with the
@@ -316,11 +335,17 @@ pub enum EventReason {
     CapacityNotDelivered,
     CapacityDelivered,
     CapacityRequestFailed,
+    /// The serving cluster is suspended, or being suspended in place.
+    ServiceSuspended,
+    /// Kueue would turn the pending change into a suspension (an outage).
+    KueueWouldSuspend,
+    /// The new cluster fits the nodes but not the ClusterQueue's quota.
+    WaitingForQuota,
 }
 
 impl EventReason {
     /// Every reason, for tests that check the spellings.
-    pub const ALL: [EventReason; 32] = [
+    pub const ALL: [EventReason; 35] = [
         EventReason::GateOverridden,
         EventReason::KubeRayReleaseMismatch,
         EventReason::UnknownKubeRayRelease,
@@ -353,6 +378,9 @@ impl EventReason {
         EventReason::CapacityNotDelivered,
         EventReason::CapacityDelivered,
         EventReason::CapacityRequestFailed,
+        EventReason::ServiceSuspended,
+        EventReason::KueueWouldSuspend,
+        EventReason::WaitingForQuota,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -389,6 +417,9 @@ impl EventReason {
             EventReason::CapacityNotDelivered => "CapacityNotDelivered",
             EventReason::CapacityDelivered => "CapacityDelivered",
             EventReason::CapacityRequestFailed => "CapacityRequestFailed",
+            EventReason::ServiceSuspended => "ServiceSuspended",
+            EventReason::KueueWouldSuspend => "KueueWouldSuspend",
+            EventReason::WaitingForQuota => "WaitingForQuota",
         }
     }
 }
@@ -570,3 +601,6 @@ mod tests;
 
 #[cfg(test)]
 mod incremental_tests;
+
+#[cfg(test)]
+mod kueue_tests;
