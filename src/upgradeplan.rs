@@ -83,6 +83,8 @@ const DURATION_PATTERN: &str = r"^([0-9]{1,6}(\.[0-9]{1,9})?(h|m|s|ms)){1,4}$";
     printcolumn = r#"{"name":"Memory Short","type":"string","jsonPath":".status.capacity.memoryShort","priority":1}"#,
     printcolumn = r#"{"name":"KubeRay","type":"string","jsonPath":".status.kubeRayRelease.version","priority":1,"description":"KubeRay release whose rules apply"}"#,
     printcolumn = r#"{"name":"Capacity Request","type":"string","jsonPath":".status.capacityRequest.state","priority":1,"description":"What raygate asked the node autoscaler for (spec.capacity.request)"}"#,
+    printcolumn = r#"{"name":"Quota GPUs Needed","type":"string","jsonPath":".status.quota.gpusNeeded","priority":1,"description":"GPUs of Kueue quota the new cluster needs in its ClusterQueue"}"#,
+    printcolumn = r#"{"name":"Quota GPUs Left","type":"string","jsonPath":".status.quota.gpusLeft","priority":1,"description":"GPUs of Kueue quota left in the ClusterQueue, cohort borrowing included"}"#,
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -393,6 +395,56 @@ pub struct UpgradePlanStatus {
     /// An incremental upgrade's step, target capacity and surge held
     /// (`spec.upgradeType: NewClusterWithIncrementalUpgrade`).
     pub incremental: Option<IncrementalStatus>,
+    /// The RayService is Kueue-managed: the quota its new cluster needs in
+    /// its ClusterQueue, what is left, and raygate's reservation there.
+    pub quota: Option<QuotaStatus>,
+}
+
+/// `status.quota`: Kueue's quota as a capacity dimension (docs/kueue.md).
+#[skip_serializing_none]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaStatus {
+    /// The RayService's `kueue.x-k8s.io/queue-name`.
+    pub local_queue: String,
+    /// The LocalQueue's ClusterQueue, once read.
+    pub cluster_queue: Option<String>,
+    /// The ClusterQueue's cohort, whose members' unused lendable quota counts.
+    pub cohort: Option<String>,
+    /// Per resource the new cluster requests: needed, left, and the flavor.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<QuotaResourceStatus>,
+    /// GPUs (all accelerator resources) needed and left: printer columns.
+    pub gpus_needed: Option<String>,
+    pub gpus_left: Option<String>,
+    /// raygate's reservation Workload for the change (owned by this plan).
+    pub reservation: Option<QuotaReservation>,
+}
+
+#[skip_serializing_none]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaResourceStatus {
+    pub name: String,
+    /// The ResourceFlavor it was counted in; absent when the ClusterQueue
+    /// does not cover the resource (Kueue admits nothing that requests it).
+    pub flavor: Option<String>,
+    pub needed: String,
+    pub left: String,
+    /// Of `left`, what the cohort would lend.
+    pub borrowable: String,
+}
+
+/// raygate's Workload that holds the new cluster's quota in Kueue for the
+/// transition; Kueue admitting it is the quota granted.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaReservation {
+    pub workload: String,
+    /// The change it reserves for.
+    pub fingerprint: String,
+    /// Kueue admitted it (`QuotaReserved` or `Admitted` is `True`).
+    pub granted: bool,
 }
 
 impl UpgradePlanStatus {
@@ -958,6 +1010,8 @@ mod tests {
                 "Memory Short",
                 "KubeRay",
                 "Capacity Request",
+                "Quota GPUs Needed",
+                "Quota GPUs Left",
                 "Age"
             ]
         );

@@ -28,12 +28,17 @@ fn plan(status: Option<UpgradePlanStatus>) -> UpgradePlan {
     p
 }
 
+/// Room for the fixture's new cluster: a head node and a node of 32 GPUs.
 fn state() -> ClusterState {
-    ClusterState::from_list(json!({"kind": "List", "apiVersion": "v1", "items": [
-        {"kind": "Node", "apiVersion": "v1", "metadata": {"name": "gpu-0"},
+    let node = |name: &str, labels: Value, gpus: &str| {
+        json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, "labels": labels},
          "status": {"allocatable": {"cpu": "256", "memory": "2048Gi", "pods": "110",
-             "nvidia.com/gpu": "32"},
-             "conditions": [{"type": "Ready", "status": "True"}]}}]}))
+             "nvidia.com/gpu": gpus},
+             "conditions": [{"type": "Ready", "status": "True"}]}})
+    };
+    ClusterState::from_list(json!({"kind": "List", "apiVersion": "v1", "items": [
+        node("cpu-0", json!({"node.kubernetes.io/instance-type": "m6i.2xlarge"}), "0"),
+        node("gpu-0", json!({"nvidia.com/gpu.product": "NVIDIA-A10G"}), "32")]}))
     .unwrap()
 }
 
@@ -72,6 +77,15 @@ fn suspend(v: &mut Value) {
 }
 
 fn decide_on(p: &UpgradePlan, svc: &RayService, rc: &RayCluster) -> Decision {
+    decide_with_quota(p, svc, rc, None)
+}
+
+fn decide_with_quota(
+    p: &UpgradePlan,
+    svc: &RayService,
+    rc: &RayCluster,
+    quota: Option<quota::QuotaFacts>,
+) -> Decision {
     let st = state();
     let alone = fit::Alone(&st);
     let release = Release::assumed(KubeRayVersion::parse("1.6.2").unwrap());
@@ -79,7 +93,7 @@ fn decide_on(p: &UpgradePlan, svc: &RayService, rc: &RayCluster) -> Decision {
         name: "llm-7x9kq".into(),
         cluster: Ok(rc),
     }];
-    let inp = inputs(
+    let mut inp = inputs(
         p,
         &release,
         now(),
@@ -89,6 +103,7 @@ fn decide_on(p: &UpgradePlan, svc: &RayService, rc: &RayCluster) -> Decision {
         &clusters,
         BTreeMap::new(),
     );
+    inp.quota = quota;
     decide(&inp)
 }
 
@@ -212,17 +227,180 @@ fn a_cluster_change_kueue_would_suspend_is_held_with_its_reason_and_one_warning(
     assert!(again.events.is_empty(), "{:?}", again.events);
 
     // Elastic: Kueue resizes instead of suspending; the change goes on to
-    // the capacity step.
+    // the capacity step, and without quota support (no `--kueue`) the nodes decide.
     let elastic = service(|v| {
         kueue(v, true);
         worker_image(v);
     });
     let d = decide_on(&plan(None), &elastic, &active(|_| {}));
+    assert_eq!(d.status.phase, Phase::Admitted, "{:?}", d.status.message);
+    assert!(d.events.iter().all(|e| e.reason != "KueueWouldSuspend"));
+}
+
+/// A ClusterQueue `name` of GPUs (and plenty of CPU and memory), `used` of
+/// them reserved.
+fn cq(name: &str, cohort: Option<&str>, gpus: i64, used: i64) -> crate::kueue::types::ClusterQueue {
+    serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+        "metadata": {"name": name},
+        "spec": {"cohortName": cohort, "resourceGroups": [{
+            "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+            "flavors": [{"name": "default", "resources": [
+                {"name": "cpu", "nominalQuota": "1000"},
+                {"name": "memory", "nominalQuota": "10Ti"},
+                {"name": "nvidia.com/gpu", "nominalQuota": gpus.to_string()}]}]}]},
+        "status": {"flavorsReservation": [{"name": "default", "resources": [
+            {"name": "nvidia.com/gpu", "total": used.to_string()}]}]}
+    }))
+    .unwrap()
+}
+
+fn facts(
+    all: Vec<crate::kueue::types::ClusterQueue>,
+    reservation: Option<crate::upgradeplan::QuotaReservation>,
+) -> quota::QuotaFacts {
+    quota::QuotaFacts {
+        queue: Ok(quota::QueueQuota {
+            cluster_queue: all[0].clone(),
+            all,
+            uncounted: Default::default(),
+        }),
+        reservation,
+    }
+}
+
+#[test]
+fn a_kueue_managed_change_waits_for_quota_then_for_its_reservation_then_is_admitted() {
+    let svc = service(|v| {
+        kueue(v, true);
+        worker_image(v);
+    });
+    let rc = active(|_| {});
+    // The serving cluster holds the queue's 8 GPUs: nothing left for the new one.
+    let d = decide_with_quota(
+        &plan(None),
+        &svc,
+        &rc,
+        Some(facts(vec![cq("team-a", None, 8, 8)], None)),
+    );
     assert_eq!(
         d.status.phase,
-        Phase::WaitingForCapacity,
+        Phase::WaitingForQuota,
         "{:?}",
         d.status.message
     );
-    assert!(d.events.iter().all(|e| e.reason != "KueueWouldSuspend"));
+    assert_eq!(d.gate, Some(Gate::Hold));
+    let w = d.status.waiting_for.as_deref().unwrap();
+    assert!(
+        w.starts_with("quota: nvidia.com/gpu ") && w.ends_with("> 0 left"),
+        "{w}"
+    );
+    let q = d.status.quota.as_ref().unwrap();
+    assert_eq!(
+        (q.local_queue.as_str(), q.cluster_queue.as_deref()),
+        ("team-a", Some("team-a"))
+    );
+    assert_eq!(q.gpus_left.as_deref(), Some("0"));
+    assert!(q.reservation.is_none(), "nothing reserved while short");
+    let msg = d.status.message.as_deref().unwrap();
+    assert!(
+        msg.contains("fits the nodes but not the quota of ClusterQueue team-a"),
+        "{msg}"
+    );
+    assert_eq!(
+        cond(&d, condition::QUOTA_AVAILABLE).unwrap().reason,
+        "InsufficientQuota"
+    );
+    assert_eq!(d.outcome, Some(Outcome::HeldCapacity));
+    let warn: Vec<_> = d
+        .events
+        .iter()
+        .filter(|e| e.reason == "WaitingForQuota")
+        .collect();
+    assert_eq!(warn.len(), 1);
+    let again = decide_with_quota(
+        &plan(Some(d.status.clone())),
+        &svc,
+        &rc,
+        Some(facts(vec![cq("team-a", None, 8, 8)], None)),
+    );
+    assert!(again.events.is_empty(), "{:?}", again.events);
+
+    // team-b in the cohort lends its idle 16: it fits; raygate reserves it first.
+    let all = vec![
+        cq("team-a", Some("ml"), 8, 8),
+        cq("team-b", Some("ml"), 16, 0),
+    ];
+    let d = decide_with_quota(&plan(None), &svc, &rc, Some(facts(all.clone(), None)));
+    assert_eq!(d.status.phase, Phase::WaitingForQuota);
+    assert_eq!(d.status.waiting_for.as_deref(), Some("quota reservation"));
+    let q = d.status.quota.as_ref().unwrap();
+    let r = q.reservation.clone().unwrap();
+    assert_eq!(
+        r.workload,
+        quota::reservation_name("llm-plan", &r.fingerprint)
+    );
+    assert!(!r.granted);
+    assert_eq!(q.cohort.as_deref(), Some("ml"));
+    assert_eq!(
+        cond(&d, condition::QUOTA_AVAILABLE).unwrap().reason,
+        "QuotaPending"
+    );
+
+    // Kueue admitted the reservation: the gate opens, the reservation stays.
+    let granted = crate::upgradeplan::QuotaReservation {
+        granted: true,
+        ..r.clone()
+    };
+    let d = decide_with_quota(
+        &plan(Some(d.status.clone())),
+        &svc,
+        &rc,
+        Some(facts(all.clone(), Some(granted.clone()))),
+    );
+    assert_eq!(d.status.phase, Phase::Admitted, "{:?}", d.status.message);
+    assert_eq!(d.gate, Some(Gate::Open));
+    assert_eq!(
+        d.status.quota.as_ref().unwrap().reservation,
+        Some(granted.clone())
+    );
+    // Tracked: still held.
+    let d = decide_with_quota(
+        &plan(Some(d.status.clone())),
+        &svc,
+        &rc,
+        Some(facts(all, Some(granted.clone()))),
+    );
+    assert_eq!(d.status.phase, Phase::Admitted);
+    assert_eq!(d.status.quota.as_ref().unwrap().reservation, Some(granted));
+
+    // Withdrawn (the spec went back): no reservation is wanted any more.
+    let back = service(|v| kueue(v, true));
+    let d = decide_with_quota(
+        &plan(Some(d.status.clone())),
+        &back,
+        &rc,
+        Some(facts(vec![cq("team-a", None, 8, 8)], None)),
+    );
+    assert_eq!(d.status.phase, Phase::Idle);
+    assert!(d.status.quota.is_none());
+    assert!(cond(&d, condition::QUOTA_AVAILABLE).is_none());
+
+    // Kueue's objects cannot be read: held, never admitted on a guess.
+    let unread = quota::QuotaFacts {
+        queue: Err("LocalQueue ml/team-a not found".into()),
+        reservation: None,
+    };
+    let d = decide_with_quota(&plan(None), &svc, &rc, Some(unread));
+    assert_eq!(
+        (d.status.phase, d.status.waiting_for.as_deref()),
+        (Phase::WaitingForQuota, Some("quota unknown"))
+    );
+    assert!(
+        d.status
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("LocalQueue ml/team-a not found")
+    );
 }

@@ -13,6 +13,7 @@
 //! - [`settings`]: the plan's spec as typed values;
 //! - [`hold`]: what holds a pending change before capacity (policy, windows);
 //! - [`ledger`], [`priority`], [`pass`]: the cluster-wide queue;
+//! - [`quota`]: Kueue's quota as a second capacity dimension;
 //! - [`stall`]: why a running transition is not finishing;
 //! - [`surge`]: what an incremental upgrade needs and holds.
 
@@ -23,6 +24,7 @@ pub mod objects;
 pub mod observed;
 pub mod pass;
 pub mod priority;
+pub mod quota;
 pub mod render;
 pub mod rules;
 pub mod settings;
@@ -272,6 +274,9 @@ pub struct Inputs<'a> {
     /// Free capacity and the other plans' claims, read only if the decision
     /// reaches the capacity step.
     pub cluster: &'a dyn Cluster,
+    /// Kueue's quota for a Kueue-managed RayService, when raygate's Kueue
+    /// support is on (`--kueue`); `None`: quota is not a dimension.
+    pub quota: Option<quota::QuotaFacts>,
 }
 
 impl Inputs<'_> {

@@ -89,6 +89,7 @@ pub fn inputs<'a>(
         pending_fingerprint: None,
         gate: GateFacts::default(),
         admission_unseen,
+        quota: None,
         cluster,
     };
     let svc = match service {

@@ -35,6 +35,10 @@
 //!    another field manager owns the gate (e.g. the RayService's creator set
 //!    `spec.upgradeStrategy.type`): raygate could not open it, so it stays
 //!    `Pending` (GateOverridden), with no Admitted Event and nothing reserved.
+//!    A RayService Kueue manages (with raygate's Kueue support on) must then
+//!    fit its ClusterQueue's quota too, and Kueue must have admitted raygate's
+//!    reservation Workload for the new cluster ([`super::quota`]):
+//!    `WaitingForQuota` until then.
 //!
 //! Each rule fills in a [`Builder`]; [`super::render`] writes the result out.
 
@@ -186,6 +190,9 @@ impl Rules<'_> {
     /// Rules 3 and 4: a change that is not admitted yet.
     fn evaluate(&self, b: &mut Builder<'_>) {
         b.gate = Some(Gate::Hold);
+        // A change not admitted holds no quota unless this decision says so.
+        b.status.quota = None;
+        b.drop_condition(condition::QUOTA_AVAILABLE);
         if let Some(s) = &self.svc.suspension {
             return self.suspended(b, s);
         }
@@ -251,7 +258,21 @@ impl Rules<'_> {
         if report.fits {
             match &self.inp.gate.other_owner {
                 Some(owner) => self.overridden(b, change, owner),
-                None => self.admit(b, change, &report),
+                None => {
+                    if let (Some(kueue), Some(quota)) = (&self.svc.kueue, &self.inp.quota)
+                        && !super::quota::allows(
+                            b,
+                            change,
+                            &report,
+                            kueue,
+                            quota,
+                            self.inp.plan.metadata.name.as_deref().unwrap_or_default(),
+                        )
+                    {
+                        return;
+                    }
+                    self.admit(b, change, &report)
+                }
             }
         } else {
             wait_for_capacity(b, change, &report);
@@ -532,8 +553,10 @@ impl Rules<'_> {
             Gate::OpenIncremental
         });
         b.requeue = REQUEUE_ACTIVE;
-        // What was measured at admission stays visible during the transition.
+        // What was measured at admission stays visible during the transition,
+        // and the quota reservation stays held until it ends.
         b.status.capacity = b.prev.capacity.clone();
+        b.status.quota = b.prev.quota.clone();
         b.status.incremental = b.prev.incremental.clone();
         let svc = self.svc;
         match (&svc.pending_cluster, &admitted.to_cluster) {
@@ -776,6 +799,8 @@ impl Rules<'_> {
         b.status.phase = Phase::Completed;
         b.status.waiting_for = None;
         b.status.capacity = None;
+        // The transition is over: its quota reservation goes.
+        b.status.quota = None;
         no_new_cluster_needed(b);
         b.status.message = Some(format!(
             "upgrade to {} completed in {took}",
