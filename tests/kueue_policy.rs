@@ -113,3 +113,39 @@ fn the_chart_renders_the_rules_from_its_file_on_by_default() {
         serde_json::json!(["system:serviceaccount:kueue-system:kueue-controller-manager"])
     );
 }
+
+#[test]
+fn the_kueue_rbac_of_the_chart_is_the_kustomize_one_and_least_privilege() {
+    let helpers = read("charts/raygate/templates/_helpers.tpl");
+    let start = helpers
+        .find(r#"{{- define "raygate.kueueRules" -}}"#)
+        .expect("raygate.kueueRules");
+    let body = &helpers[start..];
+    let body = &body[body.find('\n').unwrap() + 1..body.find("{{- end }}").unwrap()];
+    let chart: Value = serde_saphyr::from_str(body).expect("the chart's rules are YAML");
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(&read("config/kueue-reservations/rbac.yaml")).unwrap();
+    assert_eq!(docs[0]["kind"], "ClusterRole");
+    assert_eq!(docs[0]["rules"], chart);
+    for rule in chart.as_array().unwrap() {
+        let resources: Vec<&str> = rule["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_str().unwrap())
+            .collect();
+        let verbs: Vec<&str> = rule["verbs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_str().unwrap())
+            .collect();
+        // Writes only to Workloads (raygate's own); the queues are read only.
+        if resources.contains(&"clusterqueues") || resources.contains(&"localqueues") {
+            assert_eq!(verbs, ["get", "list", "watch"]);
+        }
+        if resources == ["workloads/status"] {
+            assert_eq!(verbs, ["patch"]);
+        }
+    }
+}

@@ -19,6 +19,7 @@
 //!   beta and on by default).
 
 pub mod quota;
+pub mod reservation;
 pub mod types;
 
 use std::fmt;
