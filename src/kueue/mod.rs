@@ -99,9 +99,13 @@ impl Managed {
 }
 
 /// The remedy for a change Kueue would turn into a suspension.
-pub const REMEDY: &str = "revert spec.rayClusterConfig to the active cluster's, or annotate the RayService \
-     kueue.x-k8s.io/elastic-job: \"true\" before changing its cluster (see docs/kueue.md); the chart's \
-     ValidatingAdmissionPolicy refuses such edits";
+/// Kueue v0.19's webhook makes `kueue.x-k8s.io/elastic-job` immutable
+/// (measured: "field is immutable"), so it is set when the RayService is
+/// created, never added to a running one.
+pub const REMEDY: &str = "revert spec.rayClusterConfig to the active cluster's; for zero-downtime \
+     upgrades create the RayService with the annotation kueue.x-k8s.io/elastic-job: \"true\" (Kueue makes \
+     it immutable), or take the outage knowingly: suspend it alone first (spec.rayClusterConfig.suspend: \
+     true), change it, resume (docs/kueue.md); the chart's ValidatingAdmissionPolicy refuses such edits";
 
 #[cfg(test)]
 mod tests {
