@@ -404,3 +404,55 @@ fn a_kueue_managed_change_waits_for_quota_then_for_its_reservation_then_is_admit
             .contains("LocalQueue ml/team-a not found")
     );
 }
+
+#[test]
+fn an_elastic_transition_has_kueue_derive_the_services_workload_again_once_upgrading() {
+    let fp = "0123456789ab";
+    let status = UpgradePlanStatus {
+        phase: Phase::Upgrading,
+        ray_service_uid: Some("3f8a2c1e-5b7d-4c1a-9e0f-2d6b8a4c7e91".into()),
+        admitted: Some(crate::upgradeplan::Admission {
+            fingerprint: fp.into(),
+            admitted_time: now(),
+            from_cluster: Some("llm-7x9kq".into()),
+            to_cluster: Some("llm-next1".into()),
+            surge: vec![],
+        }),
+        quota: Some(crate::upgradeplan::QuotaStatus {
+            local_queue: "team-a".into(),
+            reservation: Some(crate::upgradeplan::QuotaReservation {
+                workload: quota::reservation_name("llm-plan", fp),
+                fingerprint: fp.into(),
+                granted: true,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let svc = |elastic: bool, in_progress: bool| {
+        service(|v| {
+            kueue(v, elastic);
+            worker_image(v);
+            v["status"]["pendingServiceStatus"] = json!({"rayClusterName": "llm-next1"});
+            if in_progress {
+                v["status"]["conditions"] = json!([{"type": "UpgradeInProgress", "status": "True",
+                    "reason": "r", "message": "", "lastTransitionTime": "2026-12-07T05:00:00Z"}]);
+            }
+        })
+    };
+    let refreshed = |s: &RayService| {
+        let d = decide_on(&plan(Some(status.clone())), s, &active(|_| {}));
+        assert_eq!(d.status.phase, Phase::Upgrading, "{:?}", d.status.message);
+        let q = d.status.quota.clone().unwrap();
+        assert!(
+            q.reservation.is_some_and(|r| r.granted),
+            "kept while the transition runs"
+        );
+        q.workload_refreshed_for
+    };
+    assert_eq!(refreshed(&svc(true, true)).as_deref(), Some("llm-next1"));
+    // Never without UpgradeInProgress (the active cluster would be suspended),
+    // nor for a RayService Kueue suspends on a change anyway.
+    assert_eq!(refreshed(&svc(true, false)), None);
+    assert_eq!(refreshed(&svc(false, true)), None);
+}

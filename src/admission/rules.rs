@@ -558,6 +558,7 @@ impl Rules<'_> {
         b.status.capacity = b.prev.capacity.clone();
         b.status.quota = b.prev.quota.clone();
         b.status.incremental = b.prev.incremental.clone();
+        super::quota::refresh(b, self.svc);
         let svc = self.svc;
         match (&svc.pending_cluster, &admitted.to_cluster) {
             (None, None) if svc.active_cluster == admitted.from_cluster => {

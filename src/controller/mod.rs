@@ -769,6 +769,7 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
         r.seen.keep_reservation.as_deref(),
     )
     .await;
+    reservations::refresh(ctx, &r.plan, &r.prev, &r.decision).await;
     let requeue = set_gate(ctx, &r).await?;
     report(ctx, &r, now).await;
     Ok(Action::requeue(requeue))

@@ -516,3 +516,72 @@ pub async fn release(
     }
     Ok(done)
 }
+
+/// Kueue labels the Workload of a job with the job's uid
+/// (`constants.JobUIDLabel`).
+const LABEL_JOB_UID: &str = "kueue.x-k8s.io/job-uid";
+
+/// The decision asked Kueue to derive the RayService's Workload again
+/// ([`crate::admission::quota::refresh`]: `status.quota.workloadRefreshedFor`
+/// newly set): its Workloads (not raygate's) are deleted, once per pending
+/// cluster; Kueue makes a new one from the spec at once. A failure is logged
+/// (the transition then waits, gated, as without it).
+pub async fn refresh(
+    ctx: &Context,
+    plan: &UpgradePlan,
+    prev: &crate::upgradeplan::UpgradePlanStatus,
+    d: &Decision,
+) {
+    if ctx.reservations.workloads.is_none() {
+        return;
+    }
+    let now = d
+        .status
+        .quota
+        .as_ref()
+        .and_then(|q| q.workload_refreshed_for.as_deref());
+    let before = prev
+        .quota
+        .as_ref()
+        .and_then(|q| q.workload_refreshed_for.as_deref());
+    let (Some(pending), Some(uid)) = (now, d.status.ray_service_uid.as_deref()) else {
+        return;
+    };
+    if before == Some(pending) {
+        return;
+    }
+    let ns = plan.namespace().unwrap_or_default();
+    let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &ns);
+    let lp = ListParams::default().labels(&format!("{LABEL_JOB_UID}={uid}"));
+    let listed = match guarded(
+        &ctx.fence,
+        "listing the RayService's Workloads",
+        api.list_metadata(&lp),
+    )
+    .await
+    {
+        Ok(Ok(l)) => l.items,
+        Ok(Err(e)) => {
+            warn!(plan = %plan.name_any(), namespace = %ns, error = %e, "listing the RayService's Kueue Workload");
+            return;
+        }
+        Err(e) => {
+            warn!(plan = %plan.name_any(), namespace = %ns, error = %e, "listing the RayService's Kueue Workload");
+            return;
+        }
+    };
+    let names: Vec<String> = listed
+        .iter()
+        .filter(|w| label(&w.metadata, reservation::LABEL_RESERVATION).is_none())
+        .map(|w| w.name_any())
+        .collect();
+    match delete_named(&ctx.client, &ctx.fence, &ns, &names).await {
+        Ok(()) => {
+            info!(plan = %plan.name_any(), namespace = %ns, pending = %pending, workloads = ?names,
+                        "Kueue's Workload of the RayService deleted: Kueue derives it again from the new cluster")
+        }
+        Err(e) => {
+            warn!(plan = %plan.name_any(), namespace = %ns, error = %e, "deleting the RayService's Kueue Workload")
+        }
+    }
+}
