@@ -441,13 +441,33 @@ pub async fn forget(ctx: &Context, plan: &UpgradePlan) -> Result<()> {
     Ok(())
 }
 
+/// What raygate's admitted reservations hold, per (ClusterQueue, resource),
+/// in base units (Kueue's `status.admission.podSetAssignments[].resourceUsage`).
+pub fn reserved(workloads: &[Arc<Workload>]) -> BTreeMap<(String, String), f64> {
+    let mut out: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for w in workloads.iter().filter(|w| w.quota_granted()) {
+        let Some(a) = w.status.as_ref().and_then(|s| s.admission.as_ref()) else {
+            continue;
+        };
+        for ps in &a.pod_set_assignments {
+            for (r, q) in &ps.resource_usage {
+                *out.entry((a.cluster_queue.clone(), r.clone())).or_default() +=
+                    q.milli_value() as f64 / 1000.0;
+            }
+        }
+    }
+    out
+}
+
 /// Deletes the reservations no plan's status names (a plan gone, a change
-/// over), older than [`SWEEP_GRACE`].
+/// over), older than [`SWEEP_GRACE`]; exports what the others hold.
 pub async fn sweep(ctx: &Context) {
     let shell = &ctx.reservations;
     if shell.workloads.is_none() {
         return;
     }
+    ctx.metrics
+        .observe_quota_reserved(&reserved(&shell.workloads()));
     let plans = ctx.stores.plans.state();
     let named: BTreeMap<String, String> = plans
         .iter()
@@ -583,5 +603,38 @@ pub async fn refresh(
         Err(e) => {
             warn!(plan = %plan.name_any(), namespace = %ns, error = %e, "deleting the RayService's Kueue Workload")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn only_admitted_reservations_count_per_cluster_queue_and_resource() {
+        let w = |cq: &str, gpus: &str, granted: bool| -> Arc<Workload> {
+            Arc::new(
+                serde_json::from_value(json!({
+                    "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+                    "metadata": {"name": "w", "namespace": "ml"},
+                    "spec": {"podSets": []},
+                    "status": {
+                        "conditions": [{"type": "QuotaReserved", "status": if granted { "True" } else { "False" },
+                            "reason": "r", "message": "", "lastTransitionTime": "2026-12-07T00:00:00Z"}],
+                        "admission": {"clusterQueue": cq, "podSetAssignments": [
+                            {"name": "head", "resourceUsage": {"cpu": "2"}},
+                            {"name": "gpu", "resourceUsage": {"cpu": "8", "nvidia.com/gpu": gpus}}]}}
+                }))
+                .unwrap(),
+            )
+        };
+        let r = reserved(&[w("a", "8", true), w("a", "4", true), w("b", "8", false)]);
+        assert_eq!(r[&("a".to_string(), "nvidia.com/gpu".to_string())], 12.0);
+        assert_eq!(r[&("a".to_string(), "cpu".to_string())], 20.0);
+        assert!(
+            !r.keys().any(|(cq, _)| cq == "b"),
+            "not admitted: holds nothing"
+        );
     }
 }
