@@ -226,15 +226,28 @@ fn a_cluster_change_kueue_would_suspend_is_held_with_its_reason_and_one_warning(
     let again = decide_on(&plan(Some(d.status.clone())), &svc, &active(|_| {}));
     assert!(again.events.is_empty(), "{:?}", again.events);
 
-    // Elastic: Kueue resizes instead of suspending; the change goes on to
-    // the capacity step, and without quota support (no `--kueue`) the nodes decide.
+    // Elastic: Kueue does not suspend, but without raygate's Kueue support
+    // (no `--kueue`) the new cluster's pods would stay gated: held, saying so.
     let elastic = service(|v| {
         kueue(v, true);
         worker_image(v);
     });
     let d = decide_on(&plan(None), &elastic, &active(|_| {}));
-    assert_eq!(d.status.phase, Phase::Admitted, "{:?}", d.status.message);
-    assert!(d.events.iter().all(|e| e.reason != "KueueWouldSuspend"));
+    assert_eq!(d.status.phase, Phase::Pending, "{:?}", d.status.message);
+    assert_eq!(d.status.waiting_for.as_deref(), Some("KueueSupportOff"));
+    assert!(d.status.message.as_deref().unwrap().contains("--kueue"));
+    assert_eq!(d.gate, Some(Gate::Hold));
+    // With it, the change goes on to the capacity step and the quota.
+    let roomy = quota::QuotaFacts {
+        queue: Ok(quota::QueueQuota {
+            cluster_queue: cq("team-a", None, 100, 0),
+            all: vec![cq("team-a", None, 100, 0)],
+            uncounted: Default::default(),
+        }),
+        reservation: None,
+    };
+    let d = decide_with_quota(&plan(None), &elastic, &active(|_| {}), Some(roomy));
+    assert_eq!(d.status.waiting_for.as_deref(), Some("quota reservation"));
 }
 
 /// A ClusterQueue `name` of GPUs (and plenty of CPU and memory), `used` of
