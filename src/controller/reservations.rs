@@ -81,6 +81,17 @@ impl Shell {
         }
     }
 
+    /// On, with empty caches (tests of the writes).
+    #[cfg(test)]
+    pub fn empty() -> Shell {
+        use kube::runtime::reflector;
+        Shell {
+            cluster_queues: Some(reflector::store().0),
+            local_queues: Some(reflector::store().0),
+            workloads: Some(reflector::store().0),
+        }
+    }
+
     /// Watches ClusterQueues (cluster-wide), LocalQueues and raygate's
     /// Workloads in `namespaces` (all when empty).
     pub fn spawn(
