@@ -241,6 +241,9 @@ fn kueue_apiserver() -> (Client, Seen, tokio::task::JoinHandle<()>) {
                     {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
                      "metadata": {"name": "llm-abc-quota", "namespace": NS,
                         "labels": {"kueue.x-k8s.io/job-uid": "svc-uid", "raygate.io/reservation": "quota"}}}]})
+            } else if line.starts_with("PATCH ") {
+                json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+                    "metadata": {"name": "llm-abc-quota", "namespace": NS}, "spec": {"podSets": []}})
             } else {
                 json!({"kind": "Status", "apiVersion": "v1", "status": "Success"})
             };
@@ -302,5 +305,49 @@ async fn kueues_workload_of_the_service_is_deleted_once_per_pending_cluster_neve
             "GET /apis/kueue.x-k8s.io/v1beta2/namespaces/ml/workloads?&labelSelector=kueue.x-k8s.io%2Fjob-uid%3Dsvc-uid",
             "DELETE /apis/kueue.x-k8s.io/v1beta2/namespaces/ml/workloads/rayservice-llm-7f2a?",
         ]
+    );
+}
+
+#[tokio::test]
+async fn a_wanted_reservation_is_applied_then_marked_pods_ready_and_nothing_else_is_deleted() {
+    let (client, seen, task) = kueue_apiserver();
+    let ctx = context_with(client, Fence::open(), super::reservations::Shell::empty());
+    let groups = [crate::podgroup::PodGroup::from(
+        serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(json!({
+            "metadata": {"labels": {"ray.io/node-type": "head", "ray.io/group": "headgroup"}},
+            "spec": {"containers": [{"name": "ray-head"}]}}))
+        .unwrap(),
+    )];
+    let w = crate::kueue::reservation::workload(
+        &crate::kueue::reservation::Owner {
+            namespace: NS,
+            name: "llm",
+            uid: "plan-uid",
+        },
+        "llm-abc-quota",
+        &crate::kueue::LocalQueueName::new("team-a"),
+        "abc",
+        &groups,
+        0,
+    )
+    .unwrap();
+    super::reservations::act(&ctx, &plan(), Some(&w), Some("llm-abc-quota")).await;
+    task.abort();
+    let seen = seen.lock().unwrap().clone();
+    let lines: Vec<&str> = seen.iter().map(|(l, _)| l.as_str()).collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines[0].starts_with(
+            "PATCH /apis/kueue.x-k8s.io/v1beta2/namespaces/ml/workloads/llm-abc-quota?"
+        ) && lines[0].contains("fieldManager=raygate"),
+        "server-side apply under raygate's field manager: {}",
+        lines[0]
+    );
+    assert!(
+        lines[1].starts_with(
+            "PATCH /apis/kueue.x-k8s.io/v1beta2/namespaces/ml/workloads/llm-abc-quota/status?"
+        ),
+        "then PodsReady: {}",
+        lines[1]
     );
 }
