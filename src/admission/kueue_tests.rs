@@ -338,6 +338,15 @@ fn a_kueue_managed_change_waits_for_quota_then_for_its_reservation_then_is_admit
         Some(facts(vec![cq("team-a", None, 8, 8)], None)),
     );
     assert!(again.events.is_empty(), "{:?}", again.events);
+    // The numbers moving are no news either.
+    let moved = decide_with_quota(
+        &plan(Some(d.status.clone())),
+        &svc,
+        &rc,
+        Some(facts(vec![cq("team-a", None, 9, 8)], None)),
+    );
+    assert_ne!(moved.status.waiting_for, d.status.waiting_for);
+    assert!(moved.events.is_empty(), "{:?}", moved.events);
 
     // team-b in the cohort lends its idle 16: it fits; raygate reserves it first.
     let all = vec![

@@ -211,15 +211,18 @@ pub(super) fn allows(
     false
 }
 
-/// `WaitingForQuota`, with one Event per change when `warn`.
+/// `WaitingForQuota`, with one Event per change and kind of wait when
+/// `warn` (the numbers moving are no news: `quota: … > 4 left` then `> 2
+/// left` is one wait).
 fn wait(b: &mut Builder<'_>, fp: &str, short: &str, long: &str, warn: bool) {
+    let kind = |s: &str| s.split(':').next().unwrap_or_default().to_string();
     let news = b.prev.phase != Phase::WaitingForQuota
         || b.prev
             .pending_change
             .as_ref()
             .map(|p| p.fingerprint.as_str())
             != Some(fp)
-        || b.prev.waiting_for.as_deref() != Some(short);
+        || b.prev.waiting_for.as_deref().map(kind) != Some(kind(short));
     b.hold(Phase::WaitingForQuota, short, long, Outcome::HeldCapacity);
     if news && warn {
         b.change_event(true, EventReason::WaitingForQuota, fp, long.to_string());

@@ -180,7 +180,16 @@ pub fn facts(ctx: &Context, inputs: &Inputs<'_>) -> Option<QuotaFacts> {
     let managed = inputs.service.as_ref().ok()?.kueue.clone()?;
     let ns = inputs.plan.namespace().unwrap_or_default();
     let uid = inputs.plan.metadata.uid.clone().unwrap_or_default();
-    let reservation = shell.of_plan(&uid).first().map(|w| QuotaReservation {
+    // The pending change's reservation first (a stale one may still exist).
+    let fp = inputs
+        .change
+        .as_ref()
+        .ok()
+        .and_then(|c| c.as_ref())
+        .map(|c| reservation::label_value(&c.fingerprint));
+    let mut mine = shell.of_plan(&uid);
+    mine.sort_by_key(|w| label(&w.metadata, LABEL_FINGERPRINT) != fp.as_deref());
+    let reservation = mine.first().map(|w| QuotaReservation {
         workload: w.name_any(),
         fingerprint: label(&w.metadata, LABEL_FINGERPRINT)
             .unwrap_or_default()
