@@ -303,6 +303,7 @@ impl Caches {
             }
         }
         self.buffers.wait_ready().await;
+        self.reservations.wait_ready().await;
         let stores = Stores {
             plans,
             services: self.services,

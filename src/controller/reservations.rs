@@ -42,6 +42,8 @@ use crate::{Error, Result};
 /// A sweep leaves younger reservations alone: their plan's status may not
 /// be in the cache yet.
 const SWEEP_GRACE: Duration = Duration::from_secs(60);
+/// How long start-up waits for the Kueue caches before going on without.
+const CACHE_WAIT: Duration = Duration::from_secs(20);
 
 /// The caches; all `None` without `--kueue`.
 pub struct Shell {
@@ -147,6 +149,30 @@ impl Shell {
             cluster_queues: Some(cluster_queues),
             local_queues: Some(local_queues),
             workloads: Some(workloads),
+        }
+    }
+
+    /// Waits a little for the caches; a Kueue without the `v1beta2` API (or
+    /// without RBAC) is logged, and Kueue-managed RayServices then wait with
+    /// `quota unknown` rather than be admitted on the nodes alone.
+    pub async fn wait_ready(&self) {
+        let (Some(c), Some(l), Some(w)) =
+            (&self.cluster_queues, &self.local_queues, &self.workloads)
+        else {
+            return;
+        };
+        let all = async {
+            c.wait_until_ready().await.is_ok()
+                && l.wait_until_ready().await.is_ok()
+                && w.wait_until_ready().await.is_ok()
+        };
+        match tokio::time::timeout(CACHE_WAIT, all).await {
+            Ok(true) => info!("ClusterQueue, LocalQueue and reservation Workload caches synced"),
+            _ => warn!(
+                "the Kueue caches did not sync within {CACHE_WAIT:?} (is Kueue v0.19 with \
+                 kueue.x-k8s.io/v1beta2 installed, and may raygate list ClusterQueues, LocalQueues \
+                 and Workloads?); Kueue-managed RayServices wait with \"quota unknown\""
+            ),
         }
     }
 
