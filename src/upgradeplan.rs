@@ -6,6 +6,8 @@
 //! resume after a restart (admitted fingerprint, reservation, transition
 //! start) lives in the status, never in memory.
 
+#[cfg(test)]
+mod crd_tests;
 pub mod ownership;
 
 use std::collections::BTreeMap;
@@ -744,6 +746,9 @@ pub struct CapacityRequestStatus {
     #[schemars(with = "Option<String>", extend("format" = "date-time"))]
     pub requested_time: Option<Timestamp>,
     /// `Queued`: 1-based place among the plans waiting for a request.
+    // `int64` in the schema: the apiserver knows no `uint32` and warns on
+    // every CRD apply about a format it does not know.
+    #[schemars(range(min = 1), extend("format" = "int64"))]
     pub queue_position: Option<u32>,
     /// The CapacityBuffers and what the autoscaler reports on each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

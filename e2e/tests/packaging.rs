@@ -1226,6 +1226,14 @@ fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
     let crds = scratch.join("monitoring-crds.yaml");
     std::fs::write(&crds, MONITORING_CRDS)?;
     cp.install_crd_file(&crds)?;
+    // The CRD as a user applies it: no `Warning:` (issue 32: `unrecognized format "uint32"`
+    // on every apply), then Established.
+    apply_without_warnings(
+        cp,
+        &root("charts/raygate/crds/raygate.io_upgradeplans.yaml"),
+        &[],
+    )
+    .context("apply the UpgradePlan CRD")?;
     cp.install_crd_file(&root("charts/raygate/crds/raygate.io_upgradeplans.yaml"))?;
 
     // The chart, as `helm install` would send it to this v1.36 cluster, monitors on.
@@ -1260,13 +1268,8 @@ fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
 
     // The samples are valid objects for the CRDs (the RayService against KubeRay's).
     let samples = write_manifest(scratch, "samples.yaml", &kustomize("config/samples"))?;
-    cp.kubectl_ok(&[
-        "apply",
-        "--dry-run=server",
-        "-f",
-        &samples.to_string_lossy(),
-    ])
-    .context("the samples do not validate")?;
+    apply_without_warnings(cp, &samples, &["--dry-run=server"])
+        .context("the samples do not validate")?;
 
     check_rbac(cp, RELEASE_NS, "rg-raygate").context("the chart's RBAC")?;
     check_rbac(cp, KUSTOMIZE_NS, "raygate").context("config/rbac")?;
@@ -1304,6 +1307,28 @@ fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
     check_namespaced_rbac(cp, KUSTOMIZE_NS, "raygate").context("config/overlays/namespaced")?;
     run_operator_as_chart_service_account(cp, scratch, NAMESPACED_NS, &sa)
         .context("raygate watching ml-serving and research with the chart's namespaced RBAC")?;
+    Ok(())
+}
+
+/// `kubectl apply -f path` that succeeds and prints no `Warning:` on stderr (the
+/// apiserver's warnings: unknown formats in a CRD, unknown fields of an object).
+fn apply_without_warnings(cp: &ControlPlane, path: &Path, extra: &[&str]) -> Result<()> {
+    let p = path.to_string_lossy();
+    let mut args = vec!["apply"];
+    args.extend_from_slice(extra);
+    args.extend(["-f", &*p]);
+    let out = cp.kubectl(&args)?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(
+        out.status.success(),
+        "kubectl {} failed: {stderr}",
+        args.join(" ")
+    );
+    anyhow::ensure!(
+        !stderr.contains("Warning"),
+        "kubectl {} printed warnings:\n{stderr}",
+        args.join(" ")
+    );
     Ok(())
 }
 
