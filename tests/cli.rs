@@ -817,15 +817,16 @@ fn fit_text_is_short_and_aligned() {
         .skip_while(|l| !l.starts_with("RESOURCE"))
         .take_while(|l| !l.is_empty())
         .collect();
-    // One unit per row, as kubectl prints: never `64500m 129` or `426496Mi 833Gi`.
+    // One readable unit per row, as kubectl prints allocatable: never `64500m 129`,
+    // `426496Mi 833Gi` nor `3506176Mi` (issue 32, item 3).
     assert_eq!(
         table,
         [
-            "RESOURCE             NEW   OLD+NEW  ALLOCATABLE       FREE  SHORTFALL",
-            "cpu               64500m   129000m      318850m    205090m          -",
-            "memory          426496Mi  852992Mi    3506176Mi  2682056Mi          -",
-            "nvidia.com/gpu         8        16           24          6          2",
-            "pods                   3         6          970        959          -",
+            "RESOURCE            NEW  OLD+NEW  ALLOCATABLE      FREE  SHORTFALL",
+            "cpu                64.5      129       318.85    205.09          -",
+            "memory          416.5Gi    833Gi       3424Gi  2619.2Gi          -",
+            "nvidia.com/gpu        8       16           24         6          2",
+            "pods                  3        6          970       959          -",
         ],
         "{text}"
     );
@@ -848,6 +849,50 @@ fn fit_text_is_short_and_aligned() {
         &p(&svc("image-bump")),
     ]);
     assert!(r.stdout.starts_with("Fits:         yes\n"), "{}", r.stdout);
+}
+
+/// Issue 32: what a new user trips on in `fit`. The exact values stay in `-o json`
+/// while the text reads in readable units; a resource no node offers (`gpu` for
+/// `nvidia.com/gpu`) is named, not counted short; a manifest that sets the gate is
+/// flagged as `explain` flags it.
+#[test]
+fn fit_first_hour_exact_json_unoffered_resources_and_the_gate() {
+    let (v, _) = fit("state-no-fit.yaml", &svc(""), &[]);
+    assert_eq!(v["newRequests"]["memory"], "426496Mi", "{v}");
+    assert_eq!(v["newRequests"]["cpu"], "64500m", "{v}");
+    let r = raygate(&[
+        "fit",
+        "--state",
+        &p(&fx("state-fits.yaml")),
+        "--new",
+        &p(&svc("")),
+        "--headroom",
+        "gpu=2",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("Why:          no node offers `gpu`\n"),
+        "{}",
+        r.stdout
+    );
+    assert!(!r.stdout.contains("short of gpu"), "{}", r.stdout);
+    let r = raygate(&[
+        "fit",
+        "--state",
+        &p(&fx("state-fits.yaml")),
+        "--new",
+        &p(&svc("upgrade-none")),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.starts_with(
+            "ERROR:        spec.upgradeStrategy.type: set to None: raygate owns this field"
+        ),
+        "{}",
+        r.stdout
+    );
+    let (v, _) = fit("state-fits.yaml", &svc("upgrade-none"), &[]);
+    assert_eq!(v["errors"][0]["path"], "spec.upgradeStrategy.type", "{v}");
 }
 
 /// FREE is what the new cluster may use (after the headroom), in the text and as
