@@ -492,7 +492,7 @@ async fn explain_and_fit_read_the_live_rayservice_its_cluster_and_the_nodes() {
     let (_, out, _) = plugin(&cp, &["fit", "-f", &v2, "-n", &ns]);
     assert!(out.contains("Held:"), "{out}");
     assert!(
-        out.contains("Decision:     Paused (waiting for policy Paused)"),
+        out.contains("Decision:     would be held: Paused (waiting for policy Paused)"),
         "{out}"
     );
 }

@@ -329,7 +329,7 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
             fingerprint = Some(c.fingerprint);
         }
     }
-    let gate_held = live.as_ref().and_then(live_gate_hold);
+    let gate_held = file_gate_hold(&svc).or_else(|| live.as_ref().and_then(live_gate_hold));
     let live_object = live.clone();
     match live {
         Some(live) => svc.status = live.status,
@@ -543,6 +543,21 @@ fn live_gate_hold(live: &RayService) -> Option<Hold> {
     crate::admission::gate_hold(
         crate::upgradeplan::ownership::other_owner(managed).as_deref(),
         value,
+    )
+}
+
+/// A file that sets `spec.upgradeStrategy.type` takes the gate from raygate
+/// once applied (its applier becomes the field's owner): the change would be
+/// held as `GateOverridden`, as `explain` warns.
+fn file_gate_hold(file: &RayService) -> Option<Hold> {
+    let value = file
+        .spec
+        .upgrade_strategy
+        .as_ref()
+        .and_then(|u| u.type_.as_ref())?;
+    crate::admission::gate_hold(
+        Some("whoever applies this file (kubectl, Argo CD, Flux)"),
+        Some(value.as_str()),
     )
 }
 
@@ -811,6 +826,28 @@ mod tests {
             live_gate_hold(&svc(crate::upgradeplan::ownership::FIELD_MANAGER)),
             None
         );
+    }
+
+    /// Issue 32: `fit -f` of a manifest that sets `upgradeStrategy` says the
+    /// gate would be overridden, as `explain` does.
+    #[test]
+    fn live_fit_of_a_file_setting_the_gate_says_it_would_be_overridden() {
+        let file: RayService = serde_json::from_value(json!({
+            "apiVersion": "ray.io/v1", "kind": "RayService",
+            "metadata": {"name": "chat", "namespace": "ml"},
+            "spec": {"upgradeStrategy": {"type": "NewCluster"}}
+        }))
+        .unwrap();
+        let h = file_gate_hold(&file).unwrap();
+        assert_eq!(h.as_str(), "GateOverridden");
+        let mut text = String::new();
+        for (label, value) in hold_notes(&[h]) {
+            cli::field(&mut text, label, &value);
+        }
+        assert!(text.contains("whoever applies this file"), "{text}");
+        let mut unset = file.clone();
+        unset.spec.upgrade_strategy = None;
+        assert_eq!(file_gate_hold(&unset), None);
     }
 
     #[test]
