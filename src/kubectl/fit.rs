@@ -360,10 +360,10 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
         notes.push((
             "UpgradePlan:",
             format!(
-                "{ns}/{} (policy {:?}, priority {})",
+                "{ns}/{} (policy {:?}, {})",
                 plan.name_any(),
                 plan.spec.policy,
-                plan.spec.priority
+                priority_note(plan)
             ),
         ));
         if let Some(fp) = &fingerprint {
@@ -544,6 +544,20 @@ fn live_gate_hold(live: &RayService) -> Option<Hold> {
         crate::upgradeplan::ownership::other_owner(managed).as_deref(),
         value,
     )
+}
+
+/// The plan's priority as the controller ranks it: `spec.priority` capped by
+/// the operator's `--max-priority` (the chart caps every namespace at 0 by
+/// default), so a `priority: 10` that ranks as 0 says so.
+fn priority_note(plan: &UpgradePlan) -> String {
+    let asked = plan.spec.priority;
+    match plan.status.as_ref().and_then(|s| s.effective_priority) {
+        Some(ranked) if ranked != asked => format!(
+            "priority {asked}, ranked as {ranked}: capped by the operator's --max-priority \
+             (chart value maxPriority)"
+        ),
+        _ => format!("priority {asked}"),
+    }
 }
 
 /// A file that sets `spec.upgradeStrategy.type` takes the gate from raygate
@@ -825,6 +839,24 @@ mod tests {
         assert_eq!(
             live_gate_hold(&svc(crate::upgradeplan::ownership::FIELD_MANAGER)),
             None
+        );
+    }
+
+    /// Issue 32, item 1: a priority the operator caps says what it ranks as.
+    #[test]
+    fn a_capped_priority_says_what_it_ranks_as() {
+        let spec: crate::upgradeplan::UpgradePlanSpec =
+            serde_json::from_value(json!({"rayServiceRef": {"name": "chat"}, "priority": 10}))
+                .unwrap();
+        let mut plan = UpgradePlan::new("chat", spec);
+        assert_eq!(priority_note(&plan), "priority 10");
+        plan.status = Some(crate::upgradeplan::UpgradePlanStatus {
+            effective_priority: Some(0),
+            ..Default::default()
+        });
+        assert_eq!(
+            priority_note(&plan),
+            "priority 10, ranked as 0: capped by the operator's --max-priority (chart value maxPriority)"
         );
     }
 
