@@ -305,7 +305,16 @@ impl<'a> Builder<'a> {
     /// (pending, admitted, or the last transition's) is reported, not
     /// silently ignored: a mistyped or outdated fingerprint admits nothing.
     fn approval_matched(&mut self) {
-        let Some(approve) = self.inp.plan.spec.approve.clone() else {
+        // Under `policy: Auto` `spec.approve` is ignored (docs/upgradeplan.md): a
+        // fingerprint left from a Manual approval is no mistake to warn about.
+        let Some(approve) = self
+            .inp
+            .plan
+            .spec
+            .approve
+            .clone()
+            .filter(|_| self.inp.plan.spec.policy != crate::upgradeplan::Policy::Auto)
+        else {
             self.drop_condition(condition::APPROVAL_MATCHED);
             return;
         };
@@ -580,11 +589,17 @@ pub fn approver(plan: &crate::upgradeplan::UpgradePlan) -> Option<String> {
         .and_then(|m| m.manager.clone())
 }
 
-/// How to approve a change under `policy: Manual`.
-pub fn approval_hint(plan: &str, fingerprint: &str) -> String {
+/// How to approve a change under `policy: Manual`: commands that name the
+/// plan's namespace, so they work from any current namespace.
+pub fn approval_hint(plan: &str, namespace: &str, fingerprint: &str) -> String {
+    let ns = if namespace.is_empty() {
+        String::new()
+    } else {
+        format!(" -n {namespace}")
+    };
     format!(
-        "policy Manual: approve with `kubectl raygate approve {plan} --fingerprint {fingerprint}` \
-         (or kubectl patch upgradeplan {plan} --type merge -p '{{\"spec\":{{\"approve\":\"{fingerprint}\"}}}}')"
+        "policy Manual: approve with `kubectl raygate approve {plan}{ns} --fingerprint {fingerprint}` \
+         (or kubectl patch upgradeplan {plan}{ns} --type merge -p '{{\"spec\":{{\"approve\":\"{fingerprint}\"}}}}')"
     )
 }
 
