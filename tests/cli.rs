@@ -1259,6 +1259,16 @@ fn invalid_state_exits_1() {
         .replacen("nvidia.com/gpu: '8'", "nvidia.com/gpu: 'eight'", 1);
     let cases: Vec<(PathBuf, &str)> = vec![
         (svc(""), "no Node objects found"),
+        // Issue 32, item 12: the hint names what the docs dump.
+        (
+            svc(""),
+            "`kubectl get nodes,pods,limitranges,runtimeclasses -A -o yaml`",
+        ),
+        // A gzipped dump said only "IO error".
+        (
+            tmp_file(&dir, "state.yaml.gz", &[0x1f, 0x8b, 0x08, 0x00, 0xff, 0xfe]),
+            "not a YAML or JSON text file: binary content at byte",
+        ),
         (dir.path().join("none.yaml"), "No such file"),
         (
             tmp_file(&dir, "s.yaml", b"42\n"),
@@ -1561,11 +1571,11 @@ fn negative_and_non_finite_amounts_are_invalid_input_with_the_field() {
 #[test]
 fn endless_input_stops_with_an_error_not_out_of_memory() {
     // A state file streams (its bound is in GiB, see `capacity::state`):
-    // endless zeros are refused as soon as they are read.
+    // endless zeros are refused as soon as they are read (as binary content).
     let r = raygate(&["fit", "--state", "/dev/zero", "--new", &p(&svc(""))]);
     assert_eq!(r.code, 1, "{}", r.stderr);
     assert!(
-        r.stderr.contains("/dev/zero") && r.stderr.contains("not valid YAML"),
+        r.stderr.contains("/dev/zero") && r.stderr.contains("binary content at byte 0"),
         "{}",
         r.stderr
     );

@@ -134,3 +134,21 @@ fn chmod_x(p: &Path) {
     perm.set_mode(0o755);
     std::fs::set_permissions(p, perm).unwrap();
 }
+
+/// Item 12: `explain` exits 0 when it prints an `ERROR:` line; the README says so and
+/// how a PR check fails on it (the script's own exit 4).
+#[test]
+fn readme_says_how_explain_errors_fail_a_check() {
+    let readme = read("README.md");
+    assert!(
+        readme
+            .contains("`ERROR:` line and in `errors` of `-o json` (`fit` too), and still exits 0"),
+        "README.md must say explain exits 0 with an ERROR: line"
+    );
+    let script = read("docs/examples/raygate-pr-check.sh");
+    assert!(
+        script.contains("(.errors // [])[]"),
+        "the PR check reads errors"
+    );
+    assert!(script.contains("exit 4"), "and fails on them");
+}

@@ -430,11 +430,23 @@ impl ClusterState {
             let head = reader
                 .fill_buf()
                 .map_err(|e| crate::Error::invalid("input", e.to_string()))?;
-            yaml != Some(true)
+            let json = yaml != Some(true)
                 && head
                     .iter()
                     .find(|b| !b.is_ascii_whitespace())
-                    .is_some_and(|&b| b == b'{')
+                    .is_some_and(|&b| b == b'{');
+            // The YAML reader would say only "IO error" (issue 32); the JSON
+            // reader names the line and column itself.
+            if !json && let Some(at) = binary_at(head) {
+                return Err(crate::Error::invalid(
+                    "input",
+                    format!(
+                        "not a YAML or JSON text file: binary content at byte {at} (a compressed \
+                         dump? decompress it first)"
+                    ),
+                ));
+            }
+            json
         };
         let mut state = ClusterState::default();
         if json {
@@ -481,6 +493,18 @@ thread_local! {
     /// document's [`Doc`] finds its state here.
     static YAML_STATE: std::cell::RefCell<Option<(ClusterState, usize)>> =
         const { std::cell::RefCell::new(None) };
+}
+
+/// Where the start of a file shows it is not text: a NUL byte or a byte
+/// sequence that is not UTF-8 (one cut at the end of `head` is not counted).
+fn binary_at(head: &[u8]) -> Option<usize> {
+    if let Some(at) = head.iter().position(|&b| b == 0) {
+        return Some(at);
+    }
+    match std::str::from_utf8(head) {
+        Err(e) if e.error_len().is_some() => Some(e.valid_up_to()),
+        _ => None,
+    }
 }
 
 /// A YAML document, added to [`YAML_STATE`] as it streams.
@@ -587,6 +611,20 @@ mod tests {
             err.contains("1048576 bytes") && err.contains("bound on state files"),
             "{err}"
         );
+    }
+
+    /// Issue 32, item 12: a binary (e.g. gzipped) state said only "IO error".
+    #[test]
+    fn a_binary_file_is_named_as_such() {
+        for bytes in [&b"\x1f\x8b\x08\x00\xff\xfe"[..], &b"kind: List\x00"[..]] {
+            let err = ClusterState::read(bytes, 1 << 20).unwrap_err().to_string();
+            assert!(
+                err.contains("not a YAML or JSON text file: binary content at byte"),
+                "{err}"
+            );
+        }
+        // UTF-8 cut at the end of the first read is still text.
+        assert_eq!(binary_at("é".as_bytes().get(..1).unwrap_or_default()), None);
     }
 
     #[test]
