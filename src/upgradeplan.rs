@@ -9,6 +9,7 @@
 #[cfg(test)]
 mod crd_tests;
 pub mod ownership;
+pub mod validation;
 
 use std::collections::BTreeMap;
 
@@ -277,8 +278,16 @@ pub enum Policy {
 pub struct MaintenanceWindow {
     /// `minute hour day-of-month month day-of-week`, e.g. `0 2 * * 1-5`.
     #[schemars(length(min = 9, max = 100))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": validation::CRON_RULE,
+        "message": "schedule must be 5 cron fields (*, N, N-M, each with an optional /STEP, comma-separated): minute 0-59, hour 0-23, day of month 1-31, month 1-12, day of week 0-7"
+    }]))]
     pub schedule: String,
-    #[schemars(regex(pattern = DURATION_PATTERN))]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 72))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) >= duration('1m') && duration(self) <= duration('744h')",
+        "message": "duration must be between 1m and 744h (31 days)"
+    }]))]
     pub duration: String,
 }
 

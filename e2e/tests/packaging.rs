@@ -1270,6 +1270,7 @@ fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
     let samples = write_manifest(scratch, "samples.yaml", &kustomize("config/samples"))?;
     apply_without_warnings(cp, &samples, &["--dry-run=server"])
         .context("the samples do not validate")?;
+    refuses_bad_plans_at_apply(cp, scratch).context("the CRD's CEL rules")?;
 
     check_rbac(cp, RELEASE_NS, "rg-raygate").context("the chart's RBAC")?;
     check_rbac(cp, KUSTOMIZE_NS, "raygate").context("config/rbac")?;
@@ -1308,6 +1309,43 @@ fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
     run_operator_as_chart_service_account(cp, scratch, NAMESPACED_NS, &sa)
         .context("raygate watching ml-serving and research with the chart's namespaced RBAC")?;
     Ok(())
+}
+
+/// Issue 32, item 9: the apiserver refuses a bad cron schedule or window duration at
+/// `kubectl apply` with the CRD rule's message, instead of accepting the plan for
+/// raygate to report later.
+fn refuses_bad_plans_at_apply(cp: &ControlPlane, scratch: &Path) -> Result<()> {
+    let plan = |schedule: &str, duration: &str| {
+        json!({"apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan",
+               "metadata": {"name": "cel", "namespace": "default"},
+               "spec": {"rayServiceRef": {"name": "chat"},
+                        "maintenanceWindows": [{"schedule": schedule, "duration": duration}]}})
+    };
+    for (schedule, duration, want) in [
+        ("0 25 * * *", "3h", "minute 0-59, hour 0-23"),
+        ("0 2 * * 8", "3h", "day of week 0-7"),
+        ("0 2 * *", "3h", "schedule must be 5 cron fields"),
+        ("0 2 * * 1-5", "0s", "duration must be between 1m and 744h"),
+        (
+            "0 2 * * 1-5",
+            "745h",
+            "duration must be between 1m and 744h",
+        ),
+    ] {
+        let file = write_manifest(scratch, "bad-plan.yaml", &[plan(schedule, duration)])?;
+        let out = cp.kubectl(&["apply", "--dry-run=server", "-f", &file.to_string_lossy()])?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        anyhow::ensure!(
+            !out.status.success() && stderr.contains(want),
+            "{schedule:?} / {duration:?}: want a refusal naming {want:?}, got: {stderr}"
+        );
+    }
+    let good = write_manifest(
+        scratch,
+        "good-plan.yaml",
+        &[plan("*/15 0-6 * * 1-5", "90m")],
+    )?;
+    apply_without_warnings(cp, &good, &["--dry-run=server"])
 }
 
 /// `kubectl apply -f path` that succeeds and prints no `Warning:` on stderr (the
