@@ -1269,6 +1269,15 @@ fn invalid_state_exits_1() {
             tmp_file(&dir, "state.yaml.gz", &[0x1f, 0x8b, 0x08, 0x00, 0xff, 0xfe]),
             "not a YAML or JSON text file: binary content at byte",
         ),
+        // A kind-less item: its path once, not `input.items[0].items[0]`.
+        (
+            tmp_file(
+                &dir,
+                "kindless.yaml",
+                b"apiVersion: v1\nkind: List\nitems:\n- metadata: {name: x}\n",
+            ),
+            ": input.items[0] (x): object has no kind",
+        ),
         (dir.path().join("none.yaml"), "No such file"),
         (
             tmp_file(&dir, "s.yaml", b"42\n"),

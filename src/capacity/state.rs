@@ -518,7 +518,13 @@ impl<'de> serde::Deserialize<'de> for DocOf {
             let Some((state, docs)) = cell.as_mut() else {
                 return Err(serde::de::Error::custom("no state to read into"));
             };
-            let path = format!("input.items[{docs}]");
+            // The first document is the input (`input.items[0]` is then its
+            // first item, not a doubled `input.items[0].items[0]`, issue 32);
+            // more documents are numbered.
+            let path = match *docs {
+                0 => "input".to_string(),
+                n => format!("input.documents[{n}]"),
+            };
             *docs += 1;
             Doc::<Value> {
                 state,
@@ -585,10 +591,7 @@ mod tests {
         for s in [&a, &b] {
             assert_eq!(s.nodes.len(), 1);
             assert_eq!(s.pods.len(), 1);
-            assert_eq!(
-                s.warnings,
-                ["ignored input.items[0].items[2]: kind Service (ray/s)"]
-            );
+            assert_eq!(s.warnings, ["ignored input.items[2]: kind Service (ray/s)"]);
         }
         assert_eq!(a.pods, b.pods);
         // Typed lists give kindless items their kind, even when `kind` comes last.
