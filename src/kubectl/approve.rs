@@ -5,7 +5,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::{Value, json};
 
-use super::{KubeArgs, PAUSED_POLICY_ANNOTATION, connect, get_plan, patch_plan, resources};
+use super::{KubeArgs, PAUSED_POLICY_ANNOTATION, connect, get_plan, patch_plan};
 use crate::cli;
 use crate::upgradeplan::{Policy, UpgradePlan};
 use crate::{Error, Result};
@@ -153,14 +153,22 @@ fn approval(
         cli::field(&mut s, "Waiting for:", w);
     }
     if let Some(cap) = &status.capacity {
-        if !cap.needed.is_empty() {
-            cli::field(&mut s, "Needs:", &resources(&cap.needed));
-        }
-        if !cap.available.is_empty() {
-            cli::field(&mut s, "Free for it:", &resources(&cap.available));
-        }
-        if !cap.shortfall.is_empty() {
-            cli::field(&mut s, "Short by:", &resources(&cap.shortfall));
+        // Read together: each resource in one readable unit across the three
+        // lines (issue 32), not the status maps' exact `195692000Ki`.
+        let [needed, available, short] =
+            [&cap.needed, &cap.available, &cap.shortfall].map(crate::capacity::parse_status_map);
+        let texts = crate::admission::texts::in_one_sentence(&[&needed, &available, &short]);
+        for ((label, m), text) in [
+            ("Needs:", &needed),
+            ("Free for it:", &available),
+            ("Short by:", &short),
+        ]
+        .into_iter()
+        .zip(&texts)
+        {
+            if !m.is_empty() {
+                cli::field(&mut s, label, text);
+            }
         }
     }
     s.push_str(&format!(
@@ -316,6 +324,15 @@ mod tests {
         let after = approval(&p, None, Some(&admitted)).unwrap().text;
         assert!(after.contains("Phase:        Admitted\n"), "{after}");
         assert!(!after.contains("Waiting for:"), "{after}");
+        // Item 3: readable units, one per resource across the lines.
+        let mut big = p.status.clone().unwrap_or_default();
+        if let Some(c) = big.capacity.as_mut() {
+            c.needed.insert("memory".into(), "195692000Ki".into());
+            c.available.insert("memory".into(), "729808896Ki".into());
+        }
+        let text = approval(&p, None, Some(&big)).unwrap().text;
+        assert!(text.contains("memory 186.63Gi"), "{text}");
+        assert!(text.contains("memory 696Gi"), "{text}");
     }
 
     #[test]
