@@ -774,7 +774,15 @@ async fn bad_inputs_give_a_clear_status_not_a_crash() {
     // A plan whose RayService does not exist, with a bad schedule too: both
     // are reported, and raygate never writes (so never creates) the
     // RayService: a server-side apply of a missing object is a create.
-    let bad_window = json!({"maintenanceWindows": [{"schedule": "61 * * * *", "duration": "1h"}]});
+    // A minute out of range is refused at apply by the CRD's rule (issue 32, item 9);
+    // a reversed range passes the rule and raygate reports it.
+    let refused = json!({"maintenanceWindows": [{"schedule": "61 * * * *", "duration": "1h"}]});
+    let err = create(&api, plan("orphan", "missing", refused))
+        .await
+        .expect_err("the apiserver refuses minute 61");
+    assert!(format!("{err:#}").contains("minute 0-59"), "{err:#}");
+    let bad_window =
+        json!({"maintenanceWindows": [{"schedule": "30-10 * * * *", "duration": "1h"}]});
     or_panic(create(&api, plan("orphan", "missing", bad_window)).await);
     let p = or_panic(wait_phase(&e, "orphan", "Error").await);
     let msg = str_at(&p, &["status", "message"]);
