@@ -24,6 +24,9 @@
 //!   away from zero (Go's int64 path does; its inf.Dec path differs) and
 //!   return `i128`, so they do not overflow where Go's `int64` would.
 
+mod display;
+pub use display::readable;
+
 use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{Hash, Hasher};

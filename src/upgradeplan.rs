@@ -6,7 +6,10 @@
 //! resume after a restart (admitted fingerprint, reservation, transition
 //! start) lives in the status, never in memory.
 
+#[cfg(test)]
+mod crd_tests;
 pub mod ownership;
+pub mod validation;
 
 use std::collections::BTreeMap;
 
@@ -277,8 +280,16 @@ pub enum Policy {
 pub struct MaintenanceWindow {
     /// `minute hour day-of-month month day-of-week`, e.g. `0 2 * * 1-5`.
     #[schemars(length(min = 9, max = 100))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": validation::CRON_RULE,
+        "message": "schedule must be 5 cron fields (*, N, N-M, each with an optional /STEP, comma-separated): minute 0-59, hour 0-23, day of month 1-31, month 1-12, day of week 0-7"
+    }]))]
     pub schedule: String,
-    #[schemars(regex(pattern = DURATION_PATTERN))]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 72))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) >= duration('1m') && duration(self) <= duration('744h')",
+        "message": "duration must be between 1m and 744h (31 days)"
+    }]))]
     pub duration: String,
 }
 
@@ -835,6 +846,9 @@ pub struct CapacityRequestStatus {
     #[schemars(with = "Option<String>", extend("format" = "date-time"))]
     pub requested_time: Option<Timestamp>,
     /// `Queued`: 1-based place among the plans waiting for a request.
+    // `int64` in the schema: the apiserver knows no `uint32` and warns on
+    // every CRD apply about a format it does not know.
+    #[schemars(range(min = 1), extend("format" = "int64"))]
     pub queue_position: Option<u32>,
     /// The CapacityBuffers and what the autoscaler reports on each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -817,15 +817,16 @@ fn fit_text_is_short_and_aligned() {
         .skip_while(|l| !l.starts_with("RESOURCE"))
         .take_while(|l| !l.is_empty())
         .collect();
-    // One unit per row, as kubectl prints: never `64500m 129` or `426496Mi 833Gi`.
+    // One readable unit per row, as kubectl prints allocatable: never `64500m 129`,
+    // `426496Mi 833Gi` nor `3506176Mi` (issue 32, item 3).
     assert_eq!(
         table,
         [
-            "RESOURCE             NEW   OLD+NEW  ALLOCATABLE       FREE  SHORTFALL",
-            "cpu               64500m   129000m      318850m    205090m          -",
-            "memory          426496Mi  852992Mi    3506176Mi  2682056Mi          -",
-            "nvidia.com/gpu         8        16           24          6          2",
-            "pods                   3         6          970        959          -",
+            "RESOURCE            NEW  OLD+NEW  ALLOCATABLE      FREE  SHORTFALL",
+            "cpu                64.5      129       318.85    205.09          -",
+            "memory          416.5Gi    833Gi       3424Gi  2619.2Gi          -",
+            "nvidia.com/gpu        8       16           24         6          2",
+            "pods                  3        6          970       959          -",
         ],
         "{text}"
     );
@@ -848,6 +849,50 @@ fn fit_text_is_short_and_aligned() {
         &p(&svc("image-bump")),
     ]);
     assert!(r.stdout.starts_with("Fits:         yes\n"), "{}", r.stdout);
+}
+
+/// Issue 32: what a new user trips on in `fit`. The exact values stay in `-o json`
+/// while the text reads in readable units; a resource no node offers (`gpu` for
+/// `nvidia.com/gpu`) is named, not counted short; a manifest that sets the gate is
+/// flagged as `explain` flags it.
+#[test]
+fn fit_first_hour_exact_json_unoffered_resources_and_the_gate() {
+    let (v, _) = fit("state-no-fit.yaml", &svc(""), &[]);
+    assert_eq!(v["newRequests"]["memory"], "426496Mi", "{v}");
+    assert_eq!(v["newRequests"]["cpu"], "64500m", "{v}");
+    let r = raygate(&[
+        "fit",
+        "--state",
+        &p(&fx("state-fits.yaml")),
+        "--new",
+        &p(&svc("")),
+        "--headroom",
+        "gpu=2",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("Why:          no node offers `gpu`\n"),
+        "{}",
+        r.stdout
+    );
+    assert!(!r.stdout.contains("short of gpu"), "{}", r.stdout);
+    let r = raygate(&[
+        "fit",
+        "--state",
+        &p(&fx("state-fits.yaml")),
+        "--new",
+        &p(&svc("upgrade-none")),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.starts_with(
+            "ERROR:        spec.upgradeStrategy.type: set to None: raygate owns this field"
+        ),
+        "{}",
+        r.stdout
+    );
+    let (v, _) = fit("state-fits.yaml", &svc("upgrade-none"), &[]);
+    assert_eq!(v["errors"][0]["path"], "spec.upgradeStrategy.type", "{v}");
 }
 
 /// FREE is what the new cluster may use (after the headroom), in the text and as
@@ -1214,6 +1259,25 @@ fn invalid_state_exits_1() {
         .replacen("nvidia.com/gpu: '8'", "nvidia.com/gpu: 'eight'", 1);
     let cases: Vec<(PathBuf, &str)> = vec![
         (svc(""), "no Node objects found"),
+        // Issue 32, item 12: the hint names what the docs dump.
+        (
+            svc(""),
+            "`kubectl get nodes,pods,limitranges,runtimeclasses -A -o yaml`",
+        ),
+        // A gzipped dump said only "IO error".
+        (
+            tmp_file(&dir, "state.yaml.gz", &[0x1f, 0x8b, 0x08, 0x00, 0xff, 0xfe]),
+            "not a YAML or JSON text file: binary content at byte",
+        ),
+        // A kind-less item: its path once, not `input.items[0].items[0]`.
+        (
+            tmp_file(
+                &dir,
+                "kindless.yaml",
+                b"apiVersion: v1\nkind: List\nitems:\n- metadata: {name: x}\n",
+            ),
+            ": input.items[0] (x): object has no kind",
+        ),
         (dir.path().join("none.yaml"), "No such file"),
         (
             tmp_file(&dir, "s.yaml", b"42\n"),
@@ -1516,11 +1580,11 @@ fn negative_and_non_finite_amounts_are_invalid_input_with_the_field() {
 #[test]
 fn endless_input_stops_with_an_error_not_out_of_memory() {
     // A state file streams (its bound is in GiB, see `capacity::state`):
-    // endless zeros are refused as soon as they are read.
+    // endless zeros are refused as soon as they are read (as binary content).
     let r = raygate(&["fit", "--state", "/dev/zero", "--new", &p(&svc(""))]);
     assert_eq!(r.code, 1, "{}", r.stderr);
     assert!(
-        r.stderr.contains("/dev/zero") && r.stderr.contains("not valid YAML"),
+        r.stderr.contains("/dev/zero") && r.stderr.contains("binary content at byte 0"),
         "{}",
         r.stderr
     );

@@ -253,13 +253,23 @@ async fn set_policy(e: &Env, plan: &str, policy: &str) -> Result<()> {
     Ok(())
 }
 
+/// Events regarding UpgradePlan `name` with `reason`, as `kubectl describe
+/// upgradeplan` lists them (core/v1 `involvedObject`).
 async fn events_for(e: &Env, name: &str, reason: &str) -> Result<usize> {
+    events_regarding(e, "UpgradePlan", name, reason).await
+}
+
+/// Events regarding the object `kind`/`name` with `reason`, as `kubectl
+/// describe` lists them (core/v1 `involvedObject`).
+async fn events_regarding(e: &Env, kind: &str, name: &str, reason: &str) -> Result<usize> {
     let api: Api<Event> = Api::namespaced(e.client.clone(), &e.ns);
     let l = api.list(&ListParams::default()).await?;
     Ok(l.items
         .iter()
         .filter(|ev| {
-            ev.involved_object.name.as_deref() == Some(name) && ev.reason.as_deref() == Some(reason)
+            ev.involved_object.kind.as_deref() == Some(kind)
+                && ev.involved_object.name.as_deref() == Some(name)
+                && ev.reason.as_deref() == Some(reason)
         })
         .count())
 }
@@ -341,6 +351,13 @@ async fn an_upgrade_that_fits_is_admitted_and_completes() {
         "one Admitted event, on the plan (its RayService related)"
     );
     assert!(or_panic(events_for(&e, "llm", "Completed").await) >= 1);
+    // And on the RayService, for `kubectl describe rayservice` (issue 32, item 5).
+    assert_eq!(
+        or_panic(events_regarding(&e, "RayService", "llm", "Admitted").await),
+        1,
+        "one Admitted event on the RayService (its plan related)"
+    );
+    assert!(or_panic(events_regarding(&e, "RayService", "llm", "Completed").await) >= 1);
 
     // The release applied is the one the operator stamped, and the flag is reported.
     let release = &done["status"]["kubeRayRelease"];
@@ -757,7 +774,15 @@ async fn bad_inputs_give_a_clear_status_not_a_crash() {
     // A plan whose RayService does not exist, with a bad schedule too: both
     // are reported, and raygate never writes (so never creates) the
     // RayService: a server-side apply of a missing object is a create.
-    let bad_window = json!({"maintenanceWindows": [{"schedule": "61 * * * *", "duration": "1h"}]});
+    // A minute out of range is refused at apply by the CRD's rule (issue 32, item 9);
+    // a reversed range passes the rule and raygate reports it.
+    let refused = json!({"maintenanceWindows": [{"schedule": "61 * * * *", "duration": "1h"}]});
+    let err = create(&api, plan("orphan", "missing", refused))
+        .await
+        .expect_err("the apiserver refuses minute 61");
+    assert!(format!("{err:#}").contains("minute 0-59"), "{err:#}");
+    let bad_window =
+        json!({"maintenanceWindows": [{"schedule": "30-10 * * * *", "duration": "1h"}]});
     or_panic(create(&api, plan("orphan", "missing", bad_window)).await);
     let p = or_panic(wait_phase(&e, "orphan", "Error").await);
     let msg = str_at(&p, &["status", "message"]);

@@ -108,6 +108,9 @@ async fn approve_pause_resume_and_queue_on_a_real_apiserver() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("change 6aca5d208cb0"), "{out}");
     assert!(out.contains("Needs:        nvidia.com/gpu 16"), "{out}");
+    // No controller here reconciles the approval: the phase printed says it is
+    // the one from before (issue 32, item 7), after a bounded wait.
+    assert!(out.contains("(before the approval:"), "{out}");
     assert!(
         out.contains("workerGroupSpecs[gpu].template.spec.containers[ray-worker].image"),
         "{out}"
@@ -492,7 +495,7 @@ async fn explain_and_fit_read_the_live_rayservice_its_cluster_and_the_nodes() {
     let (_, out, _) = plugin(&cp, &["fit", "-f", &v2, "-n", &ns]);
     assert!(out.contains("Held:"), "{out}");
     assert!(
-        out.contains("Decision:     Paused (waiting for policy Paused)"),
+        out.contains("Decision:     would be held: Paused (waiting for policy Paused)"),
         "{out}"
     );
 }

@@ -483,11 +483,28 @@ fn helm_chart_lints_and_renders_with_helm_3_and_4() {
             "Deployment",
             "PodDisruptionBudget",
             "NetworkPolicy",
+            // Warns at apply of a priority above maxPriority (issue 32).
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
         assert_eq!(kinds(&objs), want, "{h}: default render");
+        let binding = find(&objs, "ValidatingAdmissionPolicyBinding");
+        assert_eq!(binding["spec"]["validationActions"], json!(["Warn"]), "{h}");
+        for (extra, kept) in [
+            (&["--kube-version", "1.29.0"][..], false),
+            (&["--set", "priorityPolicy.enabled=false"][..], false),
+            (&["--set", "maxPriority=null"][..], false),
+        ] {
+            let objs = helm_template(&helm, extra);
+            assert_eq!(
+                kinds(&objs).contains("ValidatingAdmissionPolicy"),
+                kept,
+                "{h}: {extra:?}"
+            );
+        }
 
         let d = find(&objs, "Deployment");
         assert_eq!(d["spec"]["replicas"], 2, "{h}: default replicas");
@@ -1226,7 +1243,22 @@ fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
     let crds = scratch.join("monitoring-crds.yaml");
     std::fs::write(&crds, MONITORING_CRDS)?;
     cp.install_crd_file(&crds)?;
+    // The CRD as a user applies it: no `Warning:` (issue 32: `unrecognized format "uint32"`
+    // on every apply), then Established.
+    apply_without_warnings(
+        cp,
+        &root("charts/raygate/crds/raygate.io_upgradeplans.yaml"),
+        &[],
+    )
+    .context("apply the UpgradePlan CRD")?;
     cp.install_crd_file(&root("charts/raygate/crds/raygate.io_upgradeplans.yaml"))?;
+
+    // The samples are valid objects for the CRDs (the RayService against KubeRay's), and
+    // apply without a warning before the chart's priority policy is installed.
+    let samples = write_manifest(scratch, "samples.yaml", &kustomize("config/samples"))?;
+    apply_without_warnings(cp, &samples, &["--dry-run=server"])
+        .context("the samples do not validate")?;
+    refuses_bad_plans_at_apply(cp, scratch).context("the CRD's CEL rules")?;
 
     // The chart, as `helm install` would send it to this v1.36 cluster, monitors on.
     let helm = &helms()[0];
@@ -1258,15 +1290,9 @@ fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
     cp.kubectl_ok(&["apply", "-f", &kust.to_string_lossy()])
         .context("apply kubectl kustomize config/default")?;
 
-    // The samples are valid objects for the CRDs (the RayService against KubeRay's).
-    let samples = write_manifest(scratch, "samples.yaml", &kustomize("config/samples"))?;
-    cp.kubectl_ok(&[
-        "apply",
-        "--dry-run=server",
-        "-f",
-        &samples.to_string_lossy(),
-    ])
-    .context("the samples do not validate")?;
+    // The chart's policy (maxPriority ["0"]) warns at apply of a priority above 0, and
+    // only then: the samples' priority 100 in ml-serving ranks as 0 (issue 32).
+    priority_policy_warns(cp, &samples).context("the chart's priority policy")?;
 
     check_rbac(cp, RELEASE_NS, "rg-raygate").context("the chart's RBAC")?;
     check_rbac(cp, KUSTOMIZE_NS, "raygate").context("config/rbac")?;
@@ -1304,6 +1330,92 @@ fn install_and_check(cp: &ControlPlane, scratch: &Path) -> Result<()> {
     check_namespaced_rbac(cp, KUSTOMIZE_NS, "raygate").context("config/overlays/namespaced")?;
     run_operator_as_chart_service_account(cp, scratch, NAMESPACED_NS, &sa)
         .context("raygate watching ml-serving and research with the chart's namespaced RBAC")?;
+    Ok(())
+}
+
+/// Issue 32, item 9: the apiserver refuses a bad cron schedule or window duration at
+/// `kubectl apply` with the CRD rule's message, instead of accepting the plan for
+/// raygate to report later.
+fn refuses_bad_plans_at_apply(cp: &ControlPlane, scratch: &Path) -> Result<()> {
+    let plan = |schedule: &str, duration: &str| {
+        json!({"apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan",
+               "metadata": {"name": "cel", "namespace": "default"},
+               "spec": {"rayServiceRef": {"name": "chat"},
+                        "maintenanceWindows": [{"schedule": schedule, "duration": duration}]}})
+    };
+    for (schedule, duration, want) in [
+        ("0 25 * * *", "3h", "minute 0-59, hour 0-23"),
+        ("0 2 * * 8", "3h", "day of week 0-7"),
+        ("0 2 * *", "3h", "schedule must be 5 cron fields"),
+        ("0 2 * * 1-5", "0s", "duration must be between 1m and 744h"),
+        (
+            "0 2 * * 1-5",
+            "745h",
+            "duration must be between 1m and 744h",
+        ),
+    ] {
+        let file = write_manifest(scratch, "bad-plan.yaml", &[plan(schedule, duration)])?;
+        let out = cp.kubectl(&["apply", "--dry-run=server", "-f", &file.to_string_lossy()])?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        anyhow::ensure!(
+            !out.status.success() && stderr.contains(want),
+            "{schedule:?} / {duration:?}: want a refusal naming {want:?}, got: {stderr}"
+        );
+    }
+    let good = write_manifest(
+        scratch,
+        "good-plan.yaml",
+        &[plan("*/15 0-6 * * 1-5", "90m")],
+    )?;
+    apply_without_warnings(cp, &good, &["--dry-run=server"])
+}
+
+/// The chart's ValidatingAdmissionPolicy on the real apiserver: a warning naming the
+/// ceiling for a priority above it, none at or below it; nothing refused.
+fn priority_policy_warns(cp: &ControlPlane, samples: &Path) -> Result<()> {
+    // The policy is read by the apiserver shortly after it is created.
+    wait_until("the priority policy warns", || {
+        let out = cp.kubectl(&[
+            "apply",
+            "--dry-run=server",
+            "-f",
+            &samples.to_string_lossy(),
+        ])?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        anyhow::ensure!(out.status.success(), "refused: {stderr}");
+        Ok(stderr.contains("spec.priority 100 is above the ceiling of namespace ml-serving"))
+    })?;
+    let at = write_manifest(
+        samples.parent().unwrap_or(Path::new("/tmp")),
+        "priority-zero.yaml",
+        &[
+            json!({"apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan",
+                 "metadata": {"name": "zero", "namespace": "research"},
+                 "spec": {"rayServiceRef": {"name": "chat"}, "priority": 0}}),
+        ],
+    )?;
+    apply_without_warnings(cp, &at, &["--dry-run=server"])
+}
+
+/// `kubectl apply -f path` that succeeds and prints no `Warning:` on stderr (the
+/// apiserver's warnings: unknown formats in a CRD, unknown fields of an object).
+fn apply_without_warnings(cp: &ControlPlane, path: &Path, extra: &[&str]) -> Result<()> {
+    let p = path.to_string_lossy();
+    let mut args = vec!["apply"];
+    args.extend_from_slice(extra);
+    args.extend(["-f", &*p]);
+    let out = cp.kubectl(&args)?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(
+        out.status.success(),
+        "kubectl {} failed: {stderr}",
+        args.join(" ")
+    );
+    anyhow::ensure!(
+        !stderr.contains("Warning"),
+        "kubectl {} printed warnings:\n{stderr}",
+        args.join(" ")
+    );
     Ok(())
 }
 

@@ -20,6 +20,9 @@ pub enum Hold {
     Approval {
         /// The plan's name, for the command that approves.
         plan: String,
+        /// The plan's namespace: the command must name it (`-n`), or it
+        /// approves in the user's current namespace.
+        namespace: String,
         /// The change that waits for approval.
         fingerprint: String,
     },
@@ -90,7 +93,11 @@ impl Hold {
             Hold::Paused => {
                 "the plan's policy is Paused; set policy to Auto or Manual to proceed".into()
             }
-            Hold::Approval { plan, fingerprint } => render::approval_hint(plan, fingerprint),
+            Hold::Approval {
+                plan,
+                namespace,
+                fingerprint,
+            } => render::approval_hint(plan, namespace, fingerprint),
             Hold::Window => "no maintenance window is open now (UTC)".into(),
             Hold::GateOverridden { owner, value } => format!(
                 "field manager {owner:?} owns spec.upgradeStrategy.type ({value}): raygate cannot \
@@ -130,6 +137,7 @@ pub fn holds(
         Policy::Manual if spec.approve.as_deref() != Some(fingerprint) => {
             out.push(Hold::Approval {
                 plan: plan.metadata.name.clone().unwrap_or_default(),
+                namespace: plan.metadata.namespace.clone().unwrap_or_default(),
                 fingerprint: fingerprint.to_string(),
             })
         }
@@ -189,6 +197,7 @@ mod tests {
         let (p, s) = plan(json!({"policy": "Manual"}));
         let approval = Hold::Approval {
             plan: "chat".into(),
+            namespace: String::new(),
             fingerprint: fp.into(),
         };
         assert_eq!(holds(&p, &s, fp, noon), vec![approval.clone()]);
@@ -229,12 +238,14 @@ mod tests {
     fn each_hold_says_what_lifts_it() {
         let approval = Hold::Approval {
             plan: "chat".into(),
+            namespace: "ml".into(),
             fingerprint: "6aca5d208cb0".into(),
         };
+        // Issue 32, item 12: with the plan's namespace, or it approves elsewhere.
         assert!(
             approval
                 .message()
-                .contains("kubectl raygate approve chat --fingerprint 6aca5d208cb0"),
+                .contains("kubectl raygate approve chat -n ml --fingerprint 6aca5d208cb0"),
             "{}",
             approval.message()
         );

@@ -30,6 +30,7 @@ pub mod rules;
 pub mod settings;
 pub mod stall;
 pub mod surge;
+pub mod texts;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

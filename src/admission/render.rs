@@ -305,7 +305,16 @@ impl<'a> Builder<'a> {
     /// (pending, admitted, or the last transition's) is reported, not
     /// silently ignored: a mistyped or outdated fingerprint admits nothing.
     fn approval_matched(&mut self) {
-        let Some(approve) = self.inp.plan.spec.approve.clone() else {
+        // Under `policy: Auto` `spec.approve` is ignored (docs/upgradeplan.md): a
+        // fingerprint left from a Manual approval is no mistake to warn about.
+        let Some(approve) = self
+            .inp
+            .plan
+            .spec
+            .approve
+            .clone()
+            .filter(|_| self.inp.plan.spec.policy != crate::upgradeplan::Policy::Auto)
+        else {
             self.drop_condition(condition::APPROVAL_MATCHED);
             return;
         };
@@ -424,10 +433,11 @@ fn release_reason(p: ReleaseProblem) -> Reason {
 }
 
 /// NEEDED, FREE, SHORT of one resource for one row of `kubectl get
-/// upgradeplans -o wide`, in one unit (`64500m 129000m`, never `64500m 129`).
-fn row_in_one_unit(cells: [Option<Quantity>; 3]) -> [Option<String>; 3] {
+/// upgradeplans -o wide`, in one readable unit (`64.5 129`, never `64500m 129`
+/// nor `195692000Ki`); the exact values are in the status maps.
+fn row_in_one_unit(resource: &str, cells: [Option<Quantity>; 3]) -> [Option<String>; 3] {
     let present: Vec<&Quantity> = cells.iter().flatten().collect();
-    let mut printed = crate::quantity::in_one_unit(&present).into_iter();
+    let mut printed = crate::quantity::readable(resource, &present).into_iter();
     cells.map(|c| c.and_then(|_| printed.next()))
 }
 
@@ -494,24 +504,33 @@ pub fn capacity_status(r: &FitReport) -> CapacityStatus {
     let short = |names: &[&str], needed: bool| {
         needed.then(|| sum_of(&r.shortfall, names).unwrap_or_else(Quantity::zero))
     };
-    let [gpus_needed, gpus_free, gpus_short] = row_in_one_unit([
-        sum_of(&r.new_requests, &ACCELERATORS),
-        sum_of(&available, &ACCELERATORS).or_else(|| Some(Quantity::zero())),
-        short(&ACCELERATORS, needs_gpus),
-    ]);
-    let [cpu_needed, cpu_free, cpu_short] = row_in_one_unit([
-        sum_of(&r.new_requests, &[capacity::CPU]),
-        sum_of(&available, &[capacity::CPU]),
-        short(&[capacity::CPU], r.new_requests.contains_key(capacity::CPU)),
-    ]);
-    let [memory_needed, memory_free, memory_short] = row_in_one_unit([
-        sum_of(&r.new_requests, &[capacity::MEMORY]),
-        sum_of(&available, &[capacity::MEMORY]),
-        short(
-            &[capacity::MEMORY],
-            r.new_requests.contains_key(capacity::MEMORY),
-        ),
-    ]);
+    let [gpus_needed, gpus_free, gpus_short] = row_in_one_unit(
+        "nvidia.com/gpu",
+        [
+            sum_of(&r.new_requests, &ACCELERATORS),
+            sum_of(&available, &ACCELERATORS).or_else(|| Some(Quantity::zero())),
+            short(&ACCELERATORS, needs_gpus),
+        ],
+    );
+    let [cpu_needed, cpu_free, cpu_short] = row_in_one_unit(
+        capacity::CPU,
+        [
+            sum_of(&r.new_requests, &[capacity::CPU]),
+            sum_of(&available, &[capacity::CPU]),
+            short(&[capacity::CPU], r.new_requests.contains_key(capacity::CPU)),
+        ],
+    );
+    let [memory_needed, memory_free, memory_short] = row_in_one_unit(
+        capacity::MEMORY,
+        [
+            sum_of(&r.new_requests, &[capacity::MEMORY]),
+            sum_of(&available, &[capacity::MEMORY]),
+            short(
+                &[capacity::MEMORY],
+                r.new_requests.contains_key(capacity::MEMORY),
+            ),
+        ],
+    );
     CapacityStatus {
         required: capacity::canonical_map(&r.required),
         needed: capacity::canonical_map(&r.new_requests),
@@ -550,62 +569,9 @@ fn available_for_new(r: &FitReport) -> ResourceList {
         .collect()
 }
 
-/// (`short for the column`, `long for message and events`).
-pub fn shortfall_text(r: &FitReport) -> (String, String) {
-    if r.shortfall.is_empty() {
-        let reason = r
-            .unplaced
-            .first()
-            .map(|u| u.reason.clone())
-            .unwrap_or_default();
-        return (
-            "capacity (fragmented)".to_string(),
-            format!(
-                "enough free capacity in total but {} pods cannot be placed on any single node: {reason}",
-                r.unplaced.len()
-            ),
-        );
-    }
-    let short = format!("capacity: {}", resources_text(&r.shortfall));
-    let free_of_needed: ResourceList = r
-        .free
-        .iter()
-        .filter(|(k, _)| r.new_requests.contains_key(*k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let long = format!(
-        "new cluster needs {} but only {} is free (reserved by other upgrades: {}); short by {}",
-        resources_text(&r.new_requests),
-        resources_text(&free_of_needed),
-        if r.reserved.is_empty() {
-            "none".to_string()
-        } else {
-            resources_text(&r.reserved)
-        },
-        resources_text(&r.shortfall)
-    );
-    (short, long)
-}
-
-pub fn resources_text(m: &ResourceList) -> String {
-    m.iter()
-        .map(|(k, v)| format!("{k} {}", v.canonical()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// What the new cluster needs and whether it fits now, for a change held
-/// by policy: the numbers an approver decides on.
-pub fn needs_text(r: &FitReport) -> String {
-    if r.fits {
-        format!(
-            "new cluster needs {} and fits now",
-            resources_text(&r.new_requests)
-        )
-    } else {
-        shortfall_text(r).1
-    }
-}
+// The texts of capacity (issue 32: numbers that add up, one readable unit per
+// resource, resources no node offers named) live in `texts`.
+pub use super::texts::{needs_text, resources_text, shortfall_text};
 
 /// The field manager that wrote `spec.approve` (e.g. `kubectl-raygate`), as
 /// the plan's managedFields record it: who approved, for the audit trail.
@@ -625,11 +591,17 @@ pub fn approver(plan: &crate::upgradeplan::UpgradePlan) -> Option<String> {
         .and_then(|m| m.manager.clone())
 }
 
-/// How to approve a change under `policy: Manual`.
-pub fn approval_hint(plan: &str, fingerprint: &str) -> String {
+/// How to approve a change under `policy: Manual`: commands that name the
+/// plan's namespace, so they work from any current namespace.
+pub fn approval_hint(plan: &str, namespace: &str, fingerprint: &str) -> String {
+    let ns = if namespace.is_empty() {
+        String::new()
+    } else {
+        format!(" -n {namespace}")
+    };
     format!(
-        "policy Manual: approve with `kubectl raygate approve {plan} --fingerprint {fingerprint}` \
-         (or kubectl patch upgradeplan {plan} --type merge -p '{{\"spec\":{{\"approve\":\"{fingerprint}\"}}}}')"
+        "policy Manual: approve with `kubectl raygate approve {plan}{ns} --fingerprint {fingerprint}` \
+         (or kubectl patch upgradeplan {plan}{ns} --type merge -p '{{\"spec\":{{\"approve\":\"{fingerprint}\"}}}}')"
     )
 }
 
@@ -647,7 +619,7 @@ mod tests {
             old_requests: ResourceList::new(),
             reserved: rl(&[("nvidia.com/gpu", "2")]),
             headroom: ResourceList::new(),
-            allocatable: ResourceList::new(),
+            allocatable: rl(&[("nvidia.com/gpu", "8"), ("amd.com/gpu", "2"), ("cpu", "64")]),
             free: rl(&[("nvidia.com/gpu", "6"), ("cpu", "64"), ("memory", "1Ti")]),
             shortfall: rl(&[("nvidia.com/gpu", "4"), ("amd.com/gpu", "2")]),
             unplaced: vec![],
@@ -685,11 +657,11 @@ mod tests {
                 c.cpu_free.as_deref(),
                 c.cpu_short.as_deref()
             ),
-            (Some("64500m"), Some("129000m"), Some("0"))
+            (Some("64.5"), Some("129"), Some("0"))
         );
         assert_eq!(
             (c.memory_needed.as_deref(), c.memory_free.as_deref()),
-            (Some("426496Mi"), Some("852992Mi"))
+            (Some("416.5Gi"), Some("833Gi"))
         );
         // The maps keep canonical quantities (scripts parse them).
         assert_eq!(c.available["cpu"], "129");
@@ -701,8 +673,9 @@ mod tests {
         assert_eq!(short, "capacity: amd.com/gpu 2, nvidia.com/gpu 4");
         assert_eq!(
             long,
-            "new cluster needs amd.com/gpu 2, cpu 4, nvidia.com/gpu 8 but only cpu 64, nvidia.com/gpu 6 \
-             is free (reserved by other upgrades: nvidia.com/gpu 2); short by amd.com/gpu 2, nvidia.com/gpu 4"
+            "new cluster needs amd.com/gpu 2, cpu 4, nvidia.com/gpu 8 but only cpu 64, nvidia.com/gpu 4 \
+             is free for it (free on the nodes: cpu 64, nvidia.com/gpu 6; reserved by other upgrades: \
+             nvidia.com/gpu 2); short by amd.com/gpu 2, nvidia.com/gpu 4"
         );
         let fragmented = FitReport {
             shortfall: ResourceList::new(),

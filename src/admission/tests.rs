@@ -1809,3 +1809,57 @@ fn an_admission_decided_again_on_its_own_status_is_the_same() {
     );
     assert_eq!(differing(&first, &d.status), Vec::<String>::new());
 }
+
+/// Issue 32, item 8: after a Manual approval and a switch to Auto, the next
+/// upgrade raised `ApprovalUnmatched`, though `spec.approve` is ignored under
+/// Auto. Item 12: the approval hint names the plan's namespace.
+#[test]
+fn an_approval_left_under_auto_is_ignored_not_warned_about() {
+    let ch = || Ok(Some(change(vec![gpu_pod("w0", 1)])));
+    let p = plan(
+        json!({"rayServiceRef": {"name": "llm"}, "policy": "Auto", "approve": "deadbeef0000"}),
+        None,
+    );
+    let d = run(
+        &p,
+        service("llm-a", None),
+        ch(),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::Admitted);
+    assert!(
+        d.events.iter().all(|e| e.reason != "ApprovalUnmatched"),
+        "{:?}",
+        d.events
+    );
+    assert!(
+        d.status
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "ApprovalMatched"),
+        "{:?}",
+        d.status.conditions
+    );
+    let manual = plan(
+        json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual"}),
+        None,
+    );
+    let d = run(
+        &manual,
+        service("llm-a", None),
+        ch(),
+        &state(&[8]),
+        &["llm-a"],
+        BTreeMap::new(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Phase::WaitingForApproval);
+    let msg = d.status.message.unwrap_or_default();
+    assert!(
+        msg.contains("kubectl raygate approve llm-plan -n ml --fingerprint abc123def456"),
+        "{msg}"
+    );
+}

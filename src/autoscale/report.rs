@@ -247,6 +247,12 @@ fn failed(
         });
     }
     suffix(d, "request failed");
+    // As for a request made (docs/upgradeplan.md): why it failed, in the
+    // message a user reads first.
+    if let Some(m) = d.status.message.as_mut() {
+        m.push_str("; capacity request failed: ");
+        m.push_str(&why);
+    }
     d.status.capacity_request = Some(st);
 }
 
@@ -601,6 +607,12 @@ mod tests {
         assert_eq!(r.state, CapacityRequestState::Failed);
         assert!(r.message.as_ref().unwrap().contains("--capacity-requests"));
         assert_eq!(d.events[0].reason, "CapacityRequestFailed");
+        // Issue 32, item 12: appended to status.message, as documented.
+        let msg = d.status.message.as_deref().unwrap_or_default();
+        assert!(
+            msg.contains("; capacity request failed: capacity requests are off"),
+            "{msg}"
+        );
         let mut d = waiting();
         let mut f = facts(Some(Slot::Open), vec![]);
         f.error =

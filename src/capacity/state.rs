@@ -430,11 +430,23 @@ impl ClusterState {
             let head = reader
                 .fill_buf()
                 .map_err(|e| crate::Error::invalid("input", e.to_string()))?;
-            yaml != Some(true)
+            let json = yaml != Some(true)
                 && head
                     .iter()
                     .find(|b| !b.is_ascii_whitespace())
-                    .is_some_and(|&b| b == b'{')
+                    .is_some_and(|&b| b == b'{');
+            // The YAML reader would say only "IO error" (issue 32); the JSON
+            // reader names the line and column itself.
+            if !json && let Some(at) = binary_at(head) {
+                return Err(crate::Error::invalid(
+                    "input",
+                    format!(
+                        "not a YAML or JSON text file: binary content at byte {at} (a compressed \
+                         dump? decompress it first)"
+                    ),
+                ));
+            }
+            json
         };
         let mut state = ClusterState::default();
         if json {
@@ -483,6 +495,18 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
+/// Where the start of a file shows it is not text: a NUL byte or a byte
+/// sequence that is not UTF-8 (one cut at the end of `head` is not counted).
+fn binary_at(head: &[u8]) -> Option<usize> {
+    if let Some(at) = head.iter().position(|&b| b == 0) {
+        return Some(at);
+    }
+    match std::str::from_utf8(head) {
+        Err(e) if e.error_len().is_some() => Some(e.valid_up_to()),
+        _ => None,
+    }
+}
+
 /// A YAML document, added to [`YAML_STATE`] as it streams.
 struct DocOf;
 
@@ -494,7 +518,13 @@ impl<'de> serde::Deserialize<'de> for DocOf {
             let Some((state, docs)) = cell.as_mut() else {
                 return Err(serde::de::Error::custom("no state to read into"));
             };
-            let path = format!("input.items[{docs}]");
+            // The first document is the input (`input.items[0]` is then its
+            // first item, not a doubled `input.items[0].items[0]`, issue 32);
+            // more documents are numbered.
+            let path = match *docs {
+                0 => "input".to_string(),
+                n => format!("input.documents[{n}]"),
+            };
             *docs += 1;
             Doc::<Value> {
                 state,
@@ -561,10 +591,7 @@ mod tests {
         for s in [&a, &b] {
             assert_eq!(s.nodes.len(), 1);
             assert_eq!(s.pods.len(), 1);
-            assert_eq!(
-                s.warnings,
-                ["ignored input.items[0].items[2]: kind Service (ray/s)"]
-            );
+            assert_eq!(s.warnings, ["ignored input.items[2]: kind Service (ray/s)"]);
         }
         assert_eq!(a.pods, b.pods);
         // Typed lists give kindless items their kind, even when `kind` comes last.
@@ -587,6 +614,20 @@ mod tests {
             err.contains("1048576 bytes") && err.contains("bound on state files"),
             "{err}"
         );
+    }
+
+    /// Issue 32, item 12: a binary (e.g. gzipped) state said only "IO error".
+    #[test]
+    fn a_binary_file_is_named_as_such() {
+        for bytes in [&b"\x1f\x8b\x08\x00\xff\xfe"[..], &b"kind: List\x00"[..]] {
+            let err = ClusterState::read(bytes, 1 << 20).unwrap_err().to_string();
+            assert!(
+                err.contains("not a YAML or JSON text file: binary content at byte"),
+                "{err}"
+            );
+        }
+        // UTF-8 cut at the end of the first read is still text.
+        assert_eq!(binary_at("é".as_bytes().get(..1).unwrap_or_default()), None);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use super::{FitArgs, field, kuberay_version, plan_groups};
 use crate::admission::Hold;
 use crate::capacity::{self, ClusterState, FitReport, FitRequest, PodRecord, ResourceList};
 use crate::kuberay::{self, Classification, KubeRayVersion, OldSide, RayService, Verdict};
-use crate::quantity::{Quantity, in_one_unit};
+use crate::quantity::{Quantity, readable};
 use crate::{Error, Result};
 
 /// `fit -o json`: the fit report, or why there is nothing to fit.
@@ -43,6 +43,10 @@ struct FitJson<'a> {
     /// of the change now (other plans' reservations and queue left out).
     #[serde(skip_serializing_if = "Option::is_none")]
     decision: Option<&'a DecisionSummary>,
+    /// What in the manifest defeats raygate, as `explain` reports it: a file
+    /// that sets `spec.upgradeStrategy` would override the gate.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    errors: &'a [super::explain::ManifestError],
 }
 
 /// The controller's decision on the change, as `kubectl raygate fit` ran it
@@ -61,9 +65,22 @@ pub struct DecisionSummary {
 }
 
 impl DecisionSummary {
-    /// The `Decision:` line.
+    /// The `Decision:` line: what raygate *would* do with the file applied now
+    /// (`fit -f` runs before `kubectl apply`), so an admission reads "would be
+    /// admitted now", not as if it had happened; a hold reads "would be held".
     pub fn line(&self) -> String {
-        let mut s = self.phase.clone();
+        let would = match self.phase.as_str() {
+            "Admitted" => {
+                return "would be admitted now: raygate would open the gate and KubeRay would \
+                        build the new cluster"
+                    .to_string();
+            }
+            "WaitingForCapacity" | "WaitingForApproval" | "Paused" | "Pending" | "Error" => {
+                "would be held: "
+            }
+            _ => "",
+        };
+        let mut s = format!("{would}{}", self.phase);
         if let Some(w) = self.waiting_for.as_deref().filter(|w| !w.is_empty()) {
             s.push_str(&format!(" (waiting for {w})"));
         }
@@ -107,6 +124,7 @@ pub(crate) fn no_new_cluster(
         fits: Some(true),
         holds: None,
         decision: None,
+        errors: &[],
     };
     let text = match args.output.structured(&out)? {
         Some(s) => s,
@@ -265,6 +283,7 @@ pub(crate) fn fit_in(
         ),
     )?;
     let available = available(&report);
+    let errors = super::manifest_errors(svc);
     let out = FitJson {
         new_cluster_needed: true,
         verdict: None,
@@ -274,11 +293,15 @@ pub(crate) fn fit_in(
         fits: None,
         holds: context.holds,
         decision: context.decision,
+        errors: &errors,
     };
     let text = match args.output.structured(&out)? {
         Some(s) => s,
         None => {
             let mut s = String::new();
+            for e in &errors {
+                field(&mut s, "ERROR:", &format!("{}: {}", e.path, e.message));
+            }
             for (label, value) in context.notes {
                 field(&mut s, label, value);
             }
@@ -301,7 +324,7 @@ fn available(r: &FitReport) -> ResourceList {
 
 fn list_text(m: &ResourceList) -> String {
     m.iter()
-        .map(|(k, v)| format!("{k}={}", v.canonical()))
+        .map(|(k, v)| format!("{k}={}", readable(k, &[v]).concat()))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -336,12 +359,33 @@ fn fit_why(r: &FitReport) -> String {
             );
         }
     } else {
+        // A resource no node offers is no shortfall that waiting closes
+        // (a typo such as `gpu` for `nvidia.com/gpu`): say so.
+        let missing = crate::admission::texts::not_offered(r);
+        if !missing.is_empty() {
+            why.push(format!(
+                "no node offers {}",
+                missing
+                    .iter()
+                    .map(|m| format!("`{m}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        let short: ResourceList = r
+            .shortfall
+            .iter()
+            .filter(|(k, _)| !missing.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let what = if r.headroom.is_empty() {
             "short of"
         } else {
             "with the headroom, short of"
         };
-        why.push(format!("{what} {}", list_text(&r.shortfall)));
+        if !short.is_empty() {
+            why.push(format!("{what} {}", list_text(&short)));
+        }
     }
     if why.is_empty() {
         why.push("the headroom is not kept".to_string());
@@ -427,9 +471,10 @@ fn fit_text(r: &FitReport) -> String {
     let names: std::collections::BTreeSet<&String> =
         r.new_requests.keys().chain(r.shortfall.keys()).collect();
     for k in names {
-        // One unit per row, as kubectl prints: `64500m 129000m`, not `64500m 129`.
+        // One readable unit per row, as kubectl prints allocatable: `64.5 129`,
+        // not `64500m 129` nor `195692000Ki`; `-o json` keeps the exact values.
         let present: Vec<&Quantity> = columns.iter().filter_map(|(_, m)| m.get(k)).collect();
-        let mut printed = in_one_unit(&present).into_iter();
+        let mut printed = readable(k, &present).into_iter();
         let mut row = vec![k.clone()];
         for (_, m) in &columns {
             row.push(match m.get(k) {
@@ -475,7 +520,7 @@ mod tests {
         };
         assert_eq!(
             d.line(),
-            "WaitingForCapacity (waiting for capacity: nvidia.com/gpu 8): short by nvidia.com/gpu 8"
+            "would be held: WaitingForCapacity (waiting for capacity: nvidia.com/gpu 8): short by nvidia.com/gpu 8"
         );
         let admitted = DecisionSummary {
             phase: "Admitted".into(),
@@ -483,7 +528,16 @@ mod tests {
             message: None,
             gate: Some("NewCluster".into()),
         };
-        assert_eq!(admitted.line(), "Admitted");
+        // Issue 32: `fit -f` before the apply; not "admitted; waiting for KubeRay".
+        assert_eq!(
+            admitted.line(),
+            "would be admitted now: raygate would open the gate and KubeRay would build the new cluster"
+        );
+        let upgrading = DecisionSummary {
+            phase: "Upgrading".into(),
+            ..admitted.clone()
+        };
+        assert_eq!(upgrading.line(), "Upgrading");
         assert_eq!(
             serde_json::to_value(&d).unwrap(),
             serde_json::json!({"phase": "WaitingForCapacity",
@@ -502,7 +556,7 @@ mod tests {
             old_requests: ResourceList::new(),
             reserved: ResourceList::new(),
             headroom: ResourceList::new(),
-            allocatable: ResourceList::new(),
+            allocatable: rl(&[("nvidia.com/gpu", "16"), ("pods", "220")]),
             free: ResourceList::new(),
             shortfall: rl(shortfall),
             unplaced: (0..unplaced)
@@ -531,6 +585,16 @@ mod tests {
         let mut kept = report(false, 0, &[]);
         kept.headroom = rl(&[("cpu", "1")]);
         assert_eq!(fit_why(&kept), "the headroom is not kept");
+        // Issue 32, item 4: `gpu` (for `nvidia.com/gpu`) is offered by no node:
+        // said so, not counted as a shortfall that waiting would close.
+        let mut typo = report(false, 0, &[("gpu", "2")]);
+        typo.headroom = rl(&[("gpu", "2")]);
+        assert_eq!(fit_why(&typo), "no node offers `gpu`");
+        let both = report(false, 1, &[("gpu", "2"), ("nvidia.com/gpu", "8")]);
+        assert_eq!(
+            fit_why(&both),
+            "1 of 3 new pods has no node; no node offers `gpu`; short of nvidia.com/gpu=8"
+        );
     }
 
     /// Live, the holds of the RayService's UpgradePlan come with the fit: the

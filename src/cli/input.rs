@@ -303,7 +303,7 @@ pub(super) fn read_state(path: &Path) -> Result<ClusterState> {
         return Err(Error::Input {
             path: shown(path),
             reason: format!(
-                "no Node objects found ({} pods, {} other objects): expected what `kubectl get nodes,pods -A -o yaml` prints",
+                "no Node objects found ({} pods, {} other objects): expected what `kubectl get nodes,pods,limitranges,runtimeclasses -A -o yaml` prints (with Dynamic Resource Allocation add resourceslices,deviceclasses,resourceclaims,resourceclaimtemplates)",
                 state.pods.len(),
                 state.warnings.len()
             ),

@@ -1156,9 +1156,13 @@ async fn write_status(
     }
 }
 
-/// One Event per decision: regarding the plan, with its RayService as the
-/// related object (`events.k8s.io/v1` `related`). One request, not one per
-/// object: an admission costs the status, the gate and this (issue 22).
+/// Each decision's Event, twice: regarding the plan (its RayService as
+/// `related`), for `kubectl describe upgradeplan`, and regarding the RayService
+/// (the plan as `related`), for `kubectl describe rayservice`, where a user
+/// looks first when an upgrade does not happen (issue 32: raygate was
+/// invisible there; `describe` lists only Events *regarding* the object). Two
+/// requests per Event, sent together; Events come after the status and gate
+/// writes, so they add nothing to an admission's latency.
 async fn publish(
     ctx: &Context,
     plan: &UpgradePlan,
@@ -1188,11 +1192,36 @@ async fn publish(
         return;
     }
     let bound = ctx.fence.api_timeout();
-    match tokio::time::timeout(bound, ctx.recorder.publish(&ev, &plan.object_ref(&()))).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => warn!(error = %e, "failed to record event on plan"),
-        Err(_) => warn!(timeout = ?bound, "recording an event on the plan timed out"),
-    }
+    let plan_ref = plan.object_ref(&());
+    // `Event` is not `Clone`: the same fields, the objects swapped.
+    let on_service = ev.secondary.clone().map(|svc| {
+        let ev = Event {
+            type_: ev.type_,
+            reason: ev.reason.clone(),
+            note: ev.note.clone(),
+            action: ev.action.clone(),
+            secondary: Some(plan_ref.clone()),
+        };
+        (ev, svc)
+    });
+    let on_plan = async {
+        match tokio::time::timeout(bound, ctx.recorder.publish(&ev, &plan_ref)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "failed to record event on plan"),
+            Err(_) => warn!(timeout = ?bound, "recording an event on the plan timed out"),
+        }
+    };
+    let on_svc = async {
+        let Some((ev, svc)) = &on_service else {
+            return;
+        };
+        match tokio::time::timeout(bound, ctx.recorder.publish(ev, svc)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "failed to record event on the RayService"),
+            Err(_) => warn!(timeout = ?bound, "recording an event on the RayService timed out"),
+        }
+    };
+    tokio::join!(on_plan, on_svc);
 }
 
 fn truncate(mut s: String, max: usize) -> String {

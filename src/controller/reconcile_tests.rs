@@ -351,3 +351,57 @@ async fn a_wanted_reservation_is_applied_then_marked_pods_ready_and_nothing_else
         lines[1]
     );
 }
+
+/// Issue 32, item 5: a decision's Event is recorded regarding the plan (the
+/// RayService related) and regarding the RayService (the plan related), so
+/// `kubectl describe rayservice` shows it.
+#[tokio::test]
+async fn an_event_is_recorded_on_the_plan_and_on_the_rayservice() {
+    let (client, seen, task) = apiserver(StatusCode::OK);
+    let ctx = context(client, Fence::open());
+    let note = admission::EventNote {
+        warning: true,
+        reason: admission::EventReason::WaitingForCapacity,
+        note: "new cluster needs nvidia.com/gpu 16".into(),
+        change: Some("abc123def456".into()),
+    };
+    publish(&ctx, &plan(), Some("llm"), &note).await;
+    task.abort();
+    let seen = seen.lock().unwrap().clone();
+    let events: Vec<&Value> = seen
+        .iter()
+        .filter(|(l, _)| l == "POST /apis/events.k8s.io/v1/namespaces/ml/events")
+        .map(|(_, b)| b)
+        .collect();
+    let pairs: std::collections::BTreeSet<(String, String)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["regarding"]["kind"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                e["related"]["kind"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        pairs,
+        [
+            ("RayService".to_string(), "UpgradePlan".to_string()),
+            ("UpgradePlan".to_string(), "RayService".to_string()),
+        ]
+        .into_iter()
+        .collect(),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .all(|e| e["reason"] == "WaitingForCapacity" && e["type"] == "Warning"),
+        "{events:?}"
+    );
+}

@@ -5,7 +5,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::{Value, json};
 
-use super::{KubeArgs, PAUSED_POLICY_ANNOTATION, connect, get_plan, patch_plan, resources};
+use super::{KubeArgs, PAUSED_POLICY_ANNOTATION, connect, get_plan, patch_plan};
 use crate::cli;
 use crate::upgradeplan::{Policy, UpgradePlan};
 use crate::{Error, Result};
@@ -14,16 +14,45 @@ pub(super) async fn approve(kube: &KubeArgs, name: &str, want: Option<&str>) -> 
     let (client, ns) = connect(kube).await?;
     let api: Api<UpgradePlan> = Api::namespaced(client, &ns);
     let plan = get_plan(&api, &ns, name).await?;
-    let approval = approval(&plan, want)?;
-    if plan.spec.approve.as_deref() != Some(approval.fingerprint.as_str()) {
-        patch_plan(
-            &api,
-            &plan,
-            json!({"spec": {"approve": approval.fingerprint}}),
-        )
-        .await?;
+    let checked = approval(&plan, want, plan.status.as_ref())?;
+    if plan.spec.approve.as_deref() == Some(checked.fingerprint.as_str()) {
+        return Ok(checked.text);
     }
-    Ok(approval.text)
+    patch_plan(
+        &api,
+        &plan,
+        json!({"spec": {"approve": checked.fingerprint}}),
+    )
+    .await?;
+    // The phase after the approval, once raygate has reconciled it; the
+    // phase read before would say `WaitingForApproval` of a change just approved.
+    let after = reconciled_status(&api, name, plan.metadata.generation.unwrap_or(0) + 1).await;
+    Ok(approval(&plan, want, after.as_ref())?.text)
+}
+
+/// How long `approve` waits for raygate to reconcile the approval before it
+/// prints the phase: a controller under load answers within a few seconds.
+const RECONCILE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The plan's status once raygate has observed `generation` (within
+/// [`RECONCILE_WAIT`]); `None` if it has not (no controller running, or slow).
+async fn reconciled_status(
+    api: &Api<UpgradePlan>,
+    name: &str,
+    generation: i64,
+) -> Option<crate::upgradeplan::UpgradePlanStatus> {
+    let start = std::time::Instant::now();
+    while start.elapsed() < RECONCILE_WAIT {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        let read = tokio::time::timeout(RECONCILE_WAIT, api.get(name)).await;
+        if let Ok(Ok(p)) = read
+            && let Some(st) = p.status
+            && st.observed_generation.unwrap_or(0) >= generation
+        {
+            return Some(st);
+        }
+    }
+    None
 }
 
 /// What `approve` will write and say; refused when nothing (or something
@@ -33,7 +62,14 @@ struct Approval {
     text: String,
 }
 
-fn approval(plan: &UpgradePlan, want: Option<&str>) -> Result<Approval> {
+/// `after`: the status to print the phase from, as raygate wrote it after the
+/// approval; `None` when raygate has not reconciled it yet, and the phase
+/// read before is printed as such.
+fn approval(
+    plan: &UpgradePlan,
+    want: Option<&str>,
+    after: Option<&crate::upgradeplan::UpgradePlanStatus>,
+) -> Result<Approval> {
     let what = format!(
         "upgradeplan {}/{}",
         plan.namespace().unwrap_or_default(),
@@ -93,19 +129,46 @@ fn approval(plan: &UpgradePlan, want: Option<&str>) -> Result<Approval> {
             "policy is Paused: nothing is admitted until `kubectl raygate resume`",
         ),
     }
-    cli::field(&mut s, "Phase:", status.phase.as_str());
+    let ns = plan.namespace().unwrap_or_default();
+    let name = plan.name_any();
+    let status = match after {
+        Some(after) => {
+            cli::field(&mut s, "Phase:", after.phase.as_str());
+            after
+        }
+        None => {
+            cli::field(
+                &mut s,
+                "Phase:",
+                &format!(
+                    "{} (before the approval: raygate has not reconciled it yet; \
+                     kubectl get upgradeplan {name} -n {ns} -w)",
+                    status.phase.as_str()
+                ),
+            );
+            &status
+        }
+    };
     if let Some(w) = &status.waiting_for {
         cli::field(&mut s, "Waiting for:", w);
     }
     if let Some(cap) = &status.capacity {
-        if !cap.needed.is_empty() {
-            cli::field(&mut s, "Needs:", &resources(&cap.needed));
-        }
-        if !cap.available.is_empty() {
-            cli::field(&mut s, "Free for it:", &resources(&cap.available));
-        }
-        if !cap.shortfall.is_empty() {
-            cli::field(&mut s, "Short by:", &resources(&cap.shortfall));
+        // Read together: each resource in one readable unit across the three
+        // lines (issue 32), not the status maps' exact `195692000Ki`.
+        let [needed, available, short] =
+            [&cap.needed, &cap.available, &cap.shortfall].map(crate::capacity::parse_status_map);
+        let texts = crate::admission::texts::in_one_sentence(&[&needed, &available, &short]);
+        for ((label, m), text) in [
+            ("Needs:", &needed),
+            ("Free for it:", &available),
+            ("Short by:", &short),
+        ]
+        .into_iter()
+        .zip(&texts)
+        {
+            if !m.is_empty() {
+                cli::field(&mut s, label, text);
+            }
         }
     }
     s.push_str(&format!(
@@ -199,7 +262,7 @@ mod tests {
             0,
             waiting("6aca5d208cb0", "2026-12-02T11:00:00Z", "8"),
         );
-        let a = approval(&p, None).unwrap();
+        let a = approval(&p, None, p.status.as_ref()).unwrap();
         assert_eq!(a.fingerprint, "6aca5d208cb0");
         insta::assert_snapshot!("approval", a.text);
         assert!(
@@ -222,7 +285,7 @@ mod tests {
             a.text
                 .contains("  workerGroupSpecs[gpu].template.spec.containers[ray-worker].image\n")
         );
-        let err = approval(&p, Some("0123456789ab"))
+        let err = approval(&p, Some("0123456789ab"), None)
             .err()
             .unwrap()
             .to_string();
@@ -231,11 +294,45 @@ mod tests {
             "{err}"
         );
         let idle = plan("chat", 0, None);
-        let err = approval(&idle, None).err().unwrap().to_string();
+        let err = approval(&idle, None, None).err().unwrap().to_string();
         assert_eq!(
             err,
             "upgradeplan ml/chat: nothing to approve: no pending change (phase Idle)"
         );
+    }
+
+    /// Issue 32, item 7: `approve` prints the phase after the approval, or says
+    /// that the one it has is from before.
+    #[test]
+    fn approval_prints_the_phase_after_it_or_says_it_is_from_before() {
+        let p = plan(
+            "chat",
+            0,
+            waiting("6aca5d208cb0", "2026-12-02T11:00:00Z", "8"),
+        );
+        let before = approval(&p, None, None).unwrap().text;
+        assert!(
+            before.contains(
+                "Phase:        WaitingForCapacity (before the approval: raygate has not reconciled it yet;"
+            ),
+            "{before}"
+        );
+        let admitted = crate::upgradeplan::UpgradePlanStatus {
+            phase: crate::upgradeplan::Phase::Admitted,
+            ..Default::default()
+        };
+        let after = approval(&p, None, Some(&admitted)).unwrap().text;
+        assert!(after.contains("Phase:        Admitted\n"), "{after}");
+        assert!(!after.contains("Waiting for:"), "{after}");
+        // Item 3: readable units, one per resource across the lines.
+        let mut big = p.status.clone().unwrap_or_default();
+        if let Some(c) = big.capacity.as_mut() {
+            c.needed.insert("memory".into(), "195692000Ki".into());
+            c.available.insert("memory".into(), "729808896Ki".into());
+        }
+        let text = approval(&p, None, Some(&big)).unwrap().text;
+        assert!(text.contains("memory 186.63Gi"), "{text}");
+        assert!(text.contains("memory 696Gi"), "{text}");
     }
 
     #[test]

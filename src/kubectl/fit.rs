@@ -329,7 +329,7 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
             fingerprint = Some(c.fingerprint);
         }
     }
-    let gate_held = live.as_ref().and_then(live_gate_hold);
+    let gate_held = file_gate_hold(&svc).or_else(|| live.as_ref().and_then(live_gate_hold));
     let live_object = live.clone();
     match live {
         Some(live) => svc.status = live.status,
@@ -360,10 +360,10 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
         notes.push((
             "UpgradePlan:",
             format!(
-                "{ns}/{} (policy {:?}, priority {})",
+                "{ns}/{} (policy {:?}, {})",
                 plan.name_any(),
                 plan.spec.policy,
-                plan.spec.priority
+                priority_note(plan)
             ),
         ));
         if let Some(fp) = &fingerprint {
@@ -615,6 +615,35 @@ fn live_gate_hold(live: &RayService) -> Option<Hold> {
     crate::admission::gate_hold(
         crate::upgradeplan::ownership::other_owner(managed).as_deref(),
         value,
+    )
+}
+
+/// The plan's priority as the controller ranks it: `spec.priority` capped by
+/// the operator's `--max-priority` (the chart caps every namespace at 0 by
+/// default), so a `priority: 10` that ranks as 0 says so.
+fn priority_note(plan: &UpgradePlan) -> String {
+    let asked = plan.spec.priority;
+    match plan.status.as_ref().and_then(|s| s.effective_priority) {
+        Some(ranked) if ranked != asked => format!(
+            "priority {asked}, ranked as {ranked}: capped by the operator's --max-priority \
+             (chart value maxPriority)"
+        ),
+        _ => format!("priority {asked}"),
+    }
+}
+
+/// A file that sets `spec.upgradeStrategy.type` takes the gate from raygate
+/// once applied (its applier becomes the field's owner): the change would be
+/// held as `GateOverridden`, as `explain` warns.
+fn file_gate_hold(file: &RayService) -> Option<Hold> {
+    let value = file
+        .spec
+        .upgrade_strategy
+        .as_ref()
+        .and_then(|u| u.type_.as_ref())?;
+    crate::admission::gate_hold(
+        Some("whoever applies this file (kubectl, Argo CD, Flux)"),
+        Some(value.as_str()),
     )
 }
 
@@ -883,6 +912,46 @@ mod tests {
             live_gate_hold(&svc(crate::upgradeplan::ownership::FIELD_MANAGER)),
             None
         );
+    }
+
+    /// Issue 32, item 1: a priority the operator caps says what it ranks as.
+    #[test]
+    fn a_capped_priority_says_what_it_ranks_as() {
+        let spec: crate::upgradeplan::UpgradePlanSpec =
+            serde_json::from_value(json!({"rayServiceRef": {"name": "chat"}, "priority": 10}))
+                .unwrap();
+        let mut plan = UpgradePlan::new("chat", spec);
+        assert_eq!(priority_note(&plan), "priority 10");
+        plan.status = Some(crate::upgradeplan::UpgradePlanStatus {
+            effective_priority: Some(0),
+            ..Default::default()
+        });
+        assert_eq!(
+            priority_note(&plan),
+            "priority 10, ranked as 0: capped by the operator's --max-priority (chart value maxPriority)"
+        );
+    }
+
+    /// Issue 32: `fit -f` of a manifest that sets `upgradeStrategy` says the
+    /// gate would be overridden, as `explain` does.
+    #[test]
+    fn live_fit_of_a_file_setting_the_gate_says_it_would_be_overridden() {
+        let file: RayService = serde_json::from_value(json!({
+            "apiVersion": "ray.io/v1", "kind": "RayService",
+            "metadata": {"name": "chat", "namespace": "ml"},
+            "spec": {"upgradeStrategy": {"type": "NewCluster"}}
+        }))
+        .unwrap();
+        let h = file_gate_hold(&file).unwrap();
+        assert_eq!(h.as_str(), "GateOverridden");
+        let mut text = String::new();
+        for (label, value) in hold_notes(&[h]) {
+            cli::field(&mut text, label, &value);
+        }
+        assert!(text.contains("whoever applies this file"), "{text}");
+        let mut unset = file.clone();
+        unset.spec.upgrade_strategy = None;
+        assert_eq!(file_gate_hold(&unset), None);
     }
 
     #[test]

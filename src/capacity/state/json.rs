@@ -565,7 +565,7 @@ pub(super) fn read<R: Read>(
     let mut w = Window::new(reader, window);
     let mut doc = Doc {
         state,
-        path: "input.items[0]".to_string(),
+        path: "input".to_string(),
         kindless: Vec::new(),
     };
     doc.object(&mut w)?;
@@ -840,7 +840,7 @@ mod tests {
         assert_eq!(&*state.pods[0].key.1, "p]\"{");
         assert_eq!(
             state.warnings,
-            ["ignored input.items[0].items[2].items[0]: kind Service (s)"]
+            ["ignored input.items[2].items[0]: kind Service (s)"]
         );
         assert!(read_all_windows(text.as_bytes()).is_ok());
     }
@@ -864,7 +864,7 @@ mod tests {
         let cases: Vec<(Vec<u8>, &str)> = vec![
             (
                 base.into(),
-                "input.items[0].items[1]: invalid type: null, expected struct Sniff at line 1 column 4",
+                "input.items[1]: invalid type: null, expected struct Sniff at line 1 column 4",
             ),
             (cut(1), "EOF while parsing an object at line 1 column 1"),
             (cut(2), "EOF while parsing a string at line 1 column 2"),
@@ -874,7 +874,7 @@ mod tests {
             (insert(1, b'"'), "expected `:` at line 1 column 4"),
             (
                 set(1, b'}'),
-                "input.items[0] (<unnamed>): object has no kind at line 1 column 2",
+                "input (<unnamed>): object has no kind at line 1 column 2",
             ),
             (
                 set(2, b'\n'),
@@ -902,15 +902,15 @@ mod tests {
             ),
             (
                 insert(26, b'['),
-                "input.items[0].items[0]: invalid type: map, expected a string at line 1 column 1",
+                "input.items[0]: invalid type: map, expected a string at line 1 column 1",
             ),
             (
                 set(27, b'"'),
-                "input.items[0].items[0]: invalid type: string \"\", expected struct Sniff at line 1 column 2",
+                "input.items[0]: invalid type: string \"\", expected struct Sniff at line 1 column 2",
             ),
             (
                 insert(82, b'['),
-                "input.items[0].items[1] (<unnamed>): invalid type: null, expected struct PartialMeta at line 1 column 5",
+                "input.items[1] (<unnamed>): invalid type: null, expected struct PartialMeta at line 1 column 5",
             ),
         ];
         for (text, want) in cases {
@@ -1007,9 +1007,9 @@ mod tests {
             } else {
                 format!(r#"{{"apiVersion": "v1", "items": {list},{sep}"kind": "List"}}"#)
             };
-            // The reader names the document `input.items[0]`, as the first of a stream.
+            // The reader names the document `input`, as `from_list` does.
             let whole = serde_json::from_str::<Value>(&text).unwrap();
-            let want = ClusterState::from_list(json!({"kind": "List", "items": [whole]}));
+            let want = ClusterState::from_list(whole);
             let got = read(text.as_bytes(), window);
             match (want, got) {
                 (Ok(want), Ok(got)) => {
