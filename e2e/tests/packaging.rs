@@ -491,19 +491,34 @@ fn helm_chart_lints_and_renders_with_helm_3_and_4() {
         .map(|s| s.to_string())
         .collect();
         assert_eq!(kinds(&objs), want, "{h}: default render");
-        let binding = find(&objs, "ValidatingAdmissionPolicyBinding");
+        let policies = |objs: &[Value]| -> BTreeSet<String> {
+            objs.iter()
+                .filter(|o| kind(o) == "ValidatingAdmissionPolicy")
+                .map(|o| name(o).to_string())
+                .collect()
+        };
+        let priority = format!("{RELEASE}-raygate-priority-ceiling");
+        let outage = format!("{RELEASE}-raygate-rayservice-outage");
+        let binding = find_named(&objs, "ValidatingAdmissionPolicyBinding", &priority);
         assert_eq!(binding["spec"]["validationActions"], json!(["Warn"]), "{h}");
-        for (extra, kept) in [
-            (&["--kube-version", "1.29.0"][..], false),
-            (&["--set", "priorityPolicy.enabled=false"][..], false),
-            (&["--set", "maxPriority=null"][..], false),
+        // Issue 38: the Kueue outage policy denies, on by default.
+        let binding = find_named(&objs, "ValidatingAdmissionPolicyBinding", &outage);
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]), "{h}");
+        for (extra, want) in [
+            (&["--kube-version", "1.29.0"][..], vec![]),
+            (
+                &["--set", "priorityPolicy.enabled=false"][..],
+                vec![&outage],
+            ),
+            (&["--set", "maxPriority=null"][..], vec![&outage]),
+            (
+                &["--set", "kueue.admissionPolicy.enabled=false"][..],
+                vec![&priority],
+            ),
         ] {
             let objs = helm_template(&helm, extra);
-            assert_eq!(
-                kinds(&objs).contains("ValidatingAdmissionPolicy"),
-                kept,
-                "{h}: {extra:?}"
-            );
+            let want: BTreeSet<String> = want.into_iter().cloned().collect();
+            assert_eq!(policies(&objs), want, "{h}: {extra:?}");
         }
 
         let d = find(&objs, "Deployment");
