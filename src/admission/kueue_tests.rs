@@ -86,6 +86,16 @@ fn decide_with_quota(
     rc: &RayCluster,
     quota: Option<quota::QuotaFacts>,
 ) -> Decision {
+    decide_with_pods(p, svc, rc, quota, BTreeMap::new())
+}
+
+fn decide_with_pods(
+    p: &UpgradePlan,
+    svc: &RayService,
+    rc: &RayCluster,
+    quota: Option<quota::QuotaFacts>,
+    pods: BTreeMap<String, Vec<observed::PodRef>>,
+) -> Decision {
     let st = state();
     let alone = fit::Alone(&st);
     let release = Release::assumed(KubeRayVersion::parse("1.6.2").unwrap());
@@ -93,16 +103,7 @@ fn decide_with_quota(
         name: "llm-7x9kq".into(),
         cluster: Ok(rc),
     }];
-    let mut inp = inputs(
-        p,
-        &release,
-        now(),
-        false,
-        &alone,
-        Ok(svc),
-        &clusters,
-        BTreeMap::new(),
-    );
+    let mut inp = inputs(p, &release, now(), false, &alone, Ok(svc), &clusters, pods);
     inp.quota = quota;
     decide(&inp)
 }
@@ -435,7 +436,7 @@ fn an_elastic_transition_has_kueue_derive_the_services_workload_again_once_upgra
         ray_service_uid: Some("3f8a2c1e-5b7d-4c1a-9e0f-2d6b8a4c7e91".into()),
         admitted: Some(crate::upgradeplan::Admission {
             fingerprint: fp.into(),
-            admitted_time: now(),
+            admitted_time: now() - jiff::SignedDuration::from_secs(30),
             from_cluster: Some("llm-7x9kq".into()),
             to_cluster: Some("llm-next1".into()),
             surge: vec![],
@@ -462,8 +463,26 @@ fn an_elastic_transition_has_kueue_derive_the_services_workload_again_once_upgra
             }
         })
     };
-    let refreshed = |s: &RayService| {
-        let d = decide_on(&plan(Some(status.clone())), s, &active(|_| {}));
+    // The pending cluster's pods, as KubeRay makes them and Kueue's
+    // elastic-job gate holds them (unbound).
+    let pod = |node_type: &str, bound: bool| -> observed::PodRef {
+        let mut v = json!({"metadata": {"name": format!("llm-next1-{node_type}"),
+            "labels": {"ray.io/node-type": node_type, "ray.io/group": "g"}},
+            "spec": {"containers": [{"name": "ray"}]}});
+        if bound {
+            v["spec"]["nodeName"] = json!("gpu-1");
+        }
+        std::sync::Arc::new(serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(v).unwrap())
+    };
+    let gated = || vec![pod("head", false), pod("worker", false)];
+    let refreshed_with = |s: &RayService, st: &UpgradePlanStatus, pods: Vec<observed::PodRef>| {
+        let d = decide_with_pods(
+            &plan(Some(st.clone())),
+            s,
+            &active(|_| {}),
+            None,
+            BTreeMap::from([("llm-next1".to_string(), pods)]),
+        );
         assert_eq!(d.status.phase, Phase::Upgrading, "{:?}", d.status.message);
         let q = d.status.quota.clone().unwrap();
         assert!(
@@ -472,7 +491,37 @@ fn an_elastic_transition_has_kueue_derive_the_services_workload_again_once_upgra
         );
         q.workload_refreshed_for
     };
+    let refreshed = |s: &RayService| refreshed_with(s, &status, gated());
     assert_eq!(refreshed(&svc(true, true)).as_deref(), Some("llm-next1"));
+    // Not before KubeRay made the pending cluster's pods, nor while one of
+    // them is bound (not held by Kueue's gate), nor in the first seconds of
+    // the transition: measured, a Workload deleted in the instant KubeRay
+    // created the cluster left it suspended for 5 minutes.
+    let upgrading = svc(true, true);
+    assert_eq!(refreshed_with(&upgrading, &status, vec![]), None);
+    assert_eq!(
+        refreshed_with(&upgrading, &status, vec![pod("worker", false)]),
+        None,
+        "no head pod yet"
+    );
+    assert_eq!(
+        refreshed_with(
+            &upgrading,
+            &status,
+            vec![pod("head", true), pod("worker", false)]
+        ),
+        None,
+        "a bound pod is not gated"
+    );
+    let mut fresh = status.clone();
+    if let Some(a) = fresh.admitted.as_mut() {
+        a.admitted_time = now() - jiff::SignedDuration::from_secs(3);
+    }
+    assert_eq!(
+        refreshed_with(&upgrading, &fresh, gated()),
+        None,
+        "settling"
+    );
     // Never without UpgradeInProgress (the active cluster would be suspended),
     // nor for a RayService Kueue suspends on a change anyway.
     assert_eq!(refreshed(&svc(true, false)), None);

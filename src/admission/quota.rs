@@ -236,17 +236,49 @@ fn wait(b: &mut Builder<'_>, fp: &str, short: &str, long: &str, warn: bool) {
 /// deletes Kueue's Workload of the RayService when it changes). Never
 /// without `UpgradeInProgress`: then Kueue's suspension would reach the
 /// serving cluster (measured: an outage).
-pub(super) fn refresh(b: &mut Builder<'_>, svc: &super::ServiceFacts) {
+///
+/// Nor before the pending cluster has settled ([`PendingPods::settled`]): a
+/// Workload deleted in the same instant KubeRay created the pending cluster
+/// had its first pods deleted "due to suspension" and KubeRay v1.6.2 left
+/// the cluster suspended until its periodic resync, 5 minutes later
+/// (measured by the kueue e2e suite; deleted ~20 s in, the pods came back
+/// in ~2 s). Waiting until its head pod exists and nothing of it is bound
+/// also means the switch cannot happen meanwhile: a cluster whose pods are
+/// all held by Kueue's gate is not ready.
+pub(super) fn refresh(b: &mut Builder<'_>, svc: &super::ServiceFacts, pods: PendingPods) {
     let (Some(kueue), Some(pending), Some(q)) =
         (&svc.kueue, &svc.pending_cluster, b.status.quota.as_mut())
     else {
         return;
     };
     let granted = q.reservation.as_ref().is_some_and(|r| r.granted);
-    if !kueue.elastic || !granted || !svc.upgrade_in_progress {
+    if !kueue.elastic || !granted || !svc.upgrade_in_progress || !pods.settled() {
         return;
     }
     if q.workload_refreshed_for.as_deref() != Some(pending.as_str()) {
         q.workload_refreshed_for = Some(pending.clone());
+    }
+}
+
+/// How long after its admission a transition's pending cluster is left to
+/// settle before the RayService's Workload is derived again (see [`refresh`]).
+pub const REFRESH_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What [`refresh`] needs to know of the pending cluster's pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingPods {
+    /// Its head pod exists (KubeRay has built the cluster's pods).
+    pub head: bool,
+    /// Some pod of it is bound to a node (not held by Kueue's gate).
+    pub any_bound: bool,
+    /// Time since the transition was admitted.
+    pub since_admission: std::time::Duration,
+}
+
+impl PendingPods {
+    /// KubeRay has made the pending cluster's pods, Kueue's gate holds them
+    /// all, and the cluster has had [`REFRESH_SETTLE`] to settle.
+    pub fn settled(self) -> bool {
+        self.head && !self.any_bound && self.since_admission >= REFRESH_SETTLE
     }
 }

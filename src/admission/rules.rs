@@ -150,6 +150,24 @@ impl Rules<'_> {
         self.inp.now
     }
 
+    /// The pending cluster's pods as the Kueue Workload refresh reads them.
+    fn pending_pods(&self, admitted: &Admission) -> super::quota::PendingPods {
+        let pods = self
+            .svc
+            .pending_cluster
+            .as_ref()
+            .and_then(|c| self.inp.pods.get(c))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let live = || pods.iter().filter(|p| !p.is_terminal());
+        let since = self.now().duration_since(admitted.admitted_time);
+        super::quota::PendingPods {
+            head: live().any(|p| p.node_type() == Some(super::observed::HEAD)),
+            any_bound: live().any(|p| p.is_bound()),
+            since_admission: std::time::Duration::try_from(since).unwrap_or_default(),
+        }
+    }
+
     fn change_fingerprint(&self) -> Option<String> {
         self.inp
             .change
@@ -562,7 +580,7 @@ impl Rules<'_> {
         b.status.capacity = b.prev.capacity.clone();
         b.status.quota = b.prev.quota.clone();
         b.status.incremental = b.prev.incremental.clone();
-        super::quota::refresh(b, self.svc);
+        super::quota::refresh(b, self.svc, self.pending_pods(&admitted));
         let svc = self.svc;
         match (&svc.pending_cluster, &admitted.to_cluster) {
             (None, None) if svc.active_cluster == admitted.from_cluster => {
