@@ -3,6 +3,7 @@
 //! Read it as a book, in this order:
 //! - [`quantity`]: Kubernetes quantities, exact integer arithmetic.
 //! - [`kuberay`]: what KubeRay does, as data and pure functions.
+//! - [`kueue`]: what Kueue does to a RayService it manages, and its quota.
 //! - [`capacity`]: what fits where, with kube-scheduler's rules.
 //! - [`upgradeplan`]: raygate's own API, the `UpgradePlan` CRD.
 //! - [`admission`]: the decision to hold, admit or track an upgrade.
@@ -19,6 +20,7 @@ pub mod controller;
 pub mod error;
 pub mod kubectl;
 pub mod kuberay;
+pub mod kueue;
 pub mod leader;
 pub mod metrics;
 pub mod podgroup;

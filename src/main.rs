@@ -222,6 +222,17 @@ struct RunArgs {
         value_name = "N"
     )]
     max_open_capacity_requests: usize,
+    /// Kueue v0.19 quota for RayServices labelled kueue.x-k8s.io/queue-name
+    /// (docs/kueue.md): their upgrades must fit the ClusterQueue's quota left
+    /// (cohort borrowing included) as well as the nodes, and raygate reserves
+    /// the new cluster's quota with its own Workload (owned by the plan,
+    /// deleted when the transition ends) before opening the gate. raygate
+    /// then watches ClusterQueues, LocalQueues and its own Workloads (needs
+    /// Kueue's kueue.x-k8s.io/v1beta2 CRDs and RBAC: the chart's
+    /// kueue.reservations.enabled). Off: Kueue-managed RayServices are still
+    /// detected, and a change Kueue would suspend is held (KueueWouldSuspend).
+    #[arg(long, env = "RAYGATE_KUEUE", default_value_t = false, action = clap::ArgAction::Set)]
+    kueue: bool,
 }
 
 /// `--capacity-request-default`.
@@ -330,6 +341,9 @@ async fn release(args: &ReleaseArgs) -> Result<String> {
     }
     for b in &done.capacity_requests {
         out.push_str(&format!("capacity request deleted: CapacityBuffer {b}\n"));
+    }
+    for w in &done.quota_reservations {
+        out.push_str(&format!("quota reservation deleted: Workload {w}\n"));
     }
     out.push_str(&format!(
         "released {} gates, removed {} finalizers\n",
@@ -463,6 +477,7 @@ async fn run(args: RunArgs) -> Result<()> {
         },
         dra_plain_count: args.dra_plain_count_class.clone(),
         batch_window: batch_window(&args.batch_window)?,
+        kueue: args.kueue,
     };
     let lease_namespace = args
         .lease_namespace

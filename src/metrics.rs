@@ -12,7 +12,7 @@
 //!
 //! | series | type | labels | meaning |
 //! |---|---|---|---|
-//! | `raygate_upgradeplan_phase` | gauge | namespace, upgradeplan, rayservice, phase | 1 for the current phase, 0 for every other [`Phase::ALL`] value; all ten series always exist, so `== 1` and `absent()` both work |
+//! | `raygate_upgradeplan_phase` | gauge | namespace, upgradeplan, rayservice, phase | 1 for the current phase, 0 for every other [`Phase::ALL`] value; all twelve series always exist, so `== 1` and `absent()` both work |
 //! | `raygate_upgrade_waiting_seconds` | gauge | namespace, upgradeplan, rayservice | how long the pending change has been held; 0 when not waiting |
 //! | `raygate_upgrade_transition_seconds` | gauge | namespace, upgradeplan, rayservice | how long the current transition (two clusters alive) has run; 0 when none |
 //! | `raygate_upgrade_stalled` | gauge | namespace, upgradeplan, rayservice | 1 while the transition is judged stalled |

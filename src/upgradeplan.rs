@@ -83,6 +83,8 @@ const DURATION_PATTERN: &str = r"^([0-9]{1,6}(\.[0-9]{1,9})?(h|m|s|ms)){1,4}$";
     printcolumn = r#"{"name":"Memory Short","type":"string","jsonPath":".status.capacity.memoryShort","priority":1}"#,
     printcolumn = r#"{"name":"KubeRay","type":"string","jsonPath":".status.kubeRayRelease.version","priority":1,"description":"KubeRay release whose rules apply"}"#,
     printcolumn = r#"{"name":"Capacity Request","type":"string","jsonPath":".status.capacityRequest.state","priority":1,"description":"What raygate asked the node autoscaler for (spec.capacity.request)"}"#,
+    printcolumn = r#"{"name":"Quota GPUs Needed","type":"string","jsonPath":".status.quota.gpusNeeded","priority":1,"description":"GPUs of Kueue quota the new cluster needs in its ClusterQueue"}"#,
+    printcolumn = r#"{"name":"Quota GPUs Left","type":"string","jsonPath":".status.quota.gpusLeft","priority":1,"description":"GPUs of Kueue quota left in the ClusterQueue, cohort borrowing included"}"#,
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -289,6 +291,12 @@ pub enum Phase {
     /// A change was detected and is being evaluated.
     Pending,
     WaitingForCapacity,
+    /// Kueue manages the RayService and its ClusterQueue lacks the quota
+    /// for the new cluster (the nodes may have room).
+    WaitingForQuota,
+    /// The serving cluster is suspended (`rayClusterConfig.suspend`), or
+    /// KubeRay is suspending it in place: no pod serves.
+    Suspended,
     /// `policy: Manual` and the pending change is not approved.
     WaitingForApproval,
     /// `policy: Paused`: nothing is admitted until the policy changes.
@@ -303,10 +311,12 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub const ALL: [Phase; 10] = [
+    pub const ALL: [Phase; 12] = [
         Phase::Idle,
         Phase::Pending,
         Phase::WaitingForCapacity,
+        Phase::WaitingForQuota,
+        Phase::Suspended,
         Phase::WaitingForApproval,
         Phase::Paused,
         Phase::Admitted,
@@ -321,6 +331,8 @@ impl Phase {
             Phase::Idle => "Idle",
             Phase::Pending => "Pending",
             Phase::WaitingForCapacity => "WaitingForCapacity",
+            Phase::WaitingForQuota => "WaitingForQuota",
+            Phase::Suspended => "Suspended",
             Phase::WaitingForApproval => "WaitingForApproval",
             Phase::Paused => "Paused",
             Phase::Admitted => "Admitted",
@@ -383,6 +395,56 @@ pub struct UpgradePlanStatus {
     /// An incremental upgrade's step, target capacity and surge held
     /// (`spec.upgradeType: NewClusterWithIncrementalUpgrade`).
     pub incremental: Option<IncrementalStatus>,
+    /// The RayService is Kueue-managed: the quota its new cluster needs in
+    /// its ClusterQueue, what is left, and raygate's reservation there.
+    pub quota: Option<QuotaStatus>,
+}
+
+/// `status.quota`: Kueue's quota as a capacity dimension (docs/kueue.md).
+#[skip_serializing_none]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaStatus {
+    /// The RayService's `kueue.x-k8s.io/queue-name`.
+    pub local_queue: String,
+    /// The LocalQueue's ClusterQueue, once read.
+    pub cluster_queue: Option<String>,
+    /// The ClusterQueue's cohort, whose members' unused lendable quota counts.
+    pub cohort: Option<String>,
+    /// Per resource the new cluster requests: needed, left, and the flavor.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<QuotaResourceStatus>,
+    /// GPUs (all accelerator resources) needed and left: printer columns.
+    pub gpus_needed: Option<String>,
+    pub gpus_left: Option<String>,
+    /// raygate's reservation Workload for the change (owned by this plan).
+    pub reservation: Option<QuotaReservation>,
+}
+
+#[skip_serializing_none]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaResourceStatus {
+    pub name: String,
+    /// The ResourceFlavor it was counted in; absent when the ClusterQueue
+    /// does not cover the resource (Kueue admits nothing that requests it).
+    pub flavor: Option<String>,
+    pub needed: String,
+    pub left: String,
+    /// Of `left`, what the cohort would lend.
+    pub borrowable: String,
+}
+
+/// raygate's Workload that holds the new cluster's quota in Kueue for the
+/// transition; Kueue admitting it is the quota granted.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaReservation {
+    pub workload: String,
+    /// The change it reserves for.
+    pub fingerprint: String,
+    /// Kueue admitted it (`QuotaReserved` or `Admitted` is `True`).
+    pub granted: bool,
 }
 
 impl UpgradePlanStatus {
@@ -440,6 +502,12 @@ pub mod condition {
     /// `spec.approve` names the pending change (or the admitted or last one):
     /// False when it matches none of them. Absent while `spec.approve` is unset.
     pub const APPROVAL_MATCHED: &str = "ApprovalMatched";
+    /// The serving cluster is suspended or being suspended
+    /// (`rayClusterConfig.suspend`). Absent while it is not.
+    pub const SERVICE_SUSPENDED: &str = "ServiceSuspended";
+    /// Kueue manages the RayService: its ClusterQueue has the quota for the
+    /// new cluster. Absent for a RayService Kueue does not manage.
+    pub const QUOTA_AVAILABLE: &str = "QuotaAvailable";
 
     /// `metav1.Condition.status`: raygate only ever writes `True` or `False`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -507,6 +575,18 @@ pub mod condition {
         Requested,
         NotDelivered,
         Failed,
+        // ServiceSuspended
+        /// `rayClusterConfig.suspend: true` is being applied in place.
+        Suspending,
+        /// The active cluster is suspended.
+        ClusterSuspended,
+        // UpgradeAdmitted: Kueue would suspend the change.
+        KueueWouldSuspend,
+        // QuotaAvailable
+        QuotaFits,
+        InsufficientQuota,
+        /// Quota known, but the reservation Kueue must admit is not yet.
+        QuotaPending,
     }
 
     impl Reason {
@@ -544,6 +624,12 @@ pub mod condition {
                 Reason::Requested => "Requested",
                 Reason::NotDelivered => "NotDelivered",
                 Reason::Failed => "Failed",
+                Reason::Suspending => "Suspending",
+                Reason::ClusterSuspended => "ClusterSuspended",
+                Reason::KueueWouldSuspend => "KueueWouldSuspend",
+                Reason::QuotaFits => "QuotaFits",
+                Reason::InsufficientQuota => "InsufficientQuota",
+                Reason::QuotaPending => "QuotaPending",
             }
         }
     }
@@ -924,6 +1010,8 @@ mod tests {
                 "Memory Short",
                 "KubeRay",
                 "Capacity Request",
+                "Quota GPUs Needed",
+                "Quota GPUs Left",
                 "Age"
             ]
         );

@@ -38,6 +38,13 @@ const FORBIDDEN: &[(&str, &str)] = &[
     ("kuberay", "cli"),
     ("kuberay", "leader"),
     ("kuberay", "server"),
+    // kueue: plans, decisions, clients (it may know quantities and capacity's lists).
+    ("kueue", "upgradeplan"),
+    ("kueue", "admission"),
+    ("kueue", "controller"),
+    ("kueue", "kubectl"),
+    ("kueue", "cli"),
+    ("kueue", "kuberay"),
     // capacity: KubeRay, plans, decisions.
     ("capacity", "kuberay"),
     ("capacity", "upgradeplan"),

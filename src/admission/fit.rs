@@ -277,6 +277,7 @@ mod tests {
             pending_fingerprint: None,
             gate: GateFacts::default(),
             admission_unseen: unseen,
+            quota: None,
             cluster,
         };
         let change = ChangeFacts {

@@ -113,6 +113,7 @@ fn inputs<'a>(c: &'a Case, st: &'a ClusterState) -> Inputs<'a> {
         pending_fingerprint: Some("abc123def456".into()),
         gate: GateFacts::default(),
         admission_unseen: false,
+        quota: None,
         cluster: Box::leak(Box::new(fit::Alone(st))),
     }
 }

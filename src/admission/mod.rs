@@ -13,6 +13,7 @@
 //! - [`settings`]: the plan's spec as typed values;
 //! - [`hold`]: what holds a pending change before capacity (policy, windows);
 //! - [`ledger`], [`priority`], [`pass`]: the cluster-wide queue;
+//! - [`quota`]: Kueue's quota as a second capacity dimension;
 //! - [`stall`]: why a running transition is not finishing;
 //! - [`surge`]: what an incremental upgrade needs and holds.
 
@@ -23,6 +24,7 @@ pub mod objects;
 pub mod observed;
 pub mod pass;
 pub mod priority;
+pub mod quota;
 pub mod render;
 pub mod rules;
 pub mod settings;
@@ -141,6 +143,25 @@ pub struct ServiceFacts {
     pub pending_target_capacity: Option<i32>,
     pub pending_traffic_percent: Option<i32>,
     pub active_target_capacity: Option<i32>,
+    /// Kueue manages the RayService (its `kueue.x-k8s.io/queue-name` label),
+    /// and whether it is elastic.
+    pub kueue: Option<crate::kueue::Managed>,
+    /// The serving cluster is suspended, or `rayClusterConfig.suspend` is
+    /// about to suspend it in place.
+    pub suspension: Option<Suspension>,
+}
+
+/// `rayClusterConfig.suspend` takes the serving cluster's pods away: never
+/// reported as `Idle`, whoever set it (a user, or Kueue stopping a
+/// RayService that no longer matches its Workload).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Suspension {
+    /// `spec.rayClusterConfig.suspend: true` while the active cluster is not
+    /// suspended: KubeRay rewrites it in place and deletes its pods. The
+    /// prediction, with the field paths ([`crate::kuberay::Classification::outage`]).
+    Applying { outage: String },
+    /// The active RayCluster `cluster` has `spec.suspend: true`: no pod serves.
+    Suspended { cluster: String },
 }
 
 /// A detected change that needs a new cluster (verdict NewCluster with the
@@ -253,6 +274,9 @@ pub struct Inputs<'a> {
     /// Free capacity and the other plans' claims, read only if the decision
     /// reaches the capacity step.
     pub cluster: &'a dyn Cluster,
+    /// Kueue's quota for a Kueue-managed RayService, when raygate's Kueue
+    /// support is on (`--kueue`); `None`: quota is not a dimension.
+    pub quota: Option<quota::QuotaFacts>,
 }
 
 impl Inputs<'_> {
@@ -316,11 +340,17 @@ pub enum EventReason {
     CapacityNotDelivered,
     CapacityDelivered,
     CapacityRequestFailed,
+    /// The serving cluster is suspended, or being suspended in place.
+    ServiceSuspended,
+    /// Kueue would turn the pending change into a suspension (an outage).
+    KueueWouldSuspend,
+    /// The new cluster fits the nodes but not the ClusterQueue's quota.
+    WaitingForQuota,
 }
 
 impl EventReason {
     /// Every reason, for tests that check the spellings.
-    pub const ALL: [EventReason; 32] = [
+    pub const ALL: [EventReason; 35] = [
         EventReason::GateOverridden,
         EventReason::KubeRayReleaseMismatch,
         EventReason::UnknownKubeRayRelease,
@@ -353,6 +383,9 @@ impl EventReason {
         EventReason::CapacityNotDelivered,
         EventReason::CapacityDelivered,
         EventReason::CapacityRequestFailed,
+        EventReason::ServiceSuspended,
+        EventReason::KueueWouldSuspend,
+        EventReason::WaitingForQuota,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -389,6 +422,9 @@ impl EventReason {
             EventReason::CapacityNotDelivered => "CapacityNotDelivered",
             EventReason::CapacityDelivered => "CapacityDelivered",
             EventReason::CapacityRequestFailed => "CapacityRequestFailed",
+            EventReason::ServiceSuspended => "ServiceSuspended",
+            EventReason::KueueWouldSuspend => "KueueWouldSuspend",
+            EventReason::WaitingForQuota => "WaitingForQuota",
         }
     }
 }
@@ -570,3 +606,6 @@ mod tests;
 
 #[cfg(test)]
 mod incremental_tests;
+
+#[cfg(test)]
+mod kueue_tests;

@@ -19,6 +19,7 @@ use super::observed::{DynPod, PodRef};
 use super::surge::{self, Surge};
 use super::{
     ChangeError, ChangeFacts, Cluster, GateFacts, Inputs, ServiceError, ServiceFacts, Settings,
+    Suspension,
 };
 use crate::capacity::PodGroup;
 use crate::kuberay::incremental;
@@ -88,6 +89,7 @@ pub fn inputs<'a>(
         pending_fingerprint: None,
         gate: GateFacts::default(),
         admission_unseen,
+        quota: None,
         cluster,
     };
     let svc = match service {
@@ -99,7 +101,7 @@ pub fn inputs<'a>(
     };
     inp.gate = gate_facts(svc);
     inp.incremental = incremental_of(plan, svc, release);
-    let facts = service_facts(svc);
+    let mut facts = service_facts(svc);
 
     inp.clusters = clusters.iter().map(|c| c.name.clone()).collect();
     inp.pods = pods;
@@ -134,9 +136,28 @@ pub fn inputs<'a>(
                 }),
                 None,
             ),
-            Ok(cluster) => change_against(svc, cluster, release, plan.spec.upgrade_type),
+            Ok(cluster) => {
+                let (change, verdict, outage) =
+                    change_against(svc, cluster, release, plan.spec.upgrade_type);
+                // Only against the active cluster: while a new cluster is
+                // prepared KubeRay does not apply suspend in place.
+                if facts.pending_cluster.is_none() {
+                    facts.suspension = outage.map(|outage| Suspension::Applying { outage });
+                }
+                (change, verdict)
+            }
         },
     };
+    // An active cluster suspended already serves nothing, whatever the spec
+    // says now (Kueue resumes it by clearing suspend: reported as it happens).
+    if let Some(Ok(active)) = find(&facts.active_cluster).map(|c| c.cluster.as_ref())
+        && active.spec.suspend == Some(true)
+        && facts.suspension.is_none()
+    {
+        facts.suspension = Some(Suspension::Suspended {
+            cluster: active.name_any(),
+        });
+    }
     // Refused from the start, not only once KubeRay has a cluster to compare
     // with: the tenant learns it as soon as the object is cached.
     if let (Ok(None), Some(e)) = (&inp.change, over_budget(svc)) {
@@ -240,6 +261,8 @@ fn service_facts(svc: &RayService) -> ServiceFacts {
     let active = status.and_then(|s| s.active_service_status.as_ref());
     ServiceFacts {
         uid: svc.metadata.uid.clone(),
+        kueue: crate::kueue::Managed::of(&svc.metadata),
+        suspension: None,
         pending_target_capacity: pending.and_then(|p| p.target_capacity),
         pending_traffic_percent: pending.and_then(|p| p.traffic_routed_percent),
         active_target_capacity: active.and_then(|a| a.target_capacity),
@@ -278,18 +301,27 @@ fn cluster_fingerprint(c: &RayCluster, version: KubeRayVersion) -> Option<String
     Some(kuberay::classify::fingerprint(&n.muted))
 }
 
-/// The change the service's spec makes against `cluster`, and the verdict.
+/// What the change against `cluster` makes: the change, the verdict, and
+/// the outage it causes, if any ([`kuberay::Classification::outage`]).
+type Against = (
+    Result<Option<ChangeFacts>, ChangeError>,
+    Option<Verdict>,
+    Option<String>,
+);
+
+/// The change the service's spec makes against `cluster`, the verdict, and
+/// the outage it causes.
 fn change_against(
     svc: &RayService,
     cluster: &RayCluster,
     release: &Release,
     t: PlanUpgradeType,
-) -> (Result<Option<ChangeFacts>, ChangeError>, Option<Verdict>) {
+) -> Against {
     let version = release.version;
     // Specs over raygate's bounds were pruned in the cache: refused here,
     // before anything would be compared or planned.
     if let Some(e) = over_budget(svc) {
-        return (Err(e), None);
+        return (Err(e), None, None);
     }
     if let Some(e) = &cluster.spec.over_budget {
         let e = ChangeError::OverBudget {
@@ -297,7 +329,7 @@ fn change_against(
             name: cluster.name_any(),
             error: e.clone(),
         };
-        return (Err(e), None);
+        return (Err(e), None, None);
     }
     let open = with_gate_open(svc, t);
     // The operator's incremental-upgrade gate as raygate was told it.
@@ -312,10 +344,10 @@ fn change_against(
         &opts,
     ) {
         Ok(c) => c,
-        Err(e) => return (Err(e.into()), None),
+        Err(e) => return (Err(e.into()), None, None),
     };
     if c.verdict != Verdict::NewCluster {
-        return (Ok(None), Some(c.verdict));
+        return (Ok(None), Some(c.verdict), c.outage);
     }
     let change = new_cluster_pods(svc, version)
         .map(|pods| {
@@ -327,5 +359,5 @@ fn change_against(
             })
         })
         .map_err(ChangeError::from);
-    (change, Some(c.verdict))
+    (change, Some(c.verdict), None)
 }

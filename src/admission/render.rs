@@ -389,6 +389,8 @@ impl<'a> Builder<'a> {
         let (status, reason) = match phase {
             Phase::Error => (Status::False, Reason::Error),
             Phase::Stalled => (Status::False, Reason::Stalled),
+            // Not an error of raygate's, but nothing serves: never `True`.
+            Phase::Suspended => (Status::False, Reason::ClusterSuspended),
             _ => (Status::True, Reason::Reconciled),
         };
         // The condition message must not be empty: the shape requires one.

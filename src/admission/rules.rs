@@ -13,7 +13,15 @@
 //!    until the new cluster is promoted, as KubeRay moves traffic only under
 //!    that type), `Stalled` when [`super::stall`]
 //!    says so, `Completed` once the old cluster and its pods are gone.
-//! 3. A plan with `spec.upgradeType: NewClusterWithIncrementalUpgrade` whose
+//! 3. A serving cluster that is suspended, or that `rayClusterConfig.suspend:
+//!    true` is about to suspend in place (KubeRay v1.5.2–v1.6.2), is
+//!    `Suspended` (condition `ServiceSuspended`, a Warning Event), never `Idle`:
+//!    after KubeRay's in-place rewrite the spec equals the live cluster and
+//!    nothing looks changed. The gate stays closed.
+//!    A change that needs a new cluster on a RayService Kueue manages
+//!    without `kueue.x-k8s.io/elastic-job: "true"` is held (`KueueWouldSuspend`,
+//!    a Warning Event): Kueue would turn it into a suspension, an outage.
+//!    Then, a plan with `spec.upgradeType: NewClusterWithIncrementalUpgrade` whose
 //!    RayService or KubeRay release cannot upgrade so is an `Error` (the
 //!    reason and field in the message, [`crate::kuberay::incremental`]); the
 //!    gate stays closed.
@@ -27,6 +35,10 @@
 //!    another field manager owns the gate (e.g. the RayService's creator set
 //!    `spec.upgradeStrategy.type`): raygate could not open it, so it stays
 //!    `Pending` (GateOverridden), with no Admitted Event and nothing reserved.
+//!    A RayService Kueue manages (with raygate's Kueue support on) must then
+//!    fit its ClusterQueue's quota too, and Kueue must have admitted raygate's
+//!    reservation Workload for the new cluster ([`super::quota`]):
+//!    `WaitingForQuota` until then.
 //!
 //! Each rule fills in a [`Builder`]; [`super::render`] writes the result out.
 
@@ -71,6 +83,9 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
     }
     b.status.active_cluster = svc.active_cluster.clone();
     b.status.pending_cluster = svc.pending_cluster.clone();
+    if svc.suspension.is_none() {
+        b.drop_condition(condition::SERVICE_SUSPENDED);
+    }
     let r = Rules { inp, svc, settings };
     if let (Some(was), Some(is)) = (b.prev.ray_service_uid.clone(), svc.uid.as_deref())
         && was != is
@@ -175,6 +190,12 @@ impl Rules<'_> {
     /// Rules 3 and 4: a change that is not admitted yet.
     fn evaluate(&self, b: &mut Builder<'_>) {
         b.gate = Some(Gate::Hold);
+        // A change not admitted holds no quota unless this decision says so.
+        b.status.quota = None;
+        b.drop_condition(condition::QUOTA_AVAILABLE);
+        if let Some(s) = &self.svc.suspension {
+            return self.suspended(b, s);
+        }
         match &self.inp.incremental {
             Some(Err(p)) => return b.error(p.into(), p.to_string(), Some(Gate::Hold)),
             Some(Ok(opts)) => b.status.incremental = Some(render::incremental_status(opts)),
@@ -192,6 +213,9 @@ impl Rules<'_> {
             Ok(Some(c)) => c,
         };
         self.record_pending(b, change);
+        if let Some(kueue) = self.svc.kueue.as_ref().filter(|k| !k.elastic) {
+            return kueue_would_suspend(b, change, kueue);
+        }
         let holds = super::holds(
             self.inp.plan,
             self.settings,
@@ -234,10 +258,71 @@ impl Rules<'_> {
         if report.fits {
             match &self.inp.gate.other_owner {
                 Some(owner) => self.overridden(b, change, owner),
-                None => self.admit(b, change, &report),
+                None => {
+                    if let (Some(kueue), Some(quota)) = (&self.svc.kueue, &self.inp.quota)
+                        && !super::quota::allows(
+                            b,
+                            change,
+                            &report,
+                            kueue,
+                            quota,
+                            self.inp.plan.metadata.name.as_deref().unwrap_or_default(),
+                        )
+                    {
+                        return;
+                    }
+                    self.admit(b, change, &report)
+                }
             }
         } else {
             wait_for_capacity(b, change, &report);
+        }
+    }
+
+    /// Rule 3a: the serving cluster is suspended or being suspended in
+    /// place: `Suspended`, never `Idle`, whatever the verdict (once KubeRay
+    /// has rewritten the cluster, the spec equals it and nothing "changed").
+    /// The gate stays closed; one Warning Event when it starts.
+    fn suspended(&self, b: &mut Builder<'_>, s: &super::Suspension) {
+        b.status.pending_change = None;
+        b.status.phase = Phase::Suspended;
+        let by = match &self.svc.kueue {
+            Some(k) => format!(
+                "; the RayService is managed by Kueue (LocalQueue {}), which suspends a RayService \
+                 whose cluster spec no longer matches its Workload and resumes it once it admits \
+                 the new one (docs/kueue.md)",
+                k.queue
+            ),
+            None => String::new(),
+        };
+        let (reason, short, long) = match s {
+            super::Suspension::Applying { outage } => (
+                Reason::Suspending,
+                "suspension (outage)",
+                format!("spec.rayClusterConfig.suspend is true: {outage}{by}"),
+            ),
+            super::Suspension::Suspended { cluster } => (
+                Reason::ClusterSuspended,
+                "suspended",
+                format!(
+                    "the active RayCluster {cluster} is suspended (spec.suspend: true): no pod serves; \
+                     clear spec.rayClusterConfig.suspend to resume it{by}"
+                ),
+            ),
+        };
+        b.condition(condition::SERVICE_SUSPENDED, Status::True, reason, &long);
+        b.condition(
+            condition::UPGRADE_ADMITTED,
+            Status::False,
+            Reason::NoPendingChange,
+            "the service is suspended: nothing to admit",
+        );
+        no_new_cluster_needed(b);
+        b.waiting(short, &long);
+        b.requeue = REQUEUE_ACTIVE;
+        let news = b.prev.phase != Phase::Suspended || b.prev.waiting_for.as_deref() != Some(short);
+        if news {
+            b.event(true, EventReason::ServiceSuspended, long);
         }
     }
 
@@ -468,8 +553,10 @@ impl Rules<'_> {
             Gate::OpenIncremental
         });
         b.requeue = REQUEUE_ACTIVE;
-        // What was measured at admission stays visible during the transition.
+        // What was measured at admission stays visible during the transition,
+        // and the quota reservation stays held until it ends.
         b.status.capacity = b.prev.capacity.clone();
+        b.status.quota = b.prev.quota.clone();
         b.status.incremental = b.prev.incremental.clone();
         let svc = self.svc;
         match (&svc.pending_cluster, &admitted.to_cluster) {
@@ -712,6 +799,8 @@ impl Rules<'_> {
         b.status.phase = Phase::Completed;
         b.status.waiting_for = None;
         b.status.capacity = None;
+        // The transition is over: its quota reservation goes.
+        b.status.quota = None;
         no_new_cluster_needed(b);
         b.status.message = Some(format!(
             "upgrade to {} completed in {took}",
@@ -750,6 +839,53 @@ impl Rules<'_> {
         }
     }
 }
+
+/// Rule 3b: a change that needs a new cluster, on a RayService Kueue
+/// manages without `elastic-job`: Kueue v0.19 stops such a RayService when
+/// its pod sets no longer match its Workload (`ensureOneWorkload`, "No
+/// matching Workload") by setting `rayClusterConfig.suspend`, which KubeRay
+/// applies in place to the serving cluster (issue 38, case b). raygate
+/// keeps the gate closed and says so; it cannot keep Kueue from acting on
+/// the spec: the chart's ValidatingAdmissionPolicy refuses such an edit.
+fn kueue_would_suspend(b: &mut Builder<'_>, change: &ChangeFacts, kueue: &crate::kueue::Managed) {
+    let fp = &change.fingerprint;
+    let path = change
+        .triggering_paths
+        .first()
+        .map(String::as_str)
+        .unwrap_or("rayClusterConfig");
+    let long = format!(
+        "change {fp} (spec.rayClusterConfig.{path}) is not admitted: Kueue v0.19 turns a rayClusterConfig \
+         change of a RayService it manages (LocalQueue {}) into a suspension: KubeRay would rewrite \
+         the serving cluster in place (an outage). Remedy: {}",
+        kueue.queue,
+        crate::kueue::REMEDY
+    );
+    b.condition(
+        condition::UPGRADE_ADMITTED,
+        Status::False,
+        Reason::KueueWouldSuspend,
+        &long,
+    );
+    let news = b.prev.waiting_for.as_deref() != Some(KUEUE_WOULD_SUSPEND)
+        || b.prev
+            .pending_change
+            .as_ref()
+            .map(|p| p.fingerprint.as_str())
+            != Some(fp.as_str());
+    b.hold(
+        Phase::Pending,
+        KUEUE_WOULD_SUSPEND,
+        &long,
+        Outcome::HeldPolicy,
+    );
+    if news {
+        b.change_event(true, EventReason::KueueWouldSuspend, fp, long);
+    }
+}
+
+/// `status.waitingFor` of [`kueue_would_suspend`].
+const KUEUE_WOULD_SUSPEND: &str = "KueueWouldSuspend";
 
 /// `CapacityAvailable` for a fitted change.
 fn capacity_condition(b: &mut Builder<'_>, report: &crate::capacity::FitReport) {

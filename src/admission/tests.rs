@@ -121,6 +121,7 @@ fn run_built_from(
         pending_fingerprint: pending_fingerprint.map(Into::into),
         gate: GateFacts::default(),
         admission_unseen: false,
+        quota: None,
         cluster: &fit::Alone(st),
     })
 }
@@ -1146,6 +1147,7 @@ fn gate_override_is_reported_not_fought() {
             uid: None,
         },
         admission_unseen: false,
+        quota: None,
         cluster: &fit::Alone(&st),
     });
     let c = cond(&d.status, "GateOverridden");
@@ -1324,6 +1326,7 @@ fn decide_with_gate(
         pending_fingerprint: None,
         gate,
         admission_unseen: false,
+        quota: None,
         cluster: &fit::Alone(st),
     })
 }
@@ -1474,6 +1477,7 @@ fn decide_with_release(p: &UpgradePlan, release: crate::kuberay::Release) -> Dec
         pending_fingerprint: None,
         gate: GateFacts::default(),
         admission_unseen: false,
+        quota: None,
         cluster: &fit::Alone(&state(&[8, 8])),
     })
 }

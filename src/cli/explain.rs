@@ -29,6 +29,77 @@ struct ExplainOutput<'a> {
     /// Mistakes in the new manifest that break raygate's gating (empty when
     /// none): a PR check fails on them whatever the verdict.
     errors: &'a [ManifestError],
+    /// The RayService is Kueue-managed: what Kueue does with the change, and
+    /// the quota it needs against what `--kueue-queue-left` says is left.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kueue: Option<KueueNote>,
+}
+
+/// What Kueue does with a change of a RayService it manages.
+#[derive(Serialize, Debug)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct KueueNote {
+    #[serde(flatten)]
+    pub managed: crate::kueue::Managed,
+    /// What Kueue v0.19 does with this change.
+    pub behaviour: String,
+    /// Per resource given by `--kueue-queue-left`: needed, left, and whether it fits.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub quota: Vec<QuotaLine>,
+}
+
+#[derive(Serialize, Debug)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct QuotaLine {
+    pub resource: String,
+    pub needed: String,
+    pub left: String,
+    pub fits: bool,
+}
+
+/// The Kueue note of `new` for a change classified `c` whose new cluster
+/// requests `requests`; `left` is what the ClusterQueue has left.
+pub(crate) fn kueue_note(
+    new: &RayService,
+    c: &Classification,
+    requests: &capacity::ResourceList,
+    left: &[(String, crate::quantity::Quantity)],
+) -> Option<KueueNote> {
+    let managed = crate::kueue::Managed::of(&new.metadata)?;
+    let behaviour = match (c.verdict, managed.elastic) {
+        (Verdict::NewCluster, false) => format!(
+            "Kueue v0.19 turns this rayClusterConfig change into a suspension: KubeRay would rewrite \
+             the serving cluster in place (an outage); raygate holds it (KueueWouldSuspend) and the \
+             chart's ValidatingAdmissionPolicy refuses it. Remedy: {}",
+            crate::kueue::REMEDY
+        ),
+        (Verdict::NewCluster, true) => "elastic job: Kueue keeps its Workload and does not suspend; \
+             the new cluster's pods carry Kueue's elastic-job scheduling gate, and its quota (needed \
+             below) must be left in the ClusterQueue next to the serving cluster's"
+            .to_string(),
+        (Verdict::InPlaceClusterUpdate, _) if c.outage.is_some() => {
+            "Kueue suspends the RayService through this same field until it admits its Workload again"
+                .to_string()
+        }
+        _ => managed.behaviour().to_string(),
+    };
+    let quota = left
+        .iter()
+        .map(|(r, l)| {
+            let needed = requests.get(r).cloned().unwrap_or_default();
+            QuotaLine {
+                resource: r.clone(),
+                needed: needed.canonical(),
+                left: l.canonical(),
+                fits: needed <= *l,
+            }
+        })
+        .collect();
+    Some(KueueNote {
+        managed,
+        behaviour,
+        quota,
+    })
 }
 
 /// A mistake in a RayService manifest, with its field path.
@@ -125,6 +196,7 @@ pub(crate) fn explain_against(
     }
     let pods = in_file(&args.new, plan(new, version))?;
     let requests = in_file(&args.new, sum_requests(&pods))?;
+    let kueue = kueue_note(new, &classification, &requests, &args.kueue_queue_left);
     let out = ExplainOutput {
         classification: &classification,
         new_cluster: NewClusterSummary {
@@ -132,6 +204,7 @@ pub(crate) fn explain_against(
             requests: capacity::canonical_map(&requests),
         },
         errors,
+        kueue,
     };
     Ok(match args.output.structured(&out)? {
         Some(s) => s,
@@ -140,12 +213,16 @@ pub(crate) fn explain_against(
             for (label, value) in notes {
                 field(&mut s, label, value);
             }
-            s + &explain_text(
+            s += &explain_text(
                 &classification,
                 &out.new_cluster,
                 matches!(old, Old::Cluster(_)),
                 errors,
-            )
+            );
+            if let Some(k) = &out.kueue {
+                kueue_text(&mut s, k);
+            }
+            s
         }
     })
 }
@@ -202,6 +279,9 @@ fn explain_text(
     field(&mut s, "Why:", &c.reason);
     if let Some(held) = &c.held_reason {
         field(&mut s, "Held because:", held);
+    }
+    if let Some(outage) = &c.outage {
+        field(&mut s, "OUTAGE:", outage);
     }
     let strategy = match &c.upgrade_strategy {
         Some(t) => format!("upgradeStrategy {t}"),
@@ -267,6 +347,31 @@ fn explain_text(
     s
 }
 
+/// The Kueue lines of the text output.
+pub(crate) fn kueue_text(s: &mut String, k: &KueueNote) {
+    s.push('\n');
+    let elastic = if k.managed.elastic { ", elastic" } else { "" };
+    field(
+        s,
+        "Kueue:",
+        &format!(
+            "managed (LocalQueue {}{elastic}): {}",
+            k.managed.queue, k.behaviour
+        ),
+    );
+    for q in &k.quota {
+        let verdict = if q.fits { "fits" } else { "SHORT" };
+        field(
+            s,
+            "Quota:",
+            &format!(
+                "{} {} needed, {} left: {verdict}",
+                q.resource, q.needed, q.left
+            ),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,5 +390,57 @@ mod tests {
         ]);
         quantity_rows(&mut s, &rows);
         assert_eq!(s, "  cpu             64500m\n  nvidia.com/gpu       8\n");
+    }
+
+    #[test]
+    fn a_kueue_managed_change_says_what_kueue_does_and_the_quota_it_needs() {
+        let base: serde_json::Value =
+            serde_saphyr::from_str(include_str!("../../tests/fixtures/rayservice-llm.yaml"))
+                .unwrap();
+        let with = |elastic: bool, image: &str| -> RayService {
+            let mut v = base.clone();
+            v["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "team-a".into();
+            if elastic {
+                v["metadata"]["annotations"] =
+                    serde_json::json!({"kueue.x-k8s.io/elastic-job": "true"});
+            }
+            v["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"]
+                [0]["image"] = image.into();
+            serde_json::from_value(v).unwrap()
+        };
+        let old = with(false, "rayproject/ray-ml:2.41.0-py311-gpu");
+        let v = KubeRayVersion::parse("1.6.2").unwrap();
+        let new = with(false, "rayproject/ray-ml:2.42.0-py311-gpu");
+        let c = kuberay::classify(&OldSide::RayService(&old), &new, v).unwrap();
+        assert_eq!(c.verdict, Verdict::NewCluster);
+        let requests = sum_requests(&plan(&new, v).unwrap()).unwrap();
+        let gpu = |n: i64| {
+            (
+                "nvidia.com/gpu".to_string(),
+                crate::quantity::Quantity::from_units(n),
+            )
+        };
+        let note = kueue_note(&new, &c, &requests, &[gpu(1)]).unwrap();
+        assert!(note.behaviour.contains("an outage") && note.behaviour.contains("docs/kueue.md"));
+        assert_eq!(note.quota.len(), 1);
+        assert!(!note.quota[0].fits, "{:?}", note.quota);
+        let mut s = String::new();
+        kueue_text(&mut s, &note);
+        assert!(
+            s.contains("managed (LocalQueue team-a)") && s.contains("SHORT"),
+            "{s}"
+        );
+
+        let elastic = with(true, "rayproject/ray-ml:2.42.0-py311-gpu");
+        let note = kueue_note(&elastic, &c, &requests, &[gpu(1000)]).unwrap();
+        assert!(note.behaviour.starts_with("elastic job") && note.quota[0].fits);
+        let json = serde_json::to_value(&note).unwrap();
+        assert_eq!(
+            (json["queue"].as_str(), json["elastic"].as_bool()),
+            (Some("team-a"), Some(true))
+        );
+        // Not managed: no note.
+        let plain: RayService = serde_json::from_value(base.clone()).unwrap();
+        assert!(kueue_note(&plain, &c, &requests, &[]).is_none());
     }
 }

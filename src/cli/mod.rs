@@ -85,6 +85,12 @@ pub struct ExplainArgs {
     /// does. Default: the release's default (off in v1.5 and v1.6, on from v1.7).
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
     pub kuberay_incremental_upgrades: Option<bool>,
+    /// For a RayService Kueue manages (label `kueue.x-k8s.io/queue-name`): what its
+    /// ClusterQueue has left of a resource, cohort borrowing included, e.g.
+    /// `--kueue-queue-left nvidia.com/gpu=8` (repeatable). The new cluster's
+    /// requests are compared with it; a resource not given is not compared.
+    #[arg(long, value_name = "RESOURCE=QUANTITY", value_parser = parse_headroom_item)]
+    pub kueue_queue_left: Vec<(String, Quantity)>,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
 }

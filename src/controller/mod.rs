@@ -15,6 +15,7 @@ pub mod latency;
 pub mod observe;
 pub mod patch;
 pub mod release;
+pub mod reservations;
 pub mod written;
 
 use std::collections::HashMap;
@@ -73,6 +74,9 @@ pub struct Settings {
     /// `--batch-window`: how long the wake-ups of a plan are gathered before
     /// it is reconciled (see [`coalesce`]).
     pub batch_window: Duration,
+    /// `--kueue`: Kueue quota is a dimension of Kueue-managed RayServices'
+    /// admissions, reserved with raygate's Workloads ([`reservations`]).
+    pub kueue: bool,
 }
 
 /// How often gates no plan governs any more are looked for.
@@ -94,6 +98,8 @@ pub struct Context {
     decisions: Mutex<Overlay>,
     /// Capacity requests: their caches and bookkeeping.
     pub buffers: buffers::Shell,
+    /// Kueue quota reservations: their caches (`--kueue`).
+    pub reservations: reservations::Shell,
     /// Events that can let an upgrade through, and each plan's stages.
     pub causes: Arc<latency::Causes>,
     /// Gates written that the RayService cache may not show yet.
@@ -261,11 +267,15 @@ struct Caches {
     limit_ranges: Store<LimitRange>,
     runtime_classes: Store<RuntimeClass>,
     buffers: buffers::Shell,
+    reservations: reservations::Shell,
 }
 
 impl Caches {
     /// Waits until every cache has listed once; the stores to decide on.
-    async fn synced(self, plans: Store<UpgradePlan>) -> Result<(Stores, buffers::Shell)> {
+    async fn synced(
+        self,
+        plans: Store<UpgradePlan>,
+    ) -> Result<(Stores, buffers::Shell, reservations::Shell)> {
         for (what, ready) in [
             (
                 "RayServices",
@@ -302,7 +312,7 @@ impl Caches {
             limit_ranges: self.limit_ranges,
             runtime_classes: self.runtime_classes,
         };
-        Ok((stores, self.buffers))
+        Ok((stores, self.buffers, self.reservations))
     }
 }
 
@@ -432,6 +442,8 @@ fn spawn_caches(
         plans.clone(),
         tx.clone(),
     );
+    let reservations =
+        reservations::Shell::spawn(client, ns, settings.kueue, plans.clone(), tx.clone());
     let runtime_classes = spawn_cache(
         watcher(
             Api::<RuntimeClass>::all(client.clone()),
@@ -451,11 +463,13 @@ fn spawn_caches(
         limit_ranges,
         runtime_classes,
         buffers,
+        reservations,
     }
 }
 
 impl Context {
     /// `client` serves the writes (short timeouts), the Events' too.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         client: Client,
         fence: Arc<Fence>,
@@ -463,6 +477,7 @@ impl Context {
         metrics: Arc<Metrics>,
         settings: Settings,
         buffers: buffers::Shell,
+        reservations: reservations::Shell,
         causes: Arc<latency::Causes>,
     ) -> Context {
         let reporter = Reporter {
@@ -478,6 +493,7 @@ impl Context {
             settings,
             decisions: Mutex::new(Overlay::new()),
             buffers,
+            reservations,
             causes,
             gates_written: Default::default(),
             status_written: Default::default(),
@@ -495,6 +511,7 @@ fn spawn_sweeper(ctx: Arc<Context>) -> tokio::task::JoinHandle<()> {
         loop {
             sweep_orphans(&ctx).await;
             buffers::sweep(&ctx).await;
+            reservations::sweep(&ctx).await;
             tokio::time::sleep(SWEEP_EVERY).await;
         }
     })
@@ -517,12 +534,19 @@ pub async fn run(
     let caches = spawn_caches(&watch, &settings, &plans, &causes, tx);
     let wakeups = coalesce::coalesce(rx, settings.batch_window);
     info!("waiting for caches to sync");
-    let (stores, buffers) = caches.synced(plans).await?;
+    let (stores, buffers, reservations) = caches.synced(plans).await?;
     info!("caches synced");
     health.set_ready(true);
 
     let ctx = Arc::new(Context::new(
-        client, fence, stores, metrics, settings, buffers, causes,
+        client,
+        fence,
+        stores,
+        metrics,
+        settings,
+        buffers,
+        reservations,
+        causes,
     ));
     let sweeper = spawn_sweeper(ctx.clone());
     controller
@@ -707,6 +731,9 @@ async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     if let Err(e) = buffers::forget(ctx, plan).await {
         warn!(plan = %plan.name_any(), error = %e, "deleting the plan's capacity request (the garbage collector and the sweep retry)");
     }
+    if let Err(e) = reservations::forget(ctx, plan).await {
+        warn!(plan = %plan.name_any(), error = %e, "deleting the plan's quota reservation (the garbage collector and the sweep retry)");
+    }
     ctx.metrics.forget_plan(&ns, &plan.name_any());
     ctx.causes.forget(&(ns.clone(), plan.name_any()));
     lock(&ctx.status_written).forget(&latency::plan_key(plan));
@@ -734,6 +761,14 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     // Before the gate: an admitted plan's buffers go before KubeRay creates
     // the pods that will use their capacity.
     buffers::act(ctx, &r.plan, &r.seen.wanted).await;
+    // The gate opens only on a granted reservation: made (or dropped) first.
+    reservations::act(
+        ctx,
+        &r.plan,
+        r.seen.reservation.as_ref(),
+        r.seen.keep_reservation.as_deref(),
+    )
+    .await;
     let requeue = set_gate(ctx, &r).await?;
     report(ctx, &r, now).await;
     Ok(Action::requeue(requeue))
@@ -1031,6 +1066,9 @@ struct Seen {
     gate: GateFacts,
     /// The plan's capacity request objects as the decision wants them.
     wanted: buffers::Wanted,
+    /// The quota reservation to create, and the one to keep (the others go).
+    reservation: Option<crate::kueue::types::Workload>,
+    keep_reservation: Option<String>,
 }
 
 /// Observe and decide without awaiting: the decision borrows caches and a
@@ -1046,7 +1084,7 @@ fn decide_now(
     let world = World::new(&ctx.stores, overlay, &releases, now);
     let key = latency::plan_key(plan);
     let release = releases.for_namespace(&key.0);
-    let inputs = observe::observe(
+    let mut inputs = observe::observe(
         &ctx.stores,
         plan,
         &release,
@@ -1054,11 +1092,15 @@ fn decide_now(
         overlay.contains_key(&key),
         &world,
     );
+    inputs.quota = reservations::facts(ctx, &inputs);
     let mut decision = admission::decide(&inputs);
     let wanted = buffers::settle(ctx, &inputs, &mut decision, now);
+    let reservation = reservations::wanted(&inputs, &decision);
     let seen = Seen {
         gate: inputs.gate,
         wanted,
+        reservation,
+        keep_reservation: reservations::keep(&decision),
     };
     (seen, decision, world.pass_at())
 }

@@ -62,6 +62,7 @@ fn context(client: Client, fence: Fence) -> Arc<Context> {
         capacity: crate::autoscale::Defaults::default(),
         dra_plain_count: vec![],
         batch_window: std::time::Duration::ZERO,
+        kueue: false,
     };
     Arc::new(Context::new(
         client,
@@ -70,6 +71,7 @@ fn context(client: Client, fence: Fence) -> Arc<Context> {
         Arc::new(Metrics::new().unwrap()),
         settings.clone(),
         buffers::Shell::off(settings.capacity),
+        super::reservations::Shell::off(),
         Arc::new(latency::Causes::default()),
     ))
 }

@@ -64,6 +64,8 @@ pub struct Released {
     pub finalizers: Vec<String>,
     /// CapacityBuffers (and their PodTemplates) deleted, `ns/name`.
     pub capacity_requests: Vec<String>,
+    /// Kueue quota reservation Workloads deleted, `ns/name`.
+    pub quota_reservations: Vec<String>,
 }
 
 /// Stops the operator: `deployment` (in `ns`) to zero replicas, then waits
@@ -183,6 +185,9 @@ pub async fn release(client: &Client, scope: &Scope) -> Result<Released> {
         // paying for it.
         done.capacity_requests
             .extend(super::buffers::release(client, namespace, |ns| scope.covers(ns)).await?);
+        // Nor a quota reservation: Kueue would keep the quota from others.
+        done.quota_reservations
+            .extend(super::reservations::release(client, namespace, |ns| scope.covers(ns)).await?);
     }
     Ok(done)
 }

@@ -126,6 +126,12 @@ pub struct Classification {
     pub fingerprint: String,
     /// Short human explanation.
     pub reason: String,
+    /// The change takes the serving cluster's pods away (an outage), and
+    /// why: set when `rayClusterConfig.suspend` goes to `true` and KubeRay
+    /// applies it in place to the active cluster (rule 1b), whatever else
+    /// changed with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outage: Option<String>,
 }
 
 /// Classify with default [`ClassifyOptions`].
@@ -462,6 +468,7 @@ struct Decision {
     held_reason: Option<String>,
     rejected: bool,
     incremental: bool,
+    outage: Option<String>,
 }
 
 impl Decision {
@@ -473,6 +480,7 @@ impl Decision {
             held_reason: None,
             rejected: false,
             incremental: false,
+            outage: None,
         }
     }
 }
@@ -575,12 +583,47 @@ fn decide(
     }
 
     // 1b. Suspend toggle (v1.5.2, v1.6.1, v1.6.2).
+    // Checked against the real operator by the conformance cases
+    // c25-suspend and c26-suspend-and-image (e2e/conformance/cases): the
+    // active cluster is rewritten with the image change too, and suspended.
     if rules.suspend_toggle_updates_in_place && !upgrade_in_progress && new_suspend != old.suspend {
-        return Decision::new(
-            Verdict::InPlaceClusterUpdate,
-            Triggering::All,
-            "rayClusterConfig.suspend toggled: KubeRay applies the whole RayService cluster spec in place (shouldUpdateCluster).",
-        );
+        if !new_suspend {
+            return Decision::new(
+                Verdict::InPlaceClusterUpdate,
+                Triggering::All,
+                "rayClusterConfig.suspend cleared: KubeRay applies the whole RayService cluster spec in place (shouldUpdateCluster) and the suspended cluster's pods are created again.",
+            );
+        }
+        // The changes KubeRay hashes first (what a new cluster would have
+        // been built for), then the muted ones it applies along.
+        let others: Vec<&String> = d
+            .hashed_paths
+            .iter()
+            .chain(d.exempt_paths.iter())
+            .filter(|p| *p != "suspend")
+            .collect();
+        let with = match others.as_slice() {
+            [] => String::new(),
+            [one] => format!(" together with {one}"),
+            [first, second] => format!(" together with {first} and {second}"),
+            [first, second, rest @ ..] => format!(
+                " together with {first}, {second} and {} other change(s)",
+                rest.len()
+            ),
+        };
+        return Decision {
+            outage: Some(format!(
+                "applied in place to the serving cluster: its pods are deleted (outage): \
+                 spec.rayClusterConfig.suspend is set to true{with}, and KubeRay {version} rewrites \
+                 the active RayCluster with it (shouldUpdateCluster, ray-project/kuberay#4686) instead \
+                 of preparing a new one"
+            )),
+            ..Decision::new(
+                Verdict::InPlaceClusterUpdate,
+                Triggering::All,
+                "rayClusterConfig.suspend set to true: KubeRay applies the whole RayService cluster spec in place to the serving cluster (shouldUpdateCluster) and deletes its pods.",
+            )
+        };
     }
 
     // 2. Full hash equality.
@@ -710,6 +753,7 @@ fn classification(
         incremental: decision.incremental,
         fingerprint: fingerprint(&d.new.muted),
         reason: decision.reason,
+        outage: decision.outage,
     }
 }
 
@@ -1522,5 +1566,50 @@ mod tests {
         let c = run(Triggering::Nothing);
         assert!(c.triggering_paths.is_empty());
         assert_eq!(c.fingerprint, fingerprint(&json!({})));
+    }
+
+    #[test]
+    fn suspend_with_another_change_is_predicted_as_an_outage_with_its_paths() {
+        // Case (b) of issue 38: Kueue sets suspend while the image changed.
+        let both = edit(&svc(), |v| {
+            cfg(v)["suspend"] = json!(true);
+            bump_image(v);
+        });
+        let c = run(&svc(), &both, "1.6.2");
+        assert_eq!(c.verdict, Verdict::InPlaceClusterUpdate);
+        let outage = c.outage.as_deref().unwrap();
+        assert!(
+            outage.starts_with(
+                "applied in place to the serving cluster: its pods are deleted (outage)"
+            ) && outage.contains("spec.rayClusterConfig.suspend is set to true together with")
+                && outage.contains(IMAGE),
+            "{outage}"
+        );
+        assert!(
+            c.triggering_paths.contains(&IMAGE.to_string()),
+            "{:?}",
+            c.triggering_paths
+        );
+        let json = serde_json::to_value(&c).unwrap();
+        assert!(json["outage"].is_string());
+
+        // Alone, it is an outage too; clearing it resumes; v1.7.0 mutes it.
+        let alone = edit(&svc(), |v| cfg(v)["suspend"] = json!(true));
+        let c = run(&svc(), &alone, "1.6.2");
+        assert!(
+            c.outage
+                .as_deref()
+                .unwrap()
+                .contains("set to true, and KubeRay v1.6.2")
+        );
+        let c = run(&alone, &svc(), "1.6.2");
+        assert_eq!(
+            (c.verdict, c.outage.is_none()),
+            (Verdict::InPlaceClusterUpdate, true)
+        );
+        let c = run(&svc(), &both, "1.7.0");
+        assert_eq!((c.verdict, c.outage), (Verdict::NewCluster, None));
+        let json = serde_json::to_value(run(&svc(), &svc(), "1.6.2")).unwrap();
+        assert!(json.get("outage").is_none(), "absent when none");
     }
 }

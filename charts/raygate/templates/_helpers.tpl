@@ -81,6 +81,28 @@ from each (a merge patch), read each gated RayService and give its gate back (ap
   resources: ["capacitybuffers"]
   verbs: ["list", "delete"]
 {{- end }}
+{{- if .Values.kueue.reservations.enabled }}
+# raygate's Kueue quota reservations go with its gates.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list", "delete"]
+{{- end }}
+{{- end }}
+
+{{/* Kueue quota (kueue.reservations.enabled): read the queues; write only raygate's own
+reservation Workloads (labelled app.kubernetes.io/managed-by=raygate, found again by
+server-side apply, deleted when the transition ends) and their PodsReady condition.
+Keep in step with config/kueue-reservations/rbac.yaml (a test compares them). */}}
+{{- define "raygate.kueueRules" -}}
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["clusterqueues", "localqueues"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
 {{- end }}
 
 {{/* Capacity requests (capacityRequests.enabled): the PodTemplates and CapacityBuffers

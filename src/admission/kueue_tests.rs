@@ -1,0 +1,406 @@
+//! Rule 3 of [`super::rules`]: a suspended serving cluster and a change Kueue
+//! would turn into a suspension are reported as what they are (issue 38,
+//! case b: never `Idle`, never silent about an outage). From the objects, as
+//! the controller and `kubectl raygate fit` build the inputs.
+
+use super::objects::{ClusterObject, inputs};
+use super::*;
+use crate::capacity::ClusterState;
+use crate::kuberay::{KubeRayVersion, RayCluster, RayService, Release};
+use crate::upgradeplan::{Phase, UpgradePlanSpec, condition};
+use serde_json::{Value, json};
+
+const SVC: &str = include_str!("../../tests/fixtures/rayservice-llm.yaml");
+const ACTIVE: &str = include_str!("../../tests/fixtures/raycluster-llm-active.yaml");
+const IMAGE: &str = "rayproject/ray-ml:2.42.0-py311-gpu";
+
+fn now() -> Timestamp {
+    "2026-12-07T06:00:00Z".parse().unwrap()
+}
+
+fn plan(status: Option<UpgradePlanStatus>) -> UpgradePlan {
+    let spec: UpgradePlanSpec =
+        serde_json::from_value(json!({"rayServiceRef": {"name": "llm"}})).unwrap();
+    let mut p = UpgradePlan::new("llm-plan", spec);
+    p.metadata.namespace = Some("ml".into());
+    p.metadata.generation = Some(1);
+    p.status = status;
+    p
+}
+
+/// Room for the fixture's new cluster: a head node and a node of 32 GPUs.
+fn state() -> ClusterState {
+    let node = |name: &str, labels: Value, gpus: &str| {
+        json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, "labels": labels},
+         "status": {"allocatable": {"cpu": "256", "memory": "2048Gi", "pods": "110",
+             "nvidia.com/gpu": gpus},
+             "conditions": [{"type": "Ready", "status": "True"}]}})
+    };
+    ClusterState::from_list(json!({"kind": "List", "apiVersion": "v1", "items": [
+        node("cpu-0", json!({"node.kubernetes.io/instance-type": "m6i.2xlarge"}), "0"),
+        node("gpu-0", json!({"nvidia.com/gpu.product": "NVIDIA-A10G"}), "32")]}))
+    .unwrap()
+}
+
+/// The fixture's RayService, serving from the fixture's cluster, edited.
+fn service(edit: impl FnOnce(&mut Value)) -> RayService {
+    let mut v: Value = serde_saphyr::from_str(SVC).unwrap();
+    v["metadata"]["uid"] = json!("3f8a2c1e-5b7d-4c1a-9e0f-2d6b8a4c7e91");
+    v["status"] = json!({"activeServiceStatus": {"rayClusterName": "llm-7x9kq"}});
+    edit(&mut v);
+    serde_json::from_value(v).unwrap()
+}
+
+/// The fixture's active cluster, stamped by KubeRay v1.6.2 (a release whose
+/// `suspend` toggle is applied in place), edited.
+fn active(edit: impl FnOnce(&mut Value)) -> RayCluster {
+    let mut v: Value = serde_saphyr::from_str(ACTIVE).unwrap();
+    v["metadata"]["annotations"]["ray.io/kuberay-version"] = json!("v1.6.2");
+    edit(&mut v);
+    serde_json::from_value(v).unwrap()
+}
+
+fn kueue(v: &mut Value, elastic: bool) {
+    v["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = json!("team-a");
+    if elastic {
+        v["metadata"]["annotations"] = json!({"kueue.x-k8s.io/elastic-job": "true"});
+    }
+}
+
+fn worker_image(v: &mut Value) {
+    v["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"] =
+        json!(IMAGE);
+}
+
+fn suspend(v: &mut Value) {
+    v["spec"]["rayClusterConfig"]["suspend"] = json!(true);
+}
+
+fn decide_on(p: &UpgradePlan, svc: &RayService, rc: &RayCluster) -> Decision {
+    decide_with_quota(p, svc, rc, None)
+}
+
+fn decide_with_quota(
+    p: &UpgradePlan,
+    svc: &RayService,
+    rc: &RayCluster,
+    quota: Option<quota::QuotaFacts>,
+) -> Decision {
+    let st = state();
+    let alone = fit::Alone(&st);
+    let release = Release::assumed(KubeRayVersion::parse("1.6.2").unwrap());
+    let clusters = [ClusterObject {
+        name: "llm-7x9kq".into(),
+        cluster: Ok(rc),
+    }];
+    let mut inp = inputs(
+        p,
+        &release,
+        now(),
+        false,
+        &alone,
+        Ok(svc),
+        &clusters,
+        BTreeMap::new(),
+    );
+    inp.quota = quota;
+    decide(&inp)
+}
+
+fn cond<'a>(
+    d: &'a Decision,
+    t: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    d.status.conditions.iter().find(|c| c.type_ == t)
+}
+
+#[test]
+fn kueues_suspension_with_an_image_change_is_an_outage_not_idle() {
+    // Case (b): Kueue set suspend on top of the user's image change; KubeRay
+    // v1.6.2 is about to rewrite the serving cluster in place.
+    let svc = service(|v| {
+        kueue(v, false);
+        worker_image(v);
+        suspend(v);
+    });
+    let d = decide_on(&plan(None), &svc, &active(|_| {}));
+    assert_eq!(d.status.phase, Phase::Suspended);
+    assert_eq!(d.gate, Some(Gate::Hold));
+    let msg = d.status.message.as_deref().unwrap();
+    assert!(
+        msg.contains("applied in place to the serving cluster: its pods are deleted (outage)")
+            && msg.contains("spec.rayClusterConfig.suspend is set to true together with")
+            && msg.contains("image")
+            && msg.contains("LocalQueue team-a"),
+        "{msg}"
+    );
+    let c = cond(&d, condition::SERVICE_SUSPENDED).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "Suspending")
+    );
+    assert_eq!(cond(&d, condition::READY).unwrap().status, "False");
+    assert_eq!(d.events.len(), 1);
+    assert!(d.events[0].warning);
+    assert_eq!(d.events[0].reason, "ServiceSuspended");
+
+    // KubeRay rewrote the cluster: the spec equals it now, and it is still
+    // no `Idle`; the same report is not an Event again.
+    let rewritten = active(|v| {
+        v["spec"]["suspend"] = json!(true);
+        v["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"] =
+            json!(IMAGE);
+    });
+    let d1 = decide_on(&plan(Some(d.status.clone())), &svc, &rewritten);
+    assert_eq!(d1.status.phase, Phase::Suspended);
+    let c = cond(&d1, condition::SERVICE_SUSPENDED).unwrap();
+    assert_eq!(c.reason, "ClusterSuspended");
+    assert!(
+        d1.status
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("llm-7x9kq is suspended"),
+        "{:?}",
+        d1.status.message
+    );
+    assert_eq!(
+        d1.events.len(),
+        1,
+        "a new state, one Event: {:?}",
+        d1.events
+    );
+    let d2 = decide_on(&plan(Some(d1.status.clone())), &svc, &rewritten);
+    assert!(d2.events.is_empty(), "{:?}", d2.events);
+
+    // Resumed (suspend cleared and applied): the condition goes.
+    let resumed = service(|v| {
+        kueue(v, false);
+        worker_image(v);
+    });
+    let running = active(|v| {
+        v["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"] =
+            json!(IMAGE);
+    });
+    let d3 = decide_on(&plan(Some(d2.status.clone())), &resumed, &running);
+    assert_eq!(d3.status.phase, Phase::Idle);
+    assert!(cond(&d3, condition::SERVICE_SUSPENDED).is_none());
+}
+
+#[test]
+fn a_user_setting_suspend_with_another_change_is_reported_too_without_kueue() {
+    let svc = service(|v| {
+        worker_image(v);
+        suspend(v);
+    });
+    let d = decide_on(&plan(None), &svc, &active(|_| {}));
+    assert_eq!(d.status.phase, Phase::Suspended);
+    let msg = d.status.message.as_deref().unwrap();
+    assert!(msg.contains("(outage)") && !msg.contains("Kueue"), "{msg}");
+}
+
+#[test]
+fn a_cluster_change_kueue_would_suspend_is_held_with_its_reason_and_one_warning() {
+    let svc = service(|v| {
+        kueue(v, false);
+        worker_image(v);
+    });
+    let d = decide_on(&plan(None), &svc, &active(|_| {}));
+    assert_eq!(d.status.phase, Phase::Pending);
+    assert_eq!(d.status.waiting_for.as_deref(), Some("KueueWouldSuspend"));
+    assert_eq!(d.gate, Some(Gate::Hold));
+    let msg = d.status.message.as_deref().unwrap();
+    assert!(
+        msg.contains("Kueue v0.19 turns a rayClusterConfig change of a RayService it manages (LocalQueue team-a) into a suspension")
+            && msg.contains("an outage")
+            && msg.contains("spec.rayClusterConfig.workerGroupSpecs[gpu-workers]")
+            && msg.contains("docs/kueue.md"),
+        "{msg}"
+    );
+    let c = cond(&d, condition::UPGRADE_ADMITTED).unwrap();
+    assert_eq!(c.reason, "KueueWouldSuspend");
+    assert_eq!(d.outcome, Some(Outcome::HeldPolicy));
+    let warnings: Vec<_> = d.events.iter().filter(|e| e.warning).collect();
+    assert_eq!(warnings.len(), 1);
+    assert_eq!(warnings[0].reason, "KueueWouldSuspend");
+    let again = decide_on(&plan(Some(d.status.clone())), &svc, &active(|_| {}));
+    assert!(again.events.is_empty(), "{:?}", again.events);
+
+    // Elastic: Kueue resizes instead of suspending; the change goes on to
+    // the capacity step, and without quota support (no `--kueue`) the nodes decide.
+    let elastic = service(|v| {
+        kueue(v, true);
+        worker_image(v);
+    });
+    let d = decide_on(&plan(None), &elastic, &active(|_| {}));
+    assert_eq!(d.status.phase, Phase::Admitted, "{:?}", d.status.message);
+    assert!(d.events.iter().all(|e| e.reason != "KueueWouldSuspend"));
+}
+
+/// A ClusterQueue `name` of GPUs (and plenty of CPU and memory), `used` of
+/// them reserved.
+fn cq(name: &str, cohort: Option<&str>, gpus: i64, used: i64) -> crate::kueue::types::ClusterQueue {
+    serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+        "metadata": {"name": name},
+        "spec": {"cohortName": cohort, "resourceGroups": [{
+            "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+            "flavors": [{"name": "default", "resources": [
+                {"name": "cpu", "nominalQuota": "1000"},
+                {"name": "memory", "nominalQuota": "10Ti"},
+                {"name": "nvidia.com/gpu", "nominalQuota": gpus.to_string()}]}]}]},
+        "status": {"flavorsReservation": [{"name": "default", "resources": [
+            {"name": "nvidia.com/gpu", "total": used.to_string()}]}]}
+    }))
+    .unwrap()
+}
+
+fn facts(
+    all: Vec<crate::kueue::types::ClusterQueue>,
+    reservation: Option<crate::upgradeplan::QuotaReservation>,
+) -> quota::QuotaFacts {
+    quota::QuotaFacts {
+        queue: Ok(quota::QueueQuota {
+            cluster_queue: all[0].clone(),
+            all,
+            uncounted: Default::default(),
+        }),
+        reservation,
+    }
+}
+
+#[test]
+fn a_kueue_managed_change_waits_for_quota_then_for_its_reservation_then_is_admitted() {
+    let svc = service(|v| {
+        kueue(v, true);
+        worker_image(v);
+    });
+    let rc = active(|_| {});
+    // The serving cluster holds the queue's 8 GPUs: nothing left for the new one.
+    let d = decide_with_quota(
+        &plan(None),
+        &svc,
+        &rc,
+        Some(facts(vec![cq("team-a", None, 8, 8)], None)),
+    );
+    assert_eq!(
+        d.status.phase,
+        Phase::WaitingForQuota,
+        "{:?}",
+        d.status.message
+    );
+    assert_eq!(d.gate, Some(Gate::Hold));
+    let w = d.status.waiting_for.as_deref().unwrap();
+    assert!(
+        w.starts_with("quota: nvidia.com/gpu ") && w.ends_with("> 0 left"),
+        "{w}"
+    );
+    let q = d.status.quota.as_ref().unwrap();
+    assert_eq!(
+        (q.local_queue.as_str(), q.cluster_queue.as_deref()),
+        ("team-a", Some("team-a"))
+    );
+    assert_eq!(q.gpus_left.as_deref(), Some("0"));
+    assert!(q.reservation.is_none(), "nothing reserved while short");
+    let msg = d.status.message.as_deref().unwrap();
+    assert!(
+        msg.contains("fits the nodes but not the quota of ClusterQueue team-a"),
+        "{msg}"
+    );
+    assert_eq!(
+        cond(&d, condition::QUOTA_AVAILABLE).unwrap().reason,
+        "InsufficientQuota"
+    );
+    assert_eq!(d.outcome, Some(Outcome::HeldCapacity));
+    let warn: Vec<_> = d
+        .events
+        .iter()
+        .filter(|e| e.reason == "WaitingForQuota")
+        .collect();
+    assert_eq!(warn.len(), 1);
+    let again = decide_with_quota(
+        &plan(Some(d.status.clone())),
+        &svc,
+        &rc,
+        Some(facts(vec![cq("team-a", None, 8, 8)], None)),
+    );
+    assert!(again.events.is_empty(), "{:?}", again.events);
+
+    // team-b in the cohort lends its idle 16: it fits; raygate reserves it first.
+    let all = vec![
+        cq("team-a", Some("ml"), 8, 8),
+        cq("team-b", Some("ml"), 16, 0),
+    ];
+    let d = decide_with_quota(&plan(None), &svc, &rc, Some(facts(all.clone(), None)));
+    assert_eq!(d.status.phase, Phase::WaitingForQuota);
+    assert_eq!(d.status.waiting_for.as_deref(), Some("quota reservation"));
+    let q = d.status.quota.as_ref().unwrap();
+    let r = q.reservation.clone().unwrap();
+    assert_eq!(
+        r.workload,
+        quota::reservation_name("llm-plan", &r.fingerprint)
+    );
+    assert!(!r.granted);
+    assert_eq!(q.cohort.as_deref(), Some("ml"));
+    assert_eq!(
+        cond(&d, condition::QUOTA_AVAILABLE).unwrap().reason,
+        "QuotaPending"
+    );
+
+    // Kueue admitted the reservation: the gate opens, the reservation stays.
+    let granted = crate::upgradeplan::QuotaReservation {
+        granted: true,
+        ..r.clone()
+    };
+    let d = decide_with_quota(
+        &plan(Some(d.status.clone())),
+        &svc,
+        &rc,
+        Some(facts(all.clone(), Some(granted.clone()))),
+    );
+    assert_eq!(d.status.phase, Phase::Admitted, "{:?}", d.status.message);
+    assert_eq!(d.gate, Some(Gate::Open));
+    assert_eq!(
+        d.status.quota.as_ref().unwrap().reservation,
+        Some(granted.clone())
+    );
+    // Tracked: still held.
+    let d = decide_with_quota(
+        &plan(Some(d.status.clone())),
+        &svc,
+        &rc,
+        Some(facts(all, Some(granted.clone()))),
+    );
+    assert_eq!(d.status.phase, Phase::Admitted);
+    assert_eq!(d.status.quota.as_ref().unwrap().reservation, Some(granted));
+
+    // Withdrawn (the spec went back): no reservation is wanted any more.
+    let back = service(|v| kueue(v, true));
+    let d = decide_with_quota(
+        &plan(Some(d.status.clone())),
+        &back,
+        &rc,
+        Some(facts(vec![cq("team-a", None, 8, 8)], None)),
+    );
+    assert_eq!(d.status.phase, Phase::Idle);
+    assert!(d.status.quota.is_none());
+    assert!(cond(&d, condition::QUOTA_AVAILABLE).is_none());
+
+    // Kueue's objects cannot be read: held, never admitted on a guess.
+    let unread = quota::QuotaFacts {
+        queue: Err("LocalQueue ml/team-a not found".into()),
+        reservation: None,
+    };
+    let d = decide_with_quota(&plan(None), &svc, &rc, Some(unread));
+    assert_eq!(
+        (d.status.phase, d.status.waiting_for.as_deref()),
+        (Phase::WaitingForQuota, Some("quota unknown"))
+    );
+    assert!(
+        d.status
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("LocalQueue ml/team-a not found")
+    );
+}

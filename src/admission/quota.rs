@@ -1,0 +1,216 @@
+//! Kueue's quota as a second capacity dimension (rule 4 of [`super::rules`]):
+//! a change of a Kueue-managed RayService whose new cluster fits the nodes
+//! is admitted only once its ClusterQueue has the quota for it next to the
+//! serving cluster's ([`crate::kueue::quota`]: nominal + what the cohort may
+//! lend − reserved − raygate's reservations Kueue does not count yet), and
+//! Kueue granted raygate's reservation Workload for it: Kueue counts one
+//! cluster per RayService (kueue#11102), so without the reservation the
+//! second cluster's quota could be taken by any other workload meanwhile.
+//!
+//! - quota short: `WaitingForQuota`, the numbers per resource in
+//!   `status.quota` and the message, one Warning Event per change;
+//! - quota there, reservation not granted yet: `WaitingForQuota` (waiting
+//!   for `quota reservation`); `status.quota.reservation` names the
+//!   Workload the controller creates;
+//! - granted: admitted. The reservation is kept while the transition runs
+//!   and deleted when it ends (the controller, `controller::reservations`).
+
+use super::render::Builder;
+use super::{ChangeFacts, EventReason, Outcome};
+use crate::capacity::{ACCELERATORS, FitReport, ResourceList, sum_of};
+use crate::kueue::quota::{self as q, QuotaReport};
+use crate::kueue::types::ClusterQueue;
+use crate::kueue::{LocalQueueName, Managed};
+use crate::quantity::Quantity;
+use crate::upgradeplan::{Phase, QuotaReservation, QuotaResourceStatus, QuotaStatus, condition};
+use condition::{Reason, Status};
+
+/// What raygate read of Kueue for one plan.
+#[derive(Debug, Clone)]
+pub struct QuotaFacts {
+    /// The ClusterQueue of the RayService's LocalQueue with every
+    /// ClusterQueue (its cohort is found among them), or why not.
+    pub queue: Result<QueueQuota, String>,
+    /// raygate's reservation Workload of this plan, if one exists.
+    pub reservation: Option<QuotaReservation>,
+}
+
+/// A ClusterQueue and what else counts against it.
+#[derive(Debug, Clone)]
+pub struct QueueQuota {
+    pub cluster_queue: ClusterQueue,
+    pub all: Vec<ClusterQueue>,
+    /// Other plans' reservations in this ClusterQueue that Kueue has not
+    /// admitted yet (so its status does not count them), per resource.
+    pub uncounted: ResourceList,
+}
+
+/// The name of raygate's reservation Workload for `plan`'s change
+/// `fingerprint`: derived, so a restarted raygate finds it again.
+pub fn reservation_name(plan: &str, fingerprint: &str) -> String {
+    crate::autoscale::shapes::object_name(plan, fingerprint, "quota")
+}
+
+/// `status.quota` of a report.
+fn status_of(
+    queue: &LocalQueueName,
+    r: &QuotaReport,
+    reservation: Option<QuotaReservation>,
+) -> QuotaStatus {
+    let sum = |f: &dyn Fn(&q::Line) -> Quantity| -> Option<String> {
+        let list: ResourceList = r.lines.iter().map(|l| (l.resource.clone(), f(l))).collect();
+        sum_of(&list, &ACCELERATORS).map(|q| q.canonical())
+    };
+    QuotaStatus {
+        local_queue: queue.to_string(),
+        cluster_queue: Some(r.cluster_queue.clone()),
+        cohort: r.cohort.clone(),
+        resources: r
+            .lines
+            .iter()
+            .map(|l| QuotaResourceStatus {
+                name: l.resource.clone(),
+                flavor: l.flavor.clone(),
+                needed: l.needed.canonical(),
+                left: l.left.canonical(),
+                borrowable: l.borrowable.canonical(),
+            })
+            .collect(),
+        gpus_needed: sum(&|l| l.needed.clone()),
+        gpus_left: sum(&|l| l.left.clone()),
+        reservation,
+    }
+}
+
+/// Whether the quota lets `change` (whose new cluster fits the nodes, by
+/// `report`) be admitted now; when not, the decision is filled in.
+pub(super) fn allows(
+    b: &mut Builder<'_>,
+    change: &ChangeFacts,
+    report: &FitReport,
+    kueue: &Managed,
+    facts: &QuotaFacts,
+    plan: &str,
+) -> bool {
+    let fp = &change.fingerprint;
+    let name = reservation_name(plan, fp);
+    // A reservation of another change is stale: the controller deletes it.
+    let mine = facts
+        .reservation
+        .clone()
+        .filter(|r| r.fingerprint == *fp && r.workload == name);
+    let wanted = QuotaReservation {
+        workload: name.clone(),
+        fingerprint: fp.clone(),
+        granted: mine.as_ref().is_some_and(|r| r.granted),
+    };
+    let queue = match &facts.queue {
+        Ok(q) => q,
+        Err(e) => {
+            b.status.quota = Some(QuotaStatus {
+                local_queue: kueue.queue.to_string(),
+                ..Default::default()
+            });
+            let long = format!(
+                "change {fp}: the quota of LocalQueue {} cannot be read: {e}",
+                kueue.queue
+            );
+            b.condition(
+                condition::QUOTA_AVAILABLE,
+                Status::False,
+                Reason::InsufficientQuota,
+                &long,
+            );
+            wait(b, fp, "quota unknown", &long, false);
+            return false;
+        }
+    };
+    // Kueue's admission of the reservation is the grant: its quota is then
+    // counted in the ClusterQueue's usage and must not be counted twice.
+    if wanted.granted {
+        let mut st = b.prev.quota.clone().unwrap_or_default();
+        st.local_queue = kueue.queue.to_string();
+        st.cluster_queue = queue.cluster_queue.metadata.name.clone();
+        st.reservation = Some(wanted);
+        b.status.quota = Some(st);
+        b.condition(
+            condition::QUOTA_AVAILABLE,
+            Status::True,
+            Reason::QuotaFits,
+            &format!("Kueue admitted raygate's reservation Workload {name}"),
+        );
+        return true;
+    }
+    let r = q::fit(
+        &queue.cluster_queue,
+        &queue.all,
+        &queue.uncounted,
+        &report.new_requests,
+    );
+    let text = r.text();
+    if !r.fits {
+        b.status.quota = Some(status_of(&kueue.queue, &r, None));
+        let long = format!(
+            "change {fp}: the new cluster fits the nodes but not the quota of ClusterQueue {}{} \
+             (LocalQueue {}): {text}",
+            r.cluster_queue,
+            r.cohort
+                .as_ref()
+                .map(|c| format!(" in cohort {c}"))
+                .unwrap_or_default(),
+            kueue.queue
+        );
+        b.condition(
+            condition::QUOTA_AVAILABLE,
+            Status::False,
+            Reason::InsufficientQuota,
+            &long,
+        );
+        let short = r
+            .short()
+            .next()
+            .map(|l| {
+                format!(
+                    "quota: {} {} > {} left",
+                    l.resource,
+                    l.needed.canonical(),
+                    l.left.canonical()
+                )
+            })
+            .unwrap_or_else(|| "quota".into());
+        wait(b, fp, &short, &long, true);
+        return false;
+    }
+    b.status.quota = Some(status_of(&kueue.queue, &r, Some(wanted)));
+    b.condition(
+        condition::QUOTA_AVAILABLE,
+        Status::True,
+        Reason::QuotaPending,
+        &format!(
+            "ClusterQueue {} has the quota ({text}); reserving it with Workload {name}",
+            r.cluster_queue
+        ),
+    );
+    let long = format!(
+        "change {fp}: the new cluster fits the nodes and ClusterQueue {} ({text}); waiting for Kueue \
+         to admit raygate's reservation Workload {name} in LocalQueue {}",
+        r.cluster_queue, kueue.queue
+    );
+    wait(b, fp, "quota reservation", &long, false);
+    false
+}
+
+/// `WaitingForQuota`, with one Event per change when `warn`.
+fn wait(b: &mut Builder<'_>, fp: &str, short: &str, long: &str, warn: bool) {
+    let news = b.prev.phase != Phase::WaitingForQuota
+        || b.prev
+            .pending_change
+            .as_ref()
+            .map(|p| p.fingerprint.as_str())
+            != Some(fp)
+        || b.prev.waiting_for.as_deref() != Some(short);
+    b.hold(Phase::WaitingForQuota, short, long, Outcome::HeldCapacity);
+    if news && warn {
+        b.change_event(true, EventReason::WaitingForQuota, fp, long.to_string());
+    }
+}

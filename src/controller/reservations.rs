@@ -1,0 +1,518 @@
+//! The I/O of Kueue quota ([`crate::admission::quota`], `--kueue`): caches
+//! of ClusterQueues, LocalQueues and raygate's own reservation Workloads,
+//! the facts a decision reads from them, and the writes that make the
+//! reservations match the decisions. Mirrors [`super::buffers`]:
+//!
+//! - a plan whose status names a reservation (`status.quota.reservation`)
+//!   gets its Workload by server-side apply under a name derived from plan
+//!   and change, so a restarted raygate finds and reuses it; then condition
+//!   `PodsReady=True` (Kueue's `waitForPodsReady` would evict a Workload
+//!   whose pods never come: measured on v0.19.0);
+//! - any other reservation of the plan (another change; the transition
+//!   completed, withdrawn, abandoned; the plan deleted) is deleted;
+//! - a sweep deletes what no plan names any more (the owner reference lets
+//!   the garbage collector do it too), and `raygate release` deletes all.
+//!
+//! Inert without `--kueue`: nothing is watched, read or written, and the
+//! decisions have no quota dimension.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::channel::mpsc;
+use jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher::{self, watcher};
+use kube::{Client, ResourceExt};
+use tracing::{info, warn};
+
+use super::{Context, cache, gate, guarded, spawn_cache};
+use crate::admission::quota::{QueueQuota, QuotaFacts};
+use crate::admission::{Decision, Inputs};
+use crate::capacity::ResourceList;
+use crate::kueue::reservation::{self, LABEL_FINGERPRINT, LABEL_PLAN_UID, Owner, SELECTOR};
+use crate::kueue::types::{ClusterQueue, LocalQueue, Workload};
+use crate::leader::Fence;
+use crate::upgradeplan::{Phase, QuotaReservation, UpgradePlan};
+use crate::{Error, Result};
+
+/// A sweep leaves younger reservations alone: their plan's status may not
+/// be in the cache yet.
+const SWEEP_GRACE: Duration = Duration::from_secs(60);
+
+/// The caches; all `None` without `--kueue`.
+pub struct Shell {
+    cluster_queues: Option<Store<ClusterQueue>>,
+    local_queues: Option<Store<LocalQueue>>,
+    workloads: Option<Store<Workload>>,
+}
+
+fn label<'a>(meta: &'a kube::api::ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .map(String::as_str)
+}
+
+/// Plans a ClusterQueue or LocalQueue change may let through: those
+/// waiting for quota.
+fn waiting_for_quota(plans: &Store<UpgradePlan>) -> Vec<ObjectRef<UpgradePlan>> {
+    plans
+        .state()
+        .iter()
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .is_some_and(|s| s.phase == Phase::WaitingForQuota)
+        })
+        .map(|p| ObjectRef::from_obj(p.as_ref()))
+        .collect()
+}
+
+impl Shell {
+    pub fn off() -> Shell {
+        Shell {
+            cluster_queues: None,
+            local_queues: None,
+            workloads: None,
+        }
+    }
+
+    /// Watches ClusterQueues (cluster-wide), LocalQueues and raygate's
+    /// Workloads in `namespaces` (all when empty).
+    pub fn spawn(
+        client: &Client,
+        namespaces: &[String],
+        enabled: bool,
+        plans: Store<UpgradePlan>,
+        tx: mpsc::UnboundedSender<ObjectRef<UpgradePlan>>,
+    ) -> Shell {
+        if !enabled {
+            return Shell::off();
+        }
+        let p1 = plans.clone();
+        let cluster_queues = spawn_cache(
+            watcher(
+                Api::<ClusterQueue>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff(),
+            |_| {},
+            |_: &ClusterQueue| None,
+            move |_: &ClusterQueue| waiting_for_quota(&p1),
+            tx.clone(),
+        );
+        let p2 = plans.clone();
+        let local_queues = spawn_cache(
+            cache::scoped_watcher::<LocalQueue>(client, namespaces, watcher::Config::default()),
+            |_| {},
+            |_: &LocalQueue| None,
+            move |_: &LocalQueue| waiting_for_quota(&p2),
+            tx.clone(),
+        );
+        let workloads = spawn_cache(
+            cache::scoped_watcher::<Workload>(
+                client,
+                namespaces,
+                watcher::Config::default().labels(SELECTOR),
+            ),
+            |_| {},
+            |_: &Workload| None,
+            move |w: &Workload| {
+                let uid = label(&w.metadata, LABEL_PLAN_UID);
+                plans
+                    .state()
+                    .iter()
+                    .filter(|p| p.metadata.uid.as_deref() == uid)
+                    .map(|p| ObjectRef::from_obj(p.as_ref()))
+                    .collect()
+            },
+            tx,
+        );
+        Shell {
+            cluster_queues: Some(cluster_queues),
+            local_queues: Some(local_queues),
+            workloads: Some(workloads),
+        }
+    }
+
+    fn workloads(&self) -> Vec<Arc<Workload>> {
+        self.workloads.iter().flat_map(|s| s.state()).collect()
+    }
+
+    fn of_plan(&self, uid: &str) -> Vec<Arc<Workload>> {
+        self.workloads()
+            .into_iter()
+            .filter(|w| label(&w.metadata, LABEL_PLAN_UID) == Some(&reservation::label_value(uid)))
+            .collect()
+    }
+
+    /// The ClusterQueue a LocalQueue of `ns` points at.
+    fn cluster_queue_of(&self, ns: &str, queue: &str) -> Option<String> {
+        self.local_queues
+            .as_ref()?
+            .get(&ObjectRef::new(queue).within(ns))?
+            .spec
+            .cluster_queue
+            .clone()
+    }
+}
+
+/// What a decision on `inputs` reads of Kueue: `None` without `--kueue`
+/// or for a RayService Kueue does not manage.
+pub fn facts(ctx: &Context, inputs: &Inputs<'_>) -> Option<QuotaFacts> {
+    let shell = &ctx.reservations;
+    let cqs = shell.cluster_queues.as_ref()?;
+    let managed = inputs.service.as_ref().ok()?.kueue.clone()?;
+    let ns = inputs.plan.namespace().unwrap_or_default();
+    let uid = inputs.plan.metadata.uid.clone().unwrap_or_default();
+    let reservation = shell.of_plan(&uid).first().map(|w| QuotaReservation {
+        workload: w.name_any(),
+        fingerprint: label(&w.metadata, LABEL_FINGERPRINT)
+            .unwrap_or_default()
+            .to_string(),
+        granted: w.quota_granted(),
+    });
+    let queue = (|| {
+        let cq_name = shell
+            .cluster_queue_of(&ns, managed.queue.as_str())
+            .ok_or_else(|| {
+                format!(
+                    "LocalQueue {ns}/{} not found (or it names no ClusterQueue)",
+                    managed.queue
+                )
+            })?;
+        let all: Vec<ClusterQueue> = cqs.state().iter().map(|c| c.as_ref().clone()).collect();
+        let cq = all
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(cq_name.as_str()))
+            .cloned()
+            .ok_or_else(|| format!("ClusterQueue {cq_name} not found"))?;
+        // Other plans' reservations in this ClusterQueue Kueue has not
+        // admitted yet: not in its status, but raygate means to take them.
+        let mut uncounted = ResourceList::new();
+        for w in shell.workloads() {
+            let wns = w.namespace().unwrap_or_default();
+            let same = w
+                .spec
+                .queue_name
+                .as_deref()
+                .and_then(|q| shell.cluster_queue_of(&wns, q))
+                .as_deref()
+                == Some(cq_name.as_str());
+            if !same
+                || w.quota_granted()
+                || label(&w.metadata, LABEL_PLAN_UID) == Some(&reservation::label_value(&uid))
+            {
+                continue;
+            }
+            for ps in &w.spec.pod_sets {
+                add_requests(&mut uncounted, ps);
+            }
+        }
+        Ok(QueueQuota {
+            cluster_queue: cq,
+            all,
+            uncounted,
+        })
+    })();
+    Some(QuotaFacts { queue, reservation })
+}
+
+/// Adds a pod set's requests (per pod, times its count) to `list`.
+fn add_requests(list: &mut ResourceList, ps: &crate::kueue::types::PodSet) {
+    let Some(spec) = &ps.template.spec else {
+        return;
+    };
+    let pod = k8s_openapi::api::core::v1::Pod {
+        spec: Some(spec.clone()),
+        ..Default::default()
+    };
+    let Ok(req) = crate::capacity::requests::pod_requests(&pod, &[]) else {
+        return;
+    };
+    let count = i128::from(ps.count.max(0));
+    for (k, q) in req {
+        let total =
+            crate::quantity::Quantity::from_nanos(q.as_nanos().saturating_mul(count), q.format());
+        let e = list.entry(k).or_default();
+        *e = e.saturating_add(&total);
+    }
+}
+
+/// The reservation the decision wants, built; `None`: none (or it cannot
+/// be built: then the plan stays waiting, which the status says).
+pub fn wanted(inputs: &Inputs<'_>, d: &Decision) -> Option<Workload> {
+    let r = d.status.quota.as_ref()?.reservation.as_ref()?;
+    let managed = inputs.service.as_ref().ok()?.kueue.clone()?;
+    let change = inputs.change.as_ref().ok()?.as_ref()?;
+    if change.fingerprint != r.fingerprint {
+        // Tracking an admitted change: the Workload exists; keep it as is.
+        return None;
+    }
+    let plan = inputs.plan;
+    let ns = plan.namespace().unwrap_or_default();
+    let name = plan.name_any();
+    let uid = plan.metadata.uid.clone()?;
+    let priority = inputs.settings.as_ref().map(|s| s.priority).unwrap_or(0);
+    match reservation::workload(
+        &Owner {
+            namespace: &ns,
+            name: &name,
+            uid: &uid,
+        },
+        &r.workload,
+        &managed.queue,
+        &r.fingerprint,
+        change.pods_to_fit(),
+        priority,
+    ) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            warn!(plan = %name, namespace = %ns, error = %e, "cannot build the quota reservation");
+            None
+        }
+    }
+}
+
+/// The name of the reservation the decision keeps (to create or keep).
+pub fn keep(d: &Decision) -> Option<String> {
+    d.status
+        .quota
+        .as_ref()
+        .and_then(|q| q.reservation.as_ref())
+        .map(|r| r.workload.clone())
+}
+
+/// Makes the plan's reservations match the decision: creates `wanted` if
+/// the cache does not show it, deletes every other. Never an error of the
+/// reconcile: the gate opens only on a granted reservation, so a failure
+/// here holds the plan, which retries.
+pub async fn act(ctx: &Context, plan: &UpgradePlan, wanted: Option<&Workload>, keep: Option<&str>) {
+    let shell = &ctx.reservations;
+    if shell.workloads.is_none() {
+        return;
+    }
+    let (Some(uid), ns) = (
+        plan.metadata.uid.as_deref(),
+        plan.namespace().unwrap_or_default(),
+    ) else {
+        return;
+    };
+    if let Some(w) = wanted {
+        let name = w.name_any();
+        let cached = shell
+            .workloads
+            .as_ref()
+            .and_then(|s| s.get(&ObjectRef::new(&name).within(&ns)));
+        let needs_ready = cached.as_ref().is_none_or(|c| !pods_ready(c));
+        if cached.is_none() {
+            match apply(ctx, &ns, w).await {
+                Ok(()) => info!(plan = %plan.name_any(), namespace = %ns, workload = %name,
+                                "quota reservation created in Kueue"),
+                Err(e) => {
+                    warn!(plan = %plan.name_any(), namespace = %ns, error = %e, "creating the quota reservation");
+                    return;
+                }
+            }
+        }
+        if needs_ready && let Err(e) = mark_pods_ready(ctx, &ns, &name).await {
+            warn!(plan = %plan.name_any(), namespace = %ns, error = %e, "marking the quota reservation PodsReady");
+        }
+    }
+    let stale: Vec<String> = shell
+        .of_plan(uid)
+        .iter()
+        .map(|w| w.name_any())
+        .filter(|n| Some(n.as_str()) != keep)
+        .collect();
+    if let Err(e) = delete_named(&ctx.client, &ctx.fence, &ns, &stale).await {
+        warn!(plan = %plan.name_any(), namespace = %ns, error = %e, "deleting quota reservations (retried)");
+    } else if !stale.is_empty() {
+        info!(plan = %plan.name_any(), namespace = %ns, workloads = ?stale, "quota reservations deleted");
+    }
+}
+
+fn pods_ready(w: &Workload) -> bool {
+    w.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "PodsReady" && c.status == "True")
+    })
+}
+
+async fn apply(ctx: &Context, ns: &str, w: &Workload) -> Result<()> {
+    let api: Api<Workload> = Api::namespaced(ctx.client.clone(), ns);
+    let name = w.name_any();
+    guarded(
+        &ctx.fence,
+        "applying a quota reservation Workload",
+        api.patch(
+            &name,
+            &PatchParams::apply(gate::FIELD_MANAGER).force(),
+            &Patch::Apply(w),
+        ),
+    )
+    .await?
+    .map_err(|e| api_error(&name, e))?;
+    Ok(())
+}
+
+/// `PodsReady=True`: the reservation has no pods, and Kueue must not evict
+/// it for that (`waitForPodsReady`).
+async fn mark_pods_ready(ctx: &Context, ns: &str, name: &str) -> Result<()> {
+    let api: Api<Workload> = Api::namespaced(ctx.client.clone(), ns);
+    let body = serde_json::json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "status": {"conditions": [{
+            "type": "PodsReady", "status": "True", "reason": "QuotaReservation",
+            "message": "raygate's quota reservation for a RayService's new cluster has no pods of its own",
+            "lastTransitionTime": Timestamp::now().to_string(),
+        }]}
+    });
+    guarded(
+        &ctx.fence,
+        "marking a quota reservation PodsReady",
+        api.patch_status(
+            name,
+            &PatchParams::apply(gate::FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        ),
+    )
+    .await?
+    .map_err(|e| api_error(name, e))?;
+    Ok(())
+}
+
+fn api_error(name: &str, e: kube::Error) -> Error {
+    let why = match &e {
+        kube::Error::Api(s) if s.code == 404 => {
+            "the Workload API (kueue.x-k8s.io/v1beta2) is not installed: install Kueue v0.19 or turn --kueue off"
+                .to_string()
+        }
+        kube::Error::Api(s) if s.code == 403 => format!(
+            "raygate may not write Workloads here ({}); grant it with the chart's kueue.reservations.enabled",
+            s.message
+        ),
+        _ => e.to_string(),
+    };
+    Error::invalid(format!("Workload {name}"), why)
+}
+
+/// Deletes `names` in `ns`; gone already is fine.
+async fn delete_named(client: &Client, fence: &Fence, ns: &str, names: &[String]) -> Result<()> {
+    let api: Api<Workload> = Api::namespaced(client.clone(), ns);
+    for name in names {
+        match guarded(
+            fence,
+            "deleting a quota reservation",
+            api.delete(name, &DeleteParams::default()),
+        )
+        .await?
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// A deleted plan: its reservations go now.
+pub async fn forget(ctx: &Context, plan: &UpgradePlan) -> Result<()> {
+    if let Some(uid) = plan.metadata.uid.as_deref() {
+        let names: Vec<String> = ctx
+            .reservations
+            .of_plan(uid)
+            .iter()
+            .map(|w| w.name_any())
+            .collect();
+        delete_named(
+            &ctx.client,
+            &ctx.fence,
+            &plan.namespace().unwrap_or_default(),
+            &names,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Deletes the reservations no plan's status names (a plan gone, a change
+/// over), older than [`SWEEP_GRACE`].
+pub async fn sweep(ctx: &Context) {
+    let shell = &ctx.reservations;
+    if shell.workloads.is_none() {
+        return;
+    }
+    let plans = ctx.stores.plans.state();
+    let named: BTreeMap<String, String> = plans
+        .iter()
+        .filter_map(|p| {
+            let r = p.status.as_ref()?.quota.as_ref()?.reservation.as_ref()?;
+            Some((
+                reservation::label_value(p.metadata.uid.as_deref()?),
+                r.workload.clone(),
+            ))
+        })
+        .collect();
+    let now = Timestamp::now();
+    let mut by_ns: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for w in shell.workloads() {
+        let old = w.metadata.creation_timestamp.as_ref().is_none_or(|t| {
+            Duration::try_from(now.duration_since(t.0)).unwrap_or_default() > SWEEP_GRACE
+        });
+        let wanted = label(&w.metadata, LABEL_PLAN_UID)
+            .and_then(|u| named.get(u))
+            .is_some_and(|n| *n == w.name_any());
+        if old && !wanted {
+            by_ns
+                .entry(w.namespace().unwrap_or_default())
+                .or_default()
+                .push(w.name_any());
+        }
+    }
+    for (ns, names) in by_ns {
+        warn!(namespace = %ns, workloads = ?names, "quota reservations no plan wants; deleting them");
+        if let Err(e) = delete_named(&ctx.client, &ctx.fence, &ns, &names).await {
+            warn!(namespace = %ns, error = %e, "deleting quota reservations");
+        }
+    }
+}
+
+/// `raygate release`: deletes every reservation raygate made in
+/// `namespace` (all when `None`); Kueue not installed or never granted is
+/// fine (nothing to delete). Their names, `ns/name`.
+pub async fn release(
+    client: &Client,
+    namespace: Option<&str>,
+    covers: impl Fn(&str) -> bool,
+) -> Result<Vec<String>> {
+    let fence = Fence::open();
+    let api: Api<Workload> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let lp = ListParams::default().labels(SELECTOR);
+    let items = match guarded(&fence, "listing quota reservations", api.list_metadata(&lp)).await? {
+        Ok(l) => l.items,
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => vec![],
+        Err(e) => return Err(e.into()),
+    };
+    let mut by_ns: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for w in &items {
+        by_ns
+            .entry(w.namespace().unwrap_or_default())
+            .or_default()
+            .push(w.name_any());
+    }
+    let mut done = vec![];
+    for (ns, names) in by_ns.into_iter().filter(|(ns, _)| covers(ns)) {
+        delete_named(client, &fence, &ns, &names).await?;
+        done.extend(names.iter().map(|n| format!("{ns}/{n}")));
+    }
+    Ok(done)
+}

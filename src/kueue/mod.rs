@@ -1,0 +1,146 @@
+//! What Kueue does to a RayService it manages, and its quota as a capacity
+//! dimension. Pure: typed views of the objects and the arithmetic; the
+//! controller reads them.
+//!
+//! Evidence is Kueue v0.19.0's source (`sigs.k8s.io/kueue@v0.19.0`):
+//! - a RayService joins Kueue by the label `kueue.x-k8s.io/queue-name`
+//!   (`pkg/controller/constants` `QueueLabel`), read by the integration
+//!   `ray.io/rayservice` (`pkg/controller/jobs/rayservice`);
+//! - Kueue suspends and resumes it through `spec.rayClusterConfig.suspend`
+//!   (`rayservice_controller.go` `Suspend`, `RunWithPodSetsInfo`), and when the
+//!   object no longer matches its Workload (any pod-set change, e.g. a worker
+//!   image edit) and is not suspended it stops the job ("No matching
+//!   Workload", `jobframework/reconciler.go` `ensureOneWorkload`) — which
+//!   KubeRay v1.5.2–v1.6.2 applies in place to the serving cluster (see
+//!   [`crate::kuberay::classify`], rule 1b): an outage;
+//! - except for an elastic job: annotation `kueue.x-k8s.io/elastic-job: "true"`
+//!   (`pkg/constants` `ElasticJobAnnotation`, matched on key and value by
+//!   `workloadslicing.Enabled`, feature gate `ElasticJobsViaWorkloadSlices`,
+//!   beta and on by default).
+
+pub mod quota;
+pub mod reservation;
+pub mod types;
+
+use std::fmt;
+
+use kube::api::ObjectMeta;
+use serde::Serialize;
+
+/// The label that puts an object under Kueue (`constants.QueueLabel`).
+pub const LABEL_QUEUE_NAME: &str = "kueue.x-k8s.io/queue-name";
+/// The annotation that makes a job elastic (`constants.ElasticJobAnnotation`).
+pub const ANNOTATION_ELASTIC_JOB: &str = "kueue.x-k8s.io/elastic-job";
+/// The value `workloadslicing.Enabled` matches (`EnabledAnnotationValue`).
+pub const ELASTIC_JOB_ENABLED: &str = "true";
+
+/// A LocalQueue's name, as a RayService's queue label gives it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct LocalQueueName(String);
+
+impl LocalQueueName {
+    pub fn new(name: impl Into<String>) -> Self {
+        LocalQueueName(name.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for LocalQueueName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A RayService Kueue manages: its LocalQueue, and whether it is elastic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Managed {
+    pub queue: LocalQueueName,
+    /// `kueue.x-k8s.io/elastic-job: "true"`: Kueue resizes it by workload
+    /// slices instead of suspending it when its pod sets change.
+    pub elastic: bool,
+}
+
+impl Managed {
+    /// Whether Kueue manages the object with this metadata. An empty label
+    /// value names no queue: Kueue's default queue applies only with the
+    /// `LocalQueueDefaulting` webhook, which writes the label itself.
+    pub fn of(meta: &ObjectMeta) -> Option<Managed> {
+        let queue = meta
+            .labels
+            .as_ref()?
+            .get(LABEL_QUEUE_NAME)
+            .filter(|q| !q.is_empty())?;
+        let elastic = meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_ELASTIC_JOB))
+            .is_some_and(|v| v == ELASTIC_JOB_ENABLED);
+        Some(Managed {
+            queue: LocalQueueName::new(queue.clone()),
+            elastic,
+        })
+    }
+
+    /// What Kueue v0.19 does with a change of the pod sets (a cluster
+    /// change raygate would admit), in one sentence.
+    pub fn behaviour(&self) -> &'static str {
+        if self.elastic {
+            "elastic job: Kueue resizes its Workload by slices instead of suspending it"
+        } else {
+            "Kueue v0.19 turns a rayClusterConfig change into a suspension (spec.rayClusterConfig.suspend: true), \
+             which KubeRay applies in place to the serving cluster: an outage"
+        }
+    }
+}
+
+/// The remedy for a change Kueue would turn into a suspension.
+/// Kueue v0.19's webhook makes `kueue.x-k8s.io/elastic-job` immutable
+/// (measured: "field is immutable"), so it is set when the RayService is
+/// created, never added to a running one.
+pub const REMEDY: &str = "revert spec.rayClusterConfig to the active cluster's; for zero-downtime \
+     upgrades create the RayService with the annotation kueue.x-k8s.io/elastic-job: \"true\" (Kueue makes \
+     it immutable), or take the outage knowingly: suspend it alone first (spec.rayClusterConfig.suspend: \
+     true), change it, resume (docs/kueue.md); the chart's ValidatingAdmissionPolicy refuses such edits";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn meta(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> ObjectMeta {
+        let map = |kv: &[(&str, &str)]| {
+            Some(
+                kv.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            )
+        };
+        ObjectMeta {
+            labels: map(labels),
+            annotations: map(annotations),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn managed_by_the_queue_label_elastic_only_with_true() {
+        assert_eq!(Managed::of(&meta(&[], &[])), None);
+        assert_eq!(Managed::of(&meta(&[(LABEL_QUEUE_NAME, "")], &[])), None);
+        let m = Managed::of(&meta(&[(LABEL_QUEUE_NAME, "team-a")], &[])).unwrap();
+        assert_eq!((m.queue.as_str(), m.elastic), ("team-a", false));
+        assert!(m.behaviour().contains("outage"));
+        for (v, elastic) in [("true", true), ("True", false), ("yes", false)] {
+            let m = Managed::of(&meta(
+                &[(LABEL_QUEUE_NAME, "team-a")],
+                &[(ANNOTATION_ELASTIC_JOB, v)],
+            ))
+            .unwrap();
+            assert_eq!(m.elastic, elastic, "{v}");
+        }
+    }
+}
