@@ -1459,3 +1459,308 @@ async fn only_workload(e: &Env) -> Result<Value> {
         other => anyhow::bail!("expected one Workload, found {}", other.len()),
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// raygate's admission policy (config/kueue) against the real Kueue
+
+/// The worker-image patch of [`bump_worker`], as a dry run (the policy's answer, nothing
+/// persisted) or for real.
+async fn image_patch(e: &Env, svc: &str, image: &str, dry_run: bool) -> kube::Result<()> {
+    let current = rs_api(e).get(svc).await?;
+    let mut groups = serde_json::to_value(&current).unwrap_or_default()["spec"]["rayClusterConfig"]
+        ["workerGroupSpecs"]
+        .clone();
+    groups[0]["template"]["spec"]["containers"][0]["image"] = json!(image);
+    let patch = json!({"spec": {"rayClusterConfig": {"workerGroupSpecs": groups}}});
+    let pp = PatchParams {
+        dry_run,
+        ..PatchParams::default()
+    };
+    rs_api(e).patch(svc, &pp, &Patch::Merge(&patch)).await?;
+    Ok(())
+}
+
+async fn set_suspend(e: &Env, svc: &str, suspend: bool) -> kube::Result<()> {
+    let patch = json!({"spec": {"rayClusterConfig": {"suspend": suspend}}});
+    rs_api(e)
+        .patch(svc, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// raygate's ValidatingAdmissionPolicy (`kubectl apply -k config/kueue`, as the chart's
+/// `kueue.admissionPolicy` ships it) on the real apiserver next to the real Kueue: Kueue's own
+/// writes pass (a Kueue-managed service is created, admitted and resumed), the issue's edit
+/// (a worker image change of a Kueue-managed service that is not elastic) is refused with the
+/// field path and the remedy, and the service keeps serving with its Workload; the same edit
+/// of an elastic service passes. And what "set `suspend: true` alone, then change the cluster
+/// while suspended" does on a Kueue-managed service: the suspension is allowed, KubeRay applies
+/// it in place to the serving cluster (its pods deleted) and Kueue undoes it at once (its
+/// Workload is still admitted: Event `Started`), the pods come back; the change that follows is
+/// refused, the service not being suspended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admission_policy_refuses_the_outage_edit_and_kueue_still_works() {
+    let e = or_panic(env(4).await);
+    let policy = raygate_e2e::control_plane::repo_root().join("config/kueue");
+    or_panic(
+        e.cp.kubectl_ok(&["apply", "-k", &policy.to_string_lossy()])
+            .map(|_| ()),
+    );
+    let (rec, old) = or_panic(serving_service(&e, "llm", false).await);
+    // Policies load asynchronously: wait until a dry run of the edit is refused.
+    let refused = wait_for("the policy refusing the edit", T, || async {
+        Ok(match image_patch(&e, "llm", NEW_IMAGE, true).await {
+            Err(kube::Error::Api(s)) if s.message.contains("ValidatingAdmissionPolicy") => {
+                Check::Done(s.message)
+            }
+            other => Check::NotYet(format!("{other:?}")),
+        })
+    })
+    .await;
+    let refused = match refused {
+        Ok(m) => m,
+        Err(err) => {
+            rec.finish(&e, "policy").await;
+            panic!("{err:#}");
+        }
+    };
+    let real = image_patch(&e, "llm", NEW_IMAGE, false).await;
+    rec.mark(&format!("the edit: {real:?}"));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let kept = rec.samples().last().cloned().unwrap_or_default();
+
+    // "Suspend alone, change while suspended": Kueue undoes the suspension at once (its
+    // Workload is still admitted) but KubeRay has applied it to the serving cluster; the
+    // change that follows is refused, the service not being suspended any more.
+    rec.mark("suspend alone");
+    let s1 = set_suspend(&e, "llm", true).await;
+    rec.mark(&format!("suspend: {s1:?}"));
+    let back = wait_sample(&rec, "the serving cluster's pods back", T, |s| {
+        !s.rs_suspend
+            && s.pods
+                .values()
+                .filter(|p| p.cluster == old && p.phase == "Running")
+                .count()
+                == 2
+            && !s.pods.keys().any(|n| kept.pods.contains_key(n))
+    })
+    .await;
+    let s2 = image_patch(&e, "llm", NEW_IMAGE, false).await;
+    rec.mark(&format!("change after the suspend: {s2:?}"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let samples = rec.finish(&e, "policy").await;
+
+    assert!(refused.contains("raygate: "), "{refused}");
+    assert!(
+        refused.contains("spec.rayClusterConfig.workerGroupSpecs[gpu-workers]"),
+        "{refused}"
+    );
+    let err = real.expect_err("the edit is refused");
+    assert!(err.to_string().contains("elastic-job"), "{err}");
+    assert!(
+        !kept.rs_suspend
+            && kept.active == old
+            && kept.workloads.len() == 1
+            && kept.cq_reserved == 8,
+        "still serving, counted: {kept:?}"
+    );
+    assert!(
+        kept.pods
+            .values()
+            .filter(|p| p.cluster == old && p.phase == "Running")
+            .count()
+            == 2,
+        "{kept:?}"
+    );
+    s1.expect("suspend alone is allowed");
+    or_panic(back.map(|_| ()));
+    assert!(
+        !cluster_pods_lost(&samples, &old).is_empty(),
+        "the suspension reached the serving cluster"
+    );
+    let events = or_panic(service_events(&e, "llm").await);
+    assert!(
+        events.iter().filter(|(r, _)| r == "Started").count() >= 2,
+        "Kueue started the service again: {events:?}"
+    );
+    let err = s2.expect_err("not suspended any more: the change is refused");
+    assert!(
+        err.to_string().contains("ValidatingAdmissionPolicy"),
+        "{err}"
+    );
+    let last = samples.last().expect("samples");
+    assert!(
+        !last.rs_suspend && last.workloads.len() == 1 && last.cq_reserved == 8,
+        "{last:?}"
+    );
+
+    // An elastic service's edit passes the policy.
+    or_panic(create(&rs_api(&e), service("elastic", true)).await);
+    or_panic(wait_serving(&e, "elastic").await.map(|_| ()));
+    image_patch(&e, "elastic", NEW_IMAGE, false)
+        .await
+        .expect("an elastic service's change passes");
+}
+
+// ---------------------------------------------------------------------------------------------
+// raygate (--kueue) next to the real Kueue
+
+fn plan_api(e: &Env) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("raygate.io", "v1alpha1", "UpgradePlan"),
+        "upgradeplans",
+    );
+    Api::namespaced_with(e.client.clone(), &e.ns, &ar)
+}
+
+async fn wait_plan(e: &Env, what: &str, pred: impl Fn(&Value) -> bool) -> Result<Value> {
+    let api = plan_api(e);
+    wait_for(&format!("UpgradePlan llm {what}"), T, || async {
+        let p = get(&api, "llm").await?;
+        Ok(if pred(&p) {
+            Check::Done(p)
+        } else {
+            Check::NotYet(p["status"].to_string())
+        })
+    })
+    .await
+}
+
+/// raygate with `--kueue` on an elastic Kueue-managed service whose ClusterQueue (16 GPUs) is
+/// full (the service's 8 and another team's 8-GPU Workload): the change is held
+/// `WaitingForQuota` while the nodes have room (24 GPUs free), no new cluster; when the other
+/// Workload goes, raygate admits it and its reservation Workload (owned by the plan, marked
+/// PodsReady) is admitted by Kueue, so the ClusterQueue counts both clusters while both exist
+/// — never more than its 16. The new cluster's pods are ungated as measured in (ii) (by the
+/// test, unless raygate already did); the switch completes and the reservation is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raygate_holds_for_quota_and_reserves_the_new_cluster_in_kueue() {
+    let e = or_panic(env(4).await);
+    e.cp.install_crd_file(
+        &raygate_e2e::control_plane::repo_root().join("crds/raygate.io_upgradeplans.yaml"),
+    )
+    .expect("UpgradePlan CRD");
+    or_panic(team_quota(&e).await);
+    let wls = workloads(&e.client, &e.ns);
+    or_panic(create(&wls, reservation("other-team", LOCAL_QUEUE, 8, None)).await);
+    or_panic(mark_pods_ready(&wls, "other-team").await);
+    or_panic(
+        wait_admitted(&e.client, &e.ns, "other-team")
+            .await
+            .map(|_| ()),
+    );
+    or_panic(
+        create(
+            &plan_api(&e),
+            json!({"apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan",
+                   "metadata": {"name": "llm"},
+                   "spec": {"rayServiceRef": {"name": "llm"}, "policy": "Auto", "stallAfter": "10m"}}),
+        )
+        .await,
+    );
+    let rg = raygate_e2e::Raygate::spawn(&e.cp, &["--kueue=true"])
+        .unwrap_or_else(|err| panic!("{err:#}"));
+    let rec = Recorder::start(&e, "llm", "team");
+    or_panic(create(&rs_api(&e), service("llm", true)).await);
+    let old = or_panic(wait_serving(&e, "llm").await);
+    or_panic(
+        wait_sample(&rec, "the ClusterQueue full", T, |s| s.cq_reserved == 16)
+            .await
+            .map(|_| ()),
+    );
+    or_panic(
+        wait_plan(&e, "Idle", |p| str_at(p, &["status", "phase"]) == "Idle")
+            .await
+            .map(|_| ()),
+    );
+    rec.mark("worker image changed");
+    or_panic(bump_worker(&e, "llm", NEW_IMAGE).await);
+    let held = wait_plan(&e, "WaitingForQuota", |p| {
+        str_at(p, &["status", "phase"]) == "WaitingForQuota"
+    })
+    .await;
+    let held = match held {
+        Ok(p) => p,
+        Err(err) => {
+            rec.finish(&e, "raygate-quota").await;
+            panic!("{err:#}");
+        }
+    };
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let waiting = rec.samples().last().cloned().unwrap_or_default();
+    rec.mark("the other team's Workload deleted");
+    wls.delete("other-team", &DeleteParams::default())
+        .await
+        .expect("delete the other Workload");
+    let admitted_plan = wait_plan(&e, "with its reservation granted", |p| {
+        p["status"]["quota"]["reservation"]["granted"] == json!(true)
+    })
+    .await;
+    let gated = wait_sample(&rec, "the new cluster", T, |s| {
+        !s.pending.is_empty() && s.pods.values().filter(|p| p.cluster == s.pending).count() == 2
+    })
+    .await;
+    let new = gated
+        .as_ref()
+        .map(|s| s.pending.clone())
+        .unwrap_or_default();
+    if !new.is_empty() {
+        let _ = ungate(&e, &rec, &new).await;
+    }
+    let completed = wait_plan(&e, "Completed", |p| {
+        str_at(p, &["status", "phase"]) == "Completed"
+    })
+    .await;
+    // (Kueue may keep a Finished Workload of the service beside the current one.)
+    let released = wait_sample(&rec, "the reservation deleted", T, |s| {
+        s.workloads.keys().all(|n| n.starts_with("rayservice-")) && s.cq_reserved == 8
+    })
+    .await;
+    let samples = rec.finish(&e, "raygate-quota").await;
+    drop(rg);
+    let held_status = &held["status"];
+    or_panic(admitted_plan.map(|_| ()));
+    or_panic(gated.map(|_| ()));
+    or_panic(completed.map(|_| ()));
+    or_panic(released.map(|_| ()));
+    assert_eq!(
+        str_at(held_status, &["quota", "gpusNeeded"]),
+        "8",
+        "{held_status}"
+    );
+    assert_eq!(
+        str_at(held_status, &["quota", "gpusLeft"]),
+        "0",
+        "{held_status}"
+    );
+    assert!(
+        waiting.pending.is_empty() && waiting.gate == "None" && waiting.active == old,
+        "held: no new cluster while the quota lacks: {waiting:?}"
+    );
+    assert!(
+        samples.iter().all(|s| s.cq_reserved <= 16),
+        "never above nominal"
+    );
+    // Both clusters' workers running, and (the ClusterQueue's status lags admissions by about
+    // a second) counted: 16 GPUs, raygate's reservation among the Workloads.
+    let both: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| {
+            s.pods
+                .values()
+                .filter(|p| p.phase == "Running" && p.gates.is_empty() && p.gpus > 0)
+                .count()
+                == 2
+        })
+        .collect();
+    assert!(
+        both.iter()
+            .any(|s| s.cq_reserved == 16
+                && s.workloads.keys().any(|n| !n.starts_with("rayservice-"))),
+        "both clusters counted while both ran: {both:?}"
+    );
+    assert!(
+        !cluster_pods_lost(&samples, &old).is_empty(),
+        "old cluster deleted after the switch"
+    );
+}
