@@ -950,7 +950,9 @@ async fn serving_service(e: &Env, svc: &str, elastic: bool) -> Result<(Recorder,
     let active = wait_serving(e, svc).await?;
     rec.mark(&format!("serving from {active}"));
     let s = wait_sample(&rec, "the ClusterQueue counting the service", T, |s| {
-        s.cq_reserved == 8 && s.workloads.len() == 1
+        s.cq_reserved == 8
+            && s.workloads.len() == 1
+            && s.workloads.values().all(|w| w.contains("PodsReady"))
     })
     .await?;
     if s.workloads
@@ -987,14 +989,17 @@ fn new_image_ran(samples: &[Sample], t0: Duration) -> bool {
 
 /// (a) Without raygate (KubeRay's default NewCluster strategy), a worker image change.
 /// Kueue stops the service within seconds (suspend=true, Event `Stopped: No matching
-/// Workload`) and deletes its Workload; no Workload comes back in 60 s, the ClusterQueue counts
-/// nothing, and the new image never runs. What KubeRay does next is a race: if it sees the
-/// suspension first (measured here), v1.6.2 applies suspend and the new spec in place to the
-/// serving cluster, whose pods it deletes; if it saw the image change first (the issue's run),
-/// it builds a pending cluster, suspended, and the old one serves on, uncounted. Both are
-/// recorded in the timeline; the test asserts what holds in both.
+/// Workload`) and deletes its Workload; no zero-downtime transition follows. What KubeRay does
+/// next is a race: if it sees the suspension first (every run here), v1.6.2 applies suspend and
+/// the new spec in place to the serving cluster, whose pods it deletes; if it saw the image
+/// change first (the issue's run), it builds a pending cluster, suspended, and the old one
+/// serves on, uncounted. Then Kueue either waits — no Workload while the RayService is still
+/// Ready (Kueue's `IsActive`), 60 s and more — or, once KubeRay drops Ready, makes the new
+/// spec's Workload, admits it and resumes the service in place (an outage of seconds). Both
+/// were measured (which one depends on when KubeRay, asking the Ray stand-in, drops Ready);
+/// the timeline records which; the test asserts what holds in all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn case_a_without_raygate_kueue_stops_the_service_and_no_workload_comes_back() {
+async fn case_a_without_raygate_kueue_stops_the_service() {
     let e = or_panic(env(4).await);
     let (rec, old) = or_panic(serving_service(&e, "llm", false).await);
     let t0 = rec.since();
@@ -1008,14 +1013,22 @@ async fn case_a_without_raygate_kueue_stops_the_service_and_no_workload_comes_ba
         stop.is_some(),
         "Kueue suspended the service and deleted its Workload"
     );
-    let last = samples.last().expect("samples");
+    // Never a zero-downtime transition: at no sample do two clusters both run their pods.
     assert!(
-        last.workloads.is_empty(),
-        "no new Workload in 60 s: {last:?}"
+        samples.iter().filter(|s| s.at >= t0).all(|s| {
+            s.clusters
+                .keys()
+                .filter(|c| {
+                    s.pods
+                        .values()
+                        .any(|p| &&p.cluster == c && p.phase == "Running" && p.gates.is_empty())
+                })
+                .count()
+                <= 1
+        }),
+        "no second cluster ran beside the serving one"
     );
-    assert!(last.rs_suspend, "still suspended: {last:?}");
-    assert_eq!(last.cq_reserved, 0, "{last:?}");
-    assert!(!new_image_ran(&samples, t0), "the new image never ran");
+    let last = samples.last().expect("samples");
     let events = or_panic(service_events(&e, "llm").await);
     assert!(
         events
@@ -1029,16 +1042,29 @@ async fn case_a_without_raygate_kueue_stops_the_service_and_no_workload_comes_ba
         .is_some_and(|c| c.contains(NEW_IMAGE));
     let lost = cluster_pods_lost(&samples, &old);
     eprintln!(
-        "case a: KubeRay {} (serving cluster {old} lost pods {lost:?})",
+        "case a: KubeRay {}; serving cluster {old} lost pods {lost:?}; 60 s later: {} Workload(s), \
+         suspend={}, new image running: {}",
         if in_place {
             "applied suspend + the new spec in place to the serving cluster"
         } else {
             "built a pending cluster"
-        }
+        },
+        last.workloads.len(),
+        last.rs_suspend,
+        new_image_ran(std::slice::from_ref(last), Duration::ZERO)
     );
     if in_place {
         assert!(!lost.is_empty(), "suspended in place: its pods deleted");
+    } else {
+        assert!(lost.is_empty(), "a pending cluster: the old one served on");
     }
+    // Either Kueue waits (the RayService still Ready: no Workload, suspended) or, once KubeRay
+    // drops Ready, makes the new spec's Workload and resumes the service in place.
+    assert!(
+        (last.workloads.is_empty() && last.rs_suspend && last.cq_reserved == 0)
+            || (last.workloads.len() == 1 && !last.rs_suspend && last.cq_reserved == 8),
+        "{last:?}"
+    );
 }
 
 /// The Events about RayService `name`: (reason, message).
@@ -1444,7 +1470,9 @@ async fn serving_service_after(e: &Env, svc: &str) -> Result<(Recorder, String)>
     let active = wait_serving(e, svc).await?;
     rec.mark(&format!("serving from {active}"));
     wait_sample(&rec, "the ClusterQueue counting the service", T, |s| {
-        s.cq_reserved == 8 && s.workloads.len() == 1
+        s.cq_reserved == 8
+            && s.workloads.len() == 1
+            && s.workloads.values().all(|w| w.contains("PodsReady"))
     })
     .await?;
     Ok((rec, active))
