@@ -1355,7 +1355,12 @@ async fn elastic_slices_do_not_cover_a_new_cluster() {
         )
         .await
         .expect("scale up and change the image");
-    let slice = wait_sample(&rec, "a new slice", T, |s| s.workloads.len() == 2).await;
+    let slice = wait_sample(&rec, "a new slice and the new cluster", T, |s| {
+        s.workloads.len() == 2
+            && !s.pending.is_empty()
+            && s.pods.values().filter(|p| p.cluster == s.pending).count() == 3
+    })
+    .await;
     let slice = match slice {
         Ok(s) => s,
         Err(err) => {
