@@ -22,6 +22,7 @@
 //! | `raygate_capacity_request_open_seconds` | gauge | namespace, upgradeplan | how long the plan's capacity request (CapacityBuffers) has been open; absent when none |
 //! | `raygate_capacity_request_not_delivered` | gauge | namespace, upgradeplan | 1 while the request is open longer than `spec.capacity.maxWait`; absent when none |
 //! | `raygate_capacity_free` | gauge | resource | free capacity on schedulable nodes, as the gate sees it |
+//! | `raygate_kueue_quota_reserved` | gauge | cluster_queue, resource | Kueue quota held by raygate's reservation Workloads Kueue admitted (`--kueue`), per ClusterQueue; absent when none |
 //! | `raygate_admissions_total` | counter | outcome | gate decisions, one of [`Outcome::ALL`] (all pre-created at 0 so `rate()` works from the first scrape) |
 //! | `raygate_gate_overrides_total` | counter | namespace, upgradeplan | times an override was honoured |
 //! | `raygate_reconcile_duration_seconds` | histogram | – | wall time of one reconcile, buckets 1 ms .. 10 s |
@@ -113,6 +114,7 @@ pub struct Metrics {
     release_mismatch: IntGaugeVec,
     request_open: GaugeVec,
     request_overdue: IntGaugeVec,
+    quota_reserved: GaugeVec,
     shortfall: GaugeVec,
     free: GaugeVec,
     admissions: IntCounterVec,
@@ -264,6 +266,17 @@ impl Metrics {
                 &["namespace", "upgradeplan"],
             )?,
         )?;
+        let quota_reserved = register(
+            r,
+            GaugeVec::new(
+                Opts::new(
+                    "raygate_kueue_quota_reserved",
+                    "Kueue quota held by raygate's reservation Workloads that Kueue admitted, per \
+                     ClusterQueue and resource (base units); absent when none.",
+                ),
+                &["cluster_queue", "resource"],
+            )?,
+        )?;
         let request_overdue = register(
             r,
             IntGaugeVec::new(
@@ -373,6 +386,7 @@ impl Metrics {
             release_mismatch,
             request_open,
             request_overdue,
+            quota_reserved,
             shortfall,
             free,
             admissions,
@@ -490,6 +504,17 @@ impl Metrics {
                 let _ = self.request_open.remove_label_values(&labels);
                 let _ = self.request_overdue.remove_label_values(&labels);
             }
+        }
+    }
+
+    /// The quota raygate's admitted reservations hold, per (ClusterQueue,
+    /// resource): replaces every series, so a released one goes.
+    pub fn observe_quota_reserved(&self, reserved: &BTreeMap<(String, String), f64>) {
+        self.quota_reserved.reset();
+        for ((cq, resource), v) in reserved {
+            self.quota_reserved
+                .with_label_values(&[cq.as_str(), resource.as_str()])
+                .set(*v);
         }
     }
 

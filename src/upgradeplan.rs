@@ -419,6 +419,11 @@ pub struct QuotaStatus {
     pub gpus_left: Option<String>,
     /// raygate's reservation Workload for the change (owned by this plan).
     pub reservation: Option<QuotaReservation>,
+    /// The pending RayCluster for which raygate had Kueue derive the
+    /// RayService's Workload again (docs/kueue.md): an elastic RayService's
+    /// Workload is not re-derived on a cluster change, and Kueue's
+    /// elastic-job scheduling gate keeps the new cluster's pods unscheduled.
+    pub workload_refreshed_for: Option<String>,
 }
 
 #[skip_serializing_none]

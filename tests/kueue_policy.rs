@@ -51,7 +51,22 @@ fn kustomize_carries_the_charts_rules() {
     let m = &policy["spec"]["matchConstraints"]["resourceRules"][0];
     assert_eq!(m["resources"], serde_json::json!(["rayservices"]));
     assert_eq!(m["operations"], serde_json::json!(["UPDATE"]));
-    let exempt = policy["spec"]["matchConditions"][0]["expression"]
+    let changed = policy["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(
+        changed.contains("object.spec.rayClusterConfig != oldObject.spec.rayClusterConfig"),
+        "only cluster spec edits are evaluated: {changed}"
+    );
+    let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let template = words(&read(
+        "charts/raygate/templates/kueue-admission-policy.yaml",
+    ));
+    assert!(
+        template.contains(&words(changed)),
+        "the chart has the same match condition"
+    );
+    let exempt = policy["spec"]["matchConditions"][1]["expression"]
         .as_str()
         .unwrap();
     assert!(

@@ -226,15 +226,28 @@ fn a_cluster_change_kueue_would_suspend_is_held_with_its_reason_and_one_warning(
     let again = decide_on(&plan(Some(d.status.clone())), &svc, &active(|_| {}));
     assert!(again.events.is_empty(), "{:?}", again.events);
 
-    // Elastic: Kueue resizes instead of suspending; the change goes on to
-    // the capacity step, and without quota support (no `--kueue`) the nodes decide.
+    // Elastic: Kueue does not suspend, but without raygate's Kueue support
+    // (no `--kueue`) the new cluster's pods would stay gated: held, saying so.
     let elastic = service(|v| {
         kueue(v, true);
         worker_image(v);
     });
     let d = decide_on(&plan(None), &elastic, &active(|_| {}));
-    assert_eq!(d.status.phase, Phase::Admitted, "{:?}", d.status.message);
-    assert!(d.events.iter().all(|e| e.reason != "KueueWouldSuspend"));
+    assert_eq!(d.status.phase, Phase::Pending, "{:?}", d.status.message);
+    assert_eq!(d.status.waiting_for.as_deref(), Some("KueueSupportOff"));
+    assert!(d.status.message.as_deref().unwrap().contains("--kueue"));
+    assert_eq!(d.gate, Some(Gate::Hold));
+    // With it, the change goes on to the capacity step and the quota.
+    let roomy = quota::QuotaFacts {
+        queue: Ok(quota::QueueQuota {
+            cluster_queue: cq("team-a", None, 100, 0),
+            all: vec![cq("team-a", None, 100, 0)],
+            uncounted: Default::default(),
+        }),
+        reservation: None,
+    };
+    let d = decide_with_quota(&plan(None), &elastic, &active(|_| {}), Some(roomy));
+    assert_eq!(d.status.waiting_for.as_deref(), Some("quota reservation"));
 }
 
 /// A ClusterQueue `name` of GPUs (and plenty of CPU and memory), `used` of
@@ -325,6 +338,15 @@ fn a_kueue_managed_change_waits_for_quota_then_for_its_reservation_then_is_admit
         Some(facts(vec![cq("team-a", None, 8, 8)], None)),
     );
     assert!(again.events.is_empty(), "{:?}", again.events);
+    // The numbers moving are no news either.
+    let moved = decide_with_quota(
+        &plan(Some(d.status.clone())),
+        &svc,
+        &rc,
+        Some(facts(vec![cq("team-a", None, 9, 8)], None)),
+    );
+    assert_ne!(moved.status.waiting_for, d.status.waiting_for);
+    assert!(moved.events.is_empty(), "{:?}", moved.events);
 
     // team-b in the cohort lends its idle 16: it fits; raygate reserves it first.
     let all = vec![
@@ -403,4 +425,56 @@ fn a_kueue_managed_change_waits_for_quota_then_for_its_reservation_then_is_admit
             .unwrap()
             .contains("LocalQueue ml/team-a not found")
     );
+}
+
+#[test]
+fn an_elastic_transition_has_kueue_derive_the_services_workload_again_once_upgrading() {
+    let fp = "0123456789ab";
+    let status = UpgradePlanStatus {
+        phase: Phase::Upgrading,
+        ray_service_uid: Some("3f8a2c1e-5b7d-4c1a-9e0f-2d6b8a4c7e91".into()),
+        admitted: Some(crate::upgradeplan::Admission {
+            fingerprint: fp.into(),
+            admitted_time: now(),
+            from_cluster: Some("llm-7x9kq".into()),
+            to_cluster: Some("llm-next1".into()),
+            surge: vec![],
+        }),
+        quota: Some(crate::upgradeplan::QuotaStatus {
+            local_queue: "team-a".into(),
+            reservation: Some(crate::upgradeplan::QuotaReservation {
+                workload: quota::reservation_name("llm-plan", fp),
+                fingerprint: fp.into(),
+                granted: true,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let svc = |elastic: bool, in_progress: bool| {
+        service(|v| {
+            kueue(v, elastic);
+            worker_image(v);
+            v["status"]["pendingServiceStatus"] = json!({"rayClusterName": "llm-next1"});
+            if in_progress {
+                v["status"]["conditions"] = json!([{"type": "UpgradeInProgress", "status": "True",
+                    "reason": "r", "message": "", "lastTransitionTime": "2026-12-07T05:00:00Z"}]);
+            }
+        })
+    };
+    let refreshed = |s: &RayService| {
+        let d = decide_on(&plan(Some(status.clone())), s, &active(|_| {}));
+        assert_eq!(d.status.phase, Phase::Upgrading, "{:?}", d.status.message);
+        let q = d.status.quota.clone().unwrap();
+        assert!(
+            q.reservation.is_some_and(|r| r.granted),
+            "kept while the transition runs"
+        );
+        q.workload_refreshed_for
+    };
+    assert_eq!(refreshed(&svc(true, true)).as_deref(), Some("llm-next1"));
+    // Never without UpgradeInProgress (the active cluster would be suspended),
+    // nor for a RayService Kueue suspends on a change anyway.
+    assert_eq!(refreshed(&svc(true, false)), None);
+    assert_eq!(refreshed(&svc(false, true)), None);
 }

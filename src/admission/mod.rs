@@ -149,6 +149,9 @@ pub struct ServiceFacts {
     /// The serving cluster is suspended, or `rayClusterConfig.suspend` is
     /// about to suspend it in place.
     pub suspension: Option<Suspension>,
+    /// KubeRay's condition `UpgradeInProgress` is `True`: it applies nothing
+    /// to the active cluster meanwhile (not even a suspension).
+    pub upgrade_in_progress: bool,
 }
 
 /// `rayClusterConfig.suspend` takes the serving cluster's pods away: never

@@ -263,6 +263,7 @@ fn service_facts(svc: &RayService) -> ServiceFacts {
         uid: svc.metadata.uid.clone(),
         kueue: crate::kueue::Managed::of(&svc.metadata),
         suspension: None,
+        upgrade_in_progress: svc.condition_true(kuberay::types::CONDITION_UPGRADE_IN_PROGRESS),
         pending_target_capacity: pending.and_then(|p| p.target_capacity),
         pending_traffic_percent: pending.and_then(|p| p.traffic_routed_percent),
         active_target_capacity: active.and_then(|a| a.target_capacity),

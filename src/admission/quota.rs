@@ -13,7 +13,17 @@
 //!   for `quota reservation`); `status.quota.reservation` names the
 //!   Workload the controller creates;
 //! - granted: admitted. The reservation is kept while the transition runs
-//!   and deleted when it ends (the controller, `controller::reservations`).
+//!   and deleted when it ends (the controller, `controller::reservations`);
+//! - once KubeRay is building the new cluster of an elastic RayService
+//!   (`UpgradeInProgress`, a pending cluster), raygate has Kueue derive the
+//!   RayService's own Workload again from the spec, now the new cluster's
+//!   ([`refresh`]): measured on Kueue v0.19.0 with KubeRay v1.6.2, deleting
+//!   that Workload then suspends only the pending cluster for < 0.3 s (KubeRay
+//!   applies nothing to the active cluster while `UpgradeInProgress`), Kueue
+//!   admits the new Workload and the new cluster's pods are no longer held by
+//!   the `kueue.x-k8s.io/elastic-job` scheduling gate; the switch completes
+//!   and the serving cluster never loses a pod. raygate's reservation then
+//!   stands for the old cluster until the switch.
 
 use super::render::Builder;
 use super::{ChangeFacts, EventReason, Outcome};
@@ -79,6 +89,7 @@ fn status_of(
         gpus_needed: sum(&|l| l.needed.clone()),
         gpus_left: sum(&|l| l.left.clone()),
         reservation,
+        workload_refreshed_for: None,
     }
 }
 
@@ -200,17 +211,42 @@ pub(super) fn allows(
     false
 }
 
-/// `WaitingForQuota`, with one Event per change when `warn`.
+/// `WaitingForQuota`, with one Event per change and kind of wait when
+/// `warn` (the numbers moving are no news: `quota: … > 4 left` then `> 2
+/// left` is one wait).
 fn wait(b: &mut Builder<'_>, fp: &str, short: &str, long: &str, warn: bool) {
+    let kind = |s: &str| s.split(':').next().unwrap_or_default().to_string();
     let news = b.prev.phase != Phase::WaitingForQuota
         || b.prev
             .pending_change
             .as_ref()
             .map(|p| p.fingerprint.as_str())
             != Some(fp)
-        || b.prev.waiting_for.as_deref() != Some(short);
+        || b.prev.waiting_for.as_deref().map(kind) != Some(kind(short));
     b.hold(Phase::WaitingForQuota, short, long, Outcome::HeldCapacity);
     if news && warn {
         b.change_event(true, EventReason::WaitingForQuota, fp, long.to_string());
+    }
+}
+
+/// Rule 2 for a Kueue-managed elastic RayService with a granted reservation:
+/// once KubeRay builds the new cluster (`UpgradeInProgress` and a pending
+/// cluster), the RayService's Workload is to be derived again, once per
+/// pending cluster (`status.quota.workloadRefreshedFor`; the controller
+/// deletes Kueue's Workload of the RayService when it changes). Never
+/// without `UpgradeInProgress`: then Kueue's suspension would reach the
+/// serving cluster (measured: an outage).
+pub(super) fn refresh(b: &mut Builder<'_>, svc: &super::ServiceFacts) {
+    let (Some(kueue), Some(pending), Some(q)) =
+        (&svc.kueue, &svc.pending_cluster, b.status.quota.as_mut())
+    else {
+        return;
+    };
+    let granted = q.reservation.as_ref().is_some_and(|r| r.granted);
+    if !kueue.elastic || !granted || !svc.upgrade_in_progress {
+        return;
+    }
+    if q.workload_refreshed_for.as_deref() != Some(pending.as_str()) {
+        q.workload_refreshed_for = Some(pending.clone());
     }
 }

@@ -21,6 +21,8 @@
 //!    A change that needs a new cluster on a RayService Kueue manages
 //!    without `kueue.x-k8s.io/elastic-job: "true"` is held (`KueueWouldSuspend`,
 //!    a Warning Event): Kueue would turn it into a suspension, an outage.
+//!    An elastic one is held too while raygate's Kueue support is off
+//!    (`KueueSupportOff`): Kueue would keep its new cluster's pods gated.
 //!    Then, a plan with `spec.upgradeType: NewClusterWithIncrementalUpgrade` whose
 //!    RayService or KubeRay release cannot upgrade so is an `Error` (the
 //!    reason and field in the message, [`crate::kuberay::incremental`]); the
@@ -213,8 +215,10 @@ impl Rules<'_> {
             Ok(Some(c)) => c,
         };
         self.record_pending(b, change);
-        if let Some(kueue) = self.svc.kueue.as_ref().filter(|k| !k.elastic) {
-            return kueue_would_suspend(b, change, kueue);
+        match (&self.svc.kueue, &self.inp.quota) {
+            (Some(kueue), _) if !kueue.elastic => return kueue_would_suspend(b, change, kueue),
+            (Some(kueue), None) => return kueue_support_off(b, change, kueue),
+            _ => {}
         }
         let holds = super::holds(
             self.inp.plan,
@@ -558,6 +562,7 @@ impl Rules<'_> {
         b.status.capacity = b.prev.capacity.clone();
         b.status.quota = b.prev.quota.clone();
         b.status.incremental = b.prev.incremental.clone();
+        super::quota::refresh(b, self.svc);
         let svc = self.svc;
         match (&svc.pending_cluster, &admitted.to_cluster) {
             (None, None) if svc.active_cluster == admitted.from_cluster => {
@@ -886,6 +891,46 @@ fn kueue_would_suspend(b: &mut Builder<'_>, change: &ChangeFacts, kueue: &crate:
 
 /// `status.waitingFor` of [`kueue_would_suspend`].
 const KUEUE_WOULD_SUSPEND: &str = "KueueWouldSuspend";
+
+/// Rule 3c: an elastic Kueue-managed RayService while raygate's Kueue
+/// support is off (no `--kueue`): admitted, its new cluster's pods would stay
+/// held by Kueue's `kueue.x-k8s.io/elastic-job` scheduling gate (measured on
+/// Kueue v0.19.0: workload slices do not cover a NewCluster transition) and
+/// its quota would be counted nowhere. Held, with the remedy.
+fn kueue_support_off(b: &mut Builder<'_>, change: &ChangeFacts, kueue: &crate::kueue::Managed) {
+    let fp = &change.fingerprint;
+    let long = format!(
+        "change {fp} is not admitted: the RayService is an elastic Kueue job (LocalQueue {}), whose new \
+         cluster's pods Kueue v0.19 keeps gated (kueue.x-k8s.io/elastic-job) and whose quota it does not \
+         count; raygate completes such an upgrade only with its Kueue support on (--kueue, chart \
+         kueue.reservations.enabled; docs/kueue.md)",
+        kueue.queue
+    );
+    b.condition(
+        condition::UPGRADE_ADMITTED,
+        Status::False,
+        Reason::KueueWouldSuspend,
+        &long,
+    );
+    let news = b.prev.waiting_for.as_deref() != Some(KUEUE_SUPPORT_OFF)
+        || b.prev
+            .pending_change
+            .as_ref()
+            .map(|p| p.fingerprint.as_str())
+            != Some(fp.as_str());
+    b.hold(
+        Phase::Pending,
+        KUEUE_SUPPORT_OFF,
+        &long,
+        Outcome::HeldPolicy,
+    );
+    if news {
+        b.change_event(true, EventReason::KueueWouldSuspend, fp, long);
+    }
+}
+
+/// `status.waitingFor` of [`kueue_support_off`].
+const KUEUE_SUPPORT_OFF: &str = "KueueSupportOff";
 
 /// `CapacityAvailable` for a fitted change.
 fn capacity_condition(b: &mut Builder<'_>, report: &crate::capacity::FitReport) {

@@ -303,6 +303,7 @@ impl Caches {
             }
         }
         self.buffers.wait_ready().await;
+        self.reservations.wait_ready().await;
         let stores = Stores {
             plans,
             services: self.services,
@@ -769,6 +770,7 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
         r.seen.keep_reservation.as_deref(),
     )
     .await;
+    reservations::refresh(ctx, &r.plan, &r.prev, &r.decision).await;
     let requeue = set_gate(ctx, &r).await?;
     report(ctx, &r, now).await;
     Ok(Action::requeue(requeue))

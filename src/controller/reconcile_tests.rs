@@ -39,6 +39,14 @@ fn service() -> Value {
 }
 
 fn context(client: Client, fence: Fence) -> Arc<Context> {
+    context_with(client, fence, super::reservations::Shell::off())
+}
+
+fn context_with(
+    client: Client,
+    fence: Fence,
+    reservations: super::reservations::Shell,
+) -> Arc<Context> {
     let (plans, mut w) = reflector::store();
     w.apply_watcher_event(&WatchEvent::Apply(plan()));
     let (services, mut w) = reflector::store();
@@ -71,7 +79,7 @@ fn context(client: Client, fence: Fence) -> Arc<Context> {
         Arc::new(Metrics::new().unwrap()),
         settings.clone(),
         buffers::Shell::off(settings.capacity),
-        super::reservations::Shell::off(),
+        reservations,
         Arc::new(latency::Causes::default()),
     ))
 }
@@ -209,5 +217,137 @@ async fn a_replica_without_the_lease_writes_nothing() {
     assert!(
         seen.lock().unwrap().is_empty(),
         "not a write, not even a read"
+    );
+}
+
+/// The RayService's Workloads as Kueue lists them: Kueue's own and, with the
+/// same job uid label by mistake or not, one of raygate's reservations.
+fn kueue_apiserver() -> (Client, Seen, tokio::task::JoinHandle<()>) {
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let seen: Seen = Default::default();
+    let log = seen.clone();
+    let task = tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let line = format!("{} {}", req.method(), req.uri());
+            log.lock().unwrap().push((line.clone(), Value::Null));
+            let answer = if line
+                .starts_with("GET /apis/kueue.x-k8s.io/v1beta2/namespaces/ml/workloads?")
+            {
+                json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+                    "metadata": {}, "items": [
+                    {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                     "metadata": {"name": "rayservice-llm-7f2a", "namespace": NS,
+                        "labels": {"kueue.x-k8s.io/job-uid": "svc-uid"}}},
+                    {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                     "metadata": {"name": "llm-abc-quota", "namespace": NS,
+                        "labels": {"kueue.x-k8s.io/job-uid": "svc-uid", "raygate.io/reservation": "quota"}}}]})
+            } else if line.starts_with("PATCH ") {
+                json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+                    "metadata": {"name": "llm-abc-quota", "namespace": NS}, "spec": {"podSets": []}})
+            } else {
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Success"})
+            };
+            let response = Response::builder()
+                .status(StatusCode::OK)
+                .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                .unwrap();
+            send.send_response(response);
+        }
+    });
+    (Client::new(mock, "default"), seen, task)
+}
+
+#[tokio::test]
+async fn kueues_workload_of_the_service_is_deleted_once_per_pending_cluster_never_raygates() {
+    use crate::upgradeplan::{QuotaReservation, QuotaStatus};
+    let (client, seen, task) = kueue_apiserver();
+    let ctx = context_with(client, Fence::open(), super::reservations::Shell::empty());
+    let quota = |refreshed: Option<&str>| QuotaStatus {
+        local_queue: "team-a".into(),
+        reservation: Some(QuotaReservation {
+            workload: "llm-abc-quota".into(),
+            fingerprint: "abc".into(),
+            granted: true,
+        }),
+        workload_refreshed_for: refreshed.map(Into::into),
+        ..Default::default()
+    };
+    let decision = |refreshed: Option<&str>| admission::Decision {
+        status: UpgradePlanStatus {
+            ray_service_uid: Some("svc-uid".into()),
+            quota: Some(quota(refreshed)),
+            ..Default::default()
+        },
+        gate: None,
+        events: vec![],
+        outcome: None,
+        requeue: Duration::from_secs(5),
+        overridden_by: None,
+        observed: Default::default(),
+    };
+    let before = UpgradePlanStatus {
+        quota: Some(quota(None)),
+        ..Default::default()
+    };
+    super::reservations::refresh(&ctx, &plan(), &before, &decision(Some("llm-next"))).await;
+    // Recorded already: nothing again. Not asked: nothing.
+    let after = UpgradePlanStatus {
+        quota: Some(quota(Some("llm-next"))),
+        ..Default::default()
+    };
+    super::reservations::refresh(&ctx, &plan(), &after, &decision(Some("llm-next"))).await;
+    super::reservations::refresh(&ctx, &plan(), &before, &decision(None)).await;
+    task.abort();
+    let lines = requested(&seen);
+    assert_eq!(
+        lines,
+        [
+            "GET /apis/kueue.x-k8s.io/v1beta2/namespaces/ml/workloads?&labelSelector=kueue.x-k8s.io%2Fjob-uid%3Dsvc-uid",
+            "DELETE /apis/kueue.x-k8s.io/v1beta2/namespaces/ml/workloads/rayservice-llm-7f2a?",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_wanted_reservation_is_applied_then_marked_pods_ready_and_nothing_else_is_deleted() {
+    let (client, seen, task) = kueue_apiserver();
+    let ctx = context_with(client, Fence::open(), super::reservations::Shell::empty());
+    let groups = [crate::podgroup::PodGroup::from(
+        serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(json!({
+            "metadata": {"labels": {"ray.io/node-type": "head", "ray.io/group": "headgroup"}},
+            "spec": {"containers": [{"name": "ray-head"}]}}))
+        .unwrap(),
+    )];
+    let w = crate::kueue::reservation::workload(
+        &crate::kueue::reservation::Owner {
+            namespace: NS,
+            name: "llm",
+            uid: "plan-uid",
+        },
+        "llm-abc-quota",
+        &crate::kueue::LocalQueueName::new("team-a"),
+        "abc",
+        &groups,
+        0,
+    )
+    .unwrap();
+    super::reservations::act(&ctx, &plan(), Some(&w), Some("llm-abc-quota")).await;
+    task.abort();
+    let seen = seen.lock().unwrap().clone();
+    let lines: Vec<&str> = seen.iter().map(|(l, _)| l.as_str()).collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines[0].starts_with(
+            "PATCH /apis/kueue.x-k8s.io/v1beta2/namespaces/ml/workloads/llm-abc-quota?"
+        ) && lines[0].contains("fieldManager=raygate"),
+        "server-side apply under raygate's field manager: {}",
+        lines[0]
+    );
+    assert!(
+        lines[1].starts_with(
+            "PATCH /apis/kueue.x-k8s.io/v1beta2/namespaces/ml/workloads/llm-abc-quota/status?"
+        ),
+        "then PodsReady: {}",
+        lines[1]
     );
 }

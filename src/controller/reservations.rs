@@ -42,6 +42,8 @@ use crate::{Error, Result};
 /// A sweep leaves younger reservations alone: their plan's status may not
 /// be in the cache yet.
 const SWEEP_GRACE: Duration = Duration::from_secs(60);
+/// How long start-up waits for the Kueue caches before going on without.
+const CACHE_WAIT: Duration = Duration::from_secs(20);
 
 /// The caches; all `None` without `--kueue`.
 pub struct Shell {
@@ -78,6 +80,17 @@ impl Shell {
             cluster_queues: None,
             local_queues: None,
             workloads: None,
+        }
+    }
+
+    /// On, with empty caches (tests of the writes).
+    #[cfg(test)]
+    pub fn empty() -> Shell {
+        use kube::runtime::reflector;
+        Shell {
+            cluster_queues: Some(reflector::store().0),
+            local_queues: Some(reflector::store().0),
+            workloads: Some(reflector::store().0),
         }
     }
 
@@ -139,6 +152,30 @@ impl Shell {
         }
     }
 
+    /// Waits a little for the caches; a Kueue without the `v1beta2` API (or
+    /// without RBAC) is logged, and Kueue-managed RayServices then wait with
+    /// `quota unknown` rather than be admitted on the nodes alone.
+    pub async fn wait_ready(&self) {
+        let (Some(c), Some(l), Some(w)) =
+            (&self.cluster_queues, &self.local_queues, &self.workloads)
+        else {
+            return;
+        };
+        let all = async {
+            c.wait_until_ready().await.is_ok()
+                && l.wait_until_ready().await.is_ok()
+                && w.wait_until_ready().await.is_ok()
+        };
+        match tokio::time::timeout(CACHE_WAIT, all).await {
+            Ok(true) => info!("ClusterQueue, LocalQueue and reservation Workload caches synced"),
+            _ => warn!(
+                "the Kueue caches did not sync within {CACHE_WAIT:?} (is Kueue v0.19 with \
+                 kueue.x-k8s.io/v1beta2 installed, and may raygate list ClusterQueues, LocalQueues \
+                 and Workloads?); Kueue-managed RayServices wait with \"quota unknown\""
+            ),
+        }
+    }
+
     fn workloads(&self) -> Vec<Arc<Workload>> {
         self.workloads.iter().flat_map(|s| s.state()).collect()
     }
@@ -169,7 +206,16 @@ pub fn facts(ctx: &Context, inputs: &Inputs<'_>) -> Option<QuotaFacts> {
     let managed = inputs.service.as_ref().ok()?.kueue.clone()?;
     let ns = inputs.plan.namespace().unwrap_or_default();
     let uid = inputs.plan.metadata.uid.clone().unwrap_or_default();
-    let reservation = shell.of_plan(&uid).first().map(|w| QuotaReservation {
+    // The pending change's reservation first (a stale one may still exist).
+    let fp = inputs
+        .change
+        .as_ref()
+        .ok()
+        .and_then(|c| c.as_ref())
+        .map(|c| reservation::label_value(&c.fingerprint));
+    let mut mine = shell.of_plan(&uid);
+    mine.sort_by_key(|w| label(&w.metadata, LABEL_FINGERPRINT) != fp.as_deref());
+    let reservation = mine.first().map(|w| QuotaReservation {
         workload: w.name_any(),
         fingerprint: label(&w.metadata, LABEL_FINGERPRINT)
             .unwrap_or_default()
@@ -441,13 +487,33 @@ pub async fn forget(ctx: &Context, plan: &UpgradePlan) -> Result<()> {
     Ok(())
 }
 
+/// What raygate's admitted reservations hold, per (ClusterQueue, resource),
+/// in base units (Kueue's `status.admission.podSetAssignments[].resourceUsage`).
+pub fn reserved(workloads: &[Arc<Workload>]) -> BTreeMap<(String, String), f64> {
+    let mut out: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for w in workloads.iter().filter(|w| w.quota_granted()) {
+        let Some(a) = w.status.as_ref().and_then(|s| s.admission.as_ref()) else {
+            continue;
+        };
+        for ps in &a.pod_set_assignments {
+            for (r, q) in &ps.resource_usage {
+                *out.entry((a.cluster_queue.clone(), r.clone())).or_default() +=
+                    q.milli_value() as f64 / 1000.0;
+            }
+        }
+    }
+    out
+}
+
 /// Deletes the reservations no plan's status names (a plan gone, a change
-/// over), older than [`SWEEP_GRACE`].
+/// over), older than [`SWEEP_GRACE`]; exports what the others hold.
 pub async fn sweep(ctx: &Context) {
     let shell = &ctx.reservations;
     if shell.workloads.is_none() {
         return;
     }
+    ctx.metrics
+        .observe_quota_reserved(&reserved(&shell.workloads()));
     let plans = ctx.stores.plans.state();
     let named: BTreeMap<String, String> = plans
         .iter()
@@ -515,4 +581,106 @@ pub async fn release(
         done.extend(names.iter().map(|n| format!("{ns}/{n}")));
     }
     Ok(done)
+}
+
+/// Kueue labels the Workload of a job with the job's uid
+/// (`constants.JobUIDLabel`).
+const LABEL_JOB_UID: &str = "kueue.x-k8s.io/job-uid";
+
+/// The decision asked Kueue to derive the RayService's Workload again
+/// ([`crate::admission::quota::refresh`]: `status.quota.workloadRefreshedFor`
+/// newly set): its Workloads (not raygate's) are deleted, once per pending
+/// cluster; Kueue makes a new one from the spec at once. A failure is logged
+/// (the transition then waits, gated, as without it).
+pub async fn refresh(
+    ctx: &Context,
+    plan: &UpgradePlan,
+    prev: &crate::upgradeplan::UpgradePlanStatus,
+    d: &Decision,
+) {
+    if ctx.reservations.workloads.is_none() {
+        return;
+    }
+    let now = d
+        .status
+        .quota
+        .as_ref()
+        .and_then(|q| q.workload_refreshed_for.as_deref());
+    let before = prev
+        .quota
+        .as_ref()
+        .and_then(|q| q.workload_refreshed_for.as_deref());
+    let (Some(pending), Some(uid)) = (now, d.status.ray_service_uid.as_deref()) else {
+        return;
+    };
+    if before == Some(pending) {
+        return;
+    }
+    let ns = plan.namespace().unwrap_or_default();
+    let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &ns);
+    let lp = ListParams::default().labels(&format!("{LABEL_JOB_UID}={uid}"));
+    let listed = match guarded(
+        &ctx.fence,
+        "listing the RayService's Workloads",
+        api.list_metadata(&lp),
+    )
+    .await
+    {
+        Ok(Ok(l)) => l.items,
+        Ok(Err(e)) => {
+            warn!(plan = %plan.name_any(), namespace = %ns, error = %e, "listing the RayService's Kueue Workload");
+            return;
+        }
+        Err(e) => {
+            warn!(plan = %plan.name_any(), namespace = %ns, error = %e, "listing the RayService's Kueue Workload");
+            return;
+        }
+    };
+    let names: Vec<String> = listed
+        .iter()
+        .filter(|w| label(&w.metadata, reservation::LABEL_RESERVATION).is_none())
+        .map(|w| w.name_any())
+        .collect();
+    match delete_named(&ctx.client, &ctx.fence, &ns, &names).await {
+        Ok(()) => {
+            info!(plan = %plan.name_any(), namespace = %ns, pending = %pending, workloads = ?names,
+                        "Kueue's Workload of the RayService deleted: Kueue derives it again from the new cluster")
+        }
+        Err(e) => {
+            warn!(plan = %plan.name_any(), namespace = %ns, error = %e, "deleting the RayService's Kueue Workload")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn only_admitted_reservations_count_per_cluster_queue_and_resource() {
+        let w = |cq: &str, gpus: &str, granted: bool| -> Arc<Workload> {
+            Arc::new(
+                serde_json::from_value(json!({
+                    "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+                    "metadata": {"name": "w", "namespace": "ml"},
+                    "spec": {"podSets": []},
+                    "status": {
+                        "conditions": [{"type": "QuotaReserved", "status": if granted { "True" } else { "False" },
+                            "reason": "r", "message": "", "lastTransitionTime": "2026-12-07T00:00:00Z"}],
+                        "admission": {"clusterQueue": cq, "podSetAssignments": [
+                            {"name": "head", "resourceUsage": {"cpu": "2"}},
+                            {"name": "gpu", "resourceUsage": {"cpu": "8", "nvidia.com/gpu": gpus}}]}}
+                }))
+                .unwrap(),
+            )
+        };
+        let r = reserved(&[w("a", "8", true), w("a", "4", true), w("b", "8", false)]);
+        assert_eq!(r[&("a".to_string(), "nvidia.com/gpu".to_string())], 12.0);
+        assert_eq!(r[&("a".to_string(), "cpu".to_string())], 20.0);
+        assert!(
+            !r.keys().any(|(cq, _)| cq == "b"),
+            "not admitted: holds nothing"
+        );
+    }
 }

@@ -492,7 +492,8 @@ async fn decide_live(
         }
     }
     let alone = crate::admission::fit::Alone(state);
-    let inputs = crate::admission::objects::inputs(
+    let quota = live_quota(client, plan, live).await;
+    let mut inputs = crate::admission::objects::inputs(
         plan,
         &release,
         Timestamp::now(),
@@ -502,7 +503,78 @@ async fn decide_live(
         &objects,
         pods,
     );
+    inputs.quota = quota;
     Ok(summary(&crate::admission::decide(&inputs)))
+}
+
+/// Kueue's quota for a Kueue-managed RayService, read live as the
+/// controller's caches hold it (`--kueue`): its LocalQueue's ClusterQueue,
+/// every ClusterQueue (the cohort), and the plan's reservation. `None` when
+/// Kueue does not manage it or Kueue's API is not installed.
+async fn live_quota(
+    client: &Client,
+    plan: &UpgradePlan,
+    live: &RayService,
+) -> Option<crate::admission::quota::QuotaFacts> {
+    use crate::admission::quota::{QueueQuota, QuotaFacts};
+    use crate::kueue::types::{ClusterQueue, LocalQueue, Workload};
+    let managed = crate::kueue::Managed::of(&live.metadata)?;
+    let ns = plan.namespace().unwrap_or_default();
+    let lq = match Api::<LocalQueue>::namespaced(client.clone(), &ns)
+        .get_opt(managed.queue.as_str())
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 404 => return None,
+        other => other,
+    };
+    let reservation = match plan.metadata.uid.as_deref() {
+        Some(uid) => Api::<Workload>::namespaced(client.clone(), &ns)
+            .list(&ListParams::default().labels(&format!(
+                "{},{}={}",
+                crate::kueue::reservation::SELECTOR,
+                crate::kueue::reservation::LABEL_PLAN_UID,
+                crate::kueue::reservation::label_value(uid)
+            )))
+            .await
+            .ok()
+            .and_then(|l| l.items.into_iter().next())
+            .map(|w| crate::upgradeplan::QuotaReservation {
+                workload: w.name_any(),
+                fingerprint: w
+                    .labels()
+                    .get(crate::kueue::reservation::LABEL_FINGERPRINT)
+                    .cloned()
+                    .unwrap_or_default(),
+                granted: w.quota_granted(),
+            }),
+        None => None,
+    };
+    let queue = async {
+        let lq = lq
+            .map_err(|e| format!("reading LocalQueue {ns}/{}: {e}", managed.queue))?
+            .ok_or_else(|| format!("LocalQueue {ns}/{} not found", managed.queue))?;
+        let cq_name = lq
+            .spec
+            .cluster_queue
+            .ok_or_else(|| format!("LocalQueue {ns}/{} names no ClusterQueue", managed.queue))?;
+        let all = Api::<ClusterQueue>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| format!("listing ClusterQueues: {e}"))?
+            .items;
+        let cq = all
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(cq_name.as_str()))
+            .cloned()
+            .ok_or_else(|| format!("ClusterQueue {cq_name} not found"))?;
+        Ok(QueueQuota {
+            cluster_queue: cq,
+            all,
+            uncounted: Default::default(),
+        })
+    }
+    .await;
+    Some(QuotaFacts { queue, reservation })
 }
 
 /// What `fit` prints of a decision.

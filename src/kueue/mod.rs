@@ -102,10 +102,13 @@ impl Managed {
 /// Kueue v0.19's webhook makes `kueue.x-k8s.io/elastic-job` immutable
 /// (measured: "field is immutable"), so it is set when the RayService is
 /// created, never added to a running one.
+/// Suspending it alone first is no way out (measured): Kueue, whose Workload
+/// is still admitted, starts it again at once, after KubeRay deleted the
+/// serving pods.
 pub const REMEDY: &str = "revert spec.rayClusterConfig to the active cluster's; for zero-downtime \
-     upgrades create the RayService with the annotation kueue.x-k8s.io/elastic-job: \"true\" (Kueue makes \
-     it immutable), or take the outage knowingly: suspend it alone first (spec.rayClusterConfig.suspend: \
-     true), change it, resume (docs/kueue.md); the chart's ValidatingAdmissionPolicy refuses such edits";
+     upgrades the RayService must be created with the annotation kueue.x-k8s.io/elastic-job: \"true\" \
+     (Kueue makes it immutable: recreate the RayService with it, or run the new version as a second \
+     RayService), see docs/kueue.md; the chart's ValidatingAdmissionPolicy refuses such edits";
 
 #[cfg(test)]
 mod tests {
