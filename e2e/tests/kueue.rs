@@ -1664,8 +1664,9 @@ async fn wait_plan(e: &Env, what: &str, pred: impl Fn(&Value) -> bool) -> Result
 /// `WaitingForQuota` while the nodes have room (24 GPUs free), no new cluster; when the other
 /// Workload goes, raygate admits it and its reservation Workload (owned by the plan, marked
 /// PodsReady) is admitted by Kueue, so the ClusterQueue counts both clusters while both exist
-/// — never more than its 16. The new cluster's pods are ungated as measured in (ii) (by the
-/// test, unless raygate already did); the switch completes and the reservation is deleted.
+/// — never more than its 16. The new cluster's pods get going either by raygate's refresh of
+/// the service's Workload (kueue-core) or, failing that, by the test removing the elastic-job
+/// gate as measured in (ii); the switch completes within 2 min and the reservation is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raygate_holds_for_quota_and_reserves_the_new_cluster_in_kueue() {
     let e = or_panic(env(4).await);
