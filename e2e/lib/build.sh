@@ -21,8 +21,11 @@ KARPENTER_GOTOOLCHAIN=go1.26.11
 # builds as a dependency: v3.7.x requires github.com/traefik/traefik/dynamic/ext, a module it
 # replaces with a directory of its own repository (not in its module zip, not served).
 TRAEFIK_VERSION=v3.6.12
+# Kueue: the quota engine of 'up --kueue' (its manager; its CRDs and webhook paths come from the
+# same module zip in the module cache, see kueue_module_dir).
+KUEUE_VERSION=v0.19.0
 K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
-TOOLS=(kubernetes etcd kwok "${KUBERAY_VERSIONS[@]/#/kuberay-}" karpenter traefik)
+TOOLS=(kubernetes etcd kwok "${KUBERAY_VERSIONS[@]/#/kuberay-}" karpenter traefik kueue)
 
 go_env() { # the Go environment of every build (CONTEXT: pinned, offline-capable module cache)
   env GOMODCACHE="$CACHE_ROOT/go/mod" GOCACHE="$CACHE_ROOT/go/build" GOTOOLCHAIN="${GO_TOOLCHAIN:-local}" \
@@ -49,6 +52,7 @@ tool_version() { # $1 tool
     kuberay-*) echo "${1#kuberay-}" ;;
     karpenter) echo "$KARPENTER_VERSION" ;;
     traefik) echo "$TRAEFIK_VERSION" ;;
+    kueue) echo "$KUEUE_VERSION" ;;
     *) die "unknown tool '$1'" ;;
   esac
 }
@@ -61,6 +65,7 @@ tool_bins() { # $1 tool -> binary names
     kuberay-*) echo ray-operator ;;
     karpenter) echo karpenter ;;
     traefik) echo traefik ;;
+    kueue) echo kueue ;;
   esac
 }
 
@@ -128,7 +133,19 @@ go_build_tool() { # $1 tool, $2 out dir
       go_env go build -ldflags "-s -w -X github.com/traefik/traefik/v3/pkg/version.Version=$TRAEFIK_VERSION" \
         -o "$out/traefik" github.com/traefik/traefik/v3/cmd/traefik
       ;;
+    kueue)
+      # The Kueue manager: all its controllers and webhooks (RayService, RayCluster, Workload,
+      # ClusterQueue...) in one binary. -s -w: a faster link on the shared 2-core machine.
+      go_env go build -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+        -o "$out/kueue" sigs.k8s.io/kueue/cmd/kueue
+      ;;
   esac
+}
+
+kueue_module_dir() { # the module cache directory of sigs.k8s.io/kueue@$KUEUE_VERSION (CRDs, webhooks)
+  local mod
+  mod=$(tool_moddir kueue)
+  (cd "$mod" && go_env go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | jq -r .Dir)
 }
 
 # build_tool TOOL QUIET: sets TOOL_DIR. Runs in the calling shell so INT/TERM reach its trap.

@@ -158,6 +158,27 @@ impl ControlPlane {
         ControlPlane::start_inner(opts, &["--karpenter"])
     }
 
+    /// Like `start_with`, plus the real Kueue manager (`up --kueue`: its CRDs as released, its
+    /// webhooks for Jobs, RayClusters, RayServices and its own kinds registered by `url:`, the
+    /// frameworks batch/job, ray.io/raycluster, ray.io/rayservice). No queue exists: the test
+    /// makes its ResourceFlavors, ClusterQueues and LocalQueues. `pods_ready_timeout` (e.g.
+    /// `"20s"`) sets Kueue's `waitForPodsReady.timeout` (its default is on, 30 min). Not with
+    /// `RAYGATE_E2E_KUBECONFIG`.
+    pub fn start_with_kueue(
+        opts: Options,
+        pods_ready_timeout: Option<&str>,
+    ) -> Result<ControlPlane> {
+        if std::env::var_os(REUSE_ENV).is_some() {
+            bail!("{REUSE_ENV} is set, but this test needs Kueue in a control plane it starts");
+        }
+        match pods_ready_timeout {
+            Some(t) => {
+                ControlPlane::start_inner(opts, &["--kueue", "--kueue-pods-ready-timeout", t])
+            }
+            None => ControlPlane::start_inner(opts, &["--kueue"]),
+        }
+    }
+
     /// Like `start_with`, with the operator's RayServiceIncrementalUpgrade feature gate on and
     /// the Gateway API CRDs it needs (`up --incremental`). Not with `RAYGATE_E2E_KUBECONFIG`.
     pub fn start_incremental(opts: Options) -> Result<ControlPlane> {
