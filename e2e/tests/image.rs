@@ -1001,6 +1001,50 @@ fn capacity_buffer_crd() -> Option<PathBuf> {
     })
 }
 
+/// The image repository `scripts/release` is run with (a local target: nothing is pushed).
+const RELEASE_REPO: &str = "registry.example.com/raygate/raygate";
+
+/// What `scripts/release` wrote, once per test process.
+#[derive(Debug, Clone)]
+struct Release {
+    dir: PathBuf,
+    digest: String,
+}
+
+fn release() -> Release {
+    static DONE: Mutex<Option<Release>> = Mutex::new(None);
+    let _ = image(); // one build at a time, and the cache warm
+    let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(r) = done.as_ref() {
+        return r.clone();
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("raygate-release-")
+        .tempdir()
+        .expect("dir")
+        .keep();
+    let t0 = Instant::now();
+    let env = output(
+        Command::new(repo_root().join("scripts/release"))
+            .arg("--out")
+            .arg(&dir)
+            .args(["--image", RELEASE_REPO, "--version", "0.1.0"])
+            .env("RAYGATE_HELM", helm())
+            .current_dir(repo_root())
+            .stderr(Stdio::inherit()),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("release: scripts/release in {:?}:\n{env}", t0.elapsed());
+    let digest = key(&env, "DIGEST").expect("DIGEST");
+    assert!(
+        digest.starts_with("sha256:") && digest.len() == 71,
+        "{digest}"
+    );
+    let r = Release { dir, digest };
+    *done = Some(r.clone());
+    r
+}
+
 // ---------------------------------------------------------------------------
 // tests
 
@@ -1060,7 +1104,7 @@ fn the_translation_carries_every_rendered_field_and_refuses_others() {
     let refused: &[(&[&str], &str)] = &[
         (
             &["--set", "metrics.certSecret=raygate-metrics-tls"],
-            "volumeMounts",
+            "spec.volumes",
         ),
         (
             &[
@@ -1334,19 +1378,31 @@ async fn story(
         );
     }
 
-    // The probes, as the chart asks (path, port, scheme), on both replicas.
+    // The probes, as the chart asks (path, port, scheme), on both replicas, judged as a
+    // kubelet judges them: a failure counts only failureThreshold times in a row.
     for c in &containers {
         for p in &c.run.probes {
-            let code = c.probe(p)?;
-            if !(200..400).contains(&code) {
+            let mut seen = vec![];
+            while seen.len() < p.failure_threshold as usize {
+                match c.probe(p) {
+                    Ok(code) if (200..400).contains(&code) => break,
+                    r => seen.push(format!("{r:?}")),
+                }
+                std::thread::sleep(Duration::from_secs(p.period));
+            }
+            if seen.len() >= p.failure_threshold as usize {
                 bail!(
-                    "{} {} {}://:{}{} answered {code}",
+                    "{} {} {}://:{}{} failed {} times in a row: {seen:?}",
                     c.name,
                     p.kind,
                     p.scheme,
                     p.port,
-                    p.path
+                    p.path,
+                    seen.len()
                 );
+            }
+            if !seen.is_empty() {
+                eprintln!("image: {} {}: {seen:?} before a success", c.name, p.kind);
             }
         }
     }
@@ -1514,6 +1570,48 @@ async fn story(
         bail!("the new leader wrote no status:\n{}", standby.logs());
     }
 
+    // A kubelet stops a container with SIGTERM and kills it after the Pod's grace period:
+    // raygate (PID 1 in its container) must exit within it and give the Lease back.
+    let grace = spec["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
+    let t0 = Instant::now();
+    podman(&["stop", "--time", &grace.to_string(), &standby.name])?;
+    let took = t0.elapsed();
+    let code = podman(&["inspect", "--format", "{{.State.ExitCode}}", &standby.name])?;
+    eprintln!("image: SIGTERM: exit code {} after {took:?}", code.trim());
+    if took >= Duration::from_secs(grace) || code.trim() != "0" {
+        bail!(
+            "SIGTERM: exit code {} after {took:?} (grace {grace} s); log:\n{}",
+            code.trim(),
+            standby.logs()
+        );
+    }
+    let holder = lease_holder(cp, &lease)?;
+    if holder == second {
+        bail!("the stopped leader did not give the Lease back");
+    }
+
+    // The released chart (scripts/release, pinned to the image's digest) installs on this
+    // apiserver: `helm install --dry-run=server` (the chart's objects as the apiserver would
+    // admit them, in a namespace of their own).
+    let rel = release();
+    let chart = rel.dir.join("raygate-0.1.0.tgz");
+    let dry = output(
+        Command::new(helm())
+            .args(["install", "rel"])
+            .arg(&chart)
+            .args([
+                "--namespace",
+                "raygate-release",
+                "--create-namespace",
+                "--dry-run=server",
+            ])
+            .env("KUBECONFIG", cp.kubeconfig_path()),
+    )?;
+    let pinned = format!("image: \"{RELEASE_REPO}@{}\"", rel.digest);
+    if !dry.contains(&pinned) {
+        bail!("helm install --dry-run=server of the released chart has no {pinned}:\n{dry}");
+    }
+
     // The chart's RBAC was enough: nothing was refused.
     for c in &containers {
         let text = c.logs();
@@ -1531,32 +1629,8 @@ async fn story(
 /// the static plugin in its archive and the krew manifest with its checksum.
 #[test]
 fn the_release_script_pins_the_chart_to_the_image_digest() {
-    let _ = image(); // one build at a time, and the cache warm
-    let out = tempfile::tempdir().expect("dir");
-    let dir = out.path();
-    let repo = "registry.example.com/raygate/raygate";
-    let t0 = Instant::now();
-    let env = output(
-        Command::new(repo_root().join("scripts/release"))
-            .args([
-                "--out",
-                &dir.to_string_lossy(),
-                "--image",
-                repo,
-                "--version",
-                "0.1.0",
-            ])
-            .env("RAYGATE_HELM", helm())
-            .current_dir(repo_root())
-            .stderr(Stdio::inherit()),
-    )
-    .unwrap_or_else(|e| panic!("{e:#}"));
-    eprintln!("release: scripts/release in {:?}:\n{env}", t0.elapsed());
-    let digest = key(&env, "DIGEST").expect("DIGEST");
-    assert!(
-        digest.starts_with("sha256:") && digest.len() == 71,
-        "{digest}"
-    );
+    let rel = release();
+    let (dir, digest, repo) = (rel.dir.as_path(), rel.digest.as_str(), RELEASE_REPO);
 
     // The archive's manifest is the digest the chart pins.
     let archive = dir.join("raygate-image-0.1.0.oci.tar");
@@ -1570,7 +1644,7 @@ fn the_release_script_pins_the_chart_to_the_image_digest() {
         .expect("index.json"),
     )
     .expect("index.json JSON");
-    assert_eq!(index["manifests"][0]["digest"], digest.as_str(), "{index}");
+    assert_eq!(index["manifests"][0]["digest"], digest, "{index}");
     assert_eq!(
         index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"],
         format!("{repo}:0.1.0")
@@ -1583,16 +1657,6 @@ fn the_release_script_pins_the_chart_to_the_image_digest() {
         pod_template(&objs)["containers"][0]["image"],
         pinned.as_str()
     );
-    // What `helm install` would send (client-side dry run: no cluster needed).
-    let dry = output(
-        Command::new(helm())
-            .args(["install", RELEASE])
-            .arg(&chart)
-            .args(["--namespace", NS, "--dry-run=client"]),
-    )
-    .unwrap_or_else(|e| panic!("{e:#}"));
-    assert!(dry.contains(&format!("image: \"{pinned}\"")), "{dry}");
-
     // The plugin: a static binary and the license; the krew manifest names its checksum.
     let plugin = dir.join("kubectl-raygate_0.1.0_linux_amd64.tar.gz");
     let listing = output(Command::new("tar").arg("-tzf").arg(&plugin)).expect("tar");
