@@ -339,7 +339,7 @@ fn int(v: &Value, default: u64) -> u64 {
 
 /// The pod's only container, translated field by field into a `podman run` as a kubelet
 /// would run it; an error names any field of the pod spec or container it does not carry.
-/// Host ports for the container's ports come from `host_port`.
+/// The ports are published by [`Container::start`].
 fn translate(pod_spec: &Value, pod: &PodFacts, cluster: &Cluster<'_>) -> Result<Run> {
     let mut spec = object(pod_spec.clone(), "spec")?;
     let mut run = Run::default();
