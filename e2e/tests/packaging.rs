@@ -395,8 +395,10 @@ fn every_alert_has_severity_annotations_and_a_runbook_section() {
 // ---------------------------------------------------------------------------
 // (b) Dockerfile
 
+/// The one image definition (built and run by the `image` suite): an empty base and the
+/// static binary, nothing run at build time, a numeric non-root user, the chart's entrypoint.
 #[test]
-fn dockerfile_passes_hadolint_and_builds_the_release_binary_as_non_root() {
+fn dockerfile_passes_hadolint_and_holds_only_the_static_binary_as_non_root() {
     let hadolint = hadolint();
     ok(&hadolint, &["--config", ".hadolint.yaml", "Dockerfile"]);
 
@@ -406,51 +408,38 @@ fn dockerfile_passes_hadolint_and_builds_the_release_binary_as_non_root() {
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .collect();
-    let froms = instr.iter().filter(|l| l.starts_with("FROM ")).count();
-    assert!(froms >= 2, "Dockerfile is not multi-stage ({froms} FROM)");
-    assert!(
-        df.contains("cargo build --release --locked -p raygate --bin raygate"),
-        "Dockerfile does not run the release build CI tests"
-    );
-    let last_from = instr.iter().rposition(|l| l.starts_with("FROM ")).unwrap();
-    let runtime = &instr[last_from..];
-    assert!(
-        runtime[0].contains("distroless") || runtime[0].contains("scratch"),
-        "runtime stage {} is not distroless or scratch",
-        runtime[0]
+    let froms: Vec<&&str> = instr.iter().filter(|l| l.starts_with("FROM ")).collect();
+    assert_eq!(
+        froms,
+        [&"FROM scratch"],
+        "one stage on an empty base: nothing to pull"
     );
     assert!(
-        !runtime.iter().any(|l| l.starts_with("RUN ")),
-        "the runtime stage must not RUN anything (no shell there)"
+        !instr.iter().any(|l| l.starts_with("RUN ")),
+        "nothing may RUN (no shell in the image, none at build time)"
     );
-    let user = runtime
+    assert!(
+        instr.contains(&"COPY raygate /raygate"),
+        "the image holds the binary scripts/build-image stages"
+    );
+    assert!(
+        df.contains("--target x86_64-unknown-linux-musl"),
+        "the Dockerfile should name the static build it packages"
+    );
+    let user = instr
         .iter()
         .rev()
         .find_map(|l| l.strip_prefix("USER "))
-        .expect("the runtime stage sets no USER");
+        .expect("no USER");
     let uid = user.split(':').next().unwrap();
     assert!(
         uid.parse::<u32>().is_ok_and(|u| u != 0),
         "USER {user} is not a numeric non-root user"
     );
     assert_eq!(
-        runtime.iter().rev().find(|l| l.starts_with("ENTRYPOINT")),
+        instr.iter().rev().find(|l| l.starts_with("ENTRYPOINT")),
         Some(&r#"ENTRYPOINT ["/raygate", "run"]"#)
     );
-    assert!(
-        df.contains("no Docker engine"),
-        "the Dockerfile should say it is not built here"
-    );
-
-    let ignore = read(".dockerignore");
-    for p in ["target", ".git"] {
-        assert!(
-            ignore
-                .lines()
-                .any(|l| l.trim().trim_end_matches('/').trim_start_matches('/') == p),
-            ".dockerignore does not exclude {p}"
-        );
-    }
 }
 
 // ---------------------------------------------------------------------------
