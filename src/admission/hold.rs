@@ -8,7 +8,7 @@ use serde::ser::{Serialize, SerializeStruct, Serializer};
 
 use super::{Outcome, Settings, render};
 use crate::schedule;
-use crate::upgradeplan::{Phase, Policy, UpgradePlan};
+use crate::upgradeplan::{Phase, Policy, UpgradePlan, WindowsStatus};
 
 /// One reason the controller would not admit a pending change however much
 /// capacity is free.
@@ -23,8 +23,12 @@ pub enum Hold {
         /// The change that waits for approval.
         fingerprint: String,
     },
-    /// `spec.maintenanceWindows` are set and none is open now.
-    Window,
+    /// `spec.maintenanceWindows` are set and none is open now, or one of
+    /// `spec.denyWindows` is open (deny wins).
+    Window {
+        /// Which window, and when upgrades may start again.
+        message: String,
+    },
     /// Another field manager owns `spec.upgradeStrategy.type` (e.g. the
     /// RayService's creator set it): raygate cannot set the gate, so a change
     /// that fits is not admitted and nothing is reserved (`GateOverridden`).
@@ -43,7 +47,7 @@ impl Hold {
         match self {
             Hold::Paused => "Paused",
             Hold::Approval { .. } => "Approval",
-            Hold::Window => "MaintenanceWindow",
+            Hold::Window { .. } => "MaintenanceWindow",
             Hold::GateOverridden { .. } => "GateOverridden",
         }
     }
@@ -59,7 +63,7 @@ impl Hold {
         match self {
             Hold::Paused => Phase::Paused,
             Hold::Approval { .. } => Phase::WaitingForApproval,
-            Hold::Window | Hold::GateOverridden { .. } => Phase::Pending,
+            Hold::Window { .. } | Hold::GateOverridden { .. } => Phase::Pending,
         }
     }
 
@@ -78,7 +82,7 @@ impl Hold {
         match self {
             Hold::Paused => "policy Paused",
             Hold::Approval { .. } => "approval",
-            Hold::Window => "maintenance window",
+            Hold::Window { .. } => "maintenance window",
             Hold::GateOverridden { .. } => "GateOverridden",
         }
     }
@@ -91,7 +95,7 @@ impl Hold {
                 "the plan's policy is Paused; set policy to Auto or Manual to proceed".into()
             }
             Hold::Approval { plan, fingerprint } => render::approval_hint(plan, fingerprint),
-            Hold::Window => "no maintenance window is open now (UTC)".into(),
+            Hold::Window { message } => message.clone(),
             Hold::GateOverridden { owner, value } => format!(
                 "field manager {owner:?} owns spec.upgradeStrategy.type ({value}): raygate cannot \
                  set it, so it admits nothing and reserves nothing; remove upgradeStrategy.type \
@@ -135,10 +139,35 @@ pub fn holds(
         }
         Policy::Manual | Policy::Auto => {}
     }
-    if !schedule::any_open(&settings.windows, now) {
-        out.push(Hold::Window);
+    let cal = &settings.calendar;
+    if !cal.is_empty() && cal.open_now(now).is_err() {
+        out.push(Hold::Window {
+            message: cal.explain(&cal.state(now)),
+        });
     }
     out
+}
+
+/// `status.windows`: what the plan's windows say at `now`, when it has any.
+pub fn windows_status(settings: &Settings, now: Timestamp) -> Option<WindowsStatus> {
+    let cal = &settings.calendar;
+    if cal.is_empty() {
+        return None;
+    }
+    let state = cal.state(now);
+    Some(WindowsStatus {
+        open: state.verdict.is_ok(),
+        reason: match state.verdict {
+            Ok(()) => "Open",
+            Err(schedule::Closed::NoWindowOpen) => "NoWindowOpen",
+            Err(schedule::Closed::Denied(_)) => "Denied",
+        }
+        .into(),
+        message: cal.explain(&state),
+        time_zone: cal.time_zone.clone(),
+        next_open: state.next_open,
+        next_close: state.next_close,
+    })
 }
 
 /// The hold of a gate another field manager owns (`other_owner`, keeping
@@ -198,10 +227,28 @@ mod tests {
         let (p, s) = plan(json!({"policy": "Manual", "approve": fp}));
         assert_eq!(holds(&p, &s, fp, noon), []);
         let (p, s) = plan(json!({"maintenanceWindows": nightly()}));
-        assert_eq!(holds(&p, &s, fp, noon), [Hold::Window]);
+        let closed = Hold::Window {
+            message: "no maintenance window is open now (UTC); the next opens at \
+                      2026-12-03T02:00:00Z (2026-12-03 02:00 UTC)"
+                .into(),
+        };
+        assert_eq!(holds(&p, &s, fp, noon), std::slice::from_ref(&closed));
         assert_eq!(holds(&p, &s, fp, night), []);
         let (p, s) = plan(json!({"policy": "Manual", "maintenanceWindows": nightly()}));
-        assert_eq!(holds(&p, &s, fp, noon), [approval, Hold::Window]);
+        assert_eq!(holds(&p, &s, fp, noon), [approval, closed]);
+        // A freeze wins over an open maintenance window.
+        let (p, s) = plan(
+            json!({"maintenanceWindows": nightly(), "timeZone": "Europe/Berlin",
+            "denyWindows": [{"schedule": "0 0 1 12 *", "duration": "72h"}]}),
+        );
+        let h = holds(&p, &s, fp, at("2026-12-02T02:00:00Z"));
+        assert_eq!(h.len(), 1);
+        assert!(
+            h[0].message()
+                .starts_with("deny window spec.denyWindows[0] is open now (Europe/Berlin)"),
+            "{}",
+            h[0].message()
+        );
     }
 
     #[test]
@@ -242,13 +289,16 @@ mod tests {
             (approval.phase(), approval.outcome(), approval.waiting_for()),
             (Phase::WaitingForApproval, Outcome::HeldPolicy, "approval")
         );
+        let window = Hold::Window {
+            message: "no maintenance window is open now (UTC)".into(),
+        };
         assert_eq!(
-            (Hold::Window.phase(), Hold::Window.outcome()),
+            (window.phase(), window.outcome()),
             (Phase::Pending, Outcome::HeldWindow)
         );
         assert!(Hold::Paused.message().contains("policy is Paused"));
         assert_eq!(
-            serde_json::to_value([Hold::Paused, Hold::Window]).unwrap(),
+            serde_json::to_value([Hold::Paused, window]).unwrap(),
             json!([
                 {"hold": "Paused", "phase": "Paused",
                  "message": "the plan's policy is Paused; set policy to Auto or Manual to proceed"},

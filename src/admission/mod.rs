@@ -12,10 +12,12 @@
 //! - [`render`]: the status, conditions and messages the rules produce;
 //! - [`settings`]: the plan's spec as typed values;
 //! - [`hold`]: what holds a pending change before capacity (policy, windows);
+//! - [`batch`]: gathering cluster changes into one new cluster (`spec.batching`);
 //! - [`ledger`], [`priority`], [`pass`]: the cluster-wide queue;
 //! - [`stall`]: why a running transition is not finishing;
 //! - [`surge`]: what an incremental upgrade needs and holds.
 
+pub mod batch;
 pub mod fit;
 pub mod hold;
 pub mod ledger;
@@ -94,6 +96,8 @@ pub enum Outcome {
     HeldCapacity,
     HeldPolicy,
     HeldWindow,
+    /// Gathered into a batch (`spec.batching`).
+    HeldBatching,
     Completed,
     Stalled,
     /// No rule decides it; its series has been exported (at 0) since the
@@ -102,11 +106,12 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 8] = [
         Outcome::Admitted,
         Outcome::HeldCapacity,
         Outcome::HeldPolicy,
         Outcome::HeldWindow,
+        Outcome::HeldBatching,
         Outcome::Completed,
         Outcome::Stalled,
         Outcome::Aborted,
@@ -119,6 +124,7 @@ impl Outcome {
             Outcome::HeldCapacity => "held_capacity",
             Outcome::HeldPolicy => "held_policy",
             Outcome::HeldWindow => "held_window",
+            Outcome::HeldBatching => "held_batching",
             Outcome::Completed => "completed",
             Outcome::Stalled => "stalled",
             Outcome::Aborted => "aborted",
@@ -316,11 +322,15 @@ pub enum EventReason {
     CapacityNotDelivered,
     CapacityDelivered,
     CapacityRequestFailed,
+    /// A change joined the batch of the next new cluster (`spec.batching`).
+    Batching,
+    /// The batch was released to the gate ("3 changes, 1 recreation").
+    BatchReleased,
 }
 
 impl EventReason {
     /// Every reason, for tests that check the spellings.
-    pub const ALL: [EventReason; 32] = [
+    pub const ALL: [EventReason; 34] = [
         EventReason::GateOverridden,
         EventReason::KubeRayReleaseMismatch,
         EventReason::UnknownKubeRayRelease,
@@ -353,6 +363,8 @@ impl EventReason {
         EventReason::CapacityNotDelivered,
         EventReason::CapacityDelivered,
         EventReason::CapacityRequestFailed,
+        EventReason::Batching,
+        EventReason::BatchReleased,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -389,6 +401,8 @@ impl EventReason {
             EventReason::CapacityNotDelivered => "CapacityNotDelivered",
             EventReason::CapacityDelivered => "CapacityDelivered",
             EventReason::CapacityRequestFailed => "CapacityRequestFailed",
+            EventReason::Batching => "Batching",
+            EventReason::BatchReleased => "BatchReleased",
         }
     }
 }
@@ -492,6 +506,9 @@ pub struct Observations {
     pub shortfall: BTreeMap<String, f64>,
     /// ... and what is free on schedulable nodes.
     pub free: BTreeMap<String, f64>,
+    /// New clusters a batch admitted now saved (its changes but one):
+    /// `raygate_recreations_avoided_total`.
+    pub recreations_avoided: u32,
 }
 
 impl Observations {

@@ -1805,3 +1805,5 @@ fn an_admission_decided_again_on_its_own_status_is_the_same() {
     );
     assert_eq!(differing(&first, &d.status), Vec::<String>::new());
 }
+
+mod batching;

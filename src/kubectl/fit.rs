@@ -762,7 +762,9 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("no maintenance window is open now (UTC) (phase Pending)"),
+            text.contains(
+                "no maintenance window is open now (UTC); the next opens at 2026-12-03T02:00:00Z"
+            ),
             "{text}"
         );
         // At 03:00 the window is open: only the approval is missing.

@@ -1,0 +1,322 @@
+//! Rollout cadence on the real stack (issue 33): `spec.batching` against
+//! Kubernetes v1.36, kwok nodes and the real KubeRay operator of
+//! `RAYGATE_KUBERAY_VERSION`, `ray-head` answering as Ray.
+//!
+//! Three cluster-recreating commits (image tag, memory, a new worker group)
+//! within the quiet period make exactly one new RayCluster: every RayCluster
+//! the operator ever creates is counted from a watch, not read from the end
+//! state. The BatchReleased Event and `raygate_recreations_avoided_total`
+//! are checked. Needs `e2e/setup` and `cargo build --workspace --bins`.
+
+use anyhow::Result;
+use futures::StreamExt;
+use kube::Client;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::runtime::watcher;
+use raygate_e2e::control_plane::repo_root;
+use raygate_e2e::json::str_at;
+use raygate_e2e::{
+    Check, ControlPlane, FakeNode, GpuRayService, Raygate, create_namespace, wait_for,
+    workspace_bin,
+};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(180);
+/// Long enough for three patches and their reconciles on a loaded machine,
+/// short enough for CI.
+const QUIET: &str = "40s";
+
+struct Env {
+    client: Client,
+    ns: String,
+    rg: Raygate,
+    cp: ControlPlane,
+}
+
+async fn env(gpu_nodes: &[u32]) -> Env {
+    let cp = ControlPlane::start()
+        .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));
+    cp.install_crd_file(&repo_root().join("crds/raygate.io_upgradeplans.yaml"))
+        .expect("install the UpgradePlan CRD");
+    let client = cp.client().await.expect("client");
+    let ns = create_namespace(&client, "rg").await.expect("namespace");
+    for (i, gpus) in gpu_nodes.iter().enumerate() {
+        FakeNode::new(format!("gpu-{i}"))
+            .cpu("32")
+            .memory("256Gi")
+            .gpu(*gpus)
+            .create(&client)
+            .await
+            .expect("create fake node");
+    }
+    let rg = Raygate::spawn(&cp, &[]).unwrap_or_else(|e| panic!("{e:#}"));
+    Env { client, ns, rg, cp }
+}
+
+fn api(e: &Env, group: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let version = if group == "ray.io" { "v1" } else { "v1alpha1" };
+    let ar =
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+    Api::namespaced_with(e.client.clone(), &e.ns, &ar)
+}
+
+fn plans(e: &Env) -> Api<DynamicObject> {
+    api(e, "raygate.io", "UpgradePlan", "upgradeplans")
+}
+
+fn services(e: &Env) -> Api<DynamicObject> {
+    api(e, "ray.io", "RayService", "rayservices")
+}
+
+fn clusters(e: &Env) -> Api<DynamicObject> {
+    api(e, "ray.io", "RayCluster", "rayclusters")
+}
+
+async fn create(a: &Api<DynamicObject>, v: Value) -> Result<()> {
+    let obj: DynamicObject = serde_json::from_value(v)?;
+    a.create(&PostParams::default(), &obj).await?;
+    Ok(())
+}
+
+async fn get(a: &Api<DynamicObject>, name: &str) -> Result<Value> {
+    Ok(serde_json::to_value(a.get(name).await?)?)
+}
+
+fn describe(p: &Value) -> String {
+    format!(
+        "phase={} waitingFor={:?} message={:?} batch={}",
+        str_at(p, &["status", "phase"]),
+        str_at(p, &["status", "waitingFor"]),
+        str_at(p, &["status", "message"]),
+        p["status"]["batch"]
+    )
+}
+
+/// Waits until the plan satisfies `ok`.
+async fn wait_plan(e: &Env, what: &str, ok: impl Fn(&Value) -> bool) -> Result<Value> {
+    let a = plans(e);
+    wait_for(what, T, || async {
+        let p = get(&a, "llm").await?;
+        Ok(if ok(&p) {
+            Check::Done(p)
+        } else {
+            Check::NotYet(describe(&p))
+        })
+    })
+    .await
+}
+
+/// Applies `edit` to the RayService's worker groups, as `kubectl patch` would.
+async fn edit_workers(e: &Env, edit: impl Fn(&mut Value)) -> Result<()> {
+    let current = get(&services(e), "llm").await?;
+    let mut groups = current["spec"]["rayClusterConfig"]["workerGroupSpecs"].clone();
+    edit(&mut groups);
+    let patch = json!({"spec": {"rayClusterConfig": {"workerGroupSpecs": groups}}});
+    services(e)
+        .patch("llm", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+async fn gate(e: &Env) -> Result<String> {
+    let rs = get(&services(e), "llm").await?;
+    Ok(str_at(&rs, &["spec", "upgradeStrategy", "type"]).to_string())
+}
+
+/// Every RayCluster name the namespace ever had, from a watch started now.
+fn watch_creations(e: &Env) -> Arc<Mutex<BTreeSet<String>>> {
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let stream = watcher(clusters(e), watcher::Config::default());
+    let into = seen.clone();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            let objs = match ev {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => vec![o],
+                _ => vec![],
+            };
+            for o in objs {
+                if let Some(n) = o.metadata.name {
+                    into.lock().unwrap().insert(n);
+                }
+            }
+        }
+    });
+    seen
+}
+
+fn plugin(e: &Env, args: &[&str]) -> (i32, String, String) {
+    let bin = workspace_bin("kubectl-raygate")
+        .expect("kubectl-raygate binary (cargo build --workspace --bins)");
+    let out = std::process::Command::new(bin)
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(e.cp.kubeconfig_path())
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run kubectl-raygate");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The `events.k8s.io/v1` notes about UpgradePlan llm with `reason`.
+async fn notes(e: &Env, reason: &str) -> Result<Vec<String>> {
+    let a: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(e.client.clone(), &e.ns);
+    let fields = format!("regarding.kind=UpgradePlan,regarding.name=llm,reason={reason}");
+    let l = a.list(&ListParams::default().fields(&fields)).await?;
+    Ok(l.items
+        .into_iter()
+        .map(|ev| ev.note.unwrap_or_default())
+        .collect())
+}
+
+/// One commit's edit of the worker groups.
+type Edit = Box<dyn Fn(&mut Value)>;
+
+fn or_panic<T>(r: Result<T>) -> T {
+    r.unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_commits_in_the_quiet_period_make_one_new_cluster() {
+    let e = env(&[8, 8]).await;
+    or_panic(
+        create(
+            &plans(&e),
+            json!({"apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan",
+                   "metadata": {"name": "llm"},
+                   "spec": {"rayServiceRef": {"name": "llm"}, "stallAfter": "10m",
+                            "batching": {"quietPeriod": QUIET, "maxDelay": "10m"}}}),
+        )
+        .await,
+    );
+    let seen = watch_creations(&e);
+    let svc = GpuRayService::new("llm", "rayproject/ray:2.9.0-gpu")
+        .replicas(1)
+        .gpus(4)
+        .serve_deployment("LLM")
+        .build();
+    or_panic(create(&services(&e), svc).await);
+    or_panic(
+        wait_plan(&e, "plan Idle", |p| {
+            str_at(p, &["status", "phase"]) == "Idle"
+        })
+        .await,
+    );
+    let first: BTreeSet<String> = seen.lock().unwrap().clone();
+    assert_eq!(first.len(), 1, "the RayService's first cluster: {first:?}");
+
+    // Three commits, each seen by raygate before the next (it records each
+    // in status.batch), all within the quiet period.
+    let commits: [(&str, Edit); 3] = [
+        (
+            "image tag",
+            Box::new(|g: &mut Value| {
+                g[0]["template"]["spec"]["containers"][0]["image"] =
+                    json!("rayproject/ray:2.10.0-gpu")
+            }),
+        ),
+        (
+            "memory",
+            Box::new(|g: &mut Value| {
+                g[0]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"] =
+                    json!("24Gi")
+            }),
+        ),
+        (
+            "a new worker group",
+            Box::new(|g: &mut Value| {
+                let mut cpu = g[0].clone();
+                cpu["groupName"] = json!("cpu-workers");
+                cpu["template"]["spec"]["containers"][0]["resources"] =
+                    json!({"requests": {"cpu": "2", "memory": "4Gi"}});
+                if let Some(a) = g.as_array_mut() {
+                    a.push(cpu);
+                }
+            }),
+        ),
+    ];
+    let mut fingerprints = vec![];
+    for (i, (what, edit)) in commits.iter().enumerate() {
+        or_panic(edit_workers(&e, edit).await);
+        let n = i as u64 + 1;
+        let p = or_panic(
+            wait_plan(&e, &format!("commit {} ({what}) in the batch", n), |p| {
+                str_at(p, &["status", "phase"]) == "Batching"
+                    && p["status"]["batch"]["changeCount"].as_u64() == Some(n)
+            })
+            .await,
+        );
+        fingerprints.push(str_at(&p, &["status", "batch", "fingerprint"]).to_string());
+        assert_eq!(or_panic(gate(&e).await), "None", "held while batching");
+        assert!(
+            !str_at(&p, &["status", "batch", "releaseTime"]).is_empty(),
+            "{}",
+            describe(&p)
+        );
+    }
+    // What `kubectl raygate queue` shows of the batch.
+    let (code, out, err) = plugin(&e, &["queue", "-n", &e.ns]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("BATCH") && out.contains("3 until "), "{out}");
+    assert!(out.contains("Batching"), "{out}");
+    let p = or_panic(get(&plans(&e), "llm").await);
+    let paths: Vec<String> = p["status"]["batch"]["changes"]
+        .as_array()
+        .map(|c| c.iter().map(|c| c["paths"].to_string()).collect())
+        .unwrap_or_default();
+    assert_eq!(paths.len(), 3, "{paths:?}");
+    assert!(paths[0].contains("image"), "{paths:?}");
+    assert!(paths[1].contains("memory"), "{paths:?}");
+    assert!(paths[2].contains("cpu-workers"), "{paths:?}");
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        first,
+        "no cluster while batching"
+    );
+
+    // Released after the quiet period, admitted, one transition.
+    let done = or_panic(
+        wait_plan(&e, "plan Completed", |p| {
+            str_at(p, &["status", "phase"]) == "Completed"
+        })
+        .await,
+    );
+    assert_eq!(
+        str_at(&done, &["status", "lastTransition", "fingerprint"]),
+        fingerprints[2],
+        "the last commit's spec was admitted"
+    );
+    let all = seen.lock().unwrap().clone();
+    let created: Vec<&String> = all.difference(&first).collect();
+    assert_eq!(created.len(), 1, "exactly one new RayCluster ever: {all:?}");
+
+    let released = or_panic(notes(&e, "BatchReleased").await);
+    assert_eq!(released.len(), 1, "{released:?}");
+    assert!(
+        released[0].contains("3 changes, 1 recreation"),
+        "{released:?}"
+    );
+    let admitted = or_panic(notes(&e, "Admitted").await);
+    assert!(
+        admitted.iter().any(|n| n.contains("(batch of 3 changes)")),
+        "{admitted:?}"
+    );
+    let metrics = e.rg.metrics().expect("metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("raygate_recreations_avoided_total{")
+                && l.contains(&format!("namespace=\"{}\"", e.ns))
+                && l.ends_with(" 2")),
+        "{metrics}"
+    );
+}
