@@ -29,6 +29,9 @@ struct ExplainOutput<'a> {
     /// Mistakes in the new manifest that break raygate's gating (empty when
     /// none): a PR check fails on them whatever the verdict.
     errors: &'a [ManifestError],
+    /// Advice (`MoveToServeConfig`, `ReplicasWithAutoscaling`; empty when
+    /// none): never changes the verdict nor the exit code.
+    advice: Vec<super::advice::Advice>,
 }
 
 /// A mistake in a RayService manifest, with its field path.
@@ -132,6 +135,11 @@ pub(crate) fn explain_against(
             requests: capacity::canonical_map(&requests),
         },
         errors,
+        advice: super::advice::advice(
+            classification.verdict,
+            &classification.triggering_paths,
+            new,
+        ),
     };
     Ok(match args.output.structured(&out)? {
         Some(s) => s,
@@ -140,12 +148,16 @@ pub(crate) fn explain_against(
             for (label, value) in notes {
                 field(&mut s, label, value);
             }
-            s + &explain_text(
+            let mut text = explain_text(
                 &classification,
                 &out.new_cluster,
                 matches!(old, Old::Cluster(_)),
                 errors,
-            )
+            );
+            for a in &out.advice {
+                field(&mut text, "Advice:", &format!("{}: {}", a.path, a.message));
+            }
+            s + &text
         }
     })
 }

@@ -61,6 +61,9 @@ pub struct QueueEntry {
     /// When the batch is released to the gate; none while it waits for a
     /// transition to end.
     pub batch_release: Option<String>,
+    /// The plan's windows keep the change: when they next let it start
+    /// (`status.windows.nextOpen`).
+    pub windows_next_open: Option<String>,
 }
 
 /// The queue: admitted upgrades first (they hold reservations), then the
@@ -143,6 +146,16 @@ fn effective_priority(p: &UpgradePlan, status: &UpgradePlanStatus) -> i32 {
     status.effective_priority.unwrap_or(p.spec.priority)
 }
 
+/// When the windows next open, while they keep the plan's change.
+fn closed_until(status: &UpgradePlanStatus) -> Option<String> {
+    status
+        .windows
+        .as_ref()
+        .filter(|w| !w.open && status.pending_change.is_some())
+        .and_then(|w| w.next_open)
+        .map(|t| t.to_string())
+}
+
 fn entry(p: &UpgradePlan, status: &UpgradePlanStatus) -> QueueEntry {
     QueueEntry {
         position: None,
@@ -157,8 +170,12 @@ fn entry(p: &UpgradePlan, status: &UpgradePlanStatus) -> QueueEntry {
         since: None,
         fingerprint: None,
         needs: BTreeMap::new(),
-        waiting_for: status.waiting_for.clone(),
+        waiting_for: match (&status.waiting_for, closed_until(status)) {
+            (Some(w), Some(t)) => Some(format!("{w} (opens {t})")),
+            (w, _) => w.clone(),
+        },
         reserved: BTreeMap::new(),
+        windows_next_open: closed_until(status),
         batch_changes: status.batch.as_ref().map(|b| b.change_count),
         batch_release: status
             .batch
