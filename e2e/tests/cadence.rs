@@ -169,8 +169,12 @@ fn plugin(e: &Env, args: &[&str]) -> (i32, String, String) {
 
 /// The `events.k8s.io/v1` notes about UpgradePlan llm with `reason`.
 async fn notes(e: &Env, reason: &str) -> Result<Vec<String>> {
+    notes_of(e, "llm", reason).await
+}
+
+async fn notes_of(e: &Env, plan: &str, reason: &str) -> Result<Vec<String>> {
     let a: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(e.client.clone(), &e.ns);
-    let fields = format!("regarding.kind=UpgradePlan,regarding.name=llm,reason={reason}");
+    let fields = format!("regarding.kind=UpgradePlan,regarding.name={plan},reason={reason}");
     let l = a.list(&ListParams::default().fields(&fields)).await?;
     Ok(l.items
         .into_iter()
@@ -318,5 +322,237 @@ async fn three_commits_in_the_quiet_period_make_one_new_cluster() {
                 && l.contains(&format!("namespace=\"{}\"", e.ns))
                 && l.ends_with(" 2")),
         "{metrics}"
+    );
+}
+
+const APP_STATUS: &str = "ray-head.e2e.raygate.dev/app-status";
+
+/// The RayService `name`'s status cluster names: (active, pending).
+async fn service_clusters(e: &Env, name: &str) -> Result<(String, String)> {
+    let rs = get(&services(e), name).await?;
+    Ok((
+        str_at(&rs, &["status", "activeServiceStatus", "rayClusterName"]).to_string(),
+        str_at(&rs, &["status", "pendingServiceStatus", "rayClusterName"]).to_string(),
+    ))
+}
+
+/// Keeps `name`'s active cluster serving and makes every cluster KubeRay
+/// creates from now on report its Serve app DEPLOYING (it copies the
+/// RayService's annotations), so a transition stays open; with `image`, the
+/// same patch edits the worker image.
+async fn hold_transitions_open(e: &Env, name: &str, active: &str, image: &str) -> Result<()> {
+    let running = json!({"metadata": {"annotations": {APP_STATUS: "RUNNING"}}});
+    clusters(e)
+        .patch(active, &PatchParams::default(), &Patch::Merge(&running))
+        .await?;
+    let current = get(&services(e), name).await?;
+    let mut groups = current["spec"]["rayClusterConfig"]["workerGroupSpecs"].clone();
+    groups[0]["template"]["spec"]["containers"][0]["image"] = json!(image);
+    let patch = json!({"metadata": {"annotations": {APP_STATUS: "DEPLOYING"}},
+                       "spec": {"rayClusterConfig": {"workerGroupSpecs": groups}}});
+    services(e)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+async fn set_image(e: &Env, name: &str, image: &str) -> Result<()> {
+    let current = get(&services(e), name).await?;
+    let mut groups = current["spec"]["rayClusterConfig"]["workerGroupSpecs"].clone();
+    groups[0]["template"]["spec"]["containers"][0]["image"] = json!(image);
+    let patch = json!({"spec": {"rayClusterConfig": {"workerGroupSpecs": groups}}});
+    services(e)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+fn of(seen: &Arc<Mutex<BTreeSet<String>>>, prefix: &str) -> BTreeSet<String> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .filter(|n| n.starts_with(prefix))
+        .cloned()
+        .collect()
+}
+
+/// A second cluster edit while a transition runs: what the real KubeRay does
+/// with it alone (a RayService raygate does not gate, `upgradeStrategy:
+/// NewCluster`: measured and printed for the record), and that under raygate
+/// it waits, visibly, as the next batch, with no third cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_during_a_transition_waits_as_the_next_batch() {
+    let e = env(&[8, 8, 8]).await;
+    let seen = watch_creations(&e);
+
+    // KubeRay alone.
+    let mut raw = GpuRayService::new("raw", "rayproject/ray:2.9.0-gpu")
+        .replicas(1)
+        .gpus(2)
+        .serve_deployment("LLM")
+        .build();
+    raw["spec"]["upgradeStrategy"] = json!({"type": "NewCluster"});
+    or_panic(create(&services(&e), raw).await);
+    let raw_active = or_panic(
+        wait_for("raw serving", T, || async {
+            let (active, _) = service_clusters(&e, "raw").await?;
+            Ok(if active.is_empty() {
+                Check::NotYet("no active cluster".into())
+            } else {
+                Check::Done(active)
+            })
+        })
+        .await,
+    );
+    or_panic(hold_transitions_open(&e, "raw", &raw_active, "rayproject/ray:2.10.0-gpu").await);
+    let p1 = or_panic(
+        wait_for("raw pending cluster", T, || async {
+            let (_, pending) = service_clusters(&e, "raw").await?;
+            Ok(if pending.is_empty() {
+                Check::NotYet("no pending cluster".into())
+            } else {
+                Check::Done(pending)
+            })
+        })
+        .await,
+    );
+    or_panic(set_image(&e, "raw", "rayproject/ray:2.11.0-gpu").await);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let (_, pending_after) = or_panic(service_clusters(&e, "raw").await);
+    let existing: BTreeSet<String> = or_panic(
+        clusters(&e)
+            .list(&ListParams::default())
+            .await
+            .map_err(anyhow::Error::from),
+    )
+    .items
+    .into_iter()
+    .filter_map(|c| c.metadata.name)
+    .filter(|n| n.starts_with("raw-"))
+    .collect();
+    println!(
+        "KubeRay {} alone, a second edit during a transition: created {:?}; pending before {p1}, \
+         30 s after the edit {pending_after}; existing now {existing:?}",
+        e.cp.kuberay_version().unwrap_or_default(),
+        of(&seen, "raw-"),
+    );
+
+    // Under raygate, no batching: the edit waits as the next batch.
+    or_panic(
+        create(
+            &plans(&e),
+            json!({"apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan",
+                   "metadata": {"name": "gov"},
+                   "spec": {"rayServiceRef": {"name": "gov"}, "stallAfter": "10m"}}),
+        )
+        .await,
+    );
+    let gov = GpuRayService::new("gov", "rayproject/ray:2.9.0-gpu")
+        .replicas(1)
+        .gpus(2)
+        .serve_deployment("LLM")
+        .build();
+    or_panic(create(&services(&e), gov).await);
+    let plan_of = |want: &'static str| {
+        let e = &e;
+        async move {
+            let a = plans(e);
+            wait_for(&format!("plan gov {want}"), T, || async {
+                let p = get(&a, "gov").await?;
+                Ok(if str_at(&p, &["status", "phase"]) == want {
+                    Check::Done(p)
+                } else {
+                    Check::NotYet(describe(&p))
+                })
+            })
+            .await
+        }
+    };
+    let idle = or_panic(plan_of("Idle").await);
+    let active = str_at(&idle, &["status", "activeCluster"]).to_string();
+    or_panic(hold_transitions_open(&e, "gov", &active, "rayproject/ray:2.10.0-gpu").await);
+    let up = or_panic(plan_of("Upgrading").await);
+    let first = str_at(&up, &["status", "admitted", "fingerprint"]).to_string();
+    let p1 = or_panic(
+        wait_for("gov pending cluster", T, || async {
+            let (_, pending) = service_clusters(&e, "gov").await?;
+            Ok(if pending.is_empty() {
+                Check::NotYet("no pending cluster".into())
+            } else {
+                Check::Done(pending)
+            })
+        })
+        .await,
+    );
+    or_panic(set_image(&e, "gov", "rayproject/ray:2.11.0-gpu").await);
+    let a = plans(&e);
+    let during = or_panic(
+        wait_for("the edit shown as the next batch", T, || async {
+            let p = get(&a, "gov").await?;
+            Ok(
+                if str_at(&p, &["status", "batch", "afterTransitionTo"]) == p1 {
+                    Check::Done(p)
+                } else {
+                    Check::NotYet(describe(&p))
+                },
+            )
+        })
+        .await,
+    );
+    let next = str_at(&during, &["status", "batch", "fingerprint"]).to_string();
+    assert_ne!(next, first);
+    assert!(
+        str_at(&during, &["status", "message"]).contains("next batch: 1 change"),
+        "{}",
+        describe(&during)
+    );
+    let rs = or_panic(get(&services(&e), "gov").await);
+    assert_eq!(str_at(&rs, &["spec", "upgradeStrategy", "type"]), "None");
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let gov_created = of(&seen, "gov-");
+    assert_eq!(
+        gov_created.len(),
+        2,
+        "the first cluster and the transition's, no third: {gov_created:?}"
+    );
+    // Let the transition finish (new clusters serve from now on): the next
+    // batch then goes, as one more new cluster.
+    let running = json!({"metadata": {"annotations": {APP_STATUS: "RUNNING"}}});
+    or_panic(
+        services(&e)
+            .patch("gov", &PatchParams::default(), &Patch::Merge(&running))
+            .await
+            .map_err(anyhow::Error::from),
+    );
+    or_panic(
+        clusters(&e)
+            .patch(&p1, &PatchParams::default(), &Patch::Merge(&running))
+            .await
+            .map_err(anyhow::Error::from),
+    );
+    let done = or_panic(
+        wait_for("the next batch completed", T, || async {
+            let p = get(&a, "gov").await?;
+            Ok(
+                if str_at(&p, &["status", "phase"]) == "Completed"
+                    && str_at(&p, &["status", "lastTransition", "fingerprint"]) == next
+                {
+                    Check::Done(p)
+                } else {
+                    Check::NotYet(describe(&p))
+                },
+            )
+        })
+        .await,
+    );
+    assert_eq!(done["status"]["batch"], Value::Null);
+    let gov_created = of(&seen, "gov-");
+    assert_eq!(gov_created.len(), 3, "{gov_created:?}");
+    let joined = or_panic(notes_of(&e, "gov", "Batching").await);
+    assert!(
+        joined
+            .iter()
+            .any(|n| n.contains("never as a third cluster")),
+        "{joined:?}"
     );
 }
