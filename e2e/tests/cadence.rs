@@ -430,9 +430,69 @@ async fn an_edit_during_a_transition_waits_as_the_next_batch() {
     .filter_map(|c| c.metadata.name)
     .filter(|n| n.starts_with("raw-"))
     .collect();
+    let image_of = |c: &Value| {
+        str_at(
+            &c["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0],
+            &["image"],
+        )
+        .to_string()
+    };
+    let pending_image = match pending_after.as_str() {
+        "" => String::new(),
+        p => image_of(&or_panic(get(&clusters(&e), p).await)),
+    };
+    // What the pending cluster's worker pods run (KubeRay may rewrite the
+    // spec of a cluster without replacing its pods).
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(e.client.clone(), &e.ns);
+    let pod_images: Vec<String> = or_panic(
+        pods.list(&ListParams::default().labels(&format!(
+            "ray.io/cluster={pending_after},ray.io/node-type=worker"
+        )))
+        .await
+        .map_err(anyhow::Error::from),
+    )
+    .items
+    .iter()
+    .flat_map(|p| p.spec.iter().flat_map(|s| s.containers.iter()))
+    .filter_map(|c| c.image.clone())
+    .collect();
     println!(
         "KubeRay {} alone, a second edit during a transition: created {:?}; pending before {p1}, \
-         30 s after the edit {pending_after}; existing now {existing:?}",
+         30 s after the edit {pending_after} (worker image {pending_image} in its spec, its worker \
+         pods run {pod_images:?}); existing now {existing:?}",
+        e.cp.kuberay_version().unwrap_or_default(),
+        of(&seen, "raw-"),
+    );
+    // Then the pending cluster's app turns RUNNING: what is promoted, and is
+    // another cluster built for the second edit?
+    let running = json!({"metadata": {"annotations": {APP_STATUS: "RUNNING"}}});
+    if !pending_after.is_empty() {
+        or_panic(
+            clusters(&e)
+                .patch(
+                    &pending_after,
+                    &PatchParams::default(),
+                    &Patch::Merge(&running),
+                )
+                .await
+                .map_err(anyhow::Error::from),
+        );
+    }
+    or_panic(
+        services(&e)
+            .patch("raw", &PatchParams::default(), &Patch::Merge(&running))
+            .await
+            .map_err(anyhow::Error::from),
+    );
+    tokio::time::sleep(Duration::from_secs(45)).await;
+    let (active_then, pending_then) = or_panic(service_clusters(&e, "raw").await);
+    let active_image = match active_then.as_str() {
+        "" => String::new(),
+        a => image_of(&or_panic(get(&clusters(&e), a).await)),
+    };
+    println!(
+        "KubeRay {} alone, 45 s after the pending cluster serves: active {active_then} (worker image \
+         {active_image}), pending {pending_then:?}; created {:?}",
         e.cp.kuberay_version().unwrap_or_default(),
         of(&seen, "raw-"),
     );
