@@ -29,6 +29,14 @@ pub enum Hold {
         /// Which window, and when upgrades may start again.
         message: String,
     },
+    /// `spec.batching`: gathered with the next cluster changes until `until`
+    /// (the controller applies it in rule 4 itself, from `status.batch`;
+    /// `kubectl raygate fit` lists it with [`batch_hold`]).
+    Batching {
+        /// Changes in the batch, this one included.
+        changes: u32,
+        until: Timestamp,
+    },
     /// Another field manager owns `spec.upgradeStrategy.type` (e.g. the
     /// RayService's creator set it): raygate cannot set the gate, so a change
     /// that fits is not admitted and nothing is reserved (`GateOverridden`).
@@ -48,6 +56,7 @@ impl Hold {
             Hold::Paused => "Paused",
             Hold::Approval { .. } => "Approval",
             Hold::Window { .. } => "MaintenanceWindow",
+            Hold::Batching { .. } => "Batching",
             Hold::GateOverridden { .. } => "GateOverridden",
         }
     }
@@ -64,6 +73,7 @@ impl Hold {
             Hold::Paused => Phase::Paused,
             Hold::Approval { .. } => Phase::WaitingForApproval,
             Hold::Window { .. } | Hold::GateOverridden { .. } => Phase::Pending,
+            Hold::Batching { .. } => Phase::Batching,
         }
     }
 
@@ -72,6 +82,8 @@ impl Hold {
     pub fn outcome(&self) -> Outcome {
         if self.is_policy() || matches!(self, Hold::GateOverridden { .. }) {
             Outcome::HeldPolicy
+        } else if matches!(self, Hold::Batching { .. }) {
+            Outcome::HeldBatching
         } else {
             Outcome::HeldWindow
         }
@@ -83,6 +95,7 @@ impl Hold {
             Hold::Paused => "policy Paused",
             Hold::Approval { .. } => "approval",
             Hold::Window { .. } => "maintenance window",
+            Hold::Batching { .. } => "batch",
             Hold::GateOverridden { .. } => "GateOverridden",
         }
     }
@@ -96,6 +109,10 @@ impl Hold {
             }
             Hold::Approval { plan, fingerprint } => render::approval_hint(plan, fingerprint),
             Hold::Window { message } => message.clone(),
+            Hold::Batching { changes, until } => format!(
+                "batching {changes} cluster change{} into one new cluster until {until} (spec.batching)",
+                if *changes == 1 { "" } else { "s" }
+            ),
             Hold::GateOverridden { owner, value } => format!(
                 "field manager {owner:?} owns spec.upgradeStrategy.type ({value}): raygate cannot \
                  set it, so it admits nothing and reserves nothing; remove upgradeStrategy.type \
@@ -146,6 +163,29 @@ pub fn holds(
         });
     }
     out
+}
+
+/// The batching hold `kubectl raygate fit` shows for the change
+/// `fingerprint` (`paths` changed) at `now`: the batch the controller would
+/// derive from the plan's `status.batch` ([`super::batch`]); none when the
+/// plan does not batch or the batch is released.
+pub fn batch_hold(
+    plan: &UpgradePlan,
+    settings: &Settings,
+    fingerprint: &str,
+    paths: &[String],
+    now: Timestamp,
+) -> Option<Hold> {
+    let policy = settings.batching.as_ref()?;
+    let prev = plan.status.as_ref().and_then(|s| s.batch.as_ref());
+    let mut batch = super::batch::observe(prev, fingerprint, paths, now);
+    let spec = &plan.spec;
+    let approved = spec.policy == Policy::Manual && spec.approve.as_deref() == Some(fingerprint);
+    let until = super::batch::release(&mut batch, policy, approved, now).err()?;
+    Some(Hold::Batching {
+        changes: batch.change_count,
+        until,
+    })
 }
 
 /// `status.windows`: what the plan's windows say at `now`, when it has any.
@@ -248,6 +288,39 @@ mod tests {
                 .starts_with("deny window spec.denyWindows[0] is open now (Europe/Berlin)"),
             "{}",
             h[0].message()
+        );
+    }
+
+    #[test]
+    fn fit_shows_the_batch_the_controller_would_hold() {
+        let fp = "6aca5d208cb0";
+        let (p, s) = plan(json!({}));
+        assert_eq!(
+            batch_hold(&p, &s, fp, &[], at("2026-12-02T12:00:00Z")),
+            None
+        );
+        let (p, s) = plan(json!({"batching": {"quietPeriod": "30m"}}));
+        let h = batch_hold(&p, &s, fp, &[], at("2026-12-02T12:00:00Z")).unwrap();
+        assert_eq!(
+            h,
+            Hold::Batching {
+                changes: 1,
+                until: at("2026-12-02T12:30:00Z")
+            }
+        );
+        assert_eq!(
+            (h.phase(), h.outcome(), h.as_str()),
+            (Phase::Batching, Outcome::HeldBatching, "Batching")
+        );
+        assert!(h.message().starts_with(
+            "batching 1 cluster change into one new cluster until 2026-12-02T12:30:00Z"
+        ));
+        let (p, s) =
+            plan(json!({"batching": {"quietPeriod": "30m"}, "policy": "Manual", "approve": fp}));
+        assert_eq!(
+            batch_hold(&p, &s, fp, &[], at("2026-12-02T12:00:00Z")),
+            None,
+            "approved"
         );
     }
 

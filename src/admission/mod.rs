@@ -41,7 +41,7 @@ use crate::kuberay::{UpgradeType, Verdict};
 use crate::upgradeplan::{PlanUpgradeType, UpgradePlan, UpgradePlanStatus};
 
 pub use fit::Cluster;
-pub use hold::{Hold, gate_hold, holds};
+pub use hold::{Hold, batch_hold, gate_hold, holds};
 pub use settings::Settings;
 
 /// The value raygate wants in `spec.upgradeStrategy.type`.

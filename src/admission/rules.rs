@@ -327,7 +327,10 @@ impl Rules<'_> {
         let (reason, what) = match hold {
             Hold::Paused => (EventReason::Paused, "is held: the plan's policy is Paused"),
             // Only policy holds come here.
-            Hold::Approval { .. } | Hold::Window { .. } | Hold::GateOverridden { .. } => (
+            Hold::Approval { .. }
+            | Hold::Window { .. }
+            | Hold::Batching { .. }
+            | Hold::GateOverridden { .. } => (
                 EventReason::WaitingForApproval,
                 "waits for approval (policy Manual)",
             ),
