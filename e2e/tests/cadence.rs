@@ -192,6 +192,29 @@ fn or_panic<T>(r: Result<T>) -> T {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_commits_in_the_quiet_period_make_one_new_cluster() {
     let e = env(&[8, 8]).await;
+    // The apiserver refuses what raygate would refuse (the CRD's CEL rule and pattern).
+    for (spec, want) in [
+        (
+            json!({"batching": {"quietPeriod": "1h", "maxDelay": "10m"}}),
+            "maxDelay must be at least quietPeriod",
+        ),
+        (
+            json!({"batching": {"quietPeriod": "soon"}}),
+            "spec.batching.quietPeriod",
+        ),
+        (json!({"timeZone": "Europe/Berlin Summer"}), "spec.timeZone"),
+    ] {
+        let mut full = json!({"rayServiceRef": {"name": "llm"}});
+        for (k, v) in spec.as_object().into_iter().flatten() {
+            full[k] = v.clone();
+        }
+        let bad = json!({"apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan",
+                         "metadata": {"name": "bad"}, "spec": full});
+        let err = create(&plans(&e), bad)
+            .await
+            .expect_err("the apiserver refuses it");
+        assert!(format!("{err:#}").contains(want), "{want}: {err:#}");
+    }
     or_panic(
         create(
             &plans(&e),
