@@ -15,7 +15,7 @@ mod common;
 use std::hint::black_box;
 
 use jiff::Timestamp;
-use raygate::schedule::{MAX_WINDOWS, Window};
+use raygate::schedule::{Calendar, MAX_WINDOWS, Window};
 
 const WINDOWS: usize = 1_100;
 
@@ -75,6 +75,51 @@ fn main() {
             cpu(now_cpu),
             walk_ms / now_ms.max(1e-9),
             if now_ms <= 10.0 { "met" } else { "NOT met" }
+        );
+    }
+    zoned(now);
+}
+
+/// Issue 33: the same count read in a time zone, half of each plan's
+/// windows deny windows, and `nextOpen`/`nextClose` found (`Calendar::state`,
+/// what the controller writes to `status.windows`) beside the UTC open check.
+fn zoned(now: Timestamp) {
+    let (_, tz) =
+        Calendar::zone("timeZone", Some("Europe/Berlin")).unwrap_or_else(|e| panic!("{e}"));
+    for (what, schedule, duration) in [
+        ("never firing, 744h", "0 0 31 2 *", "744h"),
+        ("weekdays 02:00, 3h", "0 2 * * 1-5", "3h"),
+        ("every 15 minutes, 5m", "*/15 * * * *", "5m"),
+    ] {
+        let plans: Vec<Calendar> = windows(schedule, duration)
+            .into_iter()
+            .map(|ws| {
+                let (allow, deny) = ws.split_at(ws.len() / 2);
+                Calendar {
+                    time_zone: "Europe/Berlin".into(),
+                    tz: tz.clone(),
+                    allow: allow.to_vec(),
+                    deny: deny.to_vec(),
+                }
+            })
+            .collect();
+        let utc_ms = common::median_ms(21, || {
+            for c in &plans {
+                black_box(c.allow.iter().any(|w| w.is_open(now)));
+            }
+        });
+        let state_ms = common::median_ms(5, || {
+            for c in &plans {
+                black_box(c.state(now));
+            }
+        });
+        println!(
+            "{what}: {} plans x {} windows (half deny) in Europe/Berlin: state with nextOpen/nextClose {state_ms:.3} ms, \
+             UTC open check {utc_ms:.3} ms, {:.0}x; target <= 10 ms: {}",
+            plans.len(),
+            MAX_WINDOWS,
+            state_ms / utc_ms.max(1e-9),
+            if state_ms <= 10.0 { "met" } else { "NOT met" }
         );
     }
 }

@@ -233,6 +233,27 @@ struct RunArgs {
     /// detected, and a change Kueue would suspend is held (KueueWouldSuspend).
     #[arg(long, env = "RAYGATE_KUEUE", default_value_t = false, action = clap::ArgAction::Set)]
     kueue: bool,
+    /// spec.batching.quietPeriod of plans that do not set spec.batching: a
+    /// change that needs a new cluster is held (phase Batching) until the
+    /// RayService's cluster spec has been unchanged this long, so several
+    /// commits make one new cluster. Empty or 0s: plans without
+    /// spec.batching are not batched.
+    #[arg(
+        long,
+        env = "RAYGATE_DEFAULT_BATCHING_QUIET_PERIOD",
+        default_value = "",
+        value_name = "DURATION"
+    )]
+    default_batching_quiet_period: String,
+    /// spec.batching.maxDelay of plans that do not set it (and of the
+    /// default above): the longest a batch is held after its first change.
+    #[arg(
+        long,
+        env = "RAYGATE_DEFAULT_BATCHING_MAX_DELAY",
+        default_value = "6h",
+        value_name = "DURATION"
+    )]
+    default_batching_max_delay: String,
 }
 
 /// `--capacity-request-default`.
@@ -392,6 +413,10 @@ async fn run(args: RunArgs) -> Result<()> {
     }
     raygate::admission::priority::install(raygate::admission::priority::Ceilings::parse(
         &args.max_priority,
+    )?);
+    raygate::admission::batch::install(raygate::admission::batch::Defaults::parse(
+        &args.default_batching_quiet_period,
+        &args.default_batching_max_delay,
     )?);
     let config = config(&args.kube).await?;
     let metrics = Arc::new(Metrics::new()?);

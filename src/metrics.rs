@@ -25,6 +25,7 @@
 //! | `raygate_kueue_quota_reserved` | gauge | cluster_queue, resource | Kueue quota held by raygate's reservation Workloads Kueue admitted (`--kueue`), per ClusterQueue; absent when none |
 //! | `raygate_admissions_total` | counter | outcome | gate decisions, one of [`Outcome::ALL`] (all pre-created at 0 so `rate()` works from the first scrape) |
 //! | `raygate_gate_overrides_total` | counter | namespace, upgradeplan | times an override was honoured |
+//! | `raygate_recreations_avoided_total` | counter | namespace | new clusters a batch saved (`spec.batching`): a batch of n changes admitted as one counts n − 1 |
 //! | `raygate_reconcile_duration_seconds` | histogram | – | wall time of one reconcile, buckets 1 ms .. 10 s |
 //! | `raygate_admission_latency_seconds` | histogram | cause | from the event that let a held upgrade through (`node`, `pod`, `approval`, `rayservice`; see [`crate::controller::latency`]) to its gate write, buckets 10 ms .. 60 s |
 //! | `raygate_reconcile_errors_total` | counter | reason | failed reconciles by short machine-readable reason |
@@ -119,6 +120,7 @@ pub struct Metrics {
     free: GaugeVec,
     admissions: IntCounterVec,
     overrides: IntCounterVec,
+    recreations_avoided: IntCounterVec,
     reconcile_duration: Histogram,
     admission_latency: HistogramVec,
     reconcile_errors: IntCounterVec,
@@ -325,6 +327,16 @@ impl Metrics {
                 &["namespace", "upgradeplan"],
             )?,
         )?;
+        let recreations_avoided = register(
+            r,
+            IntCounterVec::new(
+                Opts::new(
+                    "raygate_recreations_avoided_total",
+                    "Cluster recreations a batch saved (spec.batching): its changes but one.",
+                ),
+                &["namespace"],
+            )?,
+        )?;
         let reconcile_duration = register(
             r,
             Histogram::with_opts(
@@ -391,6 +403,7 @@ impl Metrics {
             free,
             admissions,
             overrides,
+            recreations_avoided,
             reconcile_duration,
             admission_latency,
             reconcile_errors,
@@ -593,6 +606,14 @@ impl Metrics {
         self.reconcile_errors.with_label_values(&[reason]).inc();
     }
 
+    /// Counts the recreations a batch admitted in `namespace` saved. The
+    /// series exists from the first batch on (per namespace, bounded by the
+    /// namespaces with plans).
+    pub fn recreations_avoided(&self, namespace: &str, n: u32) {
+        let c = self.recreations_avoided.with_label_values(&[namespace]);
+        c.inc_by(u64::from(n));
+    }
+
     /// Counts one honoured gate override of a plan.
     pub fn gate_override(&self, namespace: &str, plan: &str) {
         self.overrides.with_label_values(&[namespace, plan]).inc();
@@ -741,6 +762,7 @@ pub(crate) mod tests {
                 "held_capacity",
                 "held_policy",
                 "held_window",
+                "held_batching",
                 "completed",
                 "stalled",
                 "aborted"

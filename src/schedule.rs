@@ -1,5 +1,6 @@
 //! Time rules of an UpgradePlan: Go-style durations (`stallAfter`) and
-//! cron-like maintenance windows, evaluated in UTC.
+//! cron-like maintenance windows, evaluated in UTC here and in the plan's
+//! time zone, with deny windows and the next change, in [`zoned`].
 //!
 //! Kept pure (the caller passes "now") so admission decisions can be tested
 //! at any instant.
@@ -8,6 +9,9 @@ use jiff::Timestamp;
 use jiff::tz::TimeZone;
 
 use crate::{Error, Result};
+
+mod zoned;
+pub use zoned::{Calendar, Closed, State};
 
 /// The longest duration raygate reads: no time rule needs more, and every
 /// sum with a timestamp stays far from overflowing.

@@ -6,10 +6,15 @@
 //! resume after a restart (admitted fingerprint, reservation, transition
 //! start) lives in the status, never in memory.
 
+pub mod batching;
 #[cfg(test)]
 mod crd_tests;
 pub mod ownership;
 pub mod validation;
+pub mod windows;
+
+pub use batching::{BatchStatus, BatchedChange, BatchingSpec};
+pub use windows::WindowsStatus;
 
 use std::collections::BTreeMap;
 
@@ -29,7 +34,7 @@ pub const DNS1123_SUBDOMAIN: &str =
 /// A Go-style duration of hours, minutes, seconds (`90s`, `1h30m`, `1.5h`).
 /// Go durations, bounded: at most four parts of at most six digits (so
 /// `99999999999999999999h` is refused by the apiserver, not only by raygate).
-const DURATION_PATTERN: &str = r"^([0-9]{1,6}(\.[0-9]{1,9})?(h|m|s|ms)){1,4}$";
+pub(crate) const DURATION_PATTERN: &str = r"^([0-9]{1,6}(\.[0-9]{1,9})?(h|m|s|ms)){1,4}$";
 
 // The printer columns repeat `type_ = "string"`, which clippy takes for a
 // duplicated attribute.
@@ -88,6 +93,7 @@ const DURATION_PATTERN: &str = r"^([0-9]{1,6}(\.[0-9]{1,9})?(h|m|s|ms)){1,4}$";
     printcolumn = r#"{"name":"Capacity Request","type":"string","jsonPath":".status.capacityRequest.state","priority":1,"description":"What raygate asked the node autoscaler for (spec.capacity.request)"}"#,
     printcolumn = r#"{"name":"Quota GPUs Needed","type":"string","jsonPath":".status.quota.gpusNeeded","priority":1,"description":"GPUs of Kueue quota the new cluster needs in its ClusterQueue"}"#,
     printcolumn = r#"{"name":"Quota GPUs Left","type":"string","jsonPath":".status.quota.gpusLeft","priority":1,"description":"GPUs of Kueue quota left in the ClusterQueue, cohort borrowing included"}"#,
+    printcolumn = r#"{"name":"Batch Release","type":"string","jsonPath":".status.batch.releaseTime","description":"When the gathered cluster changes are released to the gate (spec.batching)"}"#,
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -140,11 +146,28 @@ pub struct UpgradePlanSpec {
     }]))]
     pub stall_after: String,
 
-    /// When set, upgrades are admitted only inside one of these windows (UTC);
-    /// at most 50.
+    /// When set, upgrades are admitted only inside one of these windows (in
+    /// `timeZone`); at most 50.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 50))]
     pub maintenance_windows: Vec<MaintenanceWindow>,
+
+    /// Freezes: no upgrade is admitted while one of these is open, whatever
+    /// the maintenance windows say (deny wins); at most 50.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 50))]
+    pub deny_windows: Vec<MaintenanceWindow>,
+
+    /// The IANA time zone the window schedules are read in (`Europe/Berlin`);
+    /// unset: `UTC`. A start that does not exist on a spring-forward night
+    /// starts when the clocks have jumped, shifted by the gap; one that
+    /// happens twice on a fall-back night starts at the first
+    /// (docs/upgradeplan.md).
+    #[schemars(
+        length(min = 1, max = 64),
+        regex(pattern = r"^[A-Za-z0-9_+\-]+(/[A-Za-z0-9_+\-]+)*$")
+    )]
+    pub time_zone: Option<String>,
 
     /// Asking the node autoscaler for the new cluster while the upgrade waits
     /// for capacity (docs/autoscaling.md).
@@ -159,6 +182,13 @@ pub struct UpgradePlanSpec {
     /// surge must fit (docs/how-it-works.md).
     #[serde(default, skip_serializing_if = "PlanUpgradeType::is_new_cluster")]
     pub upgrade_type: PlanUpgradeType,
+
+    /// Gather cluster-recreating changes into one new cluster: a change is
+    /// held (phase `Batching`) until the cluster spec has been unchanged for
+    /// `quietPeriod`, at most `maxDelay` after the batch's first change
+    /// (docs/upgradeplan.md). Unset: the operator's
+    /// `--default-batching-quiet-period` (default: no batching).
+    pub batching: Option<BatchingSpec>,
 }
 
 /// `spec.upgradeType`.
@@ -273,8 +303,8 @@ pub enum Policy {
     Paused,
 }
 
-/// A recurring window: starts whenever `schedule` (5-field cron, UTC) matches
-/// and lasts `duration`.
+/// A recurring window: starts whenever `schedule` (5-field cron, in the
+/// plan's `timeZone`) matches and lasts `duration`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MaintenanceWindow {
@@ -301,6 +331,9 @@ pub enum Phase {
     Idle,
     /// A change was detected and is being evaluated.
     Pending,
+    /// `spec.batching`: the change is gathered with the next ones until the
+    /// cluster spec is quiet (`status.batch.releaseTime`).
+    Batching,
     WaitingForCapacity,
     /// Kueue manages the RayService and its ClusterQueue lacks the quota
     /// for the new cluster (the nodes may have room).
@@ -322,9 +355,10 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub const ALL: [Phase; 12] = [
+    pub const ALL: [Phase; 13] = [
         Phase::Idle,
         Phase::Pending,
+        Phase::Batching,
         Phase::WaitingForCapacity,
         Phase::WaitingForQuota,
         Phase::Suspended,
@@ -341,6 +375,7 @@ impl Phase {
         match self {
             Phase::Idle => "Idle",
             Phase::Pending => "Pending",
+            Phase::Batching => "Batching",
             Phase::WaitingForCapacity => "WaitingForCapacity",
             Phase::WaitingForQuota => "WaitingForQuota",
             Phase::Suspended => "Suspended",
@@ -406,6 +441,12 @@ pub struct UpgradePlanStatus {
     /// An incremental upgrade's step, target capacity and surge held
     /// (`spec.upgradeType: NewClusterWithIncrementalUpgrade`).
     pub incremental: Option<IncrementalStatus>,
+    /// The cluster changes gathered for the next new cluster (`spec.batching`),
+    /// or made while a transition runs (the next batch).
+    pub batch: Option<BatchStatus>,
+    /// Whether the maintenance and deny windows let an upgrade start now,
+    /// why not, and when that changes (`nextOpen`, `nextClose`).
+    pub windows: Option<WindowsStatus>,
     /// The RayService is Kueue-managed: the quota its new cluster needs in
     /// its ClusterQueue, what is left, and raygate's reservation there.
     pub quota: Option<QuotaStatus>,
@@ -990,8 +1031,11 @@ mod tests {
             headroom: BTreeMap::new(),
             stall_after: "30m".into(),
             maintenance_windows: vec![],
+            deny_windows: vec![],
+            time_zone: None,
             capacity: None,
             upgrade_type: PlanUpgradeType::NewCluster,
+            batching: None,
         })
         .unwrap();
         assert_eq!(
@@ -1031,6 +1075,7 @@ mod tests {
                 "Capacity Request",
                 "Quota GPUs Needed",
                 "Quota GPUs Left",
+                "Batch Release",
                 "Age"
             ]
         );

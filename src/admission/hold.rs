@@ -8,7 +8,7 @@ use serde::ser::{Serialize, SerializeStruct, Serializer};
 
 use super::{Outcome, Settings, render};
 use crate::schedule;
-use crate::upgradeplan::{Phase, Policy, UpgradePlan};
+use crate::upgradeplan::{Phase, Policy, UpgradePlan, WindowsStatus};
 
 /// One reason the controller would not admit a pending change however much
 /// capacity is free.
@@ -26,8 +26,20 @@ pub enum Hold {
         /// The change that waits for approval.
         fingerprint: String,
     },
-    /// `spec.maintenanceWindows` are set and none is open now.
-    Window,
+    /// `spec.maintenanceWindows` are set and none is open now, or one of
+    /// `spec.denyWindows` is open (deny wins).
+    Window {
+        /// Which window, and when upgrades may start again.
+        message: String,
+    },
+    /// `spec.batching`: gathered with the next cluster changes until `until`
+    /// (the controller applies it in rule 4 itself, from `status.batch`;
+    /// `kubectl raygate fit` lists it with [`batch_hold`]).
+    Batching {
+        /// Changes in the batch, this one included.
+        changes: u32,
+        until: Timestamp,
+    },
     /// Another field manager owns `spec.upgradeStrategy.type` (e.g. the
     /// RayService's creator set it): raygate cannot set the gate, so a change
     /// that fits is not admitted and nothing is reserved (`GateOverridden`).
@@ -46,7 +58,8 @@ impl Hold {
         match self {
             Hold::Paused => "Paused",
             Hold::Approval { .. } => "Approval",
-            Hold::Window => "MaintenanceWindow",
+            Hold::Window { .. } => "MaintenanceWindow",
+            Hold::Batching { .. } => "Batching",
             Hold::GateOverridden { .. } => "GateOverridden",
         }
     }
@@ -62,7 +75,8 @@ impl Hold {
         match self {
             Hold::Paused => Phase::Paused,
             Hold::Approval { .. } => Phase::WaitingForApproval,
-            Hold::Window | Hold::GateOverridden { .. } => Phase::Pending,
+            Hold::Window { .. } | Hold::GateOverridden { .. } => Phase::Pending,
+            Hold::Batching { .. } => Phase::Batching,
         }
     }
 
@@ -71,6 +85,8 @@ impl Hold {
     pub fn outcome(&self) -> Outcome {
         if self.is_policy() || matches!(self, Hold::GateOverridden { .. }) {
             Outcome::HeldPolicy
+        } else if matches!(self, Hold::Batching { .. }) {
+            Outcome::HeldBatching
         } else {
             Outcome::HeldWindow
         }
@@ -81,7 +97,8 @@ impl Hold {
         match self {
             Hold::Paused => "policy Paused",
             Hold::Approval { .. } => "approval",
-            Hold::Window => "maintenance window",
+            Hold::Window { .. } => "maintenance window",
+            Hold::Batching { .. } => "batch",
             Hold::GateOverridden { .. } => "GateOverridden",
         }
     }
@@ -98,7 +115,11 @@ impl Hold {
                 namespace,
                 fingerprint,
             } => render::approval_hint(plan, namespace, fingerprint),
-            Hold::Window => "no maintenance window is open now (UTC)".into(),
+            Hold::Window { message } => message.clone(),
+            Hold::Batching { changes, until } => format!(
+                "batching {changes} cluster change{} into one new cluster until {until} (spec.batching)",
+                if *changes == 1 { "" } else { "s" }
+            ),
             Hold::GateOverridden { owner, value } => format!(
                 "field manager {owner:?} owns spec.upgradeStrategy.type ({value}): raygate cannot \
                  set it, so it admits nothing and reserves nothing; remove upgradeStrategy.type \
@@ -143,10 +164,58 @@ pub fn holds(
         }
         Policy::Manual | Policy::Auto => {}
     }
-    if !schedule::any_open(&settings.windows, now) {
-        out.push(Hold::Window);
+    let cal = &settings.calendar;
+    if !cal.is_empty() && cal.open_now(now).is_err() {
+        out.push(Hold::Window {
+            message: cal.explain(&cal.state(now)),
+        });
     }
     out
+}
+
+/// The batching hold `kubectl raygate fit` shows for the change
+/// `fingerprint` (`paths` changed) at `now`: the batch the controller would
+/// derive from the plan's `status.batch` ([`super::batch`]); none when the
+/// plan does not batch or the batch is released.
+pub fn batch_hold(
+    plan: &UpgradePlan,
+    settings: &Settings,
+    fingerprint: &str,
+    paths: &[String],
+    now: Timestamp,
+) -> Option<Hold> {
+    let policy = settings.batching.as_ref()?;
+    let prev = plan.status.as_ref().and_then(|s| s.batch.as_ref());
+    let mut batch = super::batch::observe(prev, fingerprint, paths, now);
+    let spec = &plan.spec;
+    let approved = spec.policy == Policy::Manual && spec.approve.as_deref() == Some(fingerprint);
+    let until = super::batch::release(&mut batch, policy, approved, now).err()?;
+    Some(Hold::Batching {
+        changes: batch.change_count,
+        until,
+    })
+}
+
+/// `status.windows`: what the plan's windows say at `now`, when it has any.
+pub fn windows_status(settings: &Settings, now: Timestamp) -> Option<WindowsStatus> {
+    let cal = &settings.calendar;
+    if cal.is_empty() {
+        return None;
+    }
+    let state = cal.state(now);
+    Some(WindowsStatus {
+        open: state.verdict.is_ok(),
+        reason: match state.verdict {
+            Ok(()) => "Open",
+            Err(schedule::Closed::NoWindowOpen) => "NoWindowOpen",
+            Err(schedule::Closed::Denied(_)) => "Denied",
+        }
+        .into(),
+        message: cal.explain(&state),
+        time_zone: cal.time_zone.clone(),
+        next_open: state.next_open,
+        next_close: state.next_close,
+    })
 }
 
 /// The hold of a gate another field manager owns (`other_owner`, keeping
@@ -207,10 +276,61 @@ mod tests {
         let (p, s) = plan(json!({"policy": "Manual", "approve": fp}));
         assert_eq!(holds(&p, &s, fp, noon), []);
         let (p, s) = plan(json!({"maintenanceWindows": nightly()}));
-        assert_eq!(holds(&p, &s, fp, noon), [Hold::Window]);
+        let closed = Hold::Window {
+            message: "no maintenance window is open now (UTC); the next opens at \
+                      2026-12-03T02:00:00Z (2026-12-03 02:00 UTC)"
+                .into(),
+        };
+        assert_eq!(holds(&p, &s, fp, noon), std::slice::from_ref(&closed));
         assert_eq!(holds(&p, &s, fp, night), []);
         let (p, s) = plan(json!({"policy": "Manual", "maintenanceWindows": nightly()}));
-        assert_eq!(holds(&p, &s, fp, noon), [approval, Hold::Window]);
+        assert_eq!(holds(&p, &s, fp, noon), [approval, closed]);
+        // A freeze wins over an open maintenance window.
+        let (p, s) = plan(
+            json!({"maintenanceWindows": nightly(), "timeZone": "Europe/Berlin",
+            "denyWindows": [{"schedule": "0 0 1 12 *", "duration": "72h"}]}),
+        );
+        let h = holds(&p, &s, fp, at("2026-12-02T02:00:00Z"));
+        assert_eq!(h.len(), 1);
+        assert!(
+            h[0].message()
+                .starts_with("deny window spec.denyWindows[0] is open now (Europe/Berlin)"),
+            "{}",
+            h[0].message()
+        );
+    }
+
+    #[test]
+    fn fit_shows_the_batch_the_controller_would_hold() {
+        let fp = "6aca5d208cb0";
+        let (p, s) = plan(json!({}));
+        assert_eq!(
+            batch_hold(&p, &s, fp, &[], at("2026-12-02T12:00:00Z")),
+            None
+        );
+        let (p, s) = plan(json!({"batching": {"quietPeriod": "30m"}}));
+        let h = batch_hold(&p, &s, fp, &[], at("2026-12-02T12:00:00Z")).unwrap();
+        assert_eq!(
+            h,
+            Hold::Batching {
+                changes: 1,
+                until: at("2026-12-02T12:30:00Z")
+            }
+        );
+        assert_eq!(
+            (h.phase(), h.outcome(), h.as_str()),
+            (Phase::Batching, Outcome::HeldBatching, "Batching")
+        );
+        assert!(h.message().starts_with(
+            "batching 1 cluster change into one new cluster until 2026-12-02T12:30:00Z"
+        ));
+        let (p, s) =
+            plan(json!({"batching": {"quietPeriod": "30m"}, "policy": "Manual", "approve": fp}));
+        assert_eq!(
+            batch_hold(&p, &s, fp, &[], at("2026-12-02T12:00:00Z")),
+            None,
+            "approved"
+        );
     }
 
     #[test]
@@ -253,13 +373,16 @@ mod tests {
             (approval.phase(), approval.outcome(), approval.waiting_for()),
             (Phase::WaitingForApproval, Outcome::HeldPolicy, "approval")
         );
+        let window = Hold::Window {
+            message: "no maintenance window is open now (UTC)".into(),
+        };
         assert_eq!(
-            (Hold::Window.phase(), Hold::Window.outcome()),
+            (window.phase(), window.outcome()),
             (Phase::Pending, Outcome::HeldWindow)
         );
         assert!(Hold::Paused.message().contains("policy is Paused"));
         assert_eq!(
-            serde_json::to_value([Hold::Paused, Hold::Window]).unwrap(),
+            serde_json::to_value([Hold::Paused, window]).unwrap(),
             json!([
                 {"hold": "Paused", "phase": "Paused",
                  "message": "the plan's policy is Paused; set policy to Auto or Manual to proceed"},

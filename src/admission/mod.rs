@@ -12,11 +12,13 @@
 //! - [`render`]: the status, conditions and messages the rules produce;
 //! - [`settings`]: the plan's spec as typed values;
 //! - [`hold`]: what holds a pending change before capacity (policy, windows);
+//! - [`batch`]: gathering cluster changes into one new cluster (`spec.batching`);
 //! - [`ledger`], [`priority`], [`pass`]: the cluster-wide queue;
 //! - [`quota`]: Kueue's quota as a second capacity dimension;
 //! - [`stall`]: why a running transition is not finishing;
 //! - [`surge`]: what an incremental upgrade needs and holds.
 
+pub mod batch;
 pub mod fit;
 pub mod hold;
 pub mod ledger;
@@ -42,7 +44,7 @@ use crate::kuberay::{UpgradeType, Verdict};
 use crate::upgradeplan::{PlanUpgradeType, UpgradePlan, UpgradePlanStatus};
 
 pub use fit::Cluster;
-pub use hold::{Hold, gate_hold, holds};
+pub use hold::{Hold, batch_hold, gate_hold, holds};
 pub use settings::Settings;
 
 /// The value raygate wants in `spec.upgradeStrategy.type`.
@@ -97,6 +99,8 @@ pub enum Outcome {
     HeldCapacity,
     HeldPolicy,
     HeldWindow,
+    /// Gathered into a batch (`spec.batching`).
+    HeldBatching,
     Completed,
     Stalled,
     /// No rule decides it; its series has been exported (at 0) since the
@@ -105,11 +109,12 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 8] = [
         Outcome::Admitted,
         Outcome::HeldCapacity,
         Outcome::HeldPolicy,
         Outcome::HeldWindow,
+        Outcome::HeldBatching,
         Outcome::Completed,
         Outcome::Stalled,
         Outcome::Aborted,
@@ -122,6 +127,7 @@ impl Outcome {
             Outcome::HeldCapacity => "held_capacity",
             Outcome::HeldPolicy => "held_policy",
             Outcome::HeldWindow => "held_window",
+            Outcome::HeldBatching => "held_batching",
             Outcome::Completed => "completed",
             Outcome::Stalled => "stalled",
             Outcome::Aborted => "aborted",
@@ -350,11 +356,15 @@ pub enum EventReason {
     KueueWouldSuspend,
     /// The new cluster fits the nodes but not the ClusterQueue's quota.
     WaitingForQuota,
+    /// A change joined the batch of the next new cluster (`spec.batching`).
+    Batching,
+    /// The batch was released to the gate ("3 changes, 1 recreation").
+    BatchReleased,
 }
 
 impl EventReason {
     /// Every reason, for tests that check the spellings.
-    pub const ALL: [EventReason; 35] = [
+    pub const ALL: [EventReason; 37] = [
         EventReason::GateOverridden,
         EventReason::KubeRayReleaseMismatch,
         EventReason::UnknownKubeRayRelease,
@@ -390,6 +400,8 @@ impl EventReason {
         EventReason::ServiceSuspended,
         EventReason::KueueWouldSuspend,
         EventReason::WaitingForQuota,
+        EventReason::Batching,
+        EventReason::BatchReleased,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -429,6 +441,8 @@ impl EventReason {
             EventReason::ServiceSuspended => "ServiceSuspended",
             EventReason::KueueWouldSuspend => "KueueWouldSuspend",
             EventReason::WaitingForQuota => "WaitingForQuota",
+            EventReason::Batching => "Batching",
+            EventReason::BatchReleased => "BatchReleased",
         }
     }
 }
@@ -532,6 +546,9 @@ pub struct Observations {
     pub shortfall: BTreeMap<String, f64>,
     /// ... and what is free on schedulable nodes.
     pub free: BTreeMap<String, f64>,
+    /// New clusters a batch admitted now saved (its changes but one):
+    /// `raygate_recreations_avoided_total`.
+    pub recreations_avoided: u32,
 }
 
 impl Observations {

@@ -108,6 +108,7 @@ impl<'a> Builder<'a> {
         self.status.phase = Phase::Error;
         self.status.admitted = self.prev.admitted.clone();
         self.status.pending_change = self.prev.pending_change.clone();
+        self.status.batch = self.prev.batch.clone();
         let short = problems
             .iter()
             .map(|(reason, _)| reason.as_str())

@@ -9,7 +9,8 @@
 //!    decided from an empty status.
 //! 2. An admitted change is tracked: `Admitted` until KubeRay names the new
 //!    cluster (gate open), then `Upgrading` (gate closed again so a further
-//!    commit cannot start another cluster; an incremental upgrade's stays open
+//!    commit cannot start another cluster: such a commit is shown as the next
+//!    batch, [`super::batch::during_transition`]; an incremental upgrade's stays open
 //!    until the new cluster is promoted, as KubeRay moves traffic only under
 //!    that type), `Stalled` when [`super::stall`]
 //!    says so, `Completed` once the old cluster and its pods are gone.
@@ -27,8 +28,10 @@
 //!    RayService or KubeRay release cannot upgrade so is an `Error` (the
 //!    reason and field in the message, [`crate::kuberay::incremental`]); the
 //!    gate stays closed.
-//! 4. A pending change waits for policy (`Paused`, `Manual` approval), the
-//!    maintenance window, then capacity: the new cluster's pods (an
+//! 4. A pending change waits for policy `Paused`, then its batch
+//!    (`spec.batching`, [`super::batch`]: until the cluster spec is quiet,
+//!    at most `maxDelay`; approving its fingerprint releases it), then
+//!    `Manual` approval, the maintenance window, then capacity: the new cluster's pods (an
 //!    incremental upgrade's: its surge, [`super::surge`]) must fit in free
 //!    capacity minus the ledger's reservations and the plan's headroom. The
 //!    gate opens with the plan's `upgradeType`. A change held by policy is
@@ -88,6 +91,7 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
     if svc.suspension.is_none() {
         b.drop_condition(condition::SERVICE_SUSPENDED);
     }
+    b.status.windows = super::hold::windows_status(settings, inp.now);
     let r = Rules { inp, svc, settings };
     if let (Some(was), Some(is)) = (b.prev.ray_service_uid.clone(), svc.uid.as_deref())
         && was != is
@@ -238,6 +242,7 @@ impl Rules<'_> {
             (Some(kueue), None) => return kueue_support_off(b, change, kueue),
             _ => {}
         }
+        let batched = super::batch::gather(b, self.inp, self.settings.batching.as_ref(), change);
         let holds = super::holds(
             self.inp.plan,
             self.settings,
@@ -247,6 +252,12 @@ impl Rules<'_> {
         // A change held by its policy waits for a human first; the windows
         // are checked once the policy lets it through.
         let held = holds.iter().find(|h| h.is_policy());
+        // A batch is gathered whatever the approval; a pause still shows first.
+        if let (Some(until), Some(policy)) = (batched, &self.settings.batching)
+            && held != Some(&Hold::Paused)
+        {
+            return super::batch::hold(b, self.inp, policy, until);
+        }
         if held.is_none() && self.approval_is_news(b, change) {
             self.approved(b, change);
         }
@@ -423,7 +434,10 @@ impl Rules<'_> {
         let (reason, what) = match hold {
             Hold::Paused => (EventReason::Paused, "is held: the plan's policy is Paused"),
             // Only policy holds come here.
-            Hold::Approval { .. } | Hold::Window | Hold::GateOverridden { .. } => (
+            Hold::Approval { .. }
+            | Hold::Window { .. }
+            | Hold::Batching { .. }
+            | Hold::GateOverridden { .. } => (
                 EventReason::WaitingForApproval,
                 "waits for approval (policy Manual)",
             ),
@@ -472,7 +486,7 @@ impl Rules<'_> {
         // An `Error` keeps the pending change it had, so it cannot tell: no
         // Event rather than one per retry.
         self.inp.plan.spec.policy == Policy::Manual
-            && (b.prev.phase == Phase::WaitingForApproval
+            && (matches!(b.prev.phase, Phase::WaitingForApproval | Phase::Batching)
                 || (b.prev.phase != Phase::Error && !same(pending)))
             && !same(b.prev.admitted.as_ref().map(|a| a.fingerprint.as_str()))
     }
@@ -544,12 +558,13 @@ impl Rules<'_> {
         b.gate = Some(Gate::open(self.settings.upgrade_type));
         b.outcome = Some(Outcome::Admitted);
         b.requeue = REQUEUE_ACTIVE;
+        let batch = super::batch::admitted(b);
         b.change_event(
             false,
             EventReason::Admitted,
             &change.fingerprint,
             format!(
-                "admitted change {} ({}); new cluster requests {}",
+                "admitted change {}{batch} ({}); new cluster requests {}",
                 change.fingerprint,
                 change
                     .triggering_paths
@@ -582,6 +597,11 @@ impl Rules<'_> {
         b.status.incremental = b.prev.incremental.clone();
         super::quota::refresh(b, self.svc, self.pending_pods(&admitted));
         let svc = self.svc;
+        let to = svc
+            .pending_cluster
+            .as_deref()
+            .or(admitted.to_cluster.as_deref());
+        super::batch::during_transition(b, self.inp, to, &admitted.fingerprint);
         match (&svc.pending_cluster, &admitted.to_cluster) {
             (None, None) if svc.active_cluster == admitted.from_cluster => {
                 self.awaiting_kuberay(b, admitted)
@@ -785,8 +805,9 @@ impl Rules<'_> {
                 // A time, not a duration: deciding again a second later
                 // writes nothing (a duration rewrote the status each time).
                 b.status.message = Some(format!(
-                    "transition to {pending} running since {}{steps}",
-                    admitted.admitted_time
+                    "transition to {pending} running since {}{steps}{}",
+                    admitted.admitted_time,
+                    super::batch::next_note(b)
                 ));
                 b.condition(
                     condition::STALLED,

@@ -21,10 +21,13 @@ pub struct Settings {
     /// Resources always left free, as quantities.
     pub headroom: ResourceList,
     pub stall_after: Duration,
-    /// Empty: upgrades may start at any time.
-    pub windows: Vec<Window>,
+    /// The windows (allow and deny) in the plan's time zone; none: upgrades
+    /// may start at any time.
+    pub calendar: schedule::Calendar,
     /// The strategy the gate opens with.
     pub upgrade_type: crate::upgradeplan::PlanUpgradeType,
+    /// `spec.batching` or the operator's default; `None`: not batched.
+    pub batching: Option<super::batch::Batching>,
 }
 
 impl Settings {
@@ -53,28 +56,42 @@ impl Settings {
                 ),
             ));
         }
-        let mut windows = vec![];
-        if spec.maintenance_windows.len() > schedule::MAX_WINDOWS {
-            errors.push(crate::Error::invalid(
-                "spec.maintenanceWindows",
-                format!(
-                    "{} windows, more than the {} raygate evaluates per plan",
-                    spec.maintenance_windows.len(),
-                    schedule::MAX_WINDOWS
-                ),
-            ));
-        } else {
-            for (i, w) in spec.maintenance_windows.iter().enumerate() {
-                match Window::parse(
-                    &format!("spec.maintenanceWindows[{i}]"),
-                    &w.schedule,
-                    &w.duration,
-                ) {
-                    Ok(w) => windows.push(w),
+        let windows = |field: &str,
+                       list: &[crate::upgradeplan::MaintenanceWindow],
+                       errors: &mut Vec<crate::Error>| {
+            let mut out = vec![];
+            if list.len() > schedule::MAX_WINDOWS {
+                errors.push(crate::Error::invalid(
+                    field,
+                    format!(
+                        "{} windows, more than the {} raygate evaluates per plan",
+                        list.len(),
+                        schedule::MAX_WINDOWS
+                    ),
+                ));
+                return out;
+            }
+            for (i, w) in list.iter().enumerate() {
+                match Window::parse(&format!("{field}[{i}]"), &w.schedule, &w.duration) {
+                    Ok(w) => out.push(w),
                     Err(e) => errors.push(e),
                 }
             }
-        }
+            out
+        };
+        let allow = windows(
+            "spec.maintenanceWindows",
+            &spec.maintenance_windows,
+            &mut errors,
+        );
+        let deny = windows("spec.denyWindows", &spec.deny_windows, &mut errors);
+        let zone = schedule::Calendar::zone("spec.timeZone", spec.time_zone.as_deref())
+            .map_err(|e| errors.push(e))
+            .ok();
+        let batching = super::batch::Batching::of(spec.batching.as_ref())
+            .map_err(|e| errors.push(e))
+            .ok()
+            .flatten();
         if let Some(e) = crate::Error::all(errors) {
             return Err(e);
         }
@@ -82,8 +99,18 @@ impl Settings {
             priority: super::priority::of(plan),
             headroom,
             stall_after: stall_after.unwrap_or_default(),
-            windows,
+            calendar: {
+                let (time_zone, tz) =
+                    zone.unwrap_or_else(|| ("UTC".into(), jiff::tz::TimeZone::UTC));
+                schedule::Calendar {
+                    time_zone,
+                    tz,
+                    allow,
+                    deny,
+                }
+            },
             upgrade_type: spec.upgrade_type,
+            batching,
         })
     }
 }
@@ -111,7 +138,7 @@ mod tests {
         assert_eq!(s.stall_after, Duration::from_secs(5400));
         assert_eq!(s.headroom["nvidia.com/gpu"], Quantity::from_units(2));
         assert_eq!(s.headroom["memory"].canonical(), "1Gi");
-        assert_eq!(s.windows.len(), 1);
+        assert_eq!(s.calendar.allow.len(), 1);
     }
 
     #[test]
@@ -142,6 +169,18 @@ mod tests {
                 json!({"maintenanceWindows": [{"schedule": "0 2 * * *", "duration": "2h"},
                                               {"schedule": "nope", "duration": "1h"}]}),
                 "spec.maintenanceWindows[1]",
+            ),
+            (
+                json!({"denyWindows": [{"schedule": "0 0 26 11", "duration": "120h"}]}),
+                "spec.denyWindows[0].schedule",
+            ),
+            (
+                json!({"timeZone": "Europe/Atlantis"}),
+                "spec.timeZone: unknown time zone \"Europe/Atlantis\"",
+            ),
+            (
+                json!({"batching": {"quietPeriod": "1h", "maxDelay": "10m"}}),
+                "spec.batching.maxDelay",
             ),
         ] {
             let mut full = json!({"rayServiceRef": {"name": "llm"}});

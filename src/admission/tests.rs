@@ -1863,3 +1863,4 @@ fn an_approval_left_under_auto_is_ignored_not_warned_about() {
         "{msg}"
     );
 }
+mod batching;

@@ -29,6 +29,9 @@ struct ExplainOutput<'a> {
     /// Mistakes in the new manifest that break raygate's gating (empty when
     /// none): a PR check fails on them whatever the verdict.
     errors: &'a [ManifestError],
+    /// Advice (`MoveToServeConfig`, `ReplicasWithAutoscaling`; empty when
+    /// none): never changes the verdict nor the exit code.
+    advice: Vec<super::advice::Advice>,
     /// The RayService is Kueue-managed: what Kueue does with the change, and
     /// the quota it needs against what `--kueue-queue-left` says is left.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -205,6 +208,11 @@ pub(crate) fn explain_against(
         },
         errors,
         kueue,
+        advice: super::advice::advice(
+            classification.verdict,
+            &classification.triggering_paths,
+            new,
+        ),
     };
     Ok(match args.output.structured(&out)? {
         Some(s) => s,
@@ -213,16 +221,19 @@ pub(crate) fn explain_against(
             for (label, value) in notes {
                 field(&mut s, label, value);
             }
-            s += &explain_text(
+            let mut text = explain_text(
                 &classification,
                 &out.new_cluster,
                 matches!(old, Old::Cluster(_)),
                 errors,
             );
-            if let Some(k) = &out.kueue {
-                kueue_text(&mut s, k);
+            for a in &out.advice {
+                field(&mut text, "Advice:", &format!("{}: {}", a.path, a.message));
             }
-            s
+            if let Some(k) = &out.kueue {
+                kueue_text(&mut text, k);
+            }
+            s + &text
         }
     })
 }

@@ -10,7 +10,9 @@
 //! - [`input`]: reading files (bounded in size), YAML/JSON, and errors that name the field.
 //! - [`explain`]: what KubeRay will do with a change, and its text.
 //! - [`fit`]: whether the new cluster fits, and its text.
+//! - [`advice`]: advice on a change, never changing a verdict.
 
+pub mod advice;
 mod explain;
 mod fit;
 mod input;

@@ -1038,6 +1038,12 @@ async fn report(ctx: &Context, r: &Recorded, now: Timestamp) {
         ctx.metrics
             .gate_override(&plan.namespace().unwrap_or_default(), &plan.name_any());
     }
+    if d.observed.recreations_avoided > 0 {
+        ctx.metrics.recreations_avoided(
+            &plan.namespace().unwrap_or_default(),
+            d.observed.recreations_avoided,
+        );
+    }
     for ev in &d.events {
         publish(ctx, plan, Some(service), ev).await;
     }
@@ -1243,7 +1249,11 @@ fn observe_metrics(ctx: &Context, plan: &UpgradePlan, svc: &str, d: &Decision, n
     let s = &d.status;
     let waiting = matches!(
         s.phase,
-        Phase::Pending | Phase::WaitingForCapacity | Phase::WaitingForApproval | Phase::Paused
+        Phase::Pending
+            | Phase::Batching
+            | Phase::WaitingForCapacity
+            | Phase::WaitingForApproval
+            | Phase::Paused
     )
     .then(|| {
         s.pending_change

@@ -599,7 +599,13 @@ fn plan_holds(
     if is_admitted(plan, fingerprint) {
         return vec![];
     }
-    crate::admission::holds(plan, settings, fingerprint, now)
+    let mut holds = crate::admission::holds(plan, settings, fingerprint, now);
+    // In the controller's order: a pause first, then the batch, then the rest.
+    if let Some(b) = crate::admission::batch_hold(plan, settings, fingerprint, &[], now) {
+        let at = usize::from(holds.first() == Some(&Hold::Paused));
+        holds.insert(at, b);
+    }
+    holds
 }
 
 /// Another field manager keeping the live RayService's gate holds any change
@@ -863,7 +869,9 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("no maintenance window is open now (UTC) (phase Pending)"),
+            text.contains(
+                "no maintenance window is open now (UTC); the next opens at 2026-12-03T02:00:00Z"
+            ),
             "{text}"
         );
         // At 03:00 the window is open: only the approval is missing.

@@ -54,6 +54,16 @@ pub struct QueueEntry {
     /// an upper bound, which shrinks to nothing as KubeRay's pods are bound.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub reserved: BTreeMap<String, String>,
+    /// Cluster changes gathered into the plan's batch (`status.batch`:
+    /// `spec.batching`, or changes made during a transition, which wait for
+    /// it to end as the next batch).
+    pub batch_changes: Option<u32>,
+    /// When the batch is released to the gate; none while it waits for a
+    /// transition to end.
+    pub batch_release: Option<String>,
+    /// The plan's windows keep the change: when they next let it start
+    /// (`status.windows.nextOpen`).
+    pub windows_next_open: Option<String>,
 }
 
 /// The queue: admitted upgrades first (they hold reservations), then the
@@ -136,6 +146,16 @@ fn effective_priority(p: &UpgradePlan, status: &UpgradePlanStatus) -> i32 {
     status.effective_priority.unwrap_or(p.spec.priority)
 }
 
+/// When the windows next open, while they keep the plan's change.
+fn closed_until(status: &UpgradePlanStatus) -> Option<String> {
+    status
+        .windows
+        .as_ref()
+        .filter(|w| !w.open && status.pending_change.is_some())
+        .and_then(|w| w.next_open)
+        .map(|t| t.to_string())
+}
+
 fn entry(p: &UpgradePlan, status: &UpgradePlanStatus) -> QueueEntry {
     QueueEntry {
         position: None,
@@ -150,8 +170,18 @@ fn entry(p: &UpgradePlan, status: &UpgradePlanStatus) -> QueueEntry {
         since: None,
         fingerprint: None,
         needs: BTreeMap::new(),
-        waiting_for: status.waiting_for.clone(),
+        waiting_for: match (&status.waiting_for, closed_until(status)) {
+            (Some(w), Some(t)) => Some(format!("{w} (opens {t})")),
+            (w, _) => w.clone(),
+        },
         reserved: BTreeMap::new(),
+        windows_next_open: closed_until(status),
+        batch_changes: status.batch.as_ref().map(|b| b.change_count),
+        batch_release: status
+            .batch
+            .as_ref()
+            .and_then(|b| b.release_time)
+            .map(|t| t.to_string()),
     }
 }
 
@@ -223,6 +253,11 @@ pub fn render_queue(
     // What an admitted upgrade needs: the ledger holds at most that, and
     // only until its pods are bound (the status does not say how much is left).
     head.extend(["RESERVED UP TO", "WAITING FOR"]);
+    // Only when some plan gathers a batch: the table is unchanged otherwise.
+    let batches = entries.iter().any(|e| e.batch_changes.is_some());
+    if batches {
+        head.push("BATCH");
+    }
     if wide {
         head.push("FINGERPRINT");
     }
@@ -274,6 +309,14 @@ pub fn render_queue(
             cell(&gpus_reserved)
         });
         r.push(e.waiting_for.clone().unwrap_or_else(|| "-".into()));
+        if batches {
+            r.push(match (e.batch_changes, &e.batch_release, e.admitted) {
+                (None, ..) => "-".into(),
+                (Some(n), _, true) => format!("{n} next"),
+                (Some(n), Some(t), false) => format!("{n} until {t}"),
+                (Some(n), None, false) => n.to_string(),
+            });
+        }
         if wide {
             r.push(e.fingerprint.clone().unwrap_or_else(|| "-".into()));
         }
