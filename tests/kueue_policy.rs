@@ -119,7 +119,10 @@ fn every_refusal_names_the_field_path_and_the_remedy() {
 fn the_chart_renders_the_rules_from_its_file_on_by_default() {
     let template = read("charts/raygate/templates/kueue-admission-policy.yaml");
     assert!(template.contains(r#".Files.Get "files/kueue-admission-policy.yaml""#));
-    assert!(template.contains("if .Values.kueue.admissionPolicy.enabled"));
+    // On by default, where admissionregistration.k8s.io/v1 policies exist (Kubernetes >= 1.30).
+    assert!(template.contains(
+        r#"if and .Values.kueue.admissionPolicy.enabled (semverCompare ">=1.30-0" .Capabilities.KubeVersion.Version)"#
+    ));
     let values: Value = serde_saphyr::from_str(&read("charts/raygate/values.yaml")).unwrap();
     let p = &values["kueue"]["admissionPolicy"];
     assert_eq!(p["enabled"], true);

@@ -58,6 +58,8 @@ pub struct BatchStatus {
     /// (the one `spec.approve` names under `policy: Manual`).
     pub fingerprint: String,
     /// Changes gathered (a revert inside the batch takes its change out).
+    // `int64` in the schema: the apiserver knows no `uint32` (see queuePosition).
+    #[schemars(extend("format" = "int64"))]
     pub change_count: u32,
     /// When the first change of the batch was seen: `maxDelay` counts from here.
     #[schemars(with = "String", extend("format" = "date-time"))]
