@@ -33,8 +33,11 @@ use super::{Cron, Window};
 pub const HORIZON: Duration = Duration::from_secs(400 * 24 * 3600);
 
 /// At most this many window starts and ends are walked to find `nextOpen`
-/// and `nextClose`; beyond, they are not shown.
-pub const MAX_STEPS: usize = 2_000;
+/// and `nextClose`; beyond, they are not shown. `benches/windows` measured
+/// 27 ms per plan with 2,000 (50 windows every 15 minutes, half of them deny
+/// windows that always win: the verdict never changes): 200 bounds that to
+/// about a tenth.
+pub const MAX_STEPS: usize = 200;
 
 /// The most a DST shift moves a local time (no zone shifts more than an hour
 /// today; two for the historical double summer time).
