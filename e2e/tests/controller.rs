@@ -578,6 +578,9 @@ async fn an_upgrade_that_does_not_fit_waits_until_a_node_is_added() {
             "SHORT",
             "WAITING",
             "FOR",
+            // spec.batching's release time (issue 33), empty for a plan that does not batch.
+            "BATCH",
+            "RELEASE",
             "AGE"
         ],
         "{text}"
