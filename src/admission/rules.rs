@@ -905,27 +905,7 @@ fn kueue_would_suspend(b: &mut Builder<'_>, change: &ChangeFacts, kueue: &crate:
         kueue.queue,
         crate::kueue::REMEDY
     );
-    b.condition(
-        condition::UPGRADE_ADMITTED,
-        Status::False,
-        Reason::KueueWouldSuspend,
-        &long,
-    );
-    let news = b.prev.waiting_for.as_deref() != Some(KUEUE_WOULD_SUSPEND)
-        || b.prev
-            .pending_change
-            .as_ref()
-            .map(|p| p.fingerprint.as_str())
-            != Some(fp.as_str());
-    b.hold(
-        Phase::Pending,
-        KUEUE_WOULD_SUSPEND,
-        &long,
-        Outcome::HeldPolicy,
-    );
-    if news {
-        b.change_event(true, EventReason::KueueWouldSuspend, fp, long);
-    }
+    kueue_hold(b, fp, KUEUE_WOULD_SUSPEND, long);
 }
 
 /// `status.waitingFor` of [`kueue_would_suspend`].
@@ -945,24 +925,26 @@ fn kueue_support_off(b: &mut Builder<'_>, change: &ChangeFacts, kueue: &crate::k
          kueue.reservations.enabled; docs/kueue.md)",
         kueue.queue
     );
+    kueue_hold(b, fp, KUEUE_SUPPORT_OFF, long);
+}
+
+/// The hold of a Kueue rule (3b, 3c): `UpgradeAdmitted=False`, phase
+/// `Pending` waiting for `waiting_for`, and one Warning Event per change and
+/// kind of hold.
+fn kueue_hold(b: &mut Builder<'_>, fp: &str, waiting_for: &str, long: String) {
     b.condition(
         condition::UPGRADE_ADMITTED,
         Status::False,
         Reason::KueueWouldSuspend,
         &long,
     );
-    let news = b.prev.waiting_for.as_deref() != Some(KUEUE_SUPPORT_OFF)
+    let news = b.prev.waiting_for.as_deref() != Some(waiting_for)
         || b.prev
             .pending_change
             .as_ref()
             .map(|p| p.fingerprint.as_str())
-            != Some(fp.as_str());
-    b.hold(
-        Phase::Pending,
-        KUEUE_SUPPORT_OFF,
-        &long,
-        Outcome::HeldPolicy,
-    );
+            != Some(fp);
+    b.hold(Phase::Pending, waiting_for, &long, Outcome::HeldPolicy);
     if news {
         b.change_event(true, EventReason::KueueWouldSuspend, fp, long);
     }
