@@ -2,6 +2,7 @@
 //! (Kubernetes v1.36, kwok nodes, the real KubeRay operator and `ray-head`, the Ray stand-in;
 //! see `e2e/README.md`).
 
+pub mod apis;
 pub mod bins;
 pub mod control_plane;
 pub mod fake_node;

@@ -14,6 +14,7 @@ use kube::Client;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
+use raygate_e2e::apis::{plan_api, rc_api, rs_api};
 use raygate_e2e::control_plane::repo_root;
 use raygate_e2e::json::{arr_at, str_at};
 use raygate_e2e::{
@@ -72,34 +73,6 @@ async fn add_node(client: &Client, name: &str, gpus: u32) {
         .create(client)
         .await
         .expect("create fake node");
-}
-
-fn plan_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("raygate.io", "v1alpha1", "UpgradePlan"),
-        "upgradeplans",
-    );
-    Api::namespaced_with(client.clone(), ns, &ar)
-}
-
-fn ray_resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("ray.io", "v1", kind), plural)
-}
-
-fn rs_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(
-        client.clone(),
-        ns,
-        &ray_resource("RayService", "rayservices"),
-    )
-}
-
-fn rc_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(
-        client.clone(),
-        ns,
-        &ray_resource("RayCluster", "rayclusters"),
-    )
 }
 
 /// A GPU RayService: CPU head, one worker group of `replicas` × `gpus` GPUs, one Serve app.

@@ -18,6 +18,7 @@ use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
     VersionMatch, WatchEvent, WatchParams,
 };
+use raygate_e2e::apis::{plan_api, rc_api, rs_api};
 use raygate_e2e::control_plane::repo_root;
 use raygate_e2e::faults::{
     AuditEvent, Free, PodShape, TcpProxy, audit_events, check_admission_fit, etcd_compact,
@@ -139,30 +140,6 @@ async fn steal_lease(client: &Client) -> Result<k8s_openapi::jiff::Timestamp> {
     api.patch(LEASE, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(k8s_openapi::jiff::Timestamp::now())
-}
-
-fn plan_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("raygate.io", "v1alpha1", "UpgradePlan"),
-        "upgradeplans",
-    );
-    Api::namespaced_with(client.clone(), ns, &ar)
-}
-
-fn rs_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("ray.io", "v1", "RayService"),
-        "rayservices",
-    );
-    Api::namespaced_with(client.clone(), ns, &ar)
-}
-
-fn rc_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("ray.io", "v1", "RayCluster"),
-        "rayclusters",
-    );
-    Api::namespaced_with(client.clone(), ns, &ar)
 }
 
 fn plan(name: &str, service: &str) -> Value {

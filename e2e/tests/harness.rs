@@ -13,9 +13,8 @@
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Client;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use raygate_e2e::apis::{rc_api, rs_api};
 use raygate_e2e::json::{arr_at, i64_at, str_at};
 use raygate_e2e::{Check, ControlPlane, FakeNode, create_namespace, rand_suffix, wait_for};
 use serde_json::{Value, json};
@@ -54,26 +53,6 @@ async fn nodes(client: &Client, specs: &[(&str, u32)]) -> Vec<String> {
         names.push(name);
     }
     names
-}
-
-fn ray_resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("ray.io", "v1", kind), plural)
-}
-
-fn rs_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(
-        client.clone(),
-        ns,
-        &ray_resource("RayService", "rayservices"),
-    )
-}
-
-fn rc_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(
-        client.clone(),
-        ns,
-        &ray_resource("RayCluster", "rayclusters"),
-    )
 }
 
 async fn get_json(api: &Api<DynamicObject>, name: &str) -> Result<Value> {

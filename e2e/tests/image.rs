@@ -22,9 +22,8 @@
 
 use anyhow::{Context, Result, bail};
 use kube::Client;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use raygate_e2e::apis::{plan_api, rs_api};
 use raygate_e2e::control_plane::repo_root;
 use raygate_e2e::json::str_at;
 use raygate_e2e::{Check, ControlPlane, FakeNode, GpuRayService, create_namespace, wait_for};
@@ -877,22 +876,6 @@ fn service_account_volume(cp: &ControlPlane, dir: &Path, pod: &Value) -> Result<
         std::fs::set_permissions(vol.join(file), std::fs::Permissions::from_mode(0o644))?;
     }
     Ok(vol)
-}
-
-fn plan_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("raygate.io", "v1alpha1", "UpgradePlan"),
-        "upgradeplans",
-    );
-    Api::namespaced_with(client.clone(), ns, &ar)
-}
-
-fn rs_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("ray.io", "v1", "RayService"),
-        "rayservices",
-    );
-    Api::namespaced_with(client.clone(), ns, &ar)
 }
 
 fn rc_count(cp: &ControlPlane, ns: &str) -> Result<usize> {

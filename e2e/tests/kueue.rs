@@ -1639,11 +1639,7 @@ async fn the_admission_policy_refuses_the_outage_edit_and_kueue_still_works() {
 // raygate (--kueue) next to the real Kueue
 
 fn plan_api(e: &Env) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("raygate.io", "v1alpha1", "UpgradePlan"),
-        "upgradeplans",
-    );
-    Api::namespaced_with(e.client.clone(), &e.ns, &ar)
+    raygate_e2e::apis::plan_api(&e.client, &e.ns)
 }
 
 async fn wait_plan(e: &Env, what: &str, pred: impl Fn(&Value) -> bool) -> Result<Value> {
