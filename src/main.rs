@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use tracing::{error, info};
 
+use raygate::controller::lists::{self, InitialLists, InitialListsArg};
 use raygate::controller::release::Scope;
 use raygate::controller::{self, Settings};
 use raygate::kubectl::{self, say};
@@ -254,6 +255,21 @@ struct RunArgs {
         value_name = "DURATION"
     )]
     default_batching_max_delay: String,
+    /// How the caches fetch their initial state at start-up and after a
+    /// watch expires. auto: one streaming list per kind (Kubernetes WatchList:
+    /// a single watch with sendInitialEvents=true, served from the
+    /// apiserver's watch cache; beta and on by default since v1.32) where the
+    /// apiserver serves it, asked once at start-up (bounded to 5 s), else
+    /// paginated lists of 500 objects. streaming: always (the caches never
+    /// sync on an apiserver without WatchList). paginated: always lists.
+    /// Readiness means every cache synced in each mode.
+    #[arg(
+        long,
+        env = "RAYGATE_INITIAL_LISTS",
+        value_enum,
+        default_value_t = InitialListsArg::Auto
+    )]
+    initial_lists: InitialListsArg,
 }
 
 /// `--capacity-request-default`.
@@ -481,7 +497,7 @@ async fn run(args: RunArgs) -> Result<()> {
         stopped(stop_rx.clone()),
     ));
 
-    let settings = Settings {
+    let mut settings = Settings {
         namespaces: args.namespaces.clone(),
         kuberay_version: args.kuberay_version,
         incremental_gate: args.kuberay_incremental_upgrades,
@@ -503,6 +519,7 @@ async fn run(args: RunArgs) -> Result<()> {
         dra_plain_count: args.dra_plain_count_class.clone(),
         batch_window: batch_window(&args.batch_window)?,
         kueue: args.kueue,
+        initial_lists: InitialLists::default(),
     };
     let lease_namespace = args
         .lease_namespace
@@ -520,6 +537,13 @@ async fn run(args: RunArgs) -> Result<()> {
     // Watches run for minutes; every other call is bounded by the fence.
     let fence = Arc::new(Fence::for_config(&leader_cfg));
     let watch = kube::Client::try_from(config.clone())?;
+    let probed = match args.initial_lists {
+        InitialListsArg::Auto => Some(lists::probe(&watch, Duration::from_secs(5)).await),
+        _ => None,
+    };
+    let (initial_lists, why) = lists::resolve(args.initial_lists, probed.as_ref());
+    info!(initial_lists = initial_lists.as_str(), reason = %why, "initial lists");
+    settings.initial_lists = initial_lists;
     let writes = bounded_client(config, fence.api_timeout())?;
     let work = {
         let (writes, metrics, health) = (writes.clone(), metrics.clone(), health.clone());

@@ -179,6 +179,20 @@ impl ControlPlane {
         }
     }
 
+    /// Like `start_with`, with more kube-apiserver flags (`up --apiserver-arg`, kept across
+    /// `restart`), e.g. a feature gate turned off. Not with `RAYGATE_E2E_KUBECONFIG`.
+    pub fn start_with_apiserver_args(opts: Options, args: &[&str]) -> Result<ControlPlane> {
+        if std::env::var_os(REUSE_ENV).is_some() {
+            bail!("{REUSE_ENV} is set, but this test needs an apiserver started with {args:?}");
+        }
+        let up: Vec<String> = args
+            .iter()
+            .map(|a| format!("--apiserver-arg={a}"))
+            .collect();
+        let up: Vec<&str> = up.iter().map(String::as_str).collect();
+        ControlPlane::start_inner(opts, &up)
+    }
+
     /// Like `start_with`, with the operator's RayServiceIncrementalUpgrade feature gate on and
     /// the Gateway API CRDs it needs (`up --incremental`). Not with `RAYGATE_E2E_KUBECONFIG`.
     pub fn start_incremental(opts: Options) -> Result<ControlPlane> {

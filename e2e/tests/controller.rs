@@ -289,6 +289,14 @@ async fn an_upgrade_that_fits_is_admitted_and_completes() {
         operator, "v1.7.0",
         "the flag must disagree with the operator"
     );
+    // Issue 35: v1.36's apiserver serves streaming lists (WatchList), and raygate's
+    // caches use them (probed once at start-up; the fallback is the next test's).
+    let logs = e.rg.logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("initial lists") && l.contains("streaming")),
+        "{logs}"
+    );
     or_panic(service_with_plan(&e, "llm", 1, 6, json!({})).await);
     let before = or_panic(cluster_names(&e).await);
     assert_eq!(before.len(), 1);
@@ -490,6 +498,33 @@ async fn more_upgrades_each_have_their_own_events(e: &Env, first: &str) {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
+}
+
+/// Issue 35: on an apiserver that refuses streaming lists (its WatchList feature
+/// gate off, as on some managed control planes) raygate's start-up probe falls
+/// back to paginated lists, its caches sync, and it gates as before: the upgrade
+/// completes on what the paged caches hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_streaming_lists_the_caches_page_and_an_upgrade_still_completes() {
+    let opts = Options::from_env().unwrap_or_else(|e| panic!("{e:#}"));
+    let cp = ControlPlane::start_with_apiserver_args(opts, &["--feature-gates=WatchList=false"])
+        .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));
+    let e = env_on(cp, &[8, 8], &[]).await;
+    let logs = e.rg.logs();
+    assert!(
+        logs.lines().any(|l| l.contains("initial lists")
+            && l.contains("paginated")
+            && l.contains("refused")),
+        "{logs}"
+    );
+    or_panic(service_with_plan(&e, "llm", 1, 6, json!({})).await);
+    or_panic(bump_worker(&e, "llm", "rayproject/ray:2.10.0-gpu", None).await);
+    let done = or_panic(wait_phase(&e, "llm", "Completed").await);
+    assert_eq!(
+        str_at(&done, &["status", "lastTransition", "outcome"]),
+        "Completed"
+    );
+    assert_eq!(or_panic(gate(&e, "llm").await), "None");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

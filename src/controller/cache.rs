@@ -233,6 +233,7 @@ impl IndexReady {
 pub fn spawn_capacity_index(
     client: kube::Client,
     dra_plain_count: &[String],
+    lists: super::lists::InitialLists,
     causes: Arc<Causes>,
     wake: impl Fn(&str, &str) + Send + 'static,
     wake_all: impl Fn() + Send + Sync + 'static,
@@ -241,16 +242,18 @@ pub fn spawn_capacity_index(
     fresh.set_dra_plain_count(dra_plain_count.iter().cloned());
     let index: SharedIndex = Arc::new(RwLock::new(fresh));
     let wake_all: Arc<dyn Fn() + Send + Sync> = Arc::new(wake_all);
-    spawn_dra::<ResourceSlice>(&client, &index, &wake_all, DraKind::Slice);
-    spawn_dra::<DeviceClass>(&client, &index, &wake_all, DraKind::Class);
-    spawn_dra::<ResourceClaim>(&client, &index, &wake_all, DraKind::Claim);
-    spawn_dra::<ResourceClaimTemplate>(&client, &index, &wake_all, DraKind::Template);
+    spawn_dra::<ResourceSlice>(&client, &index, &wake_all, lists, DraKind::Slice);
+    spawn_dra::<DeviceClass>(&client, &index, &wake_all, lists, DraKind::Class);
+    spawn_dra::<ResourceClaim>(&client, &index, &wake_all, lists, DraKind::Claim);
+    spawn_dra::<ResourceClaimTemplate>(&client, &index, &wake_all, lists, DraKind::Template);
     let (ready_tx, ready_rx) = tokio::sync::watch::channel(0u8);
     let ready_tx = Arc::new(ready_tx);
 
     let pods = watcher(
         Api::<PartialPod>::all(client.clone()),
-        watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed"),
+        lists
+            .config()
+            .fields("status.phase!=Succeeded,status.phase!=Failed"),
     )
     .default_backoff();
     let (idx, ready, noted) = (index.clone(), ready_tx.clone(), causes.clone());
@@ -272,7 +275,7 @@ pub fn spawn_capacity_index(
         future::ready(())
     }));
 
-    let nodes = watcher(Api::<Node>::all(client), watcher::Config::default()).default_backoff();
+    let nodes = watcher(Api::<Node>::all(client), lists.config()).default_backoff();
     let (idx, ready) = (index.clone(), ready_tx);
     let mut seen: HashMap<String, Option<u64>> = HashMap::new();
     let mut listed = false;
@@ -339,9 +342,10 @@ fn spawn_dra<K: DraObject>(
     client: &kube::Client,
     index: &SharedIndex,
     wake_all: &Arc<dyn Fn() + Send + Sync>,
+    lists: super::lists::InitialLists,
     kind: DraKind,
 ) {
-    let w = watcher(Api::<K>::all(client.clone()), watcher::Config::default()).default_backoff();
+    let w = watcher(Api::<K>::all(client.clone()), lists.config()).default_backoff();
     let (idx, wake_all) = (index.clone(), wake_all.clone());
     // Keys listed since the relist began: the objects not among them are gone.
     let mut seen: Option<BTreeSet<String>> = None;

@@ -12,6 +12,7 @@ pub mod coalesce;
 pub mod gate;
 pub mod govern;
 pub mod latency;
+pub mod lists;
 pub mod observe;
 pub mod patch;
 pub mod release;
@@ -77,6 +78,9 @@ pub struct Settings {
     /// `--kueue`: Kueue quota is a dimension of Kueue-managed RayServices'
     /// admissions, reserved with raygate's Workloads ([`reservations`]).
     pub kueue: bool,
+    /// `--initial-lists`, resolved at start-up ([`lists::probe`]): how every
+    /// cache fetches its initial state.
+    pub initial_lists: lists::InitialLists,
 }
 
 /// How often gates no plan governs any more are looked for.
@@ -324,13 +328,14 @@ impl Caches {
 fn plan_controller(
     client: &Client,
     ns: &[String],
+    lists: lists::InitialLists,
     causes: &Arc<latency::Causes>,
 ) -> (Controller<UpgradePlan>, Store<UpgradePlan>) {
     let (plans, plan_writer) = reflector::store();
     let mut approvals = std::collections::HashMap::new();
     let noted = causes.clone();
     let plan_events =
-        cache::scoped_watcher::<UpgradePlan>(client, ns, watcher::Config::default().any_semantic())
+        cache::scoped_watcher::<UpgradePlan>(client, ns, lists.config().any_semantic())
             .reflect(plan_writer)
             .applied_objects()
             .inspect(move |p| {
@@ -355,12 +360,13 @@ fn spawn_caches(
     tx: mpsc::UnboundedSender<ObjectRef<UpgradePlan>>,
 ) -> Caches {
     let ns = &settings.namespaces;
+    let lists = settings.initial_lists;
     let p = plans.clone();
     let services = spawn_cache(
         cache::slimmed_watcher::<DeserializeGuard<RayService>>(
             client,
             ns,
-            watcher::Config::default(),
+            lists.config(),
             cache::slim_service,
         ),
         |_| {},
@@ -387,7 +393,7 @@ fn spawn_caches(
         cache::slimmed_watcher::<DeserializeGuard<RayCluster>>(
             client,
             ns,
-            watcher::Config::default().labels(LABEL_ORIGINATED_FROM_CR_NAME),
+            lists.config().labels(LABEL_ORIGINATED_FROM_CR_NAME),
             cache::slim_cluster,
         ),
         |_| {},
@@ -406,6 +412,7 @@ fn spawn_caches(
     let (capacity, capacity_ready) = cache::spawn_capacity_index(
         client.clone(),
         &settings.dra_plain_count,
+        lists,
         causes.clone(),
         move |ns, cluster| {
             let plans = cl
@@ -430,7 +437,7 @@ fn spawn_caches(
     );
     let limit_ranges = spawn_cache(
         // Defaults for the pods a RayCluster will create, in its own namespace.
-        cache::scoped_watcher::<LimitRange>(client, ns, watcher::Config::default()),
+        cache::scoped_watcher::<LimitRange>(client, ns, lists.config()),
         cache::slim_limit_range,
         |_: &LimitRange| None,
         |_: &LimitRange| vec![],
@@ -446,11 +453,7 @@ fn spawn_caches(
     let reservations =
         reservations::Shell::spawn(client, ns, settings.kueue, plans.clone(), tx.clone());
     let runtime_classes = spawn_cache(
-        watcher(
-            Api::<RuntimeClass>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .default_backoff(),
+        watcher(Api::<RuntimeClass>::all(client.clone()), lists.config()).default_backoff(),
         cache::slim_runtime_class,
         |_: &RuntimeClass| None,
         |_: &RuntimeClass| vec![],
@@ -530,7 +533,12 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
     let causes = Arc::new(latency::Causes::default());
-    let (controller, plans) = plan_controller(&watch, &settings.namespaces, &causes);
+    let (controller, plans) = plan_controller(
+        &watch,
+        &settings.namespaces,
+        settings.initial_lists,
+        &causes,
+    );
     let (tx, rx) = mpsc::unbounded::<ObjectRef<UpgradePlan>>();
     let caches = spawn_caches(&watch, &settings, &plans, &causes, tx);
     let wakeups = coalesce::coalesce(rx, settings.batch_window);

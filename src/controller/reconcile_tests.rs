@@ -71,6 +71,7 @@ fn context_with(
         dra_plain_count: vec![],
         batch_window: std::time::Duration::ZERO,
         kueue: false,
+        initial_lists: Default::default(),
     };
     Arc::new(Context::new(
         client,

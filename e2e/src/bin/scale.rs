@@ -834,6 +834,12 @@ async fn main() -> Result<()> {
         .iter()
         .filter(|r| r.uri.contains("allowWatchBookmarks=true"))
         .count();
+    // Streaming lists (raygate's --initial-lists, issue 35): a watch that sends the
+    // initial state instead of a list.
+    let streamed = watches
+        .iter()
+        .filter(|r| r.uri.contains("sendInitialEvents=true"))
+        .count();
     let rest = between(&reqs, rest_from, rest_to);
     let minutes = secs(rest_from, rest_to) / 60.0;
     let rest_per_min = rest.len() as f64 / minutes;
@@ -986,7 +992,7 @@ async fn main() -> Result<()> {
         by_kind(&rest)
     );
     println!(
-        "| initial lists after the restart | {} list requests, {paged} with `limit`, {continued} with `continue` ({:?}); {} watches, {bookmarked} with `allowWatchBookmarks=true` |",
+        "| initial lists after the restart | {} list requests, {paged} with `limit`, {continued} with `continue` ({:?}); {} watches, {bookmarked} with `allowWatchBookmarks=true`, {streamed} streaming lists (`sendInitialEvents=true`) |",
         lists.len(),
         by_kind(&lists.iter().map(|r| **r).collect::<Vec<_>>()),
         watches.len()
@@ -1041,6 +1047,7 @@ async fn main() -> Result<()> {
             "initial_lists_by_kind": by_kind(&lists.iter().map(|r| **r).collect::<Vec<_>>()),
             "initial_watches": watches.len(),
             "initial_watches_with_bookmarks": bookmarked,
+            "initial_streaming_lists": streamed,
             "apiserver_request_total_labels": labels,
             "rss_mib": peak,
             "rss_mib_now": rss,
