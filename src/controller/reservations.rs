@@ -176,6 +176,25 @@ impl Shell {
         }
     }
 
+    /// Resolves once every Kueue cache has synced (never without
+    /// `--kueue`); the watches retry on their own, so Kueue installed or
+    /// access granted after start-up ends it.
+    pub fn synced(&self) -> impl std::future::Future<Output = bool> + Send + 'static {
+        let stores = (
+            self.cluster_queues.clone(),
+            self.local_queues.clone(),
+            self.workloads.clone(),
+        );
+        async move {
+            let (Some(c), Some(l), Some(w)) = stores else {
+                return false;
+            };
+            c.wait_until_ready().await.is_ok()
+                && l.wait_until_ready().await.is_ok()
+                && w.wait_until_ready().await.is_ok()
+        }
+    }
+
     fn workloads(&self) -> Vec<Arc<Workload>> {
         self.workloads.iter().flat_map(|s| s.state()).collect()
     }

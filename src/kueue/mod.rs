@@ -18,6 +18,7 @@
 //!   `workloadslicing.Enabled`, feature gate `ElasticJobsViaWorkloadSlices`,
 //!   beta and on by default).
 
+pub mod probe;
 pub mod quota;
 pub mod reservation;
 pub mod types;
