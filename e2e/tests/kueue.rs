@@ -1814,10 +1814,12 @@ async fn raygate_holds_for_quota_and_reserves_the_new_cluster_in_kueue() {
 /// `raygate-kueue`, bound to a ServiceAccount of the test): `auto` is off with one line naming
 /// the access the identity lacks; `true` logs that as an error and becomes ready only once the
 /// access is granted (the Kueue watches' own retries, no restart); `auto` with the access is on.
+/// On the way, `raygate fit --state` reads the real objects of `kubectl get` of Kueue's kinds
+/// and decides the quota (issue 38, offline quota).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raygates_kueue_probe_follows_the_api_and_the_shipped_rbac() {
     use raygate_e2e::faults::service_account_kubeconfig;
-    let e = or_panic(env(0).await);
+    let e = or_panic(env(1).await);
     let root = raygate_e2e::control_plane::repo_root();
     e.cp.install_crd_file(&root.join("crds/raygate.io_upgradeplans.yaml"))
         .expect("UpgradePlan CRD");
@@ -1934,6 +1936,72 @@ async fn raygates_kueue_probe_follows_the_api_and_the_shipped_rbac() {
         "ClusterQueue, LocalQueue and reservation Workload caches synced",
     );
     drop(rg);
+
+    // `raygate fit --state` with the state taken as docs/kueue.md says (Kueue's v1beta2
+    // kinds added to the kubectl get): the quota decided from the real objects. The
+    // ClusterQueue (16 GPUs) holds another team's 8-GPU Workload, then a 4-GPU one.
+    or_panic(team_quota(&e).await);
+    let wls = workloads(&e.client, &e.ns);
+    let fit = |gpus_left: &str, fits: bool| {
+        let state = or_panic(e.cp.kubectl_ok(&[
+            "get",
+            "nodes,pods,limitranges,runtimeclasses,clusterqueues.v1beta2.kueue.x-k8s.io,\
+             localqueues.v1beta2.kueue.x-k8s.io,workloads.v1beta2.kueue.x-k8s.io",
+            "-A",
+            "-o",
+            "yaml",
+        ]));
+        let dir = e.cp.log_dir();
+        let (state_file, svc_file) = (dir.join("fit-state.yaml"), dir.join("fit-llm.json"));
+        std::fs::write(&state_file, state).expect("write the state");
+        let mut svc = service("llm", true);
+        svc["metadata"]["namespace"] = json!(e.ns);
+        std::fs::write(&svc_file, svc.to_string()).expect("write the RayService");
+        let out = std::process::Command::new(
+            raygate_e2e::workspace_bin("raygate").expect("raygate built"),
+        )
+        .args(["fit", "--state"])
+        .arg(&state_file)
+        .arg("-f")
+        .arg(&svc_file)
+        .args(["-o", "json"])
+        .output()
+        .expect("raygate fit");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|err| {
+            panic!(
+                "{err}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        let q = &v["quota"];
+        assert_eq!(
+            (
+                q["clusterQueue"].as_str(),
+                q["gpusNeeded"].as_str(),
+                q["gpusLeft"].as_str()
+            ),
+            (Some("team"), Some("8"), Some(gpus_left)),
+            "{v}"
+        );
+        assert_eq!(
+            (v["fits"].as_bool(), v["nodesFit"].as_bool()),
+            (Some(fits), Some(true)),
+            "{v}"
+        );
+        println!("fit --state, {gpus_left} GPUs left: {}", q["message"]);
+        v
+    };
+    or_panic(create(&wls, reservation("other-team", LOCAL_QUEUE, 8, None)).await);
+    or_panic(wait_cq_gpus(&e.client, "team", 8, 0).await.map(|_| ()));
+    fit("8", true);
+    or_panic(create(&wls, reservation("third-team", LOCAL_QUEUE, 4, None)).await);
+    or_panic(wait_cq_gpus(&e.client, "team", 12, 0).await.map(|_| ()));
+    let v = fit("4", false);
+    assert_eq!(
+        v["quota"]["waitingFor"], "quota: nvidia.com/gpu 8 > 4 left",
+        "{v}"
+    );
 
     // auto, Kueue's CRDs deleted (the group no longer served): off, said at info.
     let crds = or_panic(e.cp.kubectl_ok(&["get", "crd", "-o", "name"]));

@@ -410,6 +410,7 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
             notes: &notes,
             holds: holds.as_deref(),
             decision: decision.as_ref(),
+            quota_from_state: false,
         },
     )
 }
@@ -751,6 +752,8 @@ async fn live_state(client: &Client) -> Result<ClusterState> {
         runtime_classes,
         strings,
         dra,
+        // Live, the quota is the controller's decision's (`decide_live`).
+        kueue: Default::default(),
         warnings,
     })
 }
