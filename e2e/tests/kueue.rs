@@ -1995,6 +1995,31 @@ async fn raygates_kueue_probe_follows_the_api_and_the_shipped_rbac() {
     or_panic(create(&wls, reservation("other-team", LOCAL_QUEUE, 8, None)).await);
     or_panic(wait_cq_gpus(&e.client, "team", 8, 0).await.map(|_| ()));
     fit("8", true);
+    // Kueue's webhook keeps an admitted Workload's pod sets as they are: raygate's reservation
+    // cannot be resized to the old cluster once Kueue re-derived the RayService's Workload
+    // (docs/kueue.md, "Why the reservation keeps the new cluster's size").
+    let resize = json!([{"op": "replace",
+        "path": "/spec/podSets/0/template/spec/containers/0/resources/requests/nvidia.com~1gpu",
+        "value": "4"}]);
+    let refused = wls
+        .patch(
+            "other-team",
+            &PatchParams::default(),
+            &Patch::<Value>::Json(serde_json::from_value(resize).expect("a JSON patch")),
+        )
+        .await
+        .expect_err("an admitted Workload's pod set resized");
+    let refused = refused.to_string();
+    println!(
+        "resizing an admitted Workload: {}",
+        refused.chars().take(120).collect::<String>()
+    );
+    assert!(
+        refused.contains("vworkload.kb.io")
+            && refused.contains("spec.podSets.0")
+            && refused.contains("field is immutable"),
+        "{refused}"
+    );
     or_panic(create(&wls, reservation("third-team", LOCAL_QUEUE, 4, None)).await);
     or_panic(wait_cq_gpus(&e.client, "team", 12, 0).await.map(|_| ()));
     let v = fit("4", false);
