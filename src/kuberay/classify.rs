@@ -186,13 +186,48 @@ pub fn fingerprint(v: &Value) -> String {
 /// `AdmissionMismatch`, measured with Kueue v0.19.0). Suspension is reported
 /// by its own rules ([`Classification::outage`], phase `Suspended`), and the
 /// verdict still compares the muted forms with `suspend` as KubeRay does.
+///
+/// Likewise the annotations Kueue writes into the pod templates of an
+/// elastic RayService it admits ([`KUEUE_TEMPLATE_ANNOTATIONS`]): they name
+/// Kueue's current Workload, which raygate's own refresh of that Workload
+/// renames mid-transition (measured: a false `Batching` of "another change"
+/// in `headGroupSpec.template.metadata` at the refresh). Only those keys:
+/// annotations a user sets (e.g. a topology request) still count.
 pub fn change_fingerprint(muted: &Value) -> String {
     let mut v = muted.clone();
     if let Value::Object(m) = &mut v {
         m.remove("suspend");
     }
+    let mut templates: Vec<&mut Value> = Vec::new();
+    let Value::Object(m) = &mut v else {
+        return fingerprint(&v);
+    };
+    for (k, x) in m.iter_mut() {
+        match (k.as_str(), x) {
+            ("headGroupSpec", g) => templates.extend(g.get_mut("template")),
+            ("workerGroupSpecs", Value::Array(groups)) => {
+                templates.extend(groups.iter_mut().filter_map(|g| g.get_mut("template")))
+            }
+            _ => {}
+        }
+    }
+    for t in templates {
+        if let Some(Value::Object(a)) = t.pointer_mut("/metadata/annotations") {
+            for key in KUEUE_TEMPLATE_ANNOTATIONS {
+                a.remove(key);
+            }
+        }
+    }
     fingerprint(&v)
 }
+
+/// The pod-template annotations Kueue v0.19 owns on a RayService it admits
+/// (`kueue.WorkloadAnnotation`, `kueue.WorkloadSliceNameAnnotation`; its
+/// `podset.Merge` overwrites them for elastic jobs).
+pub const KUEUE_TEMPLATE_ANNOTATIONS: [&str; 2] = [
+    "kueue.x-k8s.io/workload",
+    "kueue.x-k8s.io/workload-slice-name",
+];
 
 fn truncate_groups(v: &Value, n: usize) -> Value {
     let mut v = v.clone();
@@ -1613,6 +1648,26 @@ mod tests {
             assert_eq!(a.fingerprint, b.fingerprint, "image + suspend @ {v}");
             assert_ne!(a.fingerprint, base.fingerprint, "image @ {v}");
         }
+        // Kueue's Workload annotations on the pod templates (renamed when
+        // raygate has Kueue derive the Workload again) are no change either;
+        // a user's annotation is.
+        let annotated = |wl: &str, user: Option<&str>| {
+            let mut a = json!({"kueue.x-k8s.io/workload": wl,
+                "kueue.x-k8s.io/workload-slice-name": wl});
+            if let Some(u) = user {
+                a["kueue.x-k8s.io/podset-required-topology"] = json!(u);
+            }
+            json!({"headGroupSpec": {"template": {"metadata": {"annotations": a.clone()}}},
+                "workerGroupSpecs": [{"groupName": "g", "template": {"metadata": {"annotations": a}}}]})
+        };
+        assert_eq!(
+            change_fingerprint(&annotated("rayservice-llm-1", None)),
+            change_fingerprint(&annotated("rayservice-llm-2", None))
+        );
+        assert_ne!(
+            change_fingerprint(&annotated("rayservice-llm-1", Some("rack"))),
+            change_fingerprint(&annotated("rayservice-llm-1", Some("zone")))
+        );
         // Only the top-level field: a nested `suspend` (a worker group's) counts.
         let nested = json!({"workerGroupSpecs": [{"groupName": "g", "suspend": true}]});
         let unset = json!({"workerGroupSpecs": [{"groupName": "g"}]});
