@@ -592,7 +592,16 @@ fn pairs(s: &mut String, title: &str, rows: &[(&str, &str)]) {
 fn fit_text(r: &FitReport, fits: bool) -> String {
     let mut s = String::new();
     field(&mut s, "Fits:", if fits { "yes" } else { "NO" });
-    field(&mut s, "Why:", &fit_why(r));
+    let why = fit_why(r);
+    if r.fits && !fits {
+        field(
+            &mut s,
+            "Why:",
+            &format!("the quota (see Quota:); the nodes: {why}"),
+        );
+    } else {
+        field(&mut s, "Why:", &why);
+    }
     if !r.headroom.is_empty() {
         field(&mut s, "Headroom:", &list_text(&r.headroom));
     }
@@ -918,7 +927,9 @@ mod tests {
         assert!(
             o.text.contains(
                 "Quota:        NO: would wait in WaitingForQuota (quota: nvidia.com/gpu 8 > 4 left)"
-            ) && o.text.contains("\nFits:         NO\n"),
+            ) && o.text.contains(
+                "\nFits:         NO\nWhy:          the quota (see Quota:); the nodes: every new pod"
+            ),
             "{}",
             o.text
         );
