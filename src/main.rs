@@ -228,12 +228,24 @@ struct RunArgs {
     /// (cohort borrowing included) as well as the nodes, and raygate reserves
     /// the new cluster's quota with its own Workload (owned by the plan,
     /// deleted when the transition ends) before opening the gate. raygate
-    /// then watches ClusterQueues, LocalQueues and its own Workloads (needs
-    /// Kueue's kueue.x-k8s.io/v1beta2 CRDs and RBAC: the chart's
-    /// kueue.reservations.enabled). Off: Kueue-managed RayServices are still
-    /// detected, and a change Kueue would suspend is held (KueueWouldSuspend).
-    #[arg(long, env = "RAYGATE_KUEUE", default_value_t = false, action = clap::ArgAction::Set)]
-    kueue: bool,
+    /// then watches ClusterQueues, LocalQueues and its own Workloads.
+    /// auto: on iff, at start-up, the API server serves kueue.x-k8s.io/v1beta2
+    /// workloads, clusterqueues and localqueues and raygate may list, watch
+    /// and write what it needs (SelfSubjectAccessReviews); otherwise off, with
+    /// one log line saying why (restart raygate after installing Kueue).
+    /// true: required; if Kueue or the access is missing, an error is logged,
+    /// Kueue-managed RayServices wait with "quota unknown" and /readyz fails
+    /// until the Kueue caches sync. false: off. Off, Kueue-managed RayServices
+    /// are still detected and a change Kueue would suspend is held
+    /// (KueueWouldSuspend). Chart: kueue.reservations.enabled.
+    #[arg(
+        long,
+        env = "RAYGATE_KUEUE",
+        default_value = "auto",
+        value_name = "auto|true|false",
+        value_parser = clap::builder::ValueParser::new(parse_kueue_mode)
+    )]
+    kueue: raygate::kueue::probe::Mode,
     /// spec.batching.quietPeriod of plans that do not set spec.batching: a
     /// change that needs a new cluster is held (phase Batching) until the
     /// RayService's cluster spec has been unchanged this long, so several
@@ -270,6 +282,11 @@ struct RunArgs {
         default_value_t = InitialListsArg::Auto
     )]
     initial_lists: InitialListsArg,
+}
+
+/// `--kueue`: auto, true or false.
+fn parse_kueue_mode(s: &str) -> std::result::Result<raygate::kueue::probe::Mode, String> {
+    s.parse()
 }
 
 /// `--capacity-request-default`.
@@ -348,6 +365,31 @@ fn batch_window(s: &str) -> Result<Duration> {
 const MAX_BATCH_WINDOW: Duration = Duration::from_secs(5);
 
 /// A client whose every call is bounded by `timeout`.
+/// `--kueue`: probe the API server unless it is `false`, log the one line
+/// that says what was decided and why, and mark `/readyz` when `true` lacks
+/// what it needs ([`raygate::kueue::probe::decide`]).
+async fn kueue_support(config: &kube::Config, args: &RunArgs, health: &Health) -> Result<bool> {
+    use raygate::kueue::probe::{self, Level, Mode};
+    let found = match args.kueue {
+        Mode::Off => None,
+        Mode::Auto | Mode::On => {
+            let client = bounded_client(config.clone(), Duration::from_secs(5))?;
+            controller::kueue_probe::run(&client, &args.namespaces).await
+        }
+    };
+    let outcome = probe::decide(args.kueue, found.as_ref());
+    let mode = args.kueue.to_string();
+    match outcome.level {
+        Level::Info => info!(kueue = %mode, enabled = outcome.enabled, "{}", outcome.message),
+        Level::Warn => {
+            tracing::warn!(kueue = %mode, enabled = outcome.enabled, "{}", outcome.message)
+        }
+        Level::Error => error!(kueue = %mode, enabled = outcome.enabled, "{}", outcome.message),
+    }
+    health.set_kueue_missing(outcome.not_ready.is_some());
+    Ok(outcome.enabled)
+}
+
 fn bounded_client(mut config: kube::Config, timeout: Duration) -> Result<kube::Client> {
     config.connect_timeout = Some(timeout);
     config.read_timeout = Some(timeout);
@@ -518,7 +560,7 @@ async fn run(args: RunArgs) -> Result<()> {
         },
         dra_plain_count: args.dra_plain_count_class.clone(),
         batch_window: batch_window(&args.batch_window)?,
-        kueue: args.kueue,
+        kueue: kueue_support(&config, &args, &health).await?,
         initial_lists: InitialLists::default(),
     };
     let lease_namespace = args

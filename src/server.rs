@@ -59,7 +59,17 @@ pub struct Health {
     /// (a probe of `/version`, a Lease renewal); the start counts as one, so
     /// a process is not unready for its first [`STALE_AFTER`].
     contact: AtomicU64,
+    /// `--kueue=true` while Kueue's API or raygate's access to it is
+    /// missing ([`crate::kueue::probe::decide`]): cleared once the Kueue
+    /// caches sync.
+    kueue_missing: AtomicBool,
 }
+
+/// What `/readyz` says while [`Health::set_kueue_missing`] holds; the
+/// start-up log line names what is missing.
+pub const KUEUE_MISSING: &str = "Kueue support is required (--kueue=true) but the Kueue caches have not \
+     synced: Kueue v0.19 (kueue.x-k8s.io/v1beta2) or raygate's access to it is missing (see the \
+     start-up log)";
 
 impl Default for Health {
     fn default() -> Health {
@@ -68,6 +78,7 @@ impl Default for Health {
             leader: AtomicBool::new(false),
             epoch: Instant::now(),
             contact: AtomicU64::new(0),
+            kueue_missing: AtomicBool::new(false),
         }
     }
 }
@@ -144,9 +155,25 @@ impl Health {
         self.leader.load(Ordering::Acquire)
     }
 
-    /// What `/readyz` answers now: [`readiness_rule`] over this state.
+    /// `--kueue=true` and Kueue's API or access missing: the leader is not
+    /// ready until it is cleared.
+    pub fn set_kueue_missing(&self, missing: bool) {
+        self.kueue_missing.store(missing, Ordering::Release);
+    }
+
+    pub fn is_kueue_missing(&self) -> bool {
+        self.kueue_missing.load(Ordering::Acquire)
+    }
+
+    /// What `/readyz` answers now: [`readiness_rule`] over this state, and
+    /// a leader without the Kueue support `--kueue=true` requires is not
+    /// ready (a standby is: it has nothing to decide yet).
     pub fn readiness(&self) -> Result<&'static str, &'static str> {
-        readiness_rule(self.is_leader(), self.is_ready(), self.since_contact())
+        let ok = readiness_rule(self.is_leader(), self.is_ready(), self.since_contact())?;
+        if self.is_leader() && self.is_kueue_missing() {
+            return Err(KUEUE_MISSING);
+        }
+        Ok(ok)
     }
 }
 
@@ -464,6 +491,15 @@ mod tests {
         h.set_ready(true);
         assert_eq!(h.readiness(), Ok("ok"));
         assert!(h.is_ready() && h.is_leader());
+        // --kueue=true without Kueue: the leader is not ready until the
+        // Kueue caches sync; a standby is.
+        h.set_kueue_missing(true);
+        assert_eq!(h.readiness(), Err(KUEUE_MISSING));
+        h.set_leader(false);
+        assert!(h.readiness().is_ok());
+        h.set_leader(true);
+        h.set_kueue_missing(false);
+        assert_eq!(h.readiness(), Ok("ok"));
         h.touch();
         assert!(h.since_contact() < STALE_AFTER);
     }

@@ -1804,3 +1804,246 @@ async fn raygate_holds_for_quota_and_reserves_the_new_cluster_in_kueue() {
         "a pod is still gated at the end: {last:?}"
     );
 }
+
+// ---------------------------------------------------------------------------
+// raygate's --kueue=auto|true start-up probe (kueue-core2; kept at the end of the file)
+// ---------------------------------------------------------------------------
+
+/// raygate's `--kueue` probe against the real apiserver serving Kueue v0.19.0's CRDs, with the
+/// RBAC raygate ships (config/rbac's ClusterRole `raygate`, then config/kueue-reservations'
+/// `raygate-kueue`, bound to a ServiceAccount of the test): `auto` is off with one line naming
+/// the access the identity lacks; `true` logs that as an error and becomes ready only once the
+/// access is granted (the Kueue watches' own retries, no restart); `auto` with the access is on.
+/// On the way, `raygate fit --state` reads the real objects of `kubectl get` of Kueue's kinds
+/// and decides the quota (issue 38, offline quota).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raygates_kueue_probe_follows_the_api_and_the_shipped_rbac() {
+    use raygate_e2e::faults::service_account_kubeconfig;
+    let e = or_panic(env(1).await);
+    let root = raygate_e2e::control_plane::repo_root();
+    e.cp.install_crd_file(&root.join("crds/raygate.io_upgradeplans.yaml"))
+        .expect("UpgradePlan CRD");
+    for f in [
+        "config/rbac/role.yaml",
+        "config/kueue-reservations/rbac.yaml",
+    ] {
+        or_panic(
+            e.cp.kubectl_ok(&["apply", "-f", &root.join(f).to_string_lossy()])
+                .map(|_| ()),
+        );
+    }
+    let kc = or_panic(service_account_kubeconfig(
+        &e.cp,
+        "default",
+        "rg-probe",
+        Some("raygate"),
+        None,
+    ));
+    let spawn = |mode: &str| {
+        let arg = format!("--kueue={mode}");
+        let args = [arg.as_str(), "--leader-elect=false"];
+        raygate_e2e::Raygate::spawn_with(
+            &e.cp,
+            &raygate_e2e::Spawn {
+                kubeconfig: Some(&kc),
+                env: &[],
+                args: &args,
+            },
+        )
+    };
+    // The probe line comes after /readyz first answers (a process is a ready standby
+    // until it leads): poll the log for it.
+    let line = |rg: &raygate_e2e::Raygate, what: &str| -> String {
+        let start = Instant::now();
+        loop {
+            let logs = rg.logs();
+            if let Some(l) = logs.lines().find(|l| l.contains(what)) {
+                return l.to_string();
+            }
+            assert!(start.elapsed() < T, "no {what:?} in the log:\n{logs}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let readyz = |rg: &raygate_e2e::Raygate, code: u16, says: &str| -> (Instant, String) {
+        let start = Instant::now();
+        loop {
+            if let Ok((c, body)) = rg.get("/readyz")
+                && c == code
+                && body.contains(says)
+            {
+                return (Instant::now(), body);
+            }
+            assert!(start.elapsed() < T, "/readyz never answered {code}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+
+    // auto, without the Kueue access: off, one line naming what is denied.
+    let t0 = Instant::now();
+    let mut rg = spawn("auto").unwrap_or_else(|err| panic!("{err:#}"));
+    let off = line(&rg, "Kueue support off (--kueue=auto)");
+    println!("auto without access ({:?}): {off}", t0.elapsed());
+    assert!(
+        off.contains("may not list clusterqueues")
+            && off.contains("create workloads")
+            && off.contains("patch workloads/status"),
+        "{off}"
+    );
+    line(&rg, "caches synced");
+    assert_eq!(rg.logs().matches("Kueue support").count(), 1);
+    rg.kill();
+
+    // true, without it: an error and /readyz 503 saying so; the access granted: 200
+    // without a restart (the Kueue watches retry on their own).
+    let mut rg = spawn("true").unwrap_or_else(|err| panic!("{err:#}"));
+    let required = line(&rg, "Kueue support required (--kueue=true) but");
+    assert!(
+        required.contains("ERROR") && required.contains("may not list clusterqueues"),
+        "{required}"
+    );
+    let (_, body) = readyz(&rg, 503, "Kueue support is required (--kueue=true)");
+    println!("true without access: /readyz 503 {body}");
+    let granted = Instant::now();
+    or_panic(
+        e.cp.kubectl_ok(&[
+            "create",
+            "clusterrolebinding",
+            "rg-probe-kueue",
+            "--clusterrole",
+            "raygate-kueue",
+            "--serviceaccount",
+            "default:rg-probe",
+        ])
+        .map(|_| ()),
+    );
+    let (ready, _) = readyz(&rg, 200, "ok");
+    line(
+        &rg,
+        "Kueue caches synced: Kueue support ready (--kueue=true)",
+    );
+    println!(
+        "true: ready {:?} after the access was granted",
+        ready - granted
+    );
+    rg.kill();
+
+    // auto, with the access: on.
+    let rg = spawn("auto").unwrap_or_else(|err| panic!("{err:#}"));
+    let on = line(&rg, "Kueue support on (--kueue=auto)");
+    println!("auto with access: {on}");
+    line(
+        &rg,
+        "ClusterQueue, LocalQueue and reservation Workload caches synced",
+    );
+    drop(rg);
+
+    // `raygate fit --state` with the state taken as docs/kueue.md says (Kueue's v1beta2
+    // kinds added to the kubectl get): the quota decided from the real objects. The
+    // ClusterQueue (16 GPUs) holds another team's 8-GPU Workload, then a 4-GPU one.
+    or_panic(team_quota(&e).await);
+    let wls = workloads(&e.client, &e.ns);
+    let fit = |gpus_left: &str, fits: bool| {
+        let state = or_panic(e.cp.kubectl_ok(&[
+            "get",
+            "nodes,pods,limitranges,runtimeclasses,clusterqueues.v1beta2.kueue.x-k8s.io,\
+             localqueues.v1beta2.kueue.x-k8s.io,workloads.v1beta2.kueue.x-k8s.io",
+            "-A",
+            "-o",
+            "yaml",
+        ]));
+        let dir = e.cp.log_dir();
+        let (state_file, svc_file) = (dir.join("fit-state.yaml"), dir.join("fit-llm.json"));
+        std::fs::write(&state_file, state).expect("write the state");
+        let mut svc = service("llm", true);
+        svc["metadata"]["namespace"] = json!(e.ns);
+        std::fs::write(&svc_file, svc.to_string()).expect("write the RayService");
+        let out = std::process::Command::new(
+            raygate_e2e::workspace_bin("raygate").expect("raygate built"),
+        )
+        .args(["fit", "--state"])
+        .arg(&state_file)
+        .arg("-f")
+        .arg(&svc_file)
+        .args(["-o", "json"])
+        .output()
+        .expect("raygate fit");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|err| {
+            panic!(
+                "{err}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        let q = &v["quota"];
+        assert_eq!(
+            (
+                q["clusterQueue"].as_str(),
+                q["gpusNeeded"].as_str(),
+                q["gpusLeft"].as_str()
+            ),
+            (Some("team"), Some("8"), Some(gpus_left)),
+            "{v}"
+        );
+        assert_eq!(
+            (v["fits"].as_bool(), v["nodesFit"].as_bool()),
+            (Some(fits), Some(true)),
+            "{v}"
+        );
+        println!("fit --state, {gpus_left} GPUs left: {}", q["message"]);
+        v
+    };
+    or_panic(create(&wls, reservation("other-team", LOCAL_QUEUE, 8, None)).await);
+    or_panic(wait_cq_gpus(&e.client, "team", 8, 0).await.map(|_| ()));
+    fit("8", true);
+    // Kueue's webhook keeps an admitted Workload's pod sets as they are: raygate's reservation
+    // cannot be resized to the old cluster once Kueue re-derived the RayService's Workload
+    // (docs/kueue.md, "Why the reservation keeps the new cluster's size").
+    let resize = json!([{"op": "replace",
+        "path": "/spec/podSets/0/template/spec/containers/0/resources/requests/nvidia.com~1gpu",
+        "value": "4"}]);
+    let refused = wls
+        .patch(
+            "other-team",
+            &PatchParams::default(),
+            &Patch::<Value>::Json(serde_json::from_value(resize).expect("a JSON patch")),
+        )
+        .await
+        .expect_err("an admitted Workload's pod set resized");
+    let refused = refused.to_string();
+    println!(
+        "resizing an admitted Workload: {}",
+        refused.chars().take(120).collect::<String>()
+    );
+    assert!(
+        refused.contains("vworkload.kb.io")
+            && refused.contains("spec.podSets.0")
+            && refused.contains("field is immutable"),
+        "{refused}"
+    );
+    or_panic(create(&wls, reservation("third-team", LOCAL_QUEUE, 4, None)).await);
+    or_panic(wait_cq_gpus(&e.client, "team", 12, 0).await.map(|_| ()));
+    let v = fit("4", false);
+    assert_eq!(
+        v["quota"]["waitingFor"], "quota: nvidia.com/gpu 8 > 4 left",
+        "{v}"
+    );
+
+    // auto, Kueue's CRDs deleted (the group no longer served): off, said at info.
+    let crds = or_panic(e.cp.kubectl_ok(&["get", "crd", "-o", "name"]));
+    let kueue_crds: Vec<&str> = crds
+        .lines()
+        .filter(|l| l.ends_with(".kueue.x-k8s.io"))
+        .collect();
+    let mut args = vec!["delete", "--wait=true"];
+    args.extend(&kueue_crds);
+    or_panic(e.cp.kubectl_ok(&args).map(|_| ()));
+    let rg = spawn("auto").unwrap_or_else(|err| panic!("{err:#}"));
+    let gone = line(&rg, "Kueue support off (--kueue=auto)");
+    println!("auto without Kueue's CRDs: {gone}");
+    assert!(
+        gone.contains(" INFO ")
+            && gone.contains("the API server does not serve kueue.x-k8s.io/v1beta2"),
+        "{gone}"
+    );
+    println!("whole test after the control plane: {:?}", t0.elapsed());
+}

@@ -339,6 +339,7 @@ fn every_alert_has_severity_annotations_and_a_runbook_section() {
     let required = [
         "RayServiceUpgradeStalled",
         "RayServiceUpgradeWaitingForCapacity",
+        "RayServiceUpgradeWaitingForQuota",
         "RayServiceTwoClustersTooLong",
         "RaygateGateOverridden",
         "RaygateKubeRayReleaseMismatch",

@@ -527,3 +527,93 @@ fn an_elastic_transition_has_kueue_derive_the_services_workload_again_once_upgra
     assert_eq!(refreshed(&svc(true, false)), None);
     assert_eq!(refreshed(&svc(false, true)), None);
 }
+
+#[test]
+fn kueues_transient_suspend_during_the_workload_refresh_is_no_admission_mismatch() {
+    // Measured with Kueue v0.19.0 (raygate's own refresh of the service's
+    // Workload): in one sample the RayService and the pending cluster KubeRay
+    // just built both carried Kueue's `suspend: true`. That is the admitted
+    // change, not another one: no AdmissionMismatch, the admission kept.
+    let changed = |extra: &dyn Fn(&mut Value)| {
+        service(|v| {
+            kueue(v, true);
+            worker_image(v);
+            extra(v);
+        })
+    };
+    // The admitted change: the image bump, as raygate fingerprinted it.
+    let d = decide_on(&plan(None), &changed(&|_| {}), &active(|_| {}));
+    let fp = d
+        .status
+        .pending_change
+        .as_ref()
+        .unwrap()
+        .fingerprint
+        .clone();
+    let status = UpgradePlanStatus {
+        phase: Phase::Admitted,
+        ray_service_uid: Some("3f8a2c1e-5b7d-4c1a-9e0f-2d6b8a4c7e91".into()),
+        admitted: Some(crate::upgradeplan::Admission {
+            fingerprint: fp.clone(),
+            admitted_time: now() - jiff::SignedDuration::from_secs(2),
+            from_cluster: Some("llm-7x9kq".into()),
+            to_cluster: None,
+            surge: vec![],
+        }),
+        ..Default::default()
+    };
+    for suspended in [false, true] {
+        let svc = changed(&|v: &mut Value| {
+            if suspended {
+                suspend(v);
+            }
+            v["status"]["pendingServiceStatus"] = json!({"rayClusterName": "llm-next1"});
+            v["status"]["conditions"] = json!([{"type": "UpgradeInProgress", "status": "True",
+                "reason": "r", "message": "", "lastTransitionTime": "2026-12-07T05:00:00Z"}]);
+        });
+        // KubeRay's pending cluster: the RayService's cluster spec (with
+        // the suspension KubeRay copies to the pending cluster).
+        let mut pending = serde_json::to_value(active(|_| {})).unwrap();
+        pending["metadata"]["name"] = json!("llm-next1");
+        pending["spec"] = serde_json::to_value(&svc.spec.ray_cluster_config).unwrap();
+        let pending: RayCluster = serde_json::from_value(pending).unwrap();
+        let rc = active(|_| {});
+        let st = state();
+        let alone = fit::Alone(&st);
+        let release = Release::assumed(KubeRayVersion::parse("1.6.2").unwrap());
+        let clusters = [
+            ClusterObject {
+                name: "llm-7x9kq".into(),
+                cluster: Ok(&rc),
+            },
+            ClusterObject {
+                name: "llm-next1".into(),
+                cluster: Ok(&pending),
+            },
+        ];
+        let p = plan(Some(status.clone()));
+        let inp = inputs(
+            &p,
+            &release,
+            now(),
+            false,
+            &alone,
+            Ok(&svc),
+            &clusters,
+            BTreeMap::new(),
+        );
+        let d = decide(&inp);
+        assert!(
+            d.events.iter().all(|e| e.reason != "AdmissionMismatch"),
+            "suspend {suspended}: {:?}",
+            d.events
+        );
+        let a = d.status.admitted.as_ref().unwrap();
+        assert_eq!(
+            (a.fingerprint.as_str(), a.to_cluster.as_deref()),
+            (fp.as_str(), Some("llm-next1")),
+            "suspend {suspended}"
+        );
+        assert_eq!(d.status.phase, Phase::Upgrading, "suspend {suspended}");
+    }
+}

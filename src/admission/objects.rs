@@ -292,14 +292,15 @@ fn over_budget(svc: &RayService) -> Option<ChangeError> {
 }
 
 /// The fingerprint a RayCluster's own spec has, computed as a change's is
-/// (muted fields left out), so it can be compared with an admitted one.
+/// (muted fields and `suspend` left out, [`kuberay::classify::change_fingerprint`]),
+/// so it can be compared with an admitted one.
 fn cluster_fingerprint(c: &RayCluster, version: KubeRayVersion) -> Option<String> {
     // A spec over raygate's bounds was not kept: no fingerprint to give.
     kuberay::budget::check(&c.spec, "spec").ok()?;
     let spec = serde_json::to_value(&c.spec).ok()?;
     let n = kuberay::normalize::normalize_cluster_spec(&spec, &version.rules(), "RayCluster spec")
         .ok()?;
-    Some(kuberay::classify::fingerprint(&n.muted))
+    Some(kuberay::classify::change_fingerprint(&n.muted))
 }
 
 /// What the change against `cluster` makes: the change, the verdict, and

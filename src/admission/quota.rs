@@ -29,7 +29,7 @@ use super::render::Builder;
 use super::{ChangeFacts, EventReason, Outcome};
 use crate::capacity::{ACCELERATORS, FitReport, ResourceList, sum_of};
 use crate::kueue::quota::{self as q, QuotaReport};
-use crate::kueue::types::ClusterQueue;
+use crate::kueue::types::{ClusterQueue, Workload};
 use crate::kueue::{LocalQueueName, Managed};
 use crate::quantity::Quantity;
 use crate::upgradeplan::{Phase, QuotaReservation, QuotaResourceStatus, QuotaStatus, condition};
@@ -55,6 +55,110 @@ pub struct QueueQuota {
     pub uncounted: ResourceList,
 }
 
+/// The ClusterQueue of LocalQueue `ns/queue` and what counts against it,
+/// from Kueue's objects as raygate reads them: the controller's caches
+/// (`--kueue`) and `raygate fit --state` both decide through it.
+/// `cluster_queue_of(ns, queue)`: the ClusterQueue a LocalQueue names;
+/// `reservations`: raygate's reservation Workloads (those of
+/// `own_plan_uid` are the plan's own, not another plan's).
+pub fn queue_quota<'a>(
+    ns: &str,
+    queue: &LocalQueueName,
+    cluster_queue_of: impl Fn(&str, &str) -> Option<String>,
+    all: Vec<ClusterQueue>,
+    reservations: impl IntoIterator<Item = &'a Workload>,
+    own_plan_uid: Option<&str>,
+) -> Result<QueueQuota, String> {
+    let cq_name = cluster_queue_of(ns, queue.as_str()).ok_or_else(|| {
+        format!("LocalQueue {ns}/{queue} not found (or it names no ClusterQueue)")
+    })?;
+    let cq = all
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some(cq_name.as_str()))
+        .cloned()
+        .ok_or_else(|| format!("ClusterQueue {cq_name} not found"))?;
+    let own = own_plan_uid.map(crate::kueue::reservation::label_value);
+    // Other plans' reservations in this ClusterQueue Kueue has not
+    // admitted yet: not in its status, but raygate means to take them.
+    let mut uncounted = ResourceList::new();
+    for w in reservations {
+        let wns = w.metadata.namespace.as_deref().unwrap_or("default");
+        let same = w
+            .spec
+            .queue_name
+            .as_deref()
+            .and_then(|q| cluster_queue_of(wns, q))
+            .as_deref()
+            == Some(cq_name.as_str());
+        let plan = w
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(crate::kueue::reservation::LABEL_PLAN_UID));
+        if !same || w.quota_granted() || (own.is_some() && plan == own.as_ref()) {
+            continue;
+        }
+        for ps in &w.spec.pod_sets {
+            add_requests(&mut uncounted, ps);
+        }
+    }
+    Ok(QueueQuota {
+        cluster_queue: cq,
+        all,
+        uncounted,
+    })
+}
+
+/// Adds a pod set's requests (per pod, times its count) to `list`.
+fn add_requests(list: &mut ResourceList, ps: &crate::kueue::types::PodSet) {
+    let Some(spec) = &ps.template.spec else {
+        return;
+    };
+    let pod = k8s_openapi::api::core::v1::Pod {
+        spec: Some(spec.clone()),
+        ..Default::default()
+    };
+    let Ok(req) = crate::capacity::requests::pod_requests(&pod, &[]) else {
+        return;
+    };
+    let count = i128::from(ps.count.max(0));
+    for (k, q) in req {
+        let total = Quantity::from_nanos(q.as_nanos().saturating_mul(count), q.format());
+        let e = list.entry(k).or_default();
+        *e = e.saturating_add(&total);
+    }
+}
+
+/// `status.waitingFor` of a change the quota holds:
+/// `quota: nvidia.com/gpu 8 > 4 left`.
+pub fn short_of(r: &QuotaReport) -> String {
+    r.short()
+        .next()
+        .map(|l| {
+            format!(
+                "quota: {} {} > {} left",
+                l.resource,
+                l.needed.canonical(),
+                l.left.canonical()
+            )
+        })
+        .unwrap_or_else(|| "quota".into())
+}
+
+/// `ClusterQueue team in cohort gpus (LocalQueue team): nvidia.com/gpu 8
+/// needed, 4 left in flavor default (…)`: where, and the numbers.
+pub fn quota_text(r: &QuotaReport, queue: &LocalQueueName) -> String {
+    format!(
+        "ClusterQueue {}{} (LocalQueue {queue}): {}",
+        r.cluster_queue,
+        r.cohort
+            .as_ref()
+            .map(|c| format!(" in cohort {c}"))
+            .unwrap_or_default(),
+        r.text()
+    )
+}
+
 /// The name of raygate's reservation Workload for `plan`'s change
 /// `fingerprint`: derived, so a restarted raygate finds it again.
 pub fn reservation_name(plan: &str, fingerprint: &str) -> String {
@@ -62,7 +166,7 @@ pub fn reservation_name(plan: &str, fingerprint: &str) -> String {
 }
 
 /// `status.quota` of a report.
-fn status_of(
+pub fn status_of(
     queue: &LocalQueueName,
     r: &QuotaReport,
     reservation: Option<QuotaReservation>,
@@ -162,14 +266,8 @@ pub(super) fn allows(
     if !r.fits {
         b.status.quota = Some(status_of(&kueue.queue, &r, None));
         let long = format!(
-            "change {fp}: the new cluster fits the nodes but not the quota of ClusterQueue {}{} \
-             (LocalQueue {}): {text}",
-            r.cluster_queue,
-            r.cohort
-                .as_ref()
-                .map(|c| format!(" in cohort {c}"))
-                .unwrap_or_default(),
-            kueue.queue
+            "change {fp}: the new cluster fits the nodes but not the quota of {}",
+            quota_text(&r, &kueue.queue)
         );
         b.condition(
             condition::QUOTA_AVAILABLE,
@@ -177,19 +275,7 @@ pub(super) fn allows(
             Reason::InsufficientQuota,
             &long,
         );
-        let short = r
-            .short()
-            .next()
-            .map(|l| {
-                format!(
-                    "quota: {} {} > {} left",
-                    l.resource,
-                    l.needed.canonical(),
-                    l.left.canonical()
-                )
-            })
-            .unwrap_or_else(|| "quota".into());
-        wait(b, fp, &short, &long, true);
+        wait(b, fp, &short_of(&r), &long, true);
         return false;
     }
     b.status.quota = Some(status_of(&kueue.queue, &r, Some(wanted)));

@@ -921,8 +921,9 @@ fn kueue_support_off(b: &mut Builder<'_>, change: &ChangeFacts, kueue: &crate::k
     let long = format!(
         "change {fp} is not admitted: the RayService is an elastic Kueue job (LocalQueue {}), whose new \
          cluster's pods Kueue v0.19 keeps gated (kueue.x-k8s.io/elastic-job) and whose quota it does not \
-         count; raygate completes such an upgrade only with its Kueue support on (--kueue, chart \
-         kueue.reservations.enabled; docs/kueue.md)",
+         count; raygate completes such an upgrade only with its Kueue support on (--kueue=auto finds \
+         Kueue's API and its access at start-up, see raygate's start-up log; --kueue=true requires it; \
+         chart kueue.reservations.enabled; docs/kueue.md)",
         kueue.queue
     );
     kueue_hold(b, fp, KUEUE_SUPPORT_OFF, long);

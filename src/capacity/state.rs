@@ -20,6 +20,10 @@ pub struct ClusterState {
     pub runtime_classes: Vec<RuntimeClass>,
     /// ResourceSlices, DeviceClasses, ResourceClaims and ResourceClaimTemplates.
     pub dra: super::dra::DraState,
+    /// Kueue's ClusterQueues, LocalQueues and raygate's reservation
+    /// Workloads (`kueue.x-k8s.io/v1beta2`), for the quota of a
+    /// Kueue-managed RayService.
+    pub kueue: crate::kueue::KueueObjects,
     /// What was ignored while reading, for the user to see.
     pub warnings: Vec<String>,
     /// Shares namespace and node names between pod records.
@@ -34,6 +38,17 @@ fn describe(item: &Value) -> String {
         (None, Some(n)) => n.to_string(),
         _ => "<unnamed>".to_string(),
     }
+}
+
+/// The Kueue API raygate reads.
+const KUEUE_API_VERSION: &str = "kueue.x-k8s.io/v1beta2";
+
+/// Whether an object is Kueue's (its `apiVersion`), or has none (an item of
+/// a typed list such as `ClusterQueueList`).
+fn kueue_group(v: &Value) -> bool {
+    v.get("apiVersion")
+        .and_then(Value::as_str)
+        .is_none_or(|a| a.starts_with("kueue.x-k8s.io/"))
 }
 
 /// The kind of a List's items: `PodList` → `Pod`; none for a plain `List`.
@@ -110,6 +125,23 @@ impl ClusterState {
             }
             "ResourceClaimTemplate" => {
                 self.dra.apply_template(&decode(path, value)?);
+            }
+            "ClusterQueue" | "LocalQueue" | "Workload" if kueue_group(&value) => {
+                let version = value.get("apiVersion").and_then(Value::as_str);
+                if matches!(version, None | Some(KUEUE_API_VERSION)) {
+                    let what = format!("{path} ({})", describe(&value));
+                    self.kueue
+                        .add(&kind, value)
+                        .map_err(|e| crate::Error::invalid(what, e.to_string()))?;
+                } else {
+                    self.warnings.push(format!(
+                        "ignored {path}: kind {kind} ({}) of {}: raygate reads {KUEUE_API_VERSION} \
+                         (kubectl get {}s.v1beta2.kueue.x-k8s.io)",
+                        describe(&value),
+                        version.unwrap_or_default(),
+                        kind.to_lowercase()
+                    ));
+                }
             }
             other => self.warnings.push(format!(
                 "ignored {path}: kind {other} ({})",
@@ -541,6 +573,52 @@ impl<'de> serde::Deserialize<'de> for DocOf {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn kueue_v1beta2_objects_are_kept_and_other_versions_said_ignored() {
+        let s = ClusterState::from_list(json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+             "metadata": {"name": "team"}, "spec": {"cohortName": "gpus"}},
+            {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+             "metadata": {"name": "q", "namespace": "ml"}, "spec": {"clusterQueue": "team"}},
+            // Kueue's own Workload: counted in its ClusterQueue's status already.
+            {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+             "metadata": {"name": "job-1", "namespace": "ml"}, "spec": {"queueName": "q"}},
+            {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+             "metadata": {"name": "llm-0a1b-quota", "namespace": "ml", "labels": {
+                 "app.kubernetes.io/managed-by": "raygate", "raygate.io/reservation": "quota"}},
+             "spec": {"queueName": "q"}},
+            {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue",
+             "metadata": {"name": "old"}},
+            // Another group's Workload kind is not Kueue's.
+            {"apiVersion": "example.com/v1", "kind": "Workload", "metadata": {"name": "w"}}
+        ]}))
+        .unwrap();
+        let k = &s.kueue;
+        assert_eq!(
+            (
+                k.cluster_queues.len(),
+                k.local_queues.len(),
+                k.reservations.len()
+            ),
+            (1, 1, 1)
+        );
+        assert_eq!(k.cluster_queue_of("ml", "q").as_deref(), Some("team"));
+        assert_eq!(k.cluster_queue_of("other", "q"), None);
+        assert_eq!(
+            s.warnings,
+            [
+                "ignored input.items[4]: kind ClusterQueue (old) of kueue.x-k8s.io/v1beta1: raygate \
+                 reads kueue.x-k8s.io/v1beta2 (kubectl get clusterqueues.v1beta2.kueue.x-k8s.io)",
+                "ignored input.items[5]: kind Workload (w)"
+            ]
+        );
+        // A malformed Kueue object is an error naming it, as a malformed node is.
+        let e = ClusterState::from_list(json!({"apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue", "metadata": {"name": "q"}, "spec": {"clusterQueue": 7}}))
+        .unwrap_err();
+        assert!(e.to_string().contains("input (q)"), "{e}");
+    }
 
     #[test]
     fn reads_mixed_list_and_warns_on_other_kinds() {

@@ -47,6 +47,103 @@ struct FitJson<'a> {
     /// that sets `spec.upgradeStrategy` would override the gate.
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     errors: &'a [super::explain::ManifestError],
+    /// Offline, for a Kueue-managed RayService: its ClusterQueue's quota,
+    /// decided from the state's Kueue objects as the controller with
+    /// `--kueue` decides it. `fits` is then the nodes' and the quota's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    quota: Option<&'a StateQuota>,
+    /// With `quota`: whether the new cluster fits the nodes alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nodes_fit: Option<bool>,
+}
+
+/// `fit --state` for a Kueue-managed RayService (label
+/// `kueue.x-k8s.io/queue-name`): the quota the controller with `--kueue`
+/// checks ([`crate::admission::quota`]), from the ClusterQueues,
+/// LocalQueues and raygate reservation Workloads in the state.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StateQuota {
+    /// `None`: not checked (the state has no ClusterQueue or LocalQueue).
+    pub fits: Option<bool>,
+    /// What the plan would wait for in `WaitingForQuota`
+    /// (`quota: nvidia.com/gpu 8 > 4 left`, `quota unknown`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
+    pub message: String,
+    /// The hold the controller puts on the change whatever the quota:
+    /// `KueueWouldSuspend` for a RayService that is not elastic.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold: Option<&'static str>,
+    /// The numbers, as the plan's `status.quota`.
+    #[serde(flatten)]
+    pub status: crate::upgradeplan::QuotaStatus,
+}
+
+/// [`StateQuota`] of `svc`'s new cluster needing `needed`; `None` when
+/// Kueue does not manage the RayService.
+pub(crate) fn state_quota(
+    objects: &crate::kueue::KueueObjects,
+    svc: &RayService,
+    needed: &ResourceList,
+) -> Option<StateQuota> {
+    use crate::admission::quota as aq;
+    let managed = crate::kueue::Managed::of(&svc.metadata)?;
+    let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+    let hold = (!managed.elastic).then_some("KueueWouldSuspend");
+    let status = crate::upgradeplan::QuotaStatus {
+        local_queue: managed.queue.to_string(),
+        ..Default::default()
+    };
+    if objects.is_empty() {
+        return Some(StateQuota {
+            fits: None,
+            waiting_for: None,
+            message: format!(
+                "not checked: the state has no ClusterQueue or LocalQueue (add \
+                 clusterqueues.v1beta2.kueue.x-k8s.io,localqueues.v1beta2.kueue.x-k8s.io,\
+                 workloads.v1beta2.kueue.x-k8s.io to the kubectl get of the state); LocalQueue {}",
+                managed.queue
+            ),
+            hold,
+            status,
+        });
+    }
+    let queue = aq::queue_quota(
+        ns,
+        &managed.queue,
+        |ns, q| objects.cluster_queue_of(ns, q),
+        objects.cluster_queues.clone(),
+        &objects.reservations,
+        None,
+    );
+    Some(match queue {
+        Err(e) => StateQuota {
+            fits: Some(false),
+            waiting_for: Some("quota unknown".into()),
+            message: format!(
+                "the quota of LocalQueue {} cannot be read: {e}",
+                managed.queue
+            ),
+            hold,
+            status,
+        },
+        Ok(q) => {
+            let r = crate::kueue::quota::fit(&q.cluster_queue, &q.all, &q.uncounted, needed);
+            let text = aq::quota_text(&r, &managed.queue);
+            StateQuota {
+                fits: Some(r.fits),
+                waiting_for: (!r.fits).then(|| aq::short_of(&r)),
+                message: if r.fits {
+                    format!("the new cluster fits the quota of {text}")
+                } else {
+                    format!("the new cluster does not fit the quota of {text}")
+                },
+                hold,
+                status: aq::status_of(&managed.queue, &r, None),
+            }
+        }
+    })
 }
 
 /// The controller's decision on the change, as `kubectl raygate fit` ran it
@@ -99,6 +196,9 @@ pub(crate) struct Context<'a> {
     pub holds: Option<&'a [Hold]>,
     /// `None` offline or without a plan.
     pub decision: Option<&'a DecisionSummary>,
+    /// Offline: check a Kueue-managed RayService's quota against the
+    /// state's Kueue objects (live, the decision does).
+    pub quota_from_state: bool,
 }
 
 /// Does KubeRay build a second cluster for this change? `Held` counts: the
@@ -125,6 +225,8 @@ pub(crate) fn no_new_cluster(
         holds: None,
         decision: None,
         errors: &[],
+        quota: None,
+        nodes_fit: None,
     };
     let text = match args.output.structured(&out)? {
         Some(s) => s,
@@ -248,6 +350,7 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
         notes: &notes,
         holds: None,
         decision: None,
+        quota_from_state: true,
     };
     fit_in(args, version, state, state_path, &svc, headroom, &context)
 }
@@ -284,16 +387,28 @@ pub(crate) fn fit_in(
     )?;
     let available = available(&report);
     let errors = super::manifest_errors(svc);
+    let quota = context
+        .quota_from_state
+        .then(|| state_quota(&state.kueue, svc, &report.new_requests))
+        .flatten();
+    let nodes_fit = report.fits;
+    let quota_fits = quota.as_ref().and_then(|q| q.fits).unwrap_or(true);
+    let quota_held = quota.as_ref().is_some_and(|q| q.hold.is_some());
+    // `fits` in the JSON is the answer: the nodes' and the quota's.
+    let mut shown = report.clone();
+    shown.fits = nodes_fit && quota_fits;
     let out = FitJson {
         new_cluster_needed: true,
         verdict: None,
         reason: None,
-        report: Some(&report),
+        report: Some(&shown),
         available: Some(available),
         fits: None,
         holds: context.holds,
         decision: context.decision,
         errors: &errors,
+        quota: quota.as_ref(),
+        nodes_fit: quota.as_ref().map(|_| nodes_fit),
     };
     let text = match args.output.structured(&out)? {
         Some(s) => s,
@@ -305,15 +420,54 @@ pub(crate) fn fit_in(
             for (label, value) in context.notes {
                 field(&mut s, label, value);
             }
-            s + &fit_text(&report)
+            if let Some(q) = &quota {
+                quota_lines(&mut s, q, nodes_fit);
+            }
+            s + &fit_text(&report, shown.fits)
         }
     };
     Ok(FitOutcome {
         text,
-        fits: report.fits,
-        held: context.holds.is_some_and(|h| !h.is_empty()),
+        fits: nodes_fit && quota_fits,
+        held: context.holds.is_some_and(|h| !h.is_empty()) || quota_held,
         warnings: state.warnings,
     })
+}
+
+/// The `Kueue:` and `Quota:` lines of a Kueue-managed RayService.
+fn quota_lines(s: &mut String, q: &StateQuota, nodes_fit: bool) {
+    if let Some(h) = q.hold {
+        field(
+            s,
+            "Held:",
+            &format!(
+                "{h}: the RayService is Kueue-managed (LocalQueue {}) without \
+                 kueue.x-k8s.io/elastic-job: \"true\"; {}; {}",
+                q.status.local_queue,
+                crate::kueue::Managed {
+                    queue: crate::kueue::LocalQueueName::new(q.status.local_queue.clone()),
+                    elastic: false,
+                }
+                .behaviour(),
+                crate::kueue::REMEDY
+            ),
+        );
+    }
+    let line = match (q.fits, &q.waiting_for) {
+        (None, _) => q.message.clone(),
+        (Some(true), _) => format!("yes: {}", q.message),
+        (Some(false), w) => format!(
+            "NO: would wait in WaitingForQuota ({}){}: {}",
+            w.as_deref().unwrap_or("quota"),
+            if nodes_fit {
+                ", though it fits the nodes"
+            } else {
+                ""
+            },
+            q.message
+        ),
+    };
+    field(s, "Quota:", &line);
 }
 
 /// Free for the new cluster: `free − reserved − headroom`, never below zero
@@ -433,10 +587,21 @@ fn pairs(s: &mut String, title: &str, rows: &[(&str, &str)]) {
     }
 }
 
-fn fit_text(r: &FitReport) -> String {
+/// `fits`: the answer (the nodes' and, offline, the quota's, whose `Quota:`
+/// line comes before); the rest is the nodes'.
+fn fit_text(r: &FitReport, fits: bool) -> String {
     let mut s = String::new();
-    field(&mut s, "Fits:", if r.fits { "yes" } else { "NO" });
-    field(&mut s, "Why:", &fit_why(r));
+    field(&mut s, "Fits:", if fits { "yes" } else { "NO" });
+    let why = fit_why(r);
+    if r.fits && !fits {
+        field(
+            &mut s,
+            "Why:",
+            &format!("the quota (see Quota:); the nodes: {why}"),
+        );
+    } else {
+        field(&mut s, "Why:", &why);
+    }
     if !r.headroom.is_empty() {
         field(&mut s, "Headroom:", &list_text(&r.headroom));
     }
@@ -625,6 +790,7 @@ mod tests {
                 notes,
                 holds,
                 decision: None,
+                quota_from_state: false,
             };
             fit_in(
                 &args,
@@ -660,6 +826,172 @@ mod tests {
         let o = run("json", None, &[]);
         let v: serde_json::Value = serde_json::from_str(&o.text).unwrap();
         assert_eq!(v.get("holds"), None, "{v}");
+    }
+
+    fn fixture(f: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/cli")
+            .join(f)
+    }
+
+    /// The image bump of `llm-chat`, labelled for Kueue (elastic or not).
+    fn kueue_service(dir: &Path, elastic: bool) -> std::path::PathBuf {
+        let text = std::fs::read_to_string(fixture("rayservice-llm-image-bump.yaml")).unwrap();
+        let mut v: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+        v["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "team-inference".into();
+        if elastic {
+            v["metadata"]["annotations"] =
+                serde_json::json!({"kueue.x-k8s.io/elastic-job": "true"});
+        }
+        let path = dir.join(format!("svc-{elastic}.json"));
+        std::fs::write(&path, v.to_string()).unwrap();
+        path
+    }
+
+    /// state-fits.yaml followed by `kueue` (a second YAML document).
+    fn state_with(dir: &Path, kueue: &str) -> std::path::PathBuf {
+        let nodes = std::fs::read_to_string(fixture("state-fits.yaml")).unwrap();
+        let path = dir.join("state.yaml");
+        std::fs::write(&path, format!("{nodes}\n---\n{kueue}")).unwrap();
+        path
+    }
+
+    fn run_fit(state: &Path, new: &Path, output: &str) -> FitOutcome {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            args: FitArgs,
+        }
+        let (state, new) = (state.display().to_string(), new.display().to_string());
+        let args = Cmd::try_parse_from(["fit", "--state", &state, "-f", &new, "-o", output])
+            .unwrap()
+            .args;
+        fit(&args).unwrap()
+    }
+
+    /// Issue 38: `fit --state` with Kueue's objects decides the quota of a
+    /// Kueue-managed RayService as the controller with `--kueue` does: the
+    /// cohort's lendable quota, other plans' reservations Kueue has not
+    /// admitted, `WaitingForQuota` with the numbers.
+    #[test]
+    fn fit_with_kueue_objects_in_the_state_answers_for_the_quota_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let kueue = std::fs::read_to_string(fixture("state-kueue.yaml")).unwrap();
+        let state = state_with(dir.path(), &kueue);
+        let elastic = kueue_service(dir.path(), true);
+
+        // 16 nominal − 8 reserved − 4 of another plan's reservation: 4 left
+        // for 8 needed (the cohort's pool has no more: training uses its 4
+        // lendable GPUs above its guaranteed 4).
+        let o = run_fit(&state, &elastic, "json");
+        assert!(!o.fits && !o.held, "{}", o.text);
+        let v: serde_json::Value = serde_json::from_str(&o.text).unwrap();
+        assert_eq!(v["fits"], false, "{v}");
+        assert_eq!(v["nodesFit"], true, "{v}");
+        let q = &v["quota"];
+        assert_eq!(q["fits"], false, "{q}");
+        assert_eq!(q["waitingFor"], "quota: nvidia.com/gpu 8 > 4 left", "{q}");
+        assert_eq!(
+            (&q["localQueue"], &q["clusterQueue"], &q["cohort"]),
+            (
+                &"team-inference".into(),
+                &"inference".into(),
+                &"gpus".into()
+            )
+        );
+        assert_eq!(
+            (&q["gpusNeeded"], &q["gpusLeft"]),
+            (&"8".into(), &"4".into())
+        );
+        assert!(q.get("hold").is_none(), "elastic: {q}");
+        let gpu = q["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "nvidia.com/gpu")
+            .unwrap();
+        assert_eq!(
+            (&gpu["flavor"], &gpu["borrowable"]),
+            (&"a100".into(), &"0".into()),
+            "its own nominal quota is not used up: nothing borrowed; {gpu}"
+        );
+        // The controller's own words and numbers (admission::quota).
+        assert_eq!(
+            q["message"],
+            "the new cluster does not fit the quota of ClusterQueue inference in cohort gpus \
+             (LocalQueue team-inference): nvidia.com/gpu 8 needed, 4 left in flavor a100 \
+             (0 of it borrowable from the cohort)"
+        );
+        let o = run_fit(&state, &elastic, "text");
+        assert!(
+            o.text.contains(
+                "Quota:        NO: would wait in WaitingForQuota (quota: nvidia.com/gpu 8 > 4 left)"
+            ) && o.text.contains(
+                "\nFits:         NO\nWhy:          the quota (see Quota:); the nodes: every new pod"
+            ),
+            "{}",
+            o.text
+        );
+
+        // Without the other plan's reservation: 8 left, it fits.
+        let freed = kueue
+            .replace("embed-0a1b2c3d4e5f-quota", "embed-quota")
+            .replace(
+                "raygate.io/reservation: quota",
+                "raygate.io/reservation: none",
+            );
+        let o = run_fit(&state_with(dir.path(), &freed), &elastic, "json");
+        let v: serde_json::Value = serde_json::from_str(&o.text).unwrap();
+        assert!(o.fits, "{v}");
+        assert_eq!(
+            (&v["fits"], &v["quota"]["fits"]),
+            (&true.into(), &true.into())
+        );
+        assert!(v["quota"].get("waitingFor").is_none(), "{v}");
+
+        // Not elastic: held as the controller holds it (KueueWouldSuspend),
+        // whatever the quota.
+        let o = run_fit(&state, &kueue_service(dir.path(), false), "text");
+        assert!(o.held, "{}", o.text);
+        assert!(
+            o.text.contains("Held:         KueueWouldSuspend:"),
+            "{}",
+            o.text
+        );
+
+        // The LocalQueue missing: quota unknown, as the controller waits.
+        let lost = kueue.replace("name: team-inference\n", "name: other\n");
+        let o = run_fit(&state_with(dir.path(), &lost), &elastic, "json");
+        let v: serde_json::Value = serde_json::from_str(&o.text).unwrap();
+        assert!(!o.fits);
+        assert_eq!(v["quota"]["waitingFor"], "quota unknown", "{v}");
+        assert!(
+            v["quota"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("LocalQueue inference/team-inference not found"),
+            "{v}"
+        );
+
+        // No Kueue objects in the state: not checked, the nodes decide.
+        let o = run_fit(&fixture("state-fits.yaml"), &elastic, "json");
+        let v: serde_json::Value = serde_json::from_str(&o.text).unwrap();
+        assert!(o.fits, "{v}");
+        assert_eq!(v["quota"]["fits"], serde_json::Value::Null, "{v}");
+        assert!(
+            v["quota"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("not checked")
+        );
+        // A RayService Kueue does not manage: no quota at all.
+        let o = run_fit(&state, &fixture("rayservice-llm-image-bump.yaml"), "json");
+        let v: serde_json::Value = serde_json::from_str(&o.text).unwrap();
+        assert!(
+            v.get("quota").is_none() && v.get("nodesFit").is_none(),
+            "{v}"
+        );
     }
 
     #[test]

@@ -102,6 +102,10 @@ pub struct FitArgs {
     /// Cluster state: the v1 List `kubectl get nodes,pods,limitranges,runtimeclasses -A -o yaml` prints.
     /// On a cluster with Dynamic Resource Allocation add
     /// `resourceslices,deviceclasses,resourceclaims,resourceclaimtemplates` to the kinds.
+    /// For a RayService Kueue manages (label kueue.x-k8s.io/queue-name) add
+    /// `clusterqueues.v1beta2.kueue.x-k8s.io,localqueues.v1beta2.kueue.x-k8s.io,workloads.v1beta2.kueue.x-k8s.io`:
+    /// its ClusterQueue's quota is then decided as the controller with --kueue decides it
+    /// (`fits` is the nodes' and the quota's; `quota` has the numbers; docs/kueue.md).
     /// Without it, the state is read from the cluster.
     #[arg(long, value_name = "FILE")]
     pub state: Option<PathBuf>,

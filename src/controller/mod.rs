@@ -11,6 +11,7 @@ pub mod cache;
 pub mod coalesce;
 pub mod gate;
 pub mod govern;
+pub mod kueue_probe;
 pub mod latency;
 pub mod lists;
 pub mod observe;
@@ -75,8 +76,9 @@ pub struct Settings {
     /// `--batch-window`: how long the wake-ups of a plan are gathered before
     /// it is reconciled (see [`coalesce`]).
     pub batch_window: Duration,
-    /// `--kueue`: Kueue quota is a dimension of Kueue-managed RayServices'
-    /// admissions, reserved with raygate's Workloads ([`reservations`]).
+    /// Kueue quota is a dimension of Kueue-managed RayServices' admissions,
+    /// reserved with raygate's Workloads ([`reservations`]): `--kueue`, as
+    /// decided at start-up ([`crate::kueue::probe::decide`]).
     pub kueue: bool,
     /// `--initial-lists`, resolved at start-up ([`lists::probe`]): how every
     /// cache fetches its initial state.
@@ -276,9 +278,12 @@ struct Caches {
 
 impl Caches {
     /// Waits until every cache has listed once; the stores to decide on.
+    /// `kueue_missing`: the start-up probe found Kueue's API or access
+    /// missing (`--kueue=true`): its caches are not waited for.
     async fn synced(
         self,
         plans: Store<UpgradePlan>,
+        kueue_missing: bool,
     ) -> Result<(Stores, buffers::Shell, reservations::Shell)> {
         for (what, ready) in [
             (
@@ -307,7 +312,9 @@ impl Caches {
             }
         }
         self.buffers.wait_ready().await;
-        self.reservations.wait_ready().await;
+        if !kueue_missing {
+            self.reservations.wait_ready().await;
+        }
         let stores = Stores {
             plans,
             services: self.services,
@@ -543,9 +550,20 @@ pub async fn run(
     let caches = spawn_caches(&watch, &settings, &plans, &causes, tx);
     let wakeups = coalesce::coalesce(rx, settings.batch_window);
     info!("waiting for caches to sync");
-    let (stores, buffers, reservations) = caches.synced(plans).await?;
+    let (stores, buffers, reservations) = caches.synced(plans, health.is_kueue_missing()).await?;
     info!("caches synced");
     health.set_ready(true);
+    if health.is_kueue_missing() {
+        // `--kueue=true` without what it needs at start-up: not ready
+        // until the Kueue caches sync (Kueue installed, access granted).
+        let (synced, health) = (reservations.synced(), health.clone());
+        tokio::spawn(async move {
+            if synced.await {
+                info!("Kueue caches synced: Kueue support ready (--kueue=true)");
+                health.set_kueue_missing(false);
+            }
+        });
+    }
 
     let ctx = Arc::new(Context::new(
         client,

@@ -30,9 +30,8 @@ use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
 use super::{Context, cache, gate, guarded, spawn_cache};
-use crate::admission::quota::{QueueQuota, QuotaFacts};
+use crate::admission::quota::QuotaFacts;
 use crate::admission::{Decision, Inputs};
-use crate::capacity::ResourceList;
 use crate::kueue::reservation::{self, LABEL_FINGERPRINT, LABEL_PLAN_UID, Owner, SELECTOR};
 use crate::kueue::types::{ClusterQueue, LocalQueue, Workload};
 use crate::leader::Fence;
@@ -176,6 +175,25 @@ impl Shell {
         }
     }
 
+    /// Resolves once every Kueue cache has synced (never without
+    /// `--kueue`); the watches retry on their own, so Kueue installed or
+    /// access granted after start-up ends it.
+    pub fn synced(&self) -> impl std::future::Future<Output = bool> + Send + 'static {
+        let stores = (
+            self.cluster_queues.clone(),
+            self.local_queues.clone(),
+            self.workloads.clone(),
+        );
+        async move {
+            let (Some(c), Some(l), Some(w)) = stores else {
+                return false;
+            };
+            c.wait_until_ready().await.is_ok()
+                && l.wait_until_ready().await.is_ok()
+                && w.wait_until_ready().await.is_ok()
+        }
+    }
+
     fn workloads(&self) -> Vec<Arc<Workload>> {
         self.workloads.iter().flat_map(|s| s.state()).collect()
     }
@@ -222,71 +240,17 @@ pub fn facts(ctx: &Context, inputs: &Inputs<'_>) -> Option<QuotaFacts> {
             .to_string(),
         granted: w.quota_granted(),
     });
-    let queue = (|| {
-        let cq_name = shell
-            .cluster_queue_of(&ns, managed.queue.as_str())
-            .ok_or_else(|| {
-                format!(
-                    "LocalQueue {ns}/{} not found (or it names no ClusterQueue)",
-                    managed.queue
-                )
-            })?;
-        let all: Vec<ClusterQueue> = cqs.state().iter().map(|c| c.as_ref().clone()).collect();
-        let cq = all
-            .iter()
-            .find(|c| c.metadata.name.as_deref() == Some(cq_name.as_str()))
-            .cloned()
-            .ok_or_else(|| format!("ClusterQueue {cq_name} not found"))?;
-        // Other plans' reservations in this ClusterQueue Kueue has not
-        // admitted yet: not in its status, but raygate means to take them.
-        let mut uncounted = ResourceList::new();
-        for w in shell.workloads() {
-            let wns = w.namespace().unwrap_or_default();
-            let same = w
-                .spec
-                .queue_name
-                .as_deref()
-                .and_then(|q| shell.cluster_queue_of(&wns, q))
-                .as_deref()
-                == Some(cq_name.as_str());
-            if !same
-                || w.quota_granted()
-                || label(&w.metadata, LABEL_PLAN_UID) == Some(&reservation::label_value(&uid))
-            {
-                continue;
-            }
-            for ps in &w.spec.pod_sets {
-                add_requests(&mut uncounted, ps);
-            }
-        }
-        Ok(QueueQuota {
-            cluster_queue: cq,
-            all,
-            uncounted,
-        })
-    })();
+    let all: Vec<ClusterQueue> = cqs.state().iter().map(|c| c.as_ref().clone()).collect();
+    let workloads = shell.workloads();
+    let queue = crate::admission::quota::queue_quota(
+        &ns,
+        &managed.queue,
+        |ns, q| shell.cluster_queue_of(ns, q),
+        all,
+        workloads.iter().map(AsRef::as_ref),
+        Some(&uid),
+    );
     Some(QuotaFacts { queue, reservation })
-}
-
-/// Adds a pod set's requests (per pod, times its count) to `list`.
-fn add_requests(list: &mut ResourceList, ps: &crate::kueue::types::PodSet) {
-    let Some(spec) = &ps.template.spec else {
-        return;
-    };
-    let pod = k8s_openapi::api::core::v1::Pod {
-        spec: Some(spec.clone()),
-        ..Default::default()
-    };
-    let Ok(req) = crate::capacity::requests::pod_requests(&pod, &[]) else {
-        return;
-    };
-    let count = i128::from(ps.count.max(0));
-    for (k, q) in req {
-        let total =
-            crate::quantity::Quantity::from_nanos(q.as_nanos().saturating_mul(count), q.format());
-        let e = list.entry(k).or_default();
-        *e = e.saturating_add(&total);
-    }
 }
 
 /// The reservation the decision wants, built; `None`: none (or it cannot

@@ -410,6 +410,7 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
             notes: &notes,
             holds: holds.as_deref(),
             decision: decision.as_ref(),
+            quota_from_state: false,
         },
     )
 }
@@ -516,7 +517,7 @@ async fn live_quota(
     plan: &UpgradePlan,
     live: &RayService,
 ) -> Option<crate::admission::quota::QuotaFacts> {
-    use crate::admission::quota::{QueueQuota, QuotaFacts};
+    use crate::admission::quota::QuotaFacts;
     use crate::kueue::types::{ClusterQueue, LocalQueue, Workload};
     let managed = crate::kueue::Managed::of(&live.metadata)?;
     let ns = plan.namespace().unwrap_or_default();
@@ -553,25 +554,54 @@ async fn live_quota(
         let lq = lq
             .map_err(|e| format!("reading LocalQueue {ns}/{}: {e}", managed.queue))?
             .ok_or_else(|| format!("LocalQueue {ns}/{} not found", managed.queue))?;
-        let cq_name = lq
-            .spec
-            .cluster_queue
-            .ok_or_else(|| format!("LocalQueue {ns}/{} names no ClusterQueue", managed.queue))?;
         let all = Api::<ClusterQueue>::all(client.clone())
             .list(&ListParams::default())
             .await
             .map_err(|e| format!("listing ClusterQueues: {e}"))?
             .items;
-        let cq = all
+        // raygate's reservations of other plans, as the controller counts
+        // them (cluster-wide when the user may list them, else this
+        // namespace's), with the LocalQueues they name.
+        let selector = ListParams::default().labels(crate::kueue::reservation::SELECTOR);
+        let reservations = match Api::<Workload>::all(client.clone()).list(&selector).await {
+            Ok(l) => l.items,
+            Err(_) => Api::<Workload>::namespaced(client.clone(), &ns)
+                .list(&selector)
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default(),
+        };
+        let mut queues = vec![lq];
+        let namespaces: std::collections::BTreeSet<String> = reservations
             .iter()
-            .find(|c| c.metadata.name.as_deref() == Some(cq_name.as_str()))
-            .cloned()
-            .ok_or_else(|| format!("ClusterQueue {cq_name} not found"))?;
-        Ok(QueueQuota {
-            cluster_queue: cq,
+            .filter_map(|w| w.metadata.namespace.clone())
+            .filter(|n| *n != ns)
+            .collect();
+        for other in namespaces {
+            if let Ok(l) = Api::<LocalQueue>::namespaced(client.clone(), &other)
+                .list(&ListParams::default())
+                .await
+            {
+                queues.extend(l.items);
+            }
+        }
+        let cluster_queue_of = |qns: &str, q: &str| {
+            queues
+                .iter()
+                .find(|l| {
+                    l.metadata.name.as_deref() == Some(q)
+                        && l.metadata.namespace.as_deref().unwrap_or(ns.as_str()) == qns
+                })
+                .and_then(|l| l.spec.cluster_queue.clone())
+        };
+        crate::admission::quota::queue_quota(
+            &ns,
+            &managed.queue,
+            cluster_queue_of,
             all,
-            uncounted: Default::default(),
-        })
+            &reservations,
+            plan.metadata.uid.as_deref(),
+        )
     }
     .await;
     Some(QuotaFacts { queue, reservation })
@@ -751,6 +781,8 @@ async fn live_state(client: &Client) -> Result<ClusterState> {
         runtime_classes,
         strings,
         dra,
+        // Live, the quota is the controller's decision's (`decide_live`).
+        kueue: Default::default(),
         warnings,
     })
 }

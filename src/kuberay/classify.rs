@@ -174,6 +174,61 @@ pub fn fingerprint(v: &Value) -> String {
     hex[..12].to_string()
 }
 
+/// The fingerprint that names a change: [`fingerprint`] of the muted cluster
+/// spec without its top-level `suspend`. The one derivation for both a
+/// RayService's `rayClusterConfig` and a RayCluster's own spec.
+///
+/// `suspend` is left out for every KubeRay release (not only v1.7.0+, which
+/// mutes it for its hash) because a suspension is not a new cluster: Kueue
+/// flips it on a managed RayService for a moment (e.g. while it re-derives
+/// its Workload) and KubeRay copies it to the pending cluster, so counting it
+/// made raygate read "another change" mid-transition (a false
+/// `AdmissionMismatch`, measured with Kueue v0.19.0). Suspension is reported
+/// by its own rules ([`Classification::outage`], phase `Suspended`), and the
+/// verdict still compares the muted forms with `suspend` as KubeRay does.
+///
+/// Likewise the annotations Kueue writes into the pod templates of an
+/// elastic RayService it admits ([`KUEUE_TEMPLATE_ANNOTATIONS`]): they name
+/// Kueue's current Workload, which raygate's own refresh of that Workload
+/// renames mid-transition (measured: a false `Batching` of "another change"
+/// in `headGroupSpec.template.metadata` at the refresh). Only those keys:
+/// annotations a user sets (e.g. a topology request) still count.
+pub fn change_fingerprint(muted: &Value) -> String {
+    let mut v = muted.clone();
+    if let Value::Object(m) = &mut v {
+        m.remove("suspend");
+    }
+    let mut templates: Vec<&mut Value> = Vec::new();
+    let Value::Object(m) = &mut v else {
+        return fingerprint(&v);
+    };
+    for (k, x) in m.iter_mut() {
+        match (k.as_str(), x) {
+            ("headGroupSpec", g) => templates.extend(g.get_mut("template")),
+            ("workerGroupSpecs", Value::Array(groups)) => {
+                templates.extend(groups.iter_mut().filter_map(|g| g.get_mut("template")))
+            }
+            _ => {}
+        }
+    }
+    for t in templates {
+        if let Some(Value::Object(a)) = t.pointer_mut("/metadata/annotations") {
+            for key in KUEUE_TEMPLATE_ANNOTATIONS {
+                a.remove(key);
+            }
+        }
+    }
+    fingerprint(&v)
+}
+
+/// The pod-template annotations Kueue v0.19 owns on a RayService it admits
+/// (`kueue.WorkloadAnnotation`, `kueue.WorkloadSliceNameAnnotation`; its
+/// `podset.Merge` overwrites them for elastic jobs).
+pub const KUEUE_TEMPLATE_ANNOTATIONS: [&str; 2] = [
+    "kueue.x-k8s.io/workload",
+    "kueue.x-k8s.io/workload-slice-name",
+];
+
 fn truncate_groups(v: &Value, n: usize) -> Value {
     let mut v = v.clone();
     if let Some(Value::Array(groups)) = v.get_mut("workerGroupSpecs") {
@@ -751,7 +806,7 @@ fn classification(
         upgrade_strategy: s.given,
         zero_downtime: s.zero_downtime,
         incremental: decision.incremental,
-        fingerprint: fingerprint(&d.new.muted),
+        fingerprint: change_fingerprint(&d.new.muted),
         reason: decision.reason,
         outage: decision.outage,
     }
@@ -1566,6 +1621,61 @@ mod tests {
         let c = run(Triggering::Nothing);
         assert!(c.triggering_paths.is_empty());
         assert_eq!(c.fingerprint, fingerprint(&json!({})));
+    }
+
+    #[test]
+    fn the_change_fingerprint_leaves_suspend_out_for_every_release() {
+        // Regression: Kueue's transient `suspend: true` on a managed
+        // RayService made its change look like another one (AdmissionMismatch).
+        let suspended = |on: bool| {
+            edit(&svc(), |v| {
+                v["spec"]["rayClusterConfig"]["suspend"] = json!(on)
+            })
+        };
+        for v in KubeRayVersion::supported() {
+            let base = classify(&OldSide::RayService(&svc()), &svc(), *v).unwrap();
+            for on in [true, false] {
+                let c = classify(&OldSide::RayService(&svc()), &suspended(on), *v).unwrap();
+                assert_eq!(c.fingerprint, base.fingerprint, "suspend {on} @ {v}");
+            }
+            // Suspend together with an image bump: the image bump's fingerprint.
+            let bumped = edit(&svc(), bump_image);
+            let both = edit(&bumped, |x| {
+                x["spec"]["rayClusterConfig"]["suspend"] = json!(true)
+            });
+            let a = classify(&OldSide::RayService(&svc()), &bumped, *v).unwrap();
+            let b = classify(&OldSide::RayService(&svc()), &both, *v).unwrap();
+            assert_eq!(a.fingerprint, b.fingerprint, "image + suspend @ {v}");
+            assert_ne!(a.fingerprint, base.fingerprint, "image @ {v}");
+        }
+        // Kueue's Workload annotations on the pod templates (renamed when
+        // raygate has Kueue derive the Workload again) are no change either;
+        // a user's annotation is.
+        let annotated = |wl: &str, user: Option<&str>| {
+            let mut a = json!({"kueue.x-k8s.io/workload": wl,
+                "kueue.x-k8s.io/workload-slice-name": wl});
+            if let Some(u) = user {
+                a["kueue.x-k8s.io/podset-required-topology"] = json!(u);
+            }
+            json!({"headGroupSpec": {"template": {"metadata": {"annotations": a.clone()}}},
+                "workerGroupSpecs": [{"groupName": "g", "template": {"metadata": {"annotations": a}}}]})
+        };
+        assert_eq!(
+            change_fingerprint(&annotated("rayservice-llm-1", None)),
+            change_fingerprint(&annotated("rayservice-llm-2", None))
+        );
+        assert_ne!(
+            change_fingerprint(&annotated("rayservice-llm-1", Some("rack"))),
+            change_fingerprint(&annotated("rayservice-llm-1", Some("zone")))
+        );
+        // Only the top-level field: a nested `suspend` (a worker group's) counts.
+        let nested = json!({"workerGroupSpecs": [{"groupName": "g", "suspend": true}]});
+        let unset = json!({"workerGroupSpecs": [{"groupName": "g"}]});
+        assert_ne!(change_fingerprint(&nested), change_fingerprint(&unset));
+        assert_eq!(
+            change_fingerprint(&json!({"suspend": true, "a": 1})),
+            fingerprint(&json!({"a": 1}))
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@
 //!   `workloadslicing.Enabled`, feature gate `ElasticJobsViaWorkloadSlices`,
 //!   beta and on by default).
 
+pub mod probe;
 pub mod quota;
 pub mod reservation;
 pub mod types;
@@ -95,6 +96,59 @@ impl Managed {
             "Kueue v0.19 turns a rayClusterConfig change into a suspension (spec.rayClusterConfig.suspend: true), \
              which KubeRay applies in place to the serving cluster: an outage"
         }
+    }
+}
+
+/// Kueue's objects given in a cluster state (`raygate fit --state`), as the
+/// controller's caches hold them with `--kueue`: every ClusterQueue and
+/// LocalQueue, and raygate's own reservation Workloads (other Workloads are
+/// already counted in their ClusterQueue's status).
+#[derive(Clone, Debug, Default)]
+pub struct KueueObjects {
+    pub cluster_queues: Vec<types::ClusterQueue>,
+    pub local_queues: Vec<types::LocalQueue>,
+    pub reservations: Vec<types::Workload>,
+}
+
+impl KueueObjects {
+    /// No ClusterQueue or LocalQueue was given: the quota cannot be checked.
+    pub fn is_empty(&self) -> bool {
+        self.cluster_queues.is_empty() && self.local_queues.is_empty()
+    }
+
+    /// The ClusterQueue LocalQueue `ns/queue` points at.
+    pub fn cluster_queue_of(&self, ns: &str, queue: &str) -> Option<String> {
+        self.local_queues
+            .iter()
+            .find(|l| {
+                l.metadata.name.as_deref() == Some(queue)
+                    && l.metadata.namespace.as_deref().unwrap_or("default") == ns
+            })?
+            .spec
+            .cluster_queue
+            .clone()
+    }
+
+    /// Adds a `kueue.x-k8s.io/v1beta2` object of `kind`; a Workload only
+    /// when it is raygate's reservation. `Ok(false)`: not a kind kept here.
+    pub fn add(&mut self, kind: &str, value: serde_json::Value) -> serde_json::Result<bool> {
+        match kind {
+            "ClusterQueue" => self.cluster_queues.push(serde_json::from_value(value)?),
+            "LocalQueue" => self.local_queues.push(serde_json::from_value(value)?),
+            "Workload" => {
+                let w: types::Workload = serde_json::from_value(value)?;
+                let labels = w.metadata.labels.clone().unwrap_or_default();
+                let ours = reservation::SELECTOR.split(',').all(|kv| {
+                    kv.split_once('=')
+                        .is_some_and(|(k, v)| labels.get(k).map(String::as_str) == Some(v))
+                });
+                if ours {
+                    self.reservations.push(w);
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
     }
 }
 
