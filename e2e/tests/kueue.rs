@@ -2178,7 +2178,11 @@ fn quota_gpus(plan: &Value) -> (String, String, String) {
 /// Workloads, its guaranteed 8 and the lendable 8. The change is held `WaitingForQuota` with
 /// 0 left, as Kueue reports the cohort (team-b 16 reserved); when team B's second Workload
 /// goes, raygate's reservation borrows the 8 (`left` = `borrowable` = 8 in status.quota,
-/// Kueue's team-a: 16 reserved, 8 borrowed) and the upgrade completes. Then nothing of
+/// Kueue's team-a: 16 reserved, 8 borrowed) and the upgrade completes — after a stop: the
+/// LocalQueue put on hold (`stopPolicy: Hold`) before raygate has Kueue derive the service's
+/// Workload again, so Kueue cannot admit the new one: the new cluster stays suspended (its
+/// pods deleted), the old one serves on, raygate says `Upgrading`; the hold lifted, Kueue
+/// admits it and the switch completes. Then nothing of
 /// raygate's is left in Kueue after the completion; after a change withdrawn while its
 /// reservation exists (LocalQueue `stopPolicy: Hold` keeps Kueue from admitting it; the spec
 /// reverted); and after `raygate release` with raygate stopped and a reservation pending.
@@ -2236,6 +2240,27 @@ async fn two_teams_in_a_cohort_and_nothing_of_raygates_left_in_kueue() {
     })
     .await;
     let borrowed = wait_cq_gpus(&e.client, "team-a", 16, 8).await;
+    // Kueue cannot admit the service's Workload once raygate has it derived again (path B):
+    // LocalQueue team on hold before raygate's refresh (10 s after the admission).
+    or_panic(stop_policy(&e, LOCAL_QUEUE, "Hold").await);
+    rec.mark("LocalQueue team on hold before raygate's refresh");
+    let blocked = wait_sample(
+        &rec,
+        "the re-derived Workload pending, the new cluster suspended",
+        T,
+        |s| {
+            s.workloads
+                .iter()
+                .any(|(n, w)| n.starts_with("rayservice-") && !w.contains("Admitted"))
+                && s.clusters
+                    .get(&s.pending)
+                    .is_some_and(|c| c.contains("state=\"suspended\""))
+        },
+    )
+    .await;
+    let blocked_plan = get(&plan_api(&e), "llm").await;
+    or_panic(stop_policy(&e, LOCAL_QUEUE, "None").await);
+    rec.mark("LocalQueue team back to None");
     let completed = wait_plan(&e, "Completed", |p| {
         str_at(p, &["status", "phase"]) == "Completed"
     })
@@ -2313,6 +2338,18 @@ async fn two_teams_in_a_cohort_and_nothing_of_raygates_left_in_kueue() {
         (16, 8),
         "Kueue: team-a borrows the 8: {}",
         borrowed["status"]
+    );
+    let blocked = or_panic(blocked);
+    assert_eq!(
+        blocked.active, old,
+        "blocked: the old cluster serves on: {blocked:?}"
+    );
+    let blocked_plan = or_panic(blocked_plan);
+    assert_eq!(
+        str_at(&blocked_plan, &["status", "phase"]),
+        "Upgrading",
+        "{}",
+        blocked_plan["status"]
     );
     or_panic(completed.map(|_| ()));
     or_panic(after_completion);
