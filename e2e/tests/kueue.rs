@@ -13,6 +13,10 @@
 //! The cases hold raygate's gate the way raygate writes it (server-side apply, field manager
 //! `raygate`) or leave KubeRay's default strategy, instead of running raygate: they check what
 //! Kueue and KubeRay do, which must not move when raygate's own Kueue handling changes.
+//! The last tests run raygate itself with `--kueue`: held for quota, admitted when a batch
+//! Job in the ClusterQueue finishes or a cohort member's quota frees, its reservation kept
+//! across a restart and never left behind (completion, withdrawal, `raygate release`), with
+//! the invariants checked at every sample ([`assert_invariants`]).
 //!
 //! A [`Recorder`] samples the RayService, the Workloads, the RayClusters, their pods, the
 //! ClusterQueue's usage and the Events every 250 ms and keeps each change with its time; the
