@@ -2129,6 +2129,26 @@ async fn raygate_admits_when_a_job_finishes_and_a_restart_keeps_its_reservation(
         "the held change completed: {}",
         done["status"]
     );
+    // Admitted at most once: the restarted raygate tracked the admission it found (an Event
+    // repeated with the same message is counted in `count`; the kill may land between the
+    // status write and the Event, so there may be none).
+    let events: Api<Event> = Api::namespaced(e.client.clone(), &e.ns);
+    let admissions: i32 = events
+        .list(&ListParams::default())
+        .await
+        .expect("Events")
+        .items
+        .iter()
+        .filter(|ev| {
+            ev.involved_object.kind.as_deref() == Some("RayService")
+                && ev.reason.as_deref() == Some("Admitted")
+        })
+        .map(|ev| ev.count.unwrap_or(1))
+        .sum();
+    assert!(
+        admissions <= 1,
+        "admitted {admissions} times across the restart"
+    );
     assert_invariants(&samples, "team", 16);
     assert!(
         samples
