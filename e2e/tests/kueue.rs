@@ -2375,10 +2375,21 @@ async fn raygate_admits_when_a_job_finishes_and_a_restart_keeps_its_reservation(
     // repeated with the same message is counted in `count`; the kill may land between the
     // status write and the Event, so there may be none).
     let events: Api<Event> = Api::namespaced(e.client.clone(), &e.ns);
-    let admissions: i32 = events
-        .list(&ListParams::default())
-        .await
-        .expect("Events")
+    let listed = events.list(&ListParams::default()).await.expect("Events");
+    // Kueue's stop and restart at raygate's refresh of the service's Workload rewrite the pod
+    // templates' kueue.x-k8s.io/workload(-slice-name) annotations and suspend: the admitted
+    // change, not another one made during the transition, nor a mismatch.
+    let false_news: Vec<String> = listed
+        .items
+        .iter()
+        .filter(|ev| matches!(ev.reason.as_deref(), Some("Batching" | "AdmissionMismatch")))
+        .map(|ev| format!("{:?}: {:?}", ev.reason, ev.message))
+        .collect();
+    assert!(
+        false_news.is_empty(),
+        "no Batching or AdmissionMismatch Event at the refresh: {false_news:?}"
+    );
+    let admissions: i32 = listed
         .items
         .iter()
         .filter(|ev| {

@@ -617,3 +617,125 @@ fn kueues_transient_suspend_during_the_workload_refresh_is_no_admission_mismatch
         assert_eq!(d.status.phase, Phase::Upgrading, "suspend {suspended}");
     }
 }
+
+#[test]
+fn kueues_template_rewrite_at_the_workload_refresh_is_no_change_made_during_the_transition() {
+    // Measured with Kueue v0.19.0 (raygate's refresh of the elastic
+    // service's Workload, path B): Kueue's stop and restart rewrote the pod
+    // templates' `kueue.x-k8s.io/workload` and `…/workload-slice-name` (and
+    // `suspend`) on the RayService; against the pending cluster, built
+    // before, raygate read a change "made while the transition runs" (a
+    // false Batching Event). It is the admitted change: no Event.
+    let writes = |v: &mut Value, wl: &str| {
+        for ptr in [
+            "/spec/rayClusterConfig/headGroupSpec/template",
+            "/spec/rayClusterConfig/workerGroupSpecs/0/template",
+        ] {
+            let t = v.pointer_mut(ptr).unwrap();
+            t["metadata"]["annotations"]["kueue.x-k8s.io/workload"] = json!(wl);
+            t["metadata"]["annotations"]["kueue.x-k8s.io/workload-slice-name"] = json!(wl);
+            t["metadata"]["labels"]["kueue.x-k8s.io/podset"] = json!("p");
+        }
+    };
+    let admitted_svc = service(|v| {
+        kueue(v, true);
+        worker_image(v);
+        writes(v, "rayservice-llm-1a2b3");
+    });
+    let d = decide_on(&plan(None), &admitted_svc, &active(|_| {}));
+    let fp = d
+        .status
+        .pending_change
+        .as_ref()
+        .unwrap()
+        .fingerprint
+        .clone();
+    let status = UpgradePlanStatus {
+        phase: Phase::Upgrading,
+        ray_service_uid: Some("3f8a2c1e-5b7d-4c1a-9e0f-2d6b8a4c7e91".into()),
+        admitted: Some(crate::upgradeplan::Admission {
+            fingerprint: fp.clone(),
+            admitted_time: now() - jiff::SignedDuration::from_secs(20),
+            from_cluster: Some("llm-7x9kq".into()),
+            to_cluster: Some("llm-next1".into()),
+            surge: vec![],
+        }),
+        ..Default::default()
+    };
+    // KubeRay's pending cluster: the spec as admitted (the old Workload's names).
+    let mut pending = serde_json::to_value(active(|_| {})).unwrap();
+    pending["metadata"]["name"] = json!("llm-next1");
+    pending["spec"] = serde_json::to_value(&admitted_svc.spec.ray_cluster_config).unwrap();
+    let pending: RayCluster = serde_json::from_value(pending).unwrap();
+    // Kueue's stop (templates restored, suspended), then its restart (the
+    // re-derived Workload's names).
+    let stopped = |v: &mut Value| {
+        // Kueue's restore puts back the Workload's templates: the user's
+        // own metadata, without Kueue's.
+        let original: Value = serde_saphyr::from_str(SVC).unwrap();
+        for ptr in [
+            "/spec/rayClusterConfig/headGroupSpec/template/metadata",
+            "/spec/rayClusterConfig/workerGroupSpecs/0/template/metadata",
+        ] {
+            *v.pointer_mut(ptr).unwrap() =
+                original.pointer(ptr).cloned().unwrap_or_else(|| json!({}));
+        }
+        suspend(v);
+    };
+    let restarted = |v: &mut Value| writes(v, "rayservice-llm-9z8y7");
+    for (what, edit) in [
+        ("stopped", &stopped as &dyn Fn(&mut Value)),
+        ("restarted", &restarted),
+    ] {
+        let svc = service(|v| {
+            kueue(v, true);
+            worker_image(v);
+            writes(v, "rayservice-llm-1a2b3");
+            edit(v);
+            v["status"]["pendingServiceStatus"] = json!({"rayClusterName": "llm-next1"});
+            v["status"]["conditions"] = json!([{"type": "UpgradeInProgress", "status": "True",
+                "reason": "r", "message": "", "lastTransitionTime": "2026-12-07T05:00:00Z"}]);
+        });
+        let rc = active(|_| {});
+        let st = state();
+        let alone = fit::Alone(&st);
+        let release = Release::assumed(KubeRayVersion::parse("1.6.2").unwrap());
+        let clusters = [
+            ClusterObject {
+                name: "llm-7x9kq".into(),
+                cluster: Ok(&rc),
+            },
+            ClusterObject {
+                name: "llm-next1".into(),
+                cluster: Ok(&pending),
+            },
+        ];
+        let p = plan(Some(status.clone()));
+        let inp = inputs(
+            &p,
+            &release,
+            now(),
+            false,
+            &alone,
+            Ok(&svc),
+            &clusters,
+            BTreeMap::new(),
+        );
+        let d = decide(&inp);
+        assert!(
+            d.events
+                .iter()
+                .all(|e| e.reason != EventReason::Batching
+                    && e.reason != EventReason::AdmissionMismatch),
+            "{what}: {:?}",
+            d.events
+        );
+        assert_eq!(d.status.batch, None, "{what}");
+        assert_eq!(d.status.phase, Phase::Upgrading, "{what}");
+        assert_eq!(
+            d.status.admitted.as_ref().map(|a| a.fingerprint.as_str()),
+            Some(fp.as_str()),
+            "{what}"
+        );
+    }
+}
