@@ -2416,6 +2416,24 @@ async fn raygate_admits_when_a_job_finishes_and_a_restart_keeps_its_reservation(
     );
 }
 
+/// (type, message) of the Events of `reason` on UpgradePlans in the test's namespace (raygate
+/// records each on the plan and on its RayService).
+async fn events_of(e: &Env, reason: &str) -> Vec<(String, String)> {
+    let events: Api<Event> = Api::namespaced(e.client.clone(), &e.ns);
+    events
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|ev| {
+            ev.reason.as_deref() == Some(reason)
+                && ev.involved_object.kind.as_deref() == Some("UpgradePlan")
+        })
+        .map(|ev| (ev.type_.unwrap_or_default(), ev.message.unwrap_or_default()))
+        .collect()
+}
+
 /// LocalQueue `name`'s `spec.stopPolicy` (`Hold`: Kueue admits nothing new from it, what it
 /// admitted runs on; `None`).
 async fn stop_policy(e: &Env, name: &str, policy: &str) -> Result<()> {
@@ -2535,7 +2553,13 @@ async fn two_teams_in_a_cohort_and_nothing_of_raygates_left_in_kueue() {
         },
     )
     .await;
-    let blocked_plan = get(&plan_api(&e), "llm").await;
+    // raygate says what holds the new cluster: Kueue's pending Workload, in Kueue's words.
+    let blocked_plan = wait_plan(&e, "waiting for KueueWorkloadPending", |p| {
+        str_at(p, &["status", "waitingFor"]) == "KueueWorkloadPending"
+    })
+    .await;
+    let blocked_events: Vec<(String, String)> = events_of(&e, "KueueWorkloadPending").await;
+    rec.mark("raygate reports KueueWorkloadPending");
     or_panic(stop_policy(&e, LOCAL_QUEUE, "None").await);
     rec.mark("LocalQueue team back to None");
     let completed = wait_plan(&e, "Completed", |p| {
@@ -2628,6 +2652,28 @@ async fn two_teams_in_a_cohort_and_nothing_of_raygates_left_in_kueue() {
         "{}",
         blocked_plan["status"]
     );
+    let stalled = arr_at(&blocked_plan, &["status", "conditions"])
+        .iter()
+        .find(|c| str_at(c, &["type"]) == "Stalled")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (str_at(&stalled, &["status"]), str_at(&stalled, &["reason"])),
+        ("False", "KueueWorkloadPending"),
+        "{}",
+        blocked_plan["status"]
+    );
+    let kueue_said = str_at(&stalled, &["message"]);
+    assert!(
+        kueue_said.contains("Kueue has not admitted Workload rayservice-llm")
+            && kueue_said.contains("stays suspended"),
+        "{kueue_said}"
+    );
+    eprintln!("blocked refresh: Stalled=False KueueWorkloadPending: {kueue_said}");
+    assert!(
+        blocked_events.len() == 1 && blocked_events[0].0 == "Warning",
+        "one Warning Event KueueWorkloadPending: {blocked_events:?}"
+    );
     or_panic(completed.map(|_| ()));
     or_panic(after_completion);
     assert!(!new_active.is_empty() && new_active != old, "{new_active}");
@@ -2636,6 +2682,24 @@ async fn two_teams_in_a_cohort_and_nothing_of_raygates_left_in_kueue() {
         pending_plan["status"]["quota"]["reservation"]["granted"] != json!(true),
         "Kueue admits nothing from a LocalQueue on hold: {}",
         pending_plan["status"]
+    );
+    // The second change came right after the completion, while team-a's status may still count
+    // the deleted reservation (Kueue writes it ~1 s later): never read as "0 left".
+    let second = str_at(&pending_plan, &["status", "pendingChange", "fingerprint"]).to_string();
+    let events: Api<Event> = Api::namespaced(e.client.clone(), &e.ns);
+    let short: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .expect("Events")
+        .items
+        .into_iter()
+        .filter(|ev| ev.reason.as_deref() == Some("WaitingForQuota"))
+        .filter_map(|ev| ev.message)
+        .filter(|m| !second.is_empty() && m.contains(&second))
+        .collect();
+    assert!(
+        short.is_empty(),
+        "no WaitingForQuota Event for the change made after the completion: {short:?}"
     );
     or_panic(after_withdrawal);
     or_panic(idle.map(|_| ()));

@@ -360,11 +360,14 @@ pub enum EventReason {
     Batching,
     /// The batch was released to the gate ("3 changes, 1 recreation").
     BatchReleased,
+    /// Kueue has not admitted the RayService's re-derived Workload: the new
+    /// cluster stays suspended.
+    KueueWorkloadPending,
 }
 
 impl EventReason {
     /// Every reason, for tests that check the spellings.
-    pub const ALL: [EventReason; 37] = [
+    pub const ALL: [EventReason; 38] = [
         EventReason::GateOverridden,
         EventReason::KubeRayReleaseMismatch,
         EventReason::UnknownKubeRayRelease,
@@ -402,6 +405,7 @@ impl EventReason {
         EventReason::WaitingForQuota,
         EventReason::Batching,
         EventReason::BatchReleased,
+        EventReason::KueueWorkloadPending,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -443,6 +447,7 @@ impl EventReason {
             EventReason::WaitingForQuota => "WaitingForQuota",
             EventReason::Batching => "Batching",
             EventReason::BatchReleased => "BatchReleased",
+            EventReason::KueueWorkloadPending => "KueueWorkloadPending",
         }
     }
 }
