@@ -884,9 +884,13 @@ fn a_blocked_workload_refresh_is_reported_as_kueue_workload_pending_then_stalled
         ("True", "KueueWorkloadPending")
     );
     assert!(d.events.iter().any(|e| e.reason == EventReason::Stalled));
-    // Admitted, or no refresh done yet for this pending cluster: progressing.
+    // Admitted, not looked at by Kueue yet, or no refresh done yet for this
+    // pending cluster: progressing.
+    let fresh = quota::ServiceWorkload::of(&[wl("rayservice-llm-new", false, None)]).unwrap();
+    assert_eq!((fresh.admitted, fresh.why.as_deref()), (false, None));
     for (refreshed, w) in [
         (Some("llm-next1"), &admitted),
+        (Some("llm-next1"), &fresh),
         (None, &pending),
         (Some("llm-older"), &pending),
     ] {

@@ -98,7 +98,10 @@ impl ServiceWorkload {
 
 /// The RayService's Workload that Kueue has not admitted after raygate had
 /// it derived again for `pending` (the deletion done: the previous decision
-/// recorded it), so `pending` stays suspended. `None` otherwise.
+/// recorded it), so `pending` stays suspended, and has said why
+/// (`QuotaReserved=False`: a Workload Kueue has not looked at yet is new,
+/// not held; measured, Kueue admits one it can within 0.1 s). `None`
+/// otherwise.
 pub(super) fn blocked<'f>(
     prev: Option<&QuotaStatus>,
     facts: Option<&'f QuotaFacts>,
@@ -106,7 +109,7 @@ pub(super) fn blocked<'f>(
 ) -> Option<&'f ServiceWorkload> {
     let refreshed = prev.and_then(|q| q.workload_refreshed_for.as_deref()) == Some(pending);
     let w = facts?.service_workload.as_ref()?;
-    (refreshed && !w.admitted).then_some(w)
+    (refreshed && !w.admitted && w.why.is_some()).then_some(w)
 }
 
 /// A ClusterQueue and what else counts against it.

@@ -1045,7 +1045,7 @@ fn kueue_workload_pending(
     running_for: Duration,
     stall_after: Duration,
 ) {
-    let why = w.why.as_deref().unwrap_or("no reason given yet");
+    let why = w.why.as_deref().unwrap_or("Kueue gave no reason");
     let msg = format!(
         "new cluster {pending} stays suspended: Kueue has not admitted Workload {} of the RayService \
          ({why}); the serving cluster is untouched",
