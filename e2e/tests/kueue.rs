@@ -2670,9 +2670,13 @@ async fn two_teams_in_a_cohort_and_nothing_of_raygates_left_in_kueue() {
         "{kueue_said}"
     );
     eprintln!("blocked refresh: Stalled=False KueueWorkloadPending: {kueue_said}");
+    // In Kueue's words: QuotaReserved=False, "Inadmissible: LocalQueue team is inactive" (v0.19.0).
     assert!(
-        blocked_events.len() == 1 && blocked_events[0].0 == "Warning",
-        "one Warning Event KueueWorkloadPending: {blocked_events:?}"
+        blocked_events.len() == 1
+            && blocked_events[0].0 == "Warning"
+            && blocked_events[0].1.contains("LocalQueue team is")
+            && kueue_said.contains("LocalQueue team is"),
+        "one Warning Event KueueWorkloadPending with Kueue's reason: {blocked_events:?}"
     );
     or_panic(completed.map(|_| ()));
     or_panic(after_completion);
