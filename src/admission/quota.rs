@@ -44,7 +44,7 @@ pub struct QuotaFacts {
     /// raygate's reservation Workload of this plan, if one exists.
     pub reservation: Option<QuotaReservation>,
     /// Kueue's own Workload of the RayService, read once raygate has had
-    /// it derived again ([`refresh`]); `None` before, or when unread.
+    /// it derived again (`refresh`, path B); `None` before, or when unread.
     pub service_workload: Option<ServiceWorkload>,
 }
 

@@ -13,7 +13,11 @@
 //!    batch, [`super::batch::during_transition`]; an incremental upgrade's stays open
 //!    until the new cluster is promoted, as KubeRay moves traffic only under
 //!    that type), `Stalled` when [`super::stall`]
-//!    says so, `Completed` once the old cluster and its pods are gone.
+//!    says so, `Completed` once the old cluster and its pods are gone. A
+//!    Kueue-managed new cluster whose re-derived Workload Kueue does not admit
+//!    ([`super::quota::refresh`], path B) stays suspended: `Upgrading` waiting
+//!    for `KueueWorkloadPending` (Kueue's reason, a Warning Event), `Stalled`
+//!    after `stallAfter`.
 //! 3. A serving cluster that is suspended, or that `rayClusterConfig.suspend:
 //!    true` is about to suspend in place (KubeRay v1.5.2–v1.6.2), is
 //!    `Suspended` (condition `ServiceSuspended`, a Warning Event), never `Idle`:
