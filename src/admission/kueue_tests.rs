@@ -639,6 +639,9 @@ fn kueues_template_rewrite_at_the_workload_refresh_is_no_change_made_during_the_
             t["metadata"]["annotations"]["kueue.x-k8s.io/workload-slice-name"] = json!(wl);
             t["metadata"]["labels"]["kueue.x-k8s.io/podset"] = json!("p");
         }
+        // The ResourceFlavor's node labels, written at admission too.
+        v["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"]
+            ["pool.example/flavor"] = json!("a100");
     };
     let admitted_svc = service(|v| {
         kueue(v, true);
@@ -683,6 +686,9 @@ fn kueues_template_rewrite_at_the_workload_refresh_is_no_change_made_during_the_
             *v.pointer_mut(ptr).unwrap() =
                 original.pointer(ptr).cloned().unwrap_or_else(|| json!({}));
         }
+        // …and its nodeSelector: without the flavor's labels while stopped.
+        let ns = "/spec/rayClusterConfig/workerGroupSpecs/0/template/spec/nodeSelector";
+        *v.pointer_mut(ns).unwrap() = original.pointer(ns).cloned().unwrap();
         suspend(v);
     };
     let restarted = |v: &mut Value| writes(v, "rayservice-llm-9z8y7");

@@ -159,6 +159,11 @@ pub struct ServiceFacts {
     /// KubeRay's condition `UpgradeInProgress` is `True`: it applies nothing
     /// to the active cluster meanwhile (not even a suspension).
     pub upgrade_in_progress: bool,
+    /// Kueue has stopped the RayService (`rayClusterConfig.suspend: true` on
+    /// one it manages): its pod templates are then Kueue's restore of its
+    /// Workload's (without the flavor's node labels and tolerations, for
+    /// one), not a spec anyone wrote.
+    pub kueue_stopped: bool,
 }
 
 /// `rayClusterConfig.suspend` takes the serving cluster's pods away: never
