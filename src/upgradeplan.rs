@@ -644,6 +644,9 @@ pub mod condition {
         InsufficientQuota,
         /// Quota known, but the reservation Kueue must admit is not yet.
         QuotaPending,
+        // Stalled: Kueue has not admitted the RayService's re-derived
+        // Workload, so the new cluster stays suspended.
+        KueueWorkloadPending,
     }
 
     impl Reason {
@@ -687,6 +690,7 @@ pub mod condition {
                 Reason::QuotaFits => "QuotaFits",
                 Reason::InsufficientQuota => "InsufficientQuota",
                 Reason::QuotaPending => "QuotaPending",
+                Reason::KueueWorkloadPending => "KueueWorkloadPending",
             }
         }
     }

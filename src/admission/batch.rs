@@ -395,6 +395,13 @@ pub(super) fn during_transition(
         .batch
         .clone()
         .filter(|p| p.after_transition_to.is_some());
+    // While Kueue has the service stopped, its templates are Kueue's restore
+    // (e.g. without the flavor's node selector), not a change: nothing joins
+    // the next batch until Kueue starts it again.
+    if inp.service.as_ref().is_ok_and(|s| s.kueue_stopped) {
+        b.status.batch = prev;
+        return;
+    }
     let mut batch = observe(prev.as_ref(), &c.fingerprint, &c.triggering_paths, inp.now);
     batch.after_transition_to = Some(to.to_string());
     batch.release_time = None;

@@ -246,6 +246,7 @@ fn a_cluster_change_kueue_would_suspend_is_held_with_its_reason_and_one_warning(
             uncounted: Default::default(),
         }),
         reservation: None,
+        service_workload: None,
     };
     let d = decide_with_quota(&plan(None), &elastic, &active(|_| {}), Some(roomy));
     assert_eq!(d.status.waiting_for.as_deref(), Some("quota reservation"));
@@ -280,6 +281,7 @@ fn facts(
             uncounted: Default::default(),
         }),
         reservation,
+        service_workload: None,
     }
 }
 
@@ -413,6 +415,7 @@ fn a_kueue_managed_change_waits_for_quota_then_for_its_reservation_then_is_admit
     let unread = quota::QuotaFacts {
         queue: Err("LocalQueue ml/team-a not found".into()),
         reservation: None,
+        service_workload: None,
     };
     let d = decide_with_quota(&plan(None), &svc, &rc, Some(unread));
     assert_eq!(
@@ -615,5 +618,295 @@ fn kueues_transient_suspend_during_the_workload_refresh_is_no_admission_mismatch
             "suspend {suspended}"
         );
         assert_eq!(d.status.phase, Phase::Upgrading, "suspend {suspended}");
+    }
+}
+
+#[test]
+fn kueues_template_rewrite_at_the_workload_refresh_is_no_change_made_during_the_transition() {
+    // Measured with Kueue v0.19.0 (raygate's refresh of the elastic
+    // service's Workload, path B): Kueue's stop and restart rewrote the pod
+    // templates' `kueue.x-k8s.io/workload` and `…/workload-slice-name` (and
+    // `suspend`) on the RayService; against the pending cluster, built
+    // before, raygate read a change "made while the transition runs" (a
+    // false Batching Event). It is the admitted change: no Event.
+    let writes = |v: &mut Value, wl: &str| {
+        for ptr in [
+            "/spec/rayClusterConfig/headGroupSpec/template",
+            "/spec/rayClusterConfig/workerGroupSpecs/0/template",
+        ] {
+            let t = v.pointer_mut(ptr).unwrap();
+            t["metadata"]["annotations"]["kueue.x-k8s.io/workload"] = json!(wl);
+            t["metadata"]["annotations"]["kueue.x-k8s.io/workload-slice-name"] = json!(wl);
+            t["metadata"]["labels"]["kueue.x-k8s.io/podset"] = json!("p");
+        }
+        // The ResourceFlavor's node labels, written at admission too.
+        v["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"]
+            ["pool.example/flavor"] = json!("a100");
+    };
+    let admitted_svc = service(|v| {
+        kueue(v, true);
+        worker_image(v);
+        writes(v, "rayservice-llm-1a2b3");
+    });
+    let d = decide_on(&plan(None), &admitted_svc, &active(|_| {}));
+    let fp = d
+        .status
+        .pending_change
+        .as_ref()
+        .unwrap()
+        .fingerprint
+        .clone();
+    let status = UpgradePlanStatus {
+        phase: Phase::Upgrading,
+        ray_service_uid: Some("3f8a2c1e-5b7d-4c1a-9e0f-2d6b8a4c7e91".into()),
+        admitted: Some(crate::upgradeplan::Admission {
+            fingerprint: fp.clone(),
+            admitted_time: now() - jiff::SignedDuration::from_secs(20),
+            from_cluster: Some("llm-7x9kq".into()),
+            to_cluster: Some("llm-next1".into()),
+            surge: vec![],
+        }),
+        ..Default::default()
+    };
+    // KubeRay's pending cluster: the spec as admitted (the old Workload's names).
+    let mut pending = serde_json::to_value(active(|_| {})).unwrap();
+    pending["metadata"]["name"] = json!("llm-next1");
+    pending["spec"] = serde_json::to_value(&admitted_svc.spec.ray_cluster_config).unwrap();
+    let pending: RayCluster = serde_json::from_value(pending).unwrap();
+    // Kueue's stop (templates restored, suspended), then its restart (the
+    // re-derived Workload's names).
+    let stopped = |v: &mut Value| {
+        // Kueue's restore puts back the Workload's templates: the user's
+        // own metadata, without Kueue's.
+        let original: Value = serde_saphyr::from_str(SVC).unwrap();
+        for ptr in [
+            "/spec/rayClusterConfig/headGroupSpec/template/metadata",
+            "/spec/rayClusterConfig/workerGroupSpecs/0/template/metadata",
+        ] {
+            *v.pointer_mut(ptr).unwrap() =
+                original.pointer(ptr).cloned().unwrap_or_else(|| json!({}));
+        }
+        // …and its nodeSelector: without the flavor's labels while stopped.
+        let ns = "/spec/rayClusterConfig/workerGroupSpecs/0/template/spec/nodeSelector";
+        *v.pointer_mut(ns).unwrap() = original.pointer(ns).cloned().unwrap();
+        suspend(v);
+    };
+    let restarted = |v: &mut Value| writes(v, "rayservice-llm-9z8y7");
+    for (what, edit) in [
+        ("stopped", &stopped as &dyn Fn(&mut Value)),
+        ("restarted", &restarted),
+    ] {
+        let svc = service(|v| {
+            kueue(v, true);
+            worker_image(v);
+            writes(v, "rayservice-llm-1a2b3");
+            edit(v);
+            v["status"]["pendingServiceStatus"] = json!({"rayClusterName": "llm-next1"});
+            v["status"]["conditions"] = json!([{"type": "UpgradeInProgress", "status": "True",
+                "reason": "r", "message": "", "lastTransitionTime": "2026-12-07T05:00:00Z"}]);
+        });
+        let rc = active(|_| {});
+        let st = state();
+        let alone = fit::Alone(&st);
+        let release = Release::assumed(KubeRayVersion::parse("1.6.2").unwrap());
+        let clusters = [
+            ClusterObject {
+                name: "llm-7x9kq".into(),
+                cluster: Ok(&rc),
+            },
+            ClusterObject {
+                name: "llm-next1".into(),
+                cluster: Ok(&pending),
+            },
+        ];
+        let p = plan(Some(status.clone()));
+        let inp = inputs(
+            &p,
+            &release,
+            now(),
+            false,
+            &alone,
+            Ok(&svc),
+            &clusters,
+            BTreeMap::new(),
+        );
+        let d = decide(&inp);
+        assert!(
+            d.events
+                .iter()
+                .all(|e| e.reason != EventReason::Batching
+                    && e.reason != EventReason::AdmissionMismatch),
+            "{what}: {:?}",
+            d.events
+        );
+        assert_eq!(d.status.batch, None, "{what}");
+        assert_eq!(d.status.phase, Phase::Upgrading, "{what}");
+        assert_eq!(
+            d.status.admitted.as_ref().map(|a| a.fingerprint.as_str()),
+            Some(fp.as_str()),
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn a_blocked_workload_refresh_is_reported_as_kueue_workload_pending_then_stalled() {
+    // Measured with Kueue v0.19.0 (the cohort e2e test holds the LocalQueue
+    // across raygate's refresh, path B): Kueue's re-derived Workload of the
+    // RayService stays pending, the new cluster suspended, while raygate
+    // said "Upgrading, waiting for new cluster, transition is progressing".
+    let changed = service(|v| {
+        kueue(v, true);
+        worker_image(v);
+    });
+    let first = decide_on(&plan(None), &changed, &active(|_| {}));
+    let fp = first
+        .status
+        .pending_change
+        .as_ref()
+        .unwrap()
+        .fingerprint
+        .clone();
+    let fp = fp.as_str();
+    let status = |refreshed: Option<&str>, since: i64, waiting: Option<&str>| UpgradePlanStatus {
+        phase: Phase::Upgrading,
+        waiting_for: waiting.map(str::to_string),
+        ray_service_uid: Some("3f8a2c1e-5b7d-4c1a-9e0f-2d6b8a4c7e91".into()),
+        admitted: Some(crate::upgradeplan::Admission {
+            fingerprint: fp.into(),
+            admitted_time: now() - jiff::SignedDuration::from_secs(since),
+            from_cluster: Some("llm-7x9kq".into()),
+            to_cluster: Some("llm-next1".into()),
+            surge: vec![],
+        }),
+        quota: Some(crate::upgradeplan::QuotaStatus {
+            local_queue: "team-a".into(),
+            reservation: Some(crate::upgradeplan::QuotaReservation {
+                workload: quota::reservation_name("llm-plan", fp),
+                fingerprint: fp.into(),
+                granted: true,
+            }),
+            workload_refreshed_for: refreshed.map(str::to_string),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let svc = service(|v| {
+        kueue(v, true);
+        worker_image(v);
+        v["status"]["pendingServiceStatus"] = json!({"rayClusterName": "llm-next1"});
+        v["status"]["conditions"] = json!([{"type": "UpgradeInProgress", "status": "True",
+            "reason": "r", "message": "", "lastTransitionTime": "2026-12-07T05:00:00Z"}]);
+    });
+    // Kueue's Workloads of the RayService as listed: the old one being
+    // deleted, the re-derived one pending.
+    let wl = |name: &str, deleting: bool, reserved: Option<(&str, &str)>| {
+        let mut v = json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+            "metadata": {"name": name, "namespace": "ml"}, "spec": {"podSets": []}});
+        if deleting {
+            v["metadata"]["deletionTimestamp"] = json!("2026-12-07T05:59:59Z");
+            v["status"] = json!({"conditions": [{"type": "QuotaReserved", "status": "True",
+                "reason": "QuotaReserved", "message": "", "lastTransitionTime": "2026-12-07T05:00:00Z"}]});
+        }
+        if let Some((status, reason)) = reserved {
+            v["status"] = json!({"conditions": [{"type": "QuotaReserved", "status": status,
+                "reason": reason, "message": if status == "False" { "LocalQueue team-a is stopped" } else { "" },
+                "lastTransitionTime": "2026-12-07T05:59:59Z"}]});
+        }
+        serde_json::from_value::<crate::kueue::types::Workload>(v).unwrap()
+    };
+    let pending = quota::ServiceWorkload::of(&[
+        wl("rayservice-llm-old", true, None),
+        wl("rayservice-llm-new", false, Some(("False", "Inadmissible"))),
+    ])
+    .unwrap();
+    assert_eq!(
+        pending,
+        quota::ServiceWorkload {
+            name: "rayservice-llm-new".into(),
+            admitted: false,
+            why: Some("Inadmissible: LocalQueue team-a is stopped".into()),
+        }
+    );
+    let admitted = quota::ServiceWorkload::of(&[wl(
+        "rayservice-llm-new",
+        false,
+        Some(("True", "QuotaReserved")),
+    )])
+    .unwrap();
+    assert!(admitted.admitted);
+    assert_eq!(quota::ServiceWorkload::of(&[wl("x", true, None)]), None);
+
+    let decide_for = |st: UpgradePlanStatus, w: &quota::ServiceWorkload| {
+        let mut f = facts(vec![cq("team-a", None, 16, 16)], None);
+        f.service_workload = Some(w.clone());
+        decide_with_quota(&plan(Some(st)), &svc, &active(|_| {}), Some(f))
+    };
+    // Blocked: said so, with Kueue's words, one Warning Event.
+    let d = decide_for(status(Some("llm-next1"), 30, Some("new cluster")), &pending);
+    assert_eq!(d.status.phase, Phase::Upgrading);
+    assert_eq!(
+        d.status.waiting_for.as_deref(),
+        Some("KueueWorkloadPending")
+    );
+    let c = cond(&d, condition::STALLED).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "KueueWorkloadPending")
+    );
+    assert!(
+        c.message.contains("Workload rayservice-llm-new")
+            && c.message.contains("LocalQueue team-a is stopped")
+            && c.message.contains("llm-next1 stays suspended"),
+        "{}",
+        c.message
+    );
+    let warned: Vec<_> = d
+        .events
+        .iter()
+        .filter(|e| e.reason == EventReason::KueueWorkloadPending)
+        .collect();
+    assert!(warned.len() == 1 && warned[0].warning, "{:?}", d.events);
+    assert_eq!(d.gate, Some(Gate::Hold));
+    // Once: the next decision says it again, without an Event.
+    let d = decide_for(
+        status(Some("llm-next1"), 40, Some("KueueWorkloadPending")),
+        &pending,
+    );
+    assert_eq!(
+        d.status.waiting_for.as_deref(),
+        Some("KueueWorkloadPending")
+    );
+    assert!(d.events.is_empty(), "{:?}", d.events);
+    // After stallAfter: Stalled, with the same reason.
+    let d = decide_for(
+        status(Some("llm-next1"), 36_000, Some("KueueWorkloadPending")),
+        &pending,
+    );
+    assert_eq!(d.status.phase, Phase::Stalled);
+    let c = cond(&d, condition::STALLED).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "KueueWorkloadPending")
+    );
+    assert!(d.events.iter().any(|e| e.reason == EventReason::Stalled));
+    // Admitted, not looked at by Kueue yet, or no refresh done yet for this
+    // pending cluster: progressing.
+    let fresh = quota::ServiceWorkload::of(&[wl("rayservice-llm-new", false, None)]).unwrap();
+    assert_eq!((fresh.admitted, fresh.why.as_deref()), (false, None));
+    for (refreshed, w) in [
+        (Some("llm-next1"), &admitted),
+        (Some("llm-next1"), &fresh),
+        (None, &pending),
+        (Some("llm-older"), &pending),
+    ] {
+        let d = decide_for(status(refreshed, 30, Some("new cluster")), w);
+        assert_eq!(
+            (d.status.phase, d.status.waiting_for.as_deref()),
+            (Phase::Upgrading, Some("new cluster")),
+            "{refreshed:?} {w:?}"
+        );
+        let c = cond(&d, condition::STALLED).unwrap();
+        assert_eq!(c.reason, "Progressing");
     }
 }

@@ -159,6 +159,11 @@ pub struct ServiceFacts {
     /// KubeRay's condition `UpgradeInProgress` is `True`: it applies nothing
     /// to the active cluster meanwhile (not even a suspension).
     pub upgrade_in_progress: bool,
+    /// Kueue has stopped the RayService (`rayClusterConfig.suspend: true` on
+    /// one it manages): its pod templates are then Kueue's restore of its
+    /// Workload's (without the flavor's node labels and tolerations, for
+    /// one), not a spec anyone wrote.
+    pub kueue_stopped: bool,
 }
 
 /// `rayClusterConfig.suspend` takes the serving cluster's pods away: never
@@ -360,11 +365,14 @@ pub enum EventReason {
     Batching,
     /// The batch was released to the gate ("3 changes, 1 recreation").
     BatchReleased,
+    /// Kueue has not admitted the RayService's re-derived Workload: the new
+    /// cluster stays suspended.
+    KueueWorkloadPending,
 }
 
 impl EventReason {
     /// Every reason, for tests that check the spellings.
-    pub const ALL: [EventReason; 37] = [
+    pub const ALL: [EventReason; 38] = [
         EventReason::GateOverridden,
         EventReason::KubeRayReleaseMismatch,
         EventReason::UnknownKubeRayRelease,
@@ -402,6 +410,7 @@ impl EventReason {
         EventReason::WaitingForQuota,
         EventReason::Batching,
         EventReason::BatchReleased,
+        EventReason::KueueWorkloadPending,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -443,6 +452,7 @@ impl EventReason {
             EventReason::WaitingForQuota => "WaitingForQuota",
             EventReason::Batching => "Batching",
             EventReason::BatchReleased => "BatchReleased",
+            EventReason::KueueWorkloadPending => "KueueWorkloadPending",
         }
     }
 }

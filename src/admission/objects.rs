@@ -262,6 +262,12 @@ fn service_facts(svc: &RayService) -> ServiceFacts {
     ServiceFacts {
         uid: svc.metadata.uid.clone(),
         kueue: crate::kueue::Managed::of(&svc.metadata),
+        kueue_stopped: crate::kueue::Managed::of(&svc.metadata).is_some()
+            && svc
+                .spec
+                .ray_cluster_config
+                .as_ref()
+                .is_some_and(|c| c.suspend == Some(true)),
         suspension: None,
         upgrade_in_progress: svc.condition_true(kuberay::types::CONDITION_UPGRADE_IN_PROGRESS),
         pending_target_capacity: pending.and_then(|p| p.target_capacity),

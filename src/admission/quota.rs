@@ -43,6 +43,73 @@ pub struct QuotaFacts {
     pub queue: Result<QueueQuota, String>,
     /// raygate's reservation Workload of this plan, if one exists.
     pub reservation: Option<QuotaReservation>,
+    /// Kueue's own Workload of the RayService, read once raygate has had
+    /// it derived again (`refresh`, path B); `None` before, or when unread.
+    pub service_workload: Option<ServiceWorkload>,
+}
+
+/// Kueue's own Workload of the RayService, as raygate reads it after the
+/// refresh: whether Kueue admitted it and, if not, Kueue's own words why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceWorkload {
+    pub name: String,
+    pub admitted: bool,
+    /// `QuotaReserved=False`'s reason and message (e.g. `Pending: LocalQueue
+    /// team is stopped`), when Kueue gave one.
+    pub why: Option<String>,
+}
+
+impl ServiceWorkload {
+    /// The RayService's current Workload among `workloads` (Kueue's, with
+    /// its `kueue.x-k8s.io/job-uid` label): not being deleted, not
+    /// `Finished` (an elastic service's replaced slice). `None` when Kueue
+    /// has made none yet.
+    pub fn of(workloads: &[Workload]) -> Option<ServiceWorkload> {
+        let live: Vec<&Workload> = workloads
+            .iter()
+            .filter(|w| w.metadata.deletion_timestamp.is_none())
+            .filter(|w| {
+                !w.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Finished" && c.status == "True")
+                })
+            })
+            .collect();
+        let w = live.iter().find(|w| w.quota_granted()).or(live.first())?;
+        let why = w.status.as_ref().and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == crate::kueue::types::CONDITION_QUOTA_RESERVED)
+                .filter(|c| c.status == "False")
+                .map(|c| match (c.reason.as_str(), c.message.as_str()) {
+                    ("", m) => m.to_string(),
+                    (r, "") => r.to_string(),
+                    (r, m) => format!("{r}: {m}"),
+                })
+        });
+        Some(ServiceWorkload {
+            name: w.metadata.name.clone().unwrap_or_default(),
+            admitted: w.quota_granted(),
+            why,
+        })
+    }
+}
+
+/// The RayService's Workload that Kueue has not admitted after raygate had
+/// it derived again for `pending` (the deletion done: the previous decision
+/// recorded it), so `pending` stays suspended, and has said why
+/// (`QuotaReserved=False`: a Workload Kueue has not looked at yet is new,
+/// not held; measured, Kueue admits one it can within 0.1 s). `None`
+/// otherwise.
+pub(super) fn blocked<'f>(
+    prev: Option<&QuotaStatus>,
+    facts: Option<&'f QuotaFacts>,
+    pending: &str,
+) -> Option<&'f ServiceWorkload> {
+    let refreshed = prev.and_then(|q| q.workload_refreshed_for.as_deref()) == Some(pending);
+    let w = facts?.service_workload.as_ref()?;
+    (refreshed && !w.admitted && w.why.is_some()).then_some(w)
 }
 
 /// A ClusterQueue and what else counts against it.

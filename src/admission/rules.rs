@@ -13,7 +13,11 @@
 //!    batch, [`super::batch::during_transition`]; an incremental upgrade's stays open
 //!    until the new cluster is promoted, as KubeRay moves traffic only under
 //!    that type), `Stalled` when [`super::stall`]
-//!    says so, `Completed` once the old cluster and its pods are gone.
+//!    says so, `Completed` once the old cluster and its pods are gone. A
+//!    Kueue-managed new cluster whose re-derived Workload Kueue does not admit
+//!    ([`super::quota::refresh`], path B) stays suspended: `Upgrading` waiting
+//!    for `KueueWorkloadPending` (Kueue's reason, a Warning Event), `Stalled`
+//!    after `stallAfter`.
 //! 3. A serving cluster that is suspended, or that `rayClusterConfig.suspend:
 //!    true` is about to suspend in place (KubeRay v1.5.2–v1.6.2), is
 //!    `Suspended` (condition `ServiceSuspended`, a Warning Event), never `Idle`:
@@ -764,6 +768,22 @@ impl Rules<'_> {
             }
             None => running_for,
         };
+        // Path B blocked: Kueue has not admitted the Workload it derived
+        // again, so the new cluster stays suspended (not "progressing").
+        if !self.inp.pending_ready
+            && let Some(w) =
+                super::quota::blocked(b.prev.quota.as_ref(), self.inp.quota.as_ref(), pending)
+        {
+            let w = w.clone();
+            return kueue_workload_pending(
+                b,
+                pending,
+                &w,
+                &admitted,
+                stalled_for,
+                self.settings.stall_after,
+            );
+        }
         let pods: Vec<&super::observed::DynPod> = self
             .inp
             .pods
@@ -1009,6 +1029,66 @@ fn wait_for_capacity(
             EventReason::WaitingForCapacity,
             &change.fingerprint,
             long,
+        );
+    }
+}
+
+/// `waitingFor` of a transition whose new cluster Kueue keeps suspended.
+const KUEUE_WORKLOAD_PENDING: &str = "KueueWorkloadPending";
+
+/// The new cluster `pending` stays suspended because Kueue has not admitted
+/// `w`, the RayService's Workload raygate had it derive again (path B of
+/// [`super::quota`]; e.g. its LocalQueue on `stopPolicy: Hold`, or no
+/// quota): said as such, with Kueue's own reason, one Warning Event; after
+/// `stallAfter` of the transition, `Stalled`. The old cluster serves on.
+fn kueue_workload_pending(
+    b: &mut Builder<'_>,
+    pending: &str,
+    w: &super::quota::ServiceWorkload,
+    admitted: &Admission,
+    running_for: Duration,
+    stall_after: Duration,
+) {
+    let why = w.why.as_deref().unwrap_or("Kueue gave no reason");
+    let msg = format!(
+        "new cluster {pending} stays suspended: Kueue has not admitted Workload {} of the RayService \
+         ({why}); the serving cluster is untouched",
+        w.name
+    );
+    if running_for >= stall_after {
+        let s = stall::Stall {
+            reason: stall::StallReason::KueueWorkloadPending,
+            message: format!(
+                "{msg}; transition running for {}",
+                stall::human_duration(running_for)
+            ),
+            unschedulable_pods: 0,
+        };
+        return stalled(b, s, admitted);
+    }
+    let news = b.prev.waiting_for.as_deref() != Some(KUEUE_WORKLOAD_PENDING);
+    b.status.phase = Phase::Upgrading;
+    b.status.waiting_for = Some(KUEUE_WORKLOAD_PENDING.into());
+    b.status.message = Some(format!(
+        "transition to {pending} running since {}: {msg}",
+        admitted.admitted_time
+    ));
+    b.condition(
+        condition::STALLED,
+        Status::False,
+        Reason::KueueWorkloadPending,
+        &msg,
+    );
+    if news {
+        b.change_event(
+            true,
+            EventReason::KueueWorkloadPending,
+            &admitted.fingerprint,
+            format!(
+                "change {}: {msg}; Stalled after stallAfter ({})",
+                admitted.fingerprint,
+                stall::human_duration(stall_after)
+            ),
         );
     }
 }

@@ -27,6 +27,9 @@ pub enum StallReason {
     ServeNotHealthy,
     /// Longer than `stallAfter` for any other reason.
     Timeout,
+    /// Longer than `stallAfter` with the new cluster suspended because Kueue
+    /// has not admitted the RayService's re-derived Workload.
+    KueueWorkloadPending,
 }
 
 impl StallReason {
@@ -40,6 +43,7 @@ impl StallReason {
             StallReason::Unschedulable => Reason::Unschedulable,
             StallReason::ServeNotHealthy => Reason::ServeNotHealthy,
             StallReason::Timeout => Reason::Timeout,
+            StallReason::KueueWorkloadPending => Reason::KueueWorkloadPending,
         }
     }
 }

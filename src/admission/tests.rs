@@ -1767,6 +1767,10 @@ fn event_reasons_are_spelled_as_their_names() {
         (stall::StallReason::Unschedulable, "Unschedulable"),
         (stall::StallReason::ServeNotHealthy, "ServeNotHealthy"),
         (stall::StallReason::Timeout, "Timeout"),
+        (
+            stall::StallReason::KueueWorkloadPending,
+            "KueueWorkloadPending",
+        ),
     ] {
         assert_eq!((s.as_str(), s.condition_reason().as_str()), (want, want));
     }

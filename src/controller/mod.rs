@@ -870,6 +870,9 @@ async fn record(
     let key = (ns.clone(), name.clone());
     let mut current = plan.clone();
     let mut attempts = 0;
+    // Read once, before the lock: Kueue's Workload of the RayService after
+    // raygate had it derived again (an API call only in that state).
+    let service_workload = reservations::service_workload(ctx, plan).await;
     loop {
         // Decide under the lock and reserve the admission there, so that a
         // decision made while the status is written counts it; the lock is
@@ -888,7 +891,8 @@ async fn record(
                 overlay.remove(&key);
             }
             let decided = Timestamp::now();
-            let (seen, decision, pass_at) = decide_now(ctx, &current, &overlay, now);
+            let (seen, decision, pass_at) =
+                decide_now(ctx, &current, &overlay, now, service_workload.clone());
             ctx.causes.decided(&key, decided, pass_at);
             if decision.status.admitted.is_none() {
                 // Events up to here did not let it through.
@@ -1112,6 +1116,7 @@ fn decide_now(
     plan: &UpgradePlan,
     overlay: &Overlay,
     now: Timestamp,
+    service_workload: Option<crate::admission::quota::ServiceWorkload>,
 ) -> (Seen, Decision, Option<Timestamp>) {
     let releases = observe::releases(&ctx.stores, ctx.settings.kuberay_version)
         .with_incremental_gate(ctx.settings.incremental_gate);
@@ -1126,7 +1131,7 @@ fn decide_now(
         overlay.contains_key(&key),
         &world,
     );
-    inputs.quota = reservations::facts(ctx, &inputs);
+    inputs.quota = reservations::facts(ctx, &inputs, service_workload);
     let mut decision = admission::decide(&inputs);
     let wanted = buffers::settle(ctx, &inputs, &mut decision, now);
     let reservation = reservations::wanted(&inputs, &decision);

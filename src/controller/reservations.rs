@@ -30,8 +30,9 @@ use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
 use super::{Context, cache, gate, guarded, spawn_cache};
-use crate::admission::quota::QuotaFacts;
+use crate::admission::quota::{QuotaFacts, ServiceWorkload};
 use crate::admission::{Decision, Inputs};
+use crate::kueue::quota::Released;
 use crate::kueue::reservation::{self, LABEL_FINGERPRINT, LABEL_PLAN_UID, Owner, SELECTOR};
 use crate::kueue::types::{ClusterQueue, LocalQueue, Workload};
 use crate::leader::Fence;
@@ -49,6 +50,9 @@ pub struct Shell {
     cluster_queues: Option<Store<ClusterQueue>>,
     local_queues: Option<Store<LocalQueue>>,
     workloads: Option<Store<Workload>>,
+    /// Granted reservations raygate deleted whose usage Kueue's
+    /// ClusterQueue status may still show ([`crate::kueue::quota::Released`]).
+    released: std::sync::Mutex<Vec<Released>>,
 }
 
 fn label<'a>(meta: &'a kube::api::ObjectMeta, key: &str) -> Option<&'a str> {
@@ -79,6 +83,7 @@ impl Shell {
             cluster_queues: None,
             local_queues: None,
             workloads: None,
+            released: Default::default(),
         }
     }
 
@@ -90,6 +95,7 @@ impl Shell {
             cluster_queues: Some(reflector::store().0),
             local_queues: Some(reflector::store().0),
             workloads: Some(reflector::store().0),
+            released: Default::default(),
         }
     }
 
@@ -148,6 +154,7 @@ impl Shell {
             cluster_queues: Some(cluster_queues),
             local_queues: Some(local_queues),
             workloads: Some(workloads),
+            released: Default::default(),
         }
     }
 
@@ -205,6 +212,37 @@ impl Shell {
             .collect()
     }
 
+    /// Records that the granted ones among `names` (in `ns`) are being
+    /// deleted now, for [`crate::kueue::quota::without_released`].
+    fn releasing(&self, ns: &str, names: &[String]) {
+        let (Some(w), Some(c)) = (&self.workloads, &self.cluster_queues) else {
+            return;
+        };
+        let cqs: Vec<ClusterQueue> = c.state().iter().map(|c| c.as_ref().clone()).collect();
+        let now = Timestamp::now();
+        let mut released = super::lock(&self.released);
+        for n in names {
+            if let Some(r) = w
+                .get(&ObjectRef::new(n).within(ns))
+                .and_then(|w| Released::of(&w, &cqs, now))
+                && !released.iter().any(|x| x.workload == r.workload)
+            {
+                released.push(r);
+            }
+        }
+    }
+
+    /// Every ClusterQueue, the usage of reservations raygate deleted taken
+    /// out of the statuses Kueue has not written since.
+    fn cluster_queues_now(&self, cqs: &Store<ClusterQueue>) -> Vec<ClusterQueue> {
+        let mut all: Vec<ClusterQueue> = cqs.state().iter().map(|c| c.as_ref().clone()).collect();
+        let now = Timestamp::now();
+        let mut released = super::lock(&self.released);
+        released.retain(|r| all.iter().any(|c| r.still_counted(c, now)));
+        crate::kueue::quota::without_released(&mut all, &released, now);
+        all
+    }
+
     /// The ClusterQueue a LocalQueue of `ns` points at.
     fn cluster_queue_of(&self, ns: &str, queue: &str) -> Option<String> {
         self.local_queues
@@ -218,7 +256,11 @@ impl Shell {
 
 /// What a decision on `inputs` reads of Kueue: `None` without `--kueue`
 /// or for a RayService Kueue does not manage.
-pub fn facts(ctx: &Context, inputs: &Inputs<'_>) -> Option<QuotaFacts> {
+pub fn facts(
+    ctx: &Context,
+    inputs: &Inputs<'_>,
+    service_workload: Option<ServiceWorkload>,
+) -> Option<QuotaFacts> {
     let shell = &ctx.reservations;
     let cqs = shell.cluster_queues.as_ref()?;
     let managed = inputs.service.as_ref().ok()?.kueue.clone()?;
@@ -240,7 +282,7 @@ pub fn facts(ctx: &Context, inputs: &Inputs<'_>) -> Option<QuotaFacts> {
             .to_string(),
         granted: w.quota_granted(),
     });
-    let all: Vec<ClusterQueue> = cqs.state().iter().map(|c| c.as_ref().clone()).collect();
+    let all = shell.cluster_queues_now(cqs);
     let workloads = shell.workloads();
     let queue = crate::admission::quota::queue_quota(
         &ns,
@@ -250,7 +292,11 @@ pub fn facts(ctx: &Context, inputs: &Inputs<'_>) -> Option<QuotaFacts> {
         workloads.iter().map(AsRef::as_ref),
         Some(&uid),
     );
-    Some(QuotaFacts { queue, reservation })
+    Some(QuotaFacts {
+        queue,
+        reservation,
+        service_workload,
+    })
 }
 
 /// The reservation the decision wants, built; `None`: none (or it cannot
@@ -339,6 +385,7 @@ pub async fn act(ctx: &Context, plan: &UpgradePlan, wanted: Option<&Workload>, k
         .map(|w| w.name_any())
         .filter(|n| Some(n.as_str()) != keep)
         .collect();
+    shell.releasing(&ns, &stale);
     if let Err(e) = delete_named(&ctx.client, &ctx.fence, &ns, &stale).await {
         warn!(plan = %plan.name_any(), namespace = %ns, error = %e, "deleting quota reservations (retried)");
     } else if !stale.is_empty() {
@@ -440,13 +487,9 @@ pub async fn forget(ctx: &Context, plan: &UpgradePlan) -> Result<()> {
             .iter()
             .map(|w| w.name_any())
             .collect();
-        delete_named(
-            &ctx.client,
-            &ctx.fence,
-            &plan.namespace().unwrap_or_default(),
-            &names,
-        )
-        .await?;
+        let ns = plan.namespace().unwrap_or_default();
+        ctx.reservations.releasing(&ns, &names);
+        delete_named(&ctx.client, &ctx.fence, &ns, &names).await?;
     }
     Ok(())
 }
@@ -507,6 +550,7 @@ pub async fn sweep(ctx: &Context) {
     }
     for (ns, names) in by_ns {
         warn!(namespace = %ns, workloads = ?names, "quota reservations no plan wants; deleting them");
+        shell.releasing(&ns, &names);
         if let Err(e) = delete_named(&ctx.client, &ctx.fence, &ns, &names).await {
             warn!(namespace = %ns, error = %e, "deleting quota reservations");
         }
@@ -550,6 +594,51 @@ pub async fn release(
 /// Kueue labels the Workload of a job with the job's uid
 /// (`constants.JobUIDLabel`).
 const LABEL_JOB_UID: &str = "kueue.x-k8s.io/job-uid";
+
+/// Kueue's own Workload of the plan's RayService, read (one bounded list by
+/// its `kueue.x-k8s.io/job-uid` label) only while a transition runs whose
+/// Workload raygate has had Kueue derive again (`status.quota.
+/// workloadRefreshedFor`): whether Kueue admitted it is what decides if
+/// the new cluster can leave its suspension. `None` otherwise, or when the
+/// read fails (logged; the transition is then reported as before).
+pub async fn service_workload(ctx: &Context, plan: &UpgradePlan) -> Option<ServiceWorkload> {
+    ctx.reservations.workloads.as_ref()?;
+    let status = plan.status.as_ref()?;
+    status.quota.as_ref()?.workload_refreshed_for.as_ref()?;
+    if !matches!(status.phase, Phase::Upgrading | Phase::Stalled) {
+        return None;
+    }
+    let uid = status.ray_service_uid.as_deref()?;
+    let ns = plan.namespace().unwrap_or_default();
+    let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &ns);
+    let lp = ListParams::default()
+        .labels(&format!("{LABEL_JOB_UID}={uid}"))
+        .limit(16);
+    match guarded(
+        &ctx.fence,
+        "reading the RayService's Kueue Workload",
+        api.list(&lp),
+    )
+    .await
+    {
+        Ok(Ok(l)) => {
+            let ours: Vec<Workload> = l
+                .items
+                .into_iter()
+                .filter(|w| label(&w.metadata, reservation::LABEL_RESERVATION).is_none())
+                .collect();
+            ServiceWorkload::of(&ours)
+        }
+        Ok(Err(e)) => {
+            warn!(plan = %plan.name_any(), namespace = %ns, error = %e, "reading the RayService's Kueue Workload");
+            None
+        }
+        Err(e) => {
+            warn!(plan = %plan.name_any(), namespace = %ns, error = %e, "reading the RayService's Kueue Workload");
+            None
+        }
+    }
+}
 
 /// The decision asked Kueue to derive the RayService's Workload again
 /// ([`crate::admission::quota::refresh`]: `status.quota.workloadRefreshedFor`

@@ -604,7 +604,11 @@ async fn live_quota(
         )
     }
     .await;
-    Some(QuotaFacts { queue, reservation })
+    Some(QuotaFacts {
+        queue,
+        reservation,
+        service_workload: None,
+    })
 }
 
 /// What `fit` prints of a decision.

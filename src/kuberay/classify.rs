@@ -187,47 +187,19 @@ pub fn fingerprint(v: &Value) -> String {
 /// by its own rules ([`Classification::outage`], phase `Suspended`), and the
 /// verdict still compares the muted forms with `suspend` as KubeRay does.
 ///
-/// Likewise the annotations Kueue writes into the pod templates of an
-/// elastic RayService it admits ([`KUEUE_TEMPLATE_ANNOTATIONS`]): they name
-/// Kueue's current Workload, which raygate's own refresh of that Workload
-/// renames mid-transition (measured: a false `Batching` of "another change"
-/// in `headGroupSpec.template.metadata` at the refresh). Only those keys:
-/// annotations a user sets (e.g. a topology request) still count.
+/// What Kueue writes into the pod templates when it starts or stops a job
+/// (its Workload's and slice's names, the pod set and queue labels:
+/// [`crate::kueue::without_admission_writes`]) is left out too: they change
+/// whenever Kueue re-derives the RayService's Workload (raygate's refresh,
+/// path B), which made the same change read as another one made during the
+/// transition (a false `Batching` Event, measured with Kueue v0.19.0).
 pub fn change_fingerprint(muted: &Value) -> String {
-    let mut v = muted.clone();
+    let mut v = crate::kueue::without_admission_writes(muted);
     if let Value::Object(m) = &mut v {
         m.remove("suspend");
     }
-    let mut templates: Vec<&mut Value> = Vec::new();
-    let Value::Object(m) = &mut v else {
-        return fingerprint(&v);
-    };
-    for (k, x) in m.iter_mut() {
-        match (k.as_str(), x) {
-            ("headGroupSpec", g) => templates.extend(g.get_mut("template")),
-            ("workerGroupSpecs", Value::Array(groups)) => {
-                templates.extend(groups.iter_mut().filter_map(|g| g.get_mut("template")))
-            }
-            _ => {}
-        }
-    }
-    for t in templates {
-        if let Some(Value::Object(a)) = t.pointer_mut("/metadata/annotations") {
-            for key in KUEUE_TEMPLATE_ANNOTATIONS {
-                a.remove(key);
-            }
-        }
-    }
     fingerprint(&v)
 }
-
-/// The pod-template annotations Kueue v0.19 owns on a RayService it admits
-/// (`kueue.WorkloadAnnotation`, `kueue.WorkloadSliceNameAnnotation`; its
-/// `podset.Merge` overwrites them for elastic jobs).
-pub const KUEUE_TEMPLATE_ANNOTATIONS: [&str; 2] = [
-    "kueue.x-k8s.io/workload",
-    "kueue.x-k8s.io/workload-slice-name",
-];
 
 fn truncate_groups(v: &Value, n: usize) -> Value {
     let mut v = v.clone();
@@ -428,9 +400,13 @@ fn changes(
     let new_n = normalize_cluster_spec(&serde_json::to_value(new_cfg)?, rules, new_what)?;
     let old_n = normalize_cluster_spec(&old.spec, rules, &old.what)?;
 
-    let hashed_paths = diff::paths(&diff::diff(&old_n.muted, &new_n.muted));
+    // The paths that name the change leave Kueue's own pod-template writes
+    // out, as its fingerprint does ([`change_fingerprint`]); the verdict
+    // still compares the forms KubeRay hashes, with them.
+    let named = crate::kueue::without_admission_writes;
+    let hashed_paths = diff::paths(&diff::diff(&named(&old_n.muted), &named(&new_n.muted)));
     let hashed: BTreeSet<&String> = hashed_paths.iter().collect();
-    let all_paths = diff::paths(&diff::diff(&old_n.full, &new_n.full));
+    let all_paths = diff::paths(&diff::diff(&named(&old_n.full), &named(&new_n.full)));
     let exempt_paths = all_paths
         .iter()
         .filter(|p| !hashed.contains(p))
@@ -1676,6 +1652,77 @@ mod tests {
             change_fingerprint(&json!({"suspend": true, "a": 1})),
             fingerprint(&json!({"a": 1}))
         );
+    }
+
+    #[test]
+    fn kueues_admission_writes_name_no_change_but_still_count_for_kuberay() {
+        // Measured with Kueue v0.19.0: its stop/restart of an elastic
+        // RayService (raygate's refresh of the Workload, path B) rewrote the
+        // templates' `kueue.x-k8s.io/workload` and `…/workload-slice-name`
+        // and `suspend`; raygate read "another change" during the transition.
+        let kueue_writes = |wl: &'static str, queue_labels: bool, gate: bool| {
+            move |v: &mut Value| {
+                for ptr in [
+                    "/spec/rayClusterConfig/headGroupSpec/template",
+                    "/spec/rayClusterConfig/workerGroupSpecs/0/template",
+                ] {
+                    let t = v.pointer_mut(ptr).unwrap();
+                    t["metadata"]["annotations"]["kueue.x-k8s.io/workload"] = json!(wl);
+                    t["metadata"]["annotations"]["kueue.x-k8s.io/workload-slice-name"] = json!(wl);
+                    if queue_labels {
+                        t["metadata"]["labels"]["kueue.x-k8s.io/podset"] = json!("head");
+                        t["metadata"]["labels"]["kueue.x-k8s.io/local-queue-name"] = json!("team");
+                        t["metadata"]["labels"]["kueue.x-k8s.io/cluster-queue-name"] =
+                            json!("team");
+                    }
+                    if gate {
+                        t["spec"]["schedulingGates"] = json!([{"name": "kueue.x-k8s.io/topology"}]);
+                    }
+                }
+            }
+        };
+        let bumped = edit(&svc(), bump_image);
+        let base = run(&svc(), &bumped, "1.6.2");
+        for v in KubeRayVersion::supported() {
+            let base = classify(&OldSide::RayService(&svc()), &bumped, *v).unwrap();
+            let a = edit(&bumped, kueue_writes("rayservice-llm-old", true, false));
+            let b = edit(&bumped, kueue_writes("rayservice-llm-new", true, true));
+            let b = edit(&b, |x| cfg(x)["suspend"] = json!(true));
+            for new in [&a, &b] {
+                let c = classify(&OldSide::RayService(&svc()), new, *v).unwrap();
+                assert_eq!(c.fingerprint, base.fingerprint, "@ {v}");
+            }
+            // Against a cluster built before Kueue's rewrite: KubeRay hashes
+            // the annotations (a new cluster), but nothing names a change.
+            let c = classify(&OldSide::RayService(&a), &b, *v).unwrap();
+            assert_eq!(c.fingerprint, base.fingerprint, "@ {v}");
+            assert!(
+                c.triggering_paths
+                    .iter()
+                    .chain(&c.exempt_paths)
+                    .all(|p| p == "suspend"),
+                "@ {v}: {c:?}"
+            );
+            let only = edit(&a, kueue_writes("rayservice-llm-new", false, false));
+            let c = classify(&OldSide::RayService(&a), &only, *v).unwrap();
+            assert_eq!(c.verdict, Verdict::NewCluster, "@ {v}: KubeRay hashes them");
+            assert!(c.triggering_paths.is_empty(), "@ {v}: {c:?}");
+        }
+        // The flavor's nodeSelector and tolerations still name a change.
+        let placed = edit(&bumped, |x| {
+            worker(x)["template"]["spec"]["nodeSelector"]["pool"] = json!("a100")
+        });
+        let c = run(&bumped, &placed, "1.6.2");
+        assert_ne!(c.fingerprint, base.fingerprint);
+        assert_eq!(
+            c.triggering_paths,
+            vec!["workerGroupSpecs[gpu-workers].template.spec.nodeSelector[pool]".to_string()]
+        );
+        // A user's own annotation in the same template still counts.
+        let own = edit(&bumped, |x| {
+            worker(x)["template"]["metadata"]["annotations"]["team.example/owner"] = json!("ml")
+        });
+        assert_ne!(run(&svc(), &own, "1.6.2").fingerprint, base.fingerprint);
     }
 
     #[test]

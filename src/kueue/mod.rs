@@ -152,6 +152,88 @@ impl KueueObjects {
     }
 }
 
+/// Pod-template annotations Kueue v0.19 writes into a job's templates when
+/// it starts it and takes back when it stops it (`podset.FromAssignment`,
+/// `jobframework/reconciler.go` `getPodSetsInfoFromStatus`: the Workload's
+/// name while `TopologyAwareScheduling` is on, beta and on by default; the
+/// slice name of an elastic Workload; TAS's unconstrained-topology marker).
+/// Their values name Kueue's bookkeeping (a re-derived Workload has a new
+/// name), not the cluster: they change at every re-admission.
+pub const ADMISSION_ANNOTATIONS: [&str; 3] = [
+    "kueue.x-k8s.io/workload",
+    "kueue.x-k8s.io/workload-slice-name",
+    "kueue.x-k8s.io/podset-unconstrained-topology",
+];
+/// Pod-template labels Kueue v0.19 writes alike: the pod set's name
+/// (`constants.PodSetLabel`, always) and the queues
+/// (`AssignQueueLabelsForPods`, beta and on by default).
+pub const ADMISSION_LABELS: [&str; 3] = [
+    "kueue.x-k8s.io/podset",
+    "kueue.x-k8s.io/local-queue-name",
+    "kueue.x-k8s.io/cluster-queue-name",
+];
+/// The scheduling gate Kueue adds for a topology-aware admission
+/// (`kueue.TopologySchedulingGate`) and removes once it placed the pods.
+pub const ADMISSION_GATE: &str = "kueue.x-k8s.io/topology";
+
+/// A normalised cluster spec (`headGroupSpec`, `workerGroupSpecs`) without
+/// what Kueue writes into its pod templates on admission and takes back on a
+/// stop ([`ADMISSION_ANNOTATIONS`], [`ADMISSION_LABELS`], [`ADMISSION_GATE`]),
+/// maps and lists left empty removed (`{}` and `[]` mean absent there).
+///
+/// Used for what *names* a change (its fingerprint and field paths), never
+/// for KubeRay's verdict, which hashes them. The ResourceFlavor's node
+/// labels and tolerations that Kueue writes into `nodeSelector` and
+/// `tolerations` are kept, deliberately: they decide where the pods go (the
+/// node fit reads them), raygate cannot tell them from the user's own
+/// without reading ResourceFlavors, and Kueue writes the same ones back when
+/// it admits the re-derived Workload in the same flavor.
+pub fn without_admission_writes(spec: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    fn strip_map(meta: &mut serde_json::Map<String, Value>, field: &str, keys: &[&str]) {
+        if let Some(Value::Object(m)) = meta.get_mut(field) {
+            for k in keys {
+                m.remove(*k);
+            }
+            if m.is_empty() {
+                meta.remove(field);
+            }
+        }
+    }
+    fn strip_template(template: &mut Value) {
+        let Value::Object(t) = template else {
+            return;
+        };
+        if let Some(Value::Object(meta)) = t.get_mut("metadata") {
+            strip_map(meta, "annotations", &ADMISSION_ANNOTATIONS);
+            strip_map(meta, "labels", &ADMISSION_LABELS);
+            if meta.is_empty() {
+                t.remove("metadata");
+            }
+        }
+        if let Some(Value::Object(spec)) = t.get_mut("spec")
+            && let Some(Value::Array(gates)) = spec.get_mut("schedulingGates")
+        {
+            gates.retain(|g| g.get("name").and_then(Value::as_str) != Some(ADMISSION_GATE));
+            if gates.is_empty() {
+                spec.remove("schedulingGates");
+            }
+        }
+    }
+    let mut v = spec.clone();
+    if let Some(t) = v.pointer_mut("/headGroupSpec/template") {
+        strip_template(t);
+    }
+    if let Some(Value::Array(groups)) = v.get_mut("workerGroupSpecs") {
+        for g in groups {
+            if let Some(t) = g.get_mut("template") {
+                strip_template(t);
+            }
+        }
+    }
+    v
+}
+
 /// The remedy for a change Kueue would turn into a suspension.
 /// Kueue v0.19's webhook makes `kueue.x-k8s.io/elastic-job` immutable
 /// (measured: "field is immutable"), so it is set when the RayService is

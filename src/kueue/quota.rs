@@ -320,6 +320,108 @@ pub fn fit(
     }
 }
 
+/// How long a deleted reservation's usage may still be taken out of its
+/// ClusterQueue's status at most: Kueue writes a ClusterQueue's status at
+/// most once per `constants.UpdatesBatchPeriod` (1 s) after a Workload
+/// event, from its cache, which no longer holds the deleted Workload.
+pub const RELEASE_LAG: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A reservation raygate deleted while Kueue had admitted it: Kueue frees its
+/// quota at once, but the ClusterQueue's `status.flavorsReservation`, which
+/// raygate reads, still counts it until Kueue next writes that status
+/// (measured ~1 s on v0.19.0): a change made in that second would read the
+/// queue as full (a false `WaitingForQuota`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Released {
+    /// The Workload, `namespace/name`: recorded once however often its
+    /// deletion is retried.
+    pub workload: String,
+    pub cluster_queue: String,
+    /// The ClusterQueue's `metadata.resourceVersion` when it was deleted:
+    /// while the status is still that one, Kueue has not written it since.
+    pub seen_version: Option<String>,
+    /// What it held, per (flavor, resource): `status.admission`'s
+    /// `podSetAssignments[].flavors` and `resourceUsage`.
+    pub usage: BTreeMap<(String, String), Quantity>,
+    pub at: jiff::Timestamp,
+}
+
+impl Released {
+    /// The record of deleting `w` now; `None` unless Kueue had granted it
+    /// (only then does the status count it).
+    pub fn of(
+        w: &super::types::Workload,
+        cqs: &[ClusterQueue],
+        at: jiff::Timestamp,
+    ) -> Option<Released> {
+        if !w.quota_granted() {
+            return None;
+        }
+        let a = w.status.as_ref()?.admission.as_ref()?;
+        let mut usage: BTreeMap<(String, String), Quantity> = BTreeMap::new();
+        for ps in &a.pod_set_assignments {
+            for (r, q) in &ps.resource_usage {
+                let Some(flavor) = ps.flavors.get(r) else {
+                    continue;
+                };
+                let e = usage.entry((flavor.clone(), r.clone())).or_default();
+                *e = e.saturating_add(q);
+            }
+        }
+        let seen_version = cqs
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(a.cluster_queue.as_str()))
+            .and_then(|c| c.metadata.resource_version.clone());
+        Some(Released {
+            workload: format!(
+                "{}/{}",
+                w.metadata.namespace.as_deref().unwrap_or_default(),
+                w.metadata.name.as_deref().unwrap_or_default()
+            ),
+            cluster_queue: a.cluster_queue.clone(),
+            seen_version,
+            usage,
+            at,
+        })
+    }
+
+    /// Whether `cq`'s status may still count it: the same ClusterQueue,
+    /// not written by Kueue since the deletion, and within [`RELEASE_LAG`].
+    pub fn still_counted(&self, cq: &ClusterQueue, now: jiff::Timestamp) -> bool {
+        let young = std::time::Duration::try_from(now.duration_since(self.at))
+            .is_ok_and(|d| d < RELEASE_LAG);
+        young
+            && self.seen_version.is_some()
+            && cq.metadata.name.as_deref() == Some(self.cluster_queue.as_str())
+            && cq.metadata.resource_version == self.seen_version
+    }
+}
+
+/// `cqs` with the usage of `released` reservations taken out of the
+/// statuses that still count them ([`Released::still_counted`]), never
+/// below 0: Kueue's own view, which its status shows a second later.
+pub fn without_released(cqs: &mut [ClusterQueue], released: &[Released], now: jiff::Timestamp) {
+    for cq in cqs.iter_mut() {
+        let mine: Vec<&Released> = released
+            .iter()
+            .filter(|r| r.still_counted(cq, now))
+            .collect();
+        let Some(status) = cq.status.as_mut().filter(|_| !mine.is_empty()) else {
+            continue;
+        };
+        for f in &mut status.flavors_reservation {
+            for res in &mut f.resources {
+                let key = (f.name.clone(), res.name.clone());
+                for r in &mine {
+                    if let (Some(t), Some(u)) = (res.total.as_mut(), r.usage.get(&key)) {
+                        *t = t.saturating_sub_floor0(u);
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,5 +590,63 @@ mod tests {
             .into(),
         );
         assert!(r.fits, "{r:?}");
+    }
+
+    #[test]
+    fn a_deleted_reservation_is_not_counted_while_kueues_status_lags() {
+        // Measured with Kueue v0.19.0: raygate deleted its granted 8-GPU
+        // reservation at Completed; ClusterQueue team (16 nominal, the
+        // service's 8 + the reservation's 8) still showed 16 reserved for
+        // ~1 s, and a change made then read "8 needed, 0 left".
+        let mut team = cq("team", None, gpu(16), 16);
+        team.metadata.resource_version = Some("41".into());
+        let other = {
+            let mut o = cq("other", None, gpu(16), 16);
+            o.metadata.resource_version = Some("41".into());
+            o
+        };
+        let w: super::super::types::Workload = serde_json::from_value(json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+            "metadata": {"name": "llm-abc-quota", "namespace": "ml"},
+            "spec": {"podSets": []},
+            "status": {
+                "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "r",
+                    "message": "", "lastTransitionTime": "2026-12-07T00:00:00Z"}],
+                "admission": {"clusterQueue": "team", "podSetAssignments": [
+                    {"name": "head", "flavors": {"cpu": "a100"}, "resourceUsage": {"cpu": "2"}},
+                    {"name": "gpu-workers", "flavors": {"cpu": "a100", "nvidia.com/gpu": "a100"},
+                     "resourceUsage": {"cpu": "4", "nvidia.com/gpu": "8"}}]}}
+        }))
+        .unwrap();
+        let t0: jiff::Timestamp = "2026-12-07T06:00:00Z".parse().unwrap();
+        let r = Released::of(&w, &[team.clone()], t0).unwrap();
+        assert_eq!(r.seen_version.as_deref(), Some("41"));
+        assert_eq!(r.usage[&("a100".into(), "nvidia.com/gpu".into())], q(8));
+        assert_eq!(r.usage[&("a100".into(), "cpu".into())], q(6));
+        let at = |s: i64| t0 + jiff::SignedDuration::from_secs(s);
+        // Kueue's status still counts it: taken out (the other queue untouched).
+        let mut cqs = vec![team.clone(), other.clone()];
+        without_released(&mut cqs, std::slice::from_ref(&r), at(1));
+        assert_eq!(gpu_left(&cqs[0], &cqs), q(8));
+        assert!(fit(&cqs[0], &cqs, &ResourceList::new(), &needs(8)).fits);
+        assert_eq!(gpu_left(&cqs[1], &cqs), q(0));
+        // Kueue wrote the status since (it no longer counts it): as reported.
+        let mut caught_up = cq("team", None, gpu(16), 8);
+        caught_up.metadata.resource_version = Some("42".into());
+        let mut cqs = vec![caught_up];
+        without_released(&mut cqs, std::slice::from_ref(&r), at(1));
+        assert_eq!(gpu_left(&cqs[0], &cqs), q(8));
+        // Never beyond the bound, never below 0, and only granted ones.
+        let mut cqs = vec![team.clone()];
+        without_released(&mut cqs, std::slice::from_ref(&r), at(31));
+        assert_eq!(gpu_left(&cqs[0], &cqs), q(0));
+        let mut low = cq("team", None, gpu(16), 4);
+        low.metadata.resource_version = Some("41".into());
+        let mut cqs = vec![low];
+        without_released(&mut cqs, &[r.clone(), r.clone()], at(1));
+        assert_eq!(gpu_left(&cqs[0], &cqs), q(16));
+        let mut pending = w.clone();
+        pending.status.as_mut().unwrap().conditions.clear();
+        assert_eq!(Released::of(&pending, &[team], t0), None);
     }
 }
