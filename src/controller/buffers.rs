@@ -327,13 +327,20 @@ pub fn settle(ctx: &Context, inputs: &Inputs<'_>, d: &mut Decision, now: Timesta
         error,
     };
     report::annotate(d, plan, &facts, now);
-    let open = d.status.capacity_request.as_ref().is_some_and(|r| {
-        matches!(
-            r.state,
-            CapacityRequestState::Requested | CapacityRequestState::NotDelivered
-        )
-    });
-    match (open, objects, fingerprint) {
+    let state = d.status.capacity_request.as_ref().map(|r| r.state);
+    let open = matches!(
+        state,
+        Some(CapacityRequestState::Requested | CapacityRequestState::NotDelivered)
+    );
+    // The last apply failed (the CRD missing, a 403) and the plan still has
+    // its slot: keep what was applied and try again, without deleting in
+    // between. Closing here made the status alternate Failed/Requested and
+    // the PodTemplates be applied and deleted on every reconcile, each write
+    // waking the plan again: a hot loop for as long as the fault lasted.
+    let retrying = state == Some(CapacityRequestState::Failed)
+        && objects.is_some()
+        && lock(&shell.errors).contains_key(&key);
+    match (open || retrying, objects, fingerprint) {
         (true, Some(objects), Some(fingerprint)) => Wanted::Open {
             fingerprint,
             objects,
@@ -601,9 +608,13 @@ pub async fn sweep(ctx: &Context) {
         .filter_map(|p| {
             let s = p.status.as_ref()?;
             let r = s.capacity_request.as_ref()?;
+            // Failed: the plan retries an apply that failed (its objects
+            // exist only then), see `settle`.
             let open = matches!(
                 r.state,
-                CapacityRequestState::Requested | CapacityRequestState::NotDelivered
+                CapacityRequestState::Requested
+                    | CapacityRequestState::NotDelivered
+                    | CapacityRequestState::Failed
             ) && s.phase == Phase::WaitingForCapacity;
             open.then_some((p.metadata.uid.as_deref()?, r.fingerprint.as_str()))
         })

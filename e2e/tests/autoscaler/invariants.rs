@@ -147,8 +147,11 @@ impl Sampler {
         let mut wanted: BTreeMap<String, String> = BTreeMap::new();
         for p in &plans {
             let r = &p["status"]["capacityRequest"];
-            let open = matches!(str_at(r, &["state"]), "Requested" | "NotDelivered")
-                && str_at(p, &["status", "phase"]) == "WaitingForCapacity";
+            // Failed: an apply that failed is retried (the CRD missing), keeping what exists.
+            let open = matches!(
+                str_at(r, &["state"]),
+                "Requested" | "NotDelivered" | "Failed"
+            ) && str_at(p, &["status", "phase"]) == "WaitingForCapacity";
             if !open {
                 continue;
             }
