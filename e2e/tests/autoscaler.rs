@@ -1148,6 +1148,13 @@ async fn faults_around_capacity_requests_keep_the_invariants() {
         "(k) PodTemplate deleted by hand: restored in {:?}",
         td.elapsed()
     );
+    // Its deletion wakes the plan (before, only the periodic reconcile did, 15 s later,
+    // while the autoscaler reported the buffer's template missing).
+    assert!(
+        td.elapsed() < Duration::from_secs(5),
+        "the PodTemplate restored only after {:?}",
+        td.elapsed()
+    );
     // Scaled by hand to 5: Karpenter would buy five nodes.
     or_panic(
         e.buffers()
@@ -1465,6 +1472,35 @@ async fn faults_around_capacity_requests_keep_the_invariants() {
         "churn without the CRD: {} plan versions, {} PodTemplates created",
         versions.len(),
         template_uids.len()
+    );
+    // raygate restarted while the API is missing (as when installed before the autoscaler's
+    // CRDs): it starts without the CapacityBuffer cache (20 s), reports the same failure.
+    let tr = Instant::now();
+    e.raygate().kill();
+    e.rg = None;
+    e.rg = Some(or_panic(spawn_raygate(&e.cp, &e.kubeconfig)));
+    let started = jiff::Timestamp::now();
+    or_panic(
+        wait_for("the new raygate up and reporting", T, || async {
+            let p = e.plan("svc").await?;
+            let r = e.rg.as_ref().expect("raygate runs");
+            let said = r.logs();
+            Ok(
+                if said.contains("did not sync within")
+                    && request_state(&p) == "Failed"
+                    && said.contains("creating the capacity request")
+                {
+                    Check::Done(())
+                } else {
+                    Check::NotYet(format!("{} since {started}", describe(&p)))
+                },
+            )
+        })
+        .await,
+    );
+    eprintln!(
+        "(c) raygate restarted without the CRD: started and reporting in {:?}",
+        tr.elapsed()
     );
     or_panic(e.cp.kubectl_ok(&["create", "-f", &crd_file.to_string_lossy()]));
     or_panic(e.cp.kubectl_ok(&["wait", "--for=condition=Established", "crd", crd_name]));
