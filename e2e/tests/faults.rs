@@ -1705,7 +1705,10 @@ where
 ///   publishes again the pod is placed and the upgrade completes;
 /// - the DeviceClass edited so fewer devices match (those the running worker holds among
 ///   them): the next upgrade is held though the pool has devices free, and admitted when
-///   the class matches them again.
+///   the class matches them again;
+/// - a claim left allocated by a deleted pod while kube-controller-manager (its
+///   resourceclaim controller) is stopped: its devices count as used, as the scheduler
+///   counts them, until the controller is back and releases them.
 ///
 /// Throughout: never a third cluster, and no Unschedulable pod of an admitted cluster
 /// except after the slice deletion.
@@ -1882,6 +1885,96 @@ async fn dra_pools_republished_or_withdrawn_admit_nothing_the_scheduler_cannot_p
             classes
                 .patch("gpu", &PatchParams::default(), &Patch::Merge(&narrow(all)))
                 .await?;
+            wait_phase(&client, &ns, "llm", "Completed").await
+        })
+        .await,
+    );
+    eprintln!("DeviceClass widened: completed at {:?}", t0.elapsed());
+
+    // A claim left allocated by a deleted pod while the resourceclaim controller is off
+    // (kube-controller-manager stopped): its devices stay in use for the scheduler, and
+    // for raygate. 10 devices free, a batch pod takes 6, then is deleted: 4 stay free.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let batch: Pod = serde_json::from_value(json!({"metadata": {"name": "batch"},
+        "spec": {"containers": [{"name": "c", "image": "batch",
+            "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "6"},
+                          "limits": {"nvidia.com/gpu": "6"}}}]}}))
+    .expect("pod");
+    or_panic(
+        pods.create(&PostParams::default(), &batch)
+            .await
+            .map(|_| ())
+            .map_err(Into::into),
+    );
+    or_panic(
+        wait_for("the batch pod bound", T, || async {
+            let p = pods.get("batch").await?;
+            let node = p.spec.and_then(|s| s.node_name).unwrap_or_default();
+            Ok(if node.is_empty() {
+                Check::NotYet(String::new())
+            } else {
+                Check::Done(())
+            })
+        })
+        .await,
+    );
+    or_panic(cp.stop("kube-controller-manager"));
+    or_panic(
+        pods.delete("batch", &Default::default())
+            .await
+            .map(|_| ())
+            .map_err(Into::into),
+    );
+    or_panic(
+        wait_for("the batch pod gone", T, || async {
+            Ok(match pods.get_opt("batch").await? {
+                None => Check::Done(()),
+                Some(_) => Check::NotYet(String::new()),
+            })
+        })
+        .await,
+    );
+    let claims = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        &ns,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceClaim"),
+            "resourceclaims",
+        ),
+    );
+    let left: Vec<String> = or_panic(
+        claims
+            .list(&ListParams::default())
+            .await
+            .map_err(Into::into),
+    )
+    .items
+    .into_iter()
+    .filter(|c| {
+        let v = serde_json::to_value(c).unwrap_or_default();
+        !v["status"]["allocation"].is_null()
+            && v["status"]["reservedFor"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|x| x["name"] == "batch"))
+    })
+    .filter_map(|c| c.metadata.name)
+    .collect();
+    eprintln!("claims left allocated by the deleted pod: {left:?}");
+    assert!(!left.is_empty(), "the batch pod's claim stays allocated");
+    or_panic(bump_worker(&client, &ns, "llm", "rayproject/ray:2.13.0-gpu").await);
+    or_panic(
+        dra_invariants(&client, &ns, "llm", false, async {
+            let p = wait_phase(&client, &ns, "llm", "WaitingForCapacity").await?;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let p2 = get(&plan_api(&client, &ns), "llm").await?;
+            ensure!(
+                phase(&p2) == "WaitingForCapacity",
+                "admitted on devices a deleted pod's claim still holds: {}",
+                describe(&p2)
+            );
+            eprintln!("a deleted pod's claim still allocated: {}", describe(&p));
+            // The controller back: it releases the claim, and the upgrade goes ahead.
+            cp.restart("kube-controller-manager")?;
             wait_phase(&client, &ns, "llm", "Completed").await
         })
         .await,
