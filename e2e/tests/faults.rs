@@ -1,7 +1,9 @@
 //! Faults on the real control plane (Kubernetes v1.36, kwok, the real KubeRay operator):
 //! a stolen leader Lease, a black-holed apiserver connection, a leader frozen past its
 //! Lease while another replica takes over, apiserver and etcd restarts mid-upgrade, and a
-//! second field manager forcing the gate.
+//! second field manager forcing the gate; DRA faults (a pool republished under a new
+//! generation, slices withdrawn after admission, a DeviceClass narrowed, a claim left
+//! allocated while the resourceclaim controller is down) with the real scheduler.
 //!
 //! Every replica talks to the apiserver as a ServiceAccount of its own and the apiserver
 //! writes an audit log of every write (`ControlPlane::start_audited`), so "the stale leader
