@@ -14,9 +14,9 @@ ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 KUBERAY_VERSIONS=(v1.6.2 v1.5.2)
 KARPENTER_VERSION=v1.15.0
-# Karpenter's go.mod needs go >= 1.26.9; this toolchain is fetched through the Go module proxy
+# Karpenter's go.mod needs go >= 1.26.9 (newer than the machine's 1.26.8); go1.27.3, the approved newer toolchain, is fetched through the Go module proxy
 # (golang.org/toolchain) into the module cache and used for that one module only.
-KARPENTER_GOTOOLCHAIN=go1.26.11
+KARPENTER_GOTOOLCHAIN=go1.27.3
 # Traefik: the gateway controller of 'up --incremental'. v3.6.12 is the newest v3 release that
 # builds as a dependency: v3.7.x requires github.com/traefik/traefik/dynamic/ext, a module it
 # replaces with a directory of its own repository (not in its module zip, not served).

@@ -1,6 +1,6 @@
 // Builds Karpenter's kwok cloud provider (the real Karpenter controllers, nodes made by kwok).
 // Karpenter v1.15.0 needs go >= 1.26.9: e2e/lib/build.sh builds this module, and only this one,
-// with GOTOOLCHAIN=go1.26.11 (fetched through the Go module proxy into the cache).
+// with GOTOOLCHAIN=go1.27.3 (fetched through the Go module proxy into the cache).
 module raygate.dev/e2e/tools/karpenter
 
 go 1.26.9
