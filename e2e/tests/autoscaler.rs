@@ -773,7 +773,19 @@ async fn held_upgrades_get_their_capacity_from_karpenter() {
     );
     let again = or_panic(e.buffers_by_plan().await)[&batch_uid].clone();
     assert_eq!(before, again, "the same CapacityBuffers (names and uids)");
-    // maxWait passed: reported once, and the alert's series is 1.
+    // maxWait passed: reported once, and the alert's series is 1. The Event is posted right
+    // after the status is written: wait for it, then count.
+    or_panic(
+        wait_for("the CapacityNotDelivered Event", T, || async {
+            let n = e.events("batch", "CapacityNotDelivered").await?.len();
+            Ok(if n > 0 {
+                Check::Done(())
+            } else {
+                Check::NotYet(n.to_string())
+            })
+        })
+        .await,
+    );
     assert_eq!(
         or_panic(e.events("batch", "CapacityNotDelivered").await).len(),
         1

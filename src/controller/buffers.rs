@@ -460,26 +460,40 @@ fn buffer_intact(cached: &CapacityBuffer, wanted: &CapacityBuffer) -> bool {
         && (w.provisioning_strategy.is_none() || c.provisioning_strategy == w.provisioning_strategy)
 }
 
+/// Whether only raygate's field manager ever wrote the object: any other
+/// writer (`kubectl edit`, a merge patch) leaves an entry of its own.
+fn only_ours(meta: &kube::api::ObjectMeta) -> bool {
+    meta.managed_fields.as_ref().is_some_and(|m| {
+        !m.is_empty()
+            && m.iter()
+                .all(|f| f.manager.as_deref() == Some(gate::FIELD_MANAGER))
+    })
+}
+
 /// Applies the objects the cache does not show as raygate applied them
 /// (missing, or edited by someone else); how many shapes were written.
 async fn create(ctx: &Context, ns: &str, objects: &[Objects]) -> Result<usize> {
     let shell = &ctx.buffers;
-    let intact = |o: &Objects| {
-        let name = o.template.metadata.name.clone().unwrap_or_default();
-        let b = shell
-            .buffers
-            .as_ref()
-            .and_then(|s| s.get(&ObjectRef::new(&name).within(ns)));
+    let template_intact = |name: &str| {
         let t = shell
             .templates
             .as_ref()
-            .and_then(|s| s.get(&ObjectRef::new(&name).within(ns)));
-        let template_ours = t.is_some_and(|t| {
-            t.metadata.resource_version.is_some()
-                && lock(&shell.written).get(&(ns.to_string(), name.clone()))
-                    == t.metadata.resource_version.as_ref()
-        });
-        template_ours && b.is_some_and(|b| buffer_intact(&b, &o.buffer))
+            .and_then(|s| s.get(&ObjectRef::new(name).within(ns)));
+        t.is_some_and(|t| {
+            match lock(&shell.written).get(&(ns.to_string(), name.to_string())) {
+                Some(rv) => t.metadata.resource_version.as_ref() == Some(rv),
+                // Not applied by this process (it restarted): intact if
+                // nobody else wrote it.
+                None => only_ours(&t.metadata),
+            }
+        })
+    };
+    let buffer_ok = |o: &Objects, name: &str| {
+        shell
+            .buffers
+            .as_ref()
+            .and_then(|s| s.get(&ObjectRef::new(name).within(ns)))
+            .is_some_and(|b| buffer_intact(&b, &o.buffer))
     };
     let templates: Api<PodTemplate> = Api::namespaced(ctx.client.clone(), ns);
     let buffers: Api<CapacityBuffer> = Api::namespaced(ctx.client.clone(), ns);
@@ -487,28 +501,33 @@ async fn create(ctx: &Context, ns: &str, objects: &[Objects]) -> Result<usize> {
     let mut written = 0;
     for o in objects {
         let name = o.template.metadata.name.clone().unwrap_or_default();
-        if intact(o) {
+        let (t_ok, b_ok) = (template_intact(&name), buffer_ok(o, &name));
+        if t_ok && b_ok {
             continue;
         }
         // The template first: a buffer naming a missing one is reported
         // not ready by the autoscaler.
-        let applied = guarded(
-            &ctx.fence,
-            "applying a PodTemplate",
-            templates.patch(&name, &params, &Patch::Apply(&o.template)),
-        )
-        .await?
-        .map_err(|e| api_error("PodTemplate", &name, e))?;
-        if let Some(rv) = applied.metadata.resource_version {
-            lock(&shell.written).insert((ns.to_string(), name.clone()), rv);
+        if !t_ok {
+            let applied = guarded(
+                &ctx.fence,
+                "applying a PodTemplate",
+                templates.patch(&name, &params, &Patch::Apply(&o.template)),
+            )
+            .await?
+            .map_err(|e| api_error("PodTemplate", &name, e))?;
+            if let Some(rv) = applied.metadata.resource_version {
+                lock(&shell.written).insert((ns.to_string(), name.clone()), rv);
+            }
         }
-        guarded(
-            &ctx.fence,
-            "applying a CapacityBuffer",
-            buffers.patch(&name, &params, &Patch::Apply(&o.buffer)),
-        )
-        .await?
-        .map_err(|e| api_error("CapacityBuffer", &name, e))?;
+        if !b_ok {
+            guarded(
+                &ctx.fence,
+                "applying a CapacityBuffer",
+                buffers.patch(&name, &params, &Patch::Apply(&o.buffer)),
+            )
+            .await?
+            .map_err(|e| api_error("CapacityBuffer", &name, e))?;
+        }
         written += 1;
     }
     Ok(written)
@@ -755,6 +774,27 @@ mod tests {
                 replicas,
             },
         )
+    }
+
+    #[test]
+    fn an_object_written_by_another_manager_is_not_only_ours() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+        let entry = |m: &str| ManagedFieldsEntry {
+            manager: Some(m.to_string()),
+            ..Default::default()
+        };
+        let meta = |m: Option<Vec<ManagedFieldsEntry>>| kube::api::ObjectMeta {
+            managed_fields: m,
+            ..Default::default()
+        };
+        assert!(only_ours(&meta(Some(vec![entry(gate::FIELD_MANAGER)]))));
+        assert!(!only_ours(&meta(Some(vec![
+            entry(gate::FIELD_MANAGER),
+            entry("kubectl-edit")
+        ]))));
+        // Nothing recorded: not known to be ours, applied again.
+        assert!(!only_ours(&meta(None)));
+        assert!(!only_ours(&meta(Some(vec![]))));
     }
 
     #[test]
