@@ -293,6 +293,12 @@ impl ControlPlane {
             .context("control plane directory already released")
     }
 
+    /// `DIR/karpenter-instance-types.json` of `up --karpenter`: Karpenter's kwok provider
+    /// reads it only at start, so a test rewrites it and then restarts Karpenter.
+    pub fn karpenter_instance_types(&self) -> Result<PathBuf> {
+        Ok(self.cp_dir()?.join("karpenter-instance-types.json"))
+    }
+
     /// Where tests may put logs: the control plane's `logs/` (archived by `down` when a test
     /// failed) if this handle started it, else a scratch directory.
     pub fn log_dir(&self) -> PathBuf {
@@ -362,6 +368,16 @@ impl ControlPlane {
     /// `control-plane restart COMPONENT`: stops one component (`etcd`, `kube-apiserver`, ...)
     /// and starts it again on the same ports, returning once it is healthy.
     pub fn restart(&self, component: &str) -> Result<()> {
+        self.restart_with(component, &[])
+    }
+
+    /// `control-plane restart --stop-only COMPONENT`: stops one component and leaves it
+    /// stopped (a fault: Karpenter down); [`ControlPlane::restart`] starts it again.
+    pub fn stop(&self, component: &str) -> Result<()> {
+        self.restart_with(component, &["--stop-only"])
+    }
+
+    fn restart_with(&self, component: &str, flags: &[&str]) -> Result<()> {
         if !self.owned {
             bail!("cannot restart {component} of a reused cluster");
         }
@@ -369,6 +385,7 @@ impl ControlPlane {
             .arg("restart")
             .arg("--dir")
             .arg(self.cp_dir()?)
+            .args(flags)
             .arg(component)
             .stdin(Stdio::null())
             .output()

@@ -23,6 +23,14 @@
 //! Then, with a request open and raygate stopped, `raygate release` deletes it with the gate.
 //! On the way, the PodTemplates raygate asked with are compared with the pods the real
 //! operator creates for that cluster.
+//!
+//! A second test, on its own control plane beside the first, injects faults around the
+//! requests (Karpenter down or restarted, the offering gone, objects edited by hand, a
+//! bought node lost, the CRD removed, the apiserver restarted, the plan deleted). Both
+//! sample the invariants of issue 36 every second throughout (`autoscaler/invariants.rs`):
+//! no more NodeClaims than clusters and open requests justify, no request object outliving
+//! its plan's wait by more than a sweep, never a third cluster, no gate `None` without a
+//! plan, no Unschedulable pod of an admitted cluster unless a fault removed capacity.
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Event, Node, PodTemplate};
@@ -553,6 +561,7 @@ async fn held_upgrades_get_their_capacity_from_karpenter() {
     let t0 = Instant::now();
     let mut e = or_panic(env().await);
     eprintln!("control plane with Karpenter up in {:?}", t0.elapsed());
+    let inv = Invariants::start(e.client.clone(), &e.ns);
     let buffer_request = json!({"request": "CapacityBuffer"});
 
     // (a) One 8-GPU worker, on a node Karpenter buys for its pending pod.
@@ -764,7 +773,19 @@ async fn held_upgrades_get_their_capacity_from_karpenter() {
     );
     let again = or_panic(e.buffers_by_plan().await)[&batch_uid].clone();
     assert_eq!(before, again, "the same CapacityBuffers (names and uids)");
-    // maxWait passed: reported once, and the alert's series is 1.
+    // maxWait passed: reported once, and the alert's series is 1. The Event is posted right
+    // after the status is written: wait for it, then count.
+    or_panic(
+        wait_for("the CapacityNotDelivered Event", T, || async {
+            let n = e.events("batch", "CapacityNotDelivered").await?.len();
+            Ok(if n > 0 {
+                Check::Done(())
+            } else {
+                Check::NotYet(n.to_string())
+            })
+        })
+        .await,
+    );
     assert_eq!(
         or_panic(e.events("batch", "CapacityNotDelivered").await).len(),
         1
@@ -875,6 +896,7 @@ async fn held_upgrades_get_their_capacity_from_karpenter() {
         "no request left behind"
     );
     eprintln!("(e) both completed in queue order at {:?}", t0.elapsed());
+    inv.assert_clean("(a)-(f)");
 
     // Uninstall: with a request open and raygate stopped, `raygate release` (what the
     // chart's pre-delete hook runs) deletes it with the gate, as this ServiceAccount.
@@ -923,4 +945,645 @@ async fn held_upgrades_get_their_capacity_from_karpenter() {
     );
     assert!(left.items.is_empty(), "PodTemplates left behind");
     eprintln!("raygate release: {}", said.trim().replace('\n', "; "));
+}
+
+#[path = "autoscaler/invariants.rs"]
+mod invariants;
+use invariants::Invariants;
+
+impl Env {
+    fn templates(&self) -> Api<PodTemplate> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Live NodeClaims (no deletion timestamp), by name.
+    async fn nodeclaims(&self) -> Result<BTreeSet<String>> {
+        let api = Api::<DynamicObject>::all_with(
+            self.client.clone(),
+            &ar("karpenter.sh", "v1", "NodeClaim", "nodeclaims"),
+        );
+        Ok(api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .filter_map(|c| c.metadata.name)
+            .collect())
+    }
+
+    /// Every NodeClaim name seen so far is recorded: "bought" counts creations, not the
+    /// live set, so a node bought and consolidated in between still counts.
+    async fn bought_since(&self, seen: &mut BTreeSet<String>) -> Result<usize> {
+        let before = seen.len();
+        seen.extend(self.nodeclaims().await?);
+        Ok(seen.len() - before)
+    }
+
+    /// Waits for an upgrade to complete with one cluster, recording NodeClaims on the way.
+    async fn until_completed(&self, svc: &str, seen: &mut BTreeSet<String>) -> Result<Value> {
+        let deadline = Instant::now() + T;
+        loop {
+            self.bought_since(seen).await?;
+            let p = self.plan(svc).await?;
+            if phase(&p) == "Completed" && self.cluster_count(svc).await? == 1 {
+                return Ok(p);
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{svc} not Completed: {}",
+                describe(&p)
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// The worker shape's CapacityBuffer and PodTemplate name of the plan's open request.
+    async fn worker_request(&self, svc: &str) -> Result<String> {
+        let p = self
+            .wait_plan(svc, "a request open for the worker", |p| {
+                request_state(p) == "Requested"
+                    && p["status"]["capacityRequest"]["buffers"]
+                        .as_array()
+                        .is_some_and(|b| b.len() == 2)
+            })
+            .await?;
+        let fp = str_at(&p, &["status", "pendingChange", "fingerprint"]);
+        Ok(format!("{svc}-{fp}-worker-gpu-workers"))
+    }
+
+    /// Waits until Karpenter has consolidated every node but `keep` (empty ones after an
+    /// upgrade), so the next change cannot fit on a leftover node.
+    async fn consolidated_to(&self, keep: usize, seen: &mut BTreeSet<String>) -> Result<()> {
+        wait_for("empty nodes consolidated", T, || async {
+            let live = self.nodeclaims().await?;
+            Ok(if live.len() <= keep {
+                Check::Done(())
+            } else {
+                Check::NotYet(format!("{live:?}"))
+            })
+        })
+        .await?;
+        self.bought_since(seen).await?;
+        Ok(())
+    }
+
+    async fn buffer_json(&self, name: &str) -> Result<Option<Value>> {
+        match self.buffers().get_opt(name).await? {
+            Some(b) => Ok(Some(serde_json::to_value(b)?)),
+            None => Ok(None),
+        }
+    }
+}
+
+const INSTANCE_TYPES_ON_DEMAND: &str = r#"[{"name": "gpu-8x-amd64-linux",
+  "offerings": [{"Price": 32.77, "Available": true, "Requirements": [
+    {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
+    {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["test-zone-a"]}]}],
+  "architecture": "amd64", "operatingSystems": ["linux"],
+  "resources": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "8", "pods": "110"}}]"#;
+
+/// Faults around the capacity request, on their own control plane (run beside the happy
+/// path above), with the invariants of `invariants.rs` sampled every second throughout:
+///
+/// (k) Karpenter down while a request is open; meanwhile a user deletes raygate's worker
+///     CapacityBuffer, then its PodTemplate, and scales the buffer by hand, and a foreign
+///     CapacityBuffer sits in the namespace. raygate restores its objects; Karpenter back
+///     buys exactly one node; admitted when delivered; the foreign buffer untouched.
+/// (o) the instance type's on-demand offering gone (Karpenter restarted with a file that
+///     offers only spot: the kwok provider reads it at start and forces every listed offering
+///     available, so `Available: false` in the file is not honoured): held, reported, nothing
+///     bought; restarted with the offering back: one node, admitted.
+/// (n) the node bought for a request deleted (its NodeClaim, as an interruption) once
+///     admitted, with the pool at its limit: raygate reports the stall; the limit raised,
+///     Karpenter replaces the node for the pending pod and the upgrade completes.
+/// (c) the CapacityBuffer CRD deleted while a request is open (every buffer with it), then
+///     installed again: raygate reports it, asks again, and is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_around_capacity_requests_keep_the_invariants() {
+    let t0 = Instant::now();
+    let mut e = or_panic(env().await);
+    eprintln!("control plane with Karpenter up in {:?}", t0.elapsed());
+    // Empty nodes go 5 s after their last pod, so each scenario starts from one node.
+    or_panic(
+        e.nodepools()
+            .patch(
+                "gpu",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"disruption": {"consolidateAfter": "5s"}}})),
+            )
+            .await
+            .map(|_| ())
+            .map_err(Into::into),
+    );
+    let inv = Invariants::start(e.client.clone(), &e.ns);
+    let mut seen = BTreeSet::new();
+    or_panic(service_with_plan(&e, "svc", 1, 0, json!({"request": "CapacityBuffer"})).await);
+    or_panic(e.bought_since(&mut seen).await);
+    assert_eq!(seen.len(), 1, "one node for the first cluster: {seen:?}");
+
+    // A foreign CapacityBuffer (another team's, a CPU pod the static node holds).
+    let foreign_template = json!({"apiVersion": "v1", "kind": "PodTemplate",
+        "metadata": {"name": "foreign"},
+        "template": {"spec": {"containers": [{"name": "c", "image": "busybox",
+            "resources": {"requests": {"cpu": "100m"}}}]}}});
+    or_panic(
+        e.templates()
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(foreign_template).unwrap(),
+            )
+            .await
+            .map_err(Into::into),
+    );
+    or_panic(
+        create(
+            &e.buffers(),
+            json!({"apiVersion": "autoscaling.x-k8s.io/v1beta1", "kind": "CapacityBuffer",
+               "metadata": {"name": "foreign", "labels": {"team": "other"}},
+               "spec": {"podTemplateRef": {"name": "foreign"}, "replicas": 1}}),
+        )
+        .await,
+    );
+    let foreign = or_panic(e.buffer_json("foreign").await).expect("foreign buffer");
+
+    // (k) Karpenter down, then the change.
+    let tk = Instant::now();
+    or_panic(e.cp.stop("karpenter"));
+    or_panic(e.change("svc", "rayproject/ray:2.10.0-gpu", None).await);
+    let worker = or_panic(e.worker_request("svc").await);
+    let original = or_panic(e.buffer_json(&worker).await).expect("worker buffer");
+    let uid = |v: &Value| str_at(v, &["metadata", "uid"]).to_string();
+    // Deleted by hand: raygate applies it again (a new object, the same name).
+    or_panic(
+        e.buffers()
+            .delete(&worker, &Default::default())
+            .await
+            .map(|_| ())
+            .map_err(Into::into),
+    );
+    let td = Instant::now();
+    or_panic(
+        wait_for("the deleted CapacityBuffer restored", T, || async {
+            Ok(match e.buffer_json(&worker).await? {
+                Some(b) if uid(&b) != uid(&original) => Check::Done(()),
+                other => Check::NotYet(format!("{:?}", other.map(|b| uid(&b)))),
+            })
+        })
+        .await,
+    );
+    eprintln!(
+        "(k) CapacityBuffer deleted by hand: restored in {:?}",
+        td.elapsed()
+    );
+    let template_uid = or_panic(e.templates().get(&worker).await.map_err(Into::into))
+        .metadata
+        .uid;
+    or_panic(
+        e.templates()
+            .delete(&worker, &Default::default())
+            .await
+            .map(|_| ())
+            .map_err(Into::into),
+    );
+    let td = Instant::now();
+    or_panic(
+        wait_for("the deleted PodTemplate restored", T, || async {
+            Ok(match e.templates().get_opt(&worker).await? {
+                Some(t) if t.metadata.uid != template_uid => Check::Done(()),
+                other => Check::NotYet(format!("{:?}", other.map(|t| t.metadata.uid))),
+            })
+        })
+        .await,
+    );
+    eprintln!(
+        "(k) PodTemplate deleted by hand: restored in {:?}",
+        td.elapsed()
+    );
+    // Its deletion wakes the plan (before, only the periodic reconcile did, 15 s later,
+    // while the autoscaler reported the buffer's template missing).
+    assert!(
+        td.elapsed() < Duration::from_secs(5),
+        "the PodTemplate restored only after {:?}",
+        td.elapsed()
+    );
+    // Scaled by hand to 5: Karpenter would buy five nodes.
+    or_panic(
+        e.buffers()
+            .patch(
+                &worker,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"replicas": 5}})),
+            )
+            .await
+            .map(|_| ())
+            .map_err(Into::into),
+    );
+    let td = Instant::now();
+    or_panic(
+        wait_for("the edited CapacityBuffer restored", T, || async {
+            let b = e.buffer_json(&worker).await?.unwrap_or_default();
+            Ok(if b["spec"]["replicas"] == json!(1) {
+                Check::Done(())
+            } else {
+                Check::NotYet(format!("replicas {}", b["spec"]["replicas"]))
+            })
+        })
+        .await,
+    );
+    eprintln!(
+        "(k) CapacityBuffer scaled by hand: restored in {:?}",
+        td.elapsed()
+    );
+    // The template's GPU request edited by hand (the buffer would then ask for 1 GPU).
+    let gpus = |t: &PodTemplate| {
+        t.template
+            .as_ref()
+            .and_then(|t| t.spec.as_ref())
+            .and_then(|s| s.containers[0].resources.as_ref())
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("nvidia.com/gpu"))
+            .map(|q| q.0.clone())
+            .unwrap_or_default()
+    };
+    let mut t = or_panic(e.templates().get(&worker).await.map_err(Into::into));
+    let mut spec = t.template.take().expect("template");
+    let r = spec.spec.as_mut().expect("pod spec").containers[0]
+        .resources
+        .as_mut()
+        .expect("resources");
+    for m in [r.requests.as_mut(), r.limits.as_mut()]
+        .into_iter()
+        .flatten()
+    {
+        m.insert(
+            "nvidia.com/gpu".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()),
+        );
+    }
+    or_panic(
+        e.templates()
+            .patch(
+                &worker,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"template": spec})),
+            )
+            .await
+            .map(|_| ())
+            .map_err(Into::into),
+    );
+    let td = Instant::now();
+    or_panic(
+        wait_for("the edited PodTemplate restored", T, || async {
+            let t = e.templates().get(&worker).await?;
+            Ok(if gpus(&t) == "8" {
+                Check::Done(())
+            } else {
+                Check::NotYet(format!("nvidia.com/gpu {}", gpus(&t)))
+            })
+        })
+        .await,
+    );
+    eprintln!(
+        "(k) PodTemplate edited by hand: restored in {:?}",
+        td.elapsed()
+    );
+    assert_eq!(
+        or_panic(e.bought_since(&mut seen).await),
+        0,
+        "Karpenter is down"
+    );
+    assert_eq!(or_panic(e.cluster_count("svc").await), 1);
+    assert_eq!(phase(&or_panic(e.plan("svc").await)), "WaitingForCapacity");
+    let tu = Instant::now();
+    or_panic(e.cp.restart("karpenter"));
+    or_panic(
+        e.wait_plan("svc", "admitted once Karpenter is back", |p| {
+            matches!(phase(p), "Admitted" | "Upgrading" | "Completed")
+        })
+        .await,
+    );
+    eprintln!(
+        "(k) Karpenter back: admitted {:?} after its restart",
+        tu.elapsed()
+    );
+    or_panic(e.until_completed("svc", &mut seen).await);
+    assert_eq!(
+        seen.len(),
+        2,
+        "exactly one node bought for the change: {seen:?}"
+    );
+    let f = or_panic(e.buffer_json("foreign").await).expect("the foreign buffer is left alone");
+    assert_eq!(uid(&f), uid(&foreign));
+    assert_eq!(f["spec"], foreign["spec"]);
+    assert_eq!(f["metadata"]["labels"], foreign["metadata"]["labels"]);
+    inv.assert_clean("(k) Karpenter down, objects edited by hand");
+    eprintln!("(k) done in {:?}", tk.elapsed());
+
+    // (o) The offering gone: Karpenter restarted with a spot-only instance type.
+    or_panic(e.consolidated_to(1, &mut seen).await);
+    let to = Instant::now();
+    let types = or_panic(e.cp.karpenter_instance_types());
+    std::fs::write(
+        &types,
+        INSTANCE_TYPES_ON_DEMAND.replace("on-demand", "spot"),
+    )
+    .unwrap();
+    or_panic(e.cp.restart("karpenter"));
+    let before = seen.clone();
+    or_panic(e.change("svc", "rayproject/ray:2.11.0-gpu", None).await);
+    or_panic(e.worker_request("svc").await);
+    let reported = or_panic(
+        e.wait_plan(
+            "svc",
+            "the autoscaler's report of the missing offering",
+            |p| {
+                p["status"]["capacityRequest"]["buffers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|b| {
+                        str_at(b, &["name"]).contains("-worker-")
+                            && !str_at(b, &["reason"]).is_empty()
+                    })
+            },
+        )
+        .await,
+    );
+    eprintln!(
+        "(o) offering gone: {} / {}",
+        str_at(&reported, &["status", "message"]),
+        reported["status"]["capacityRequest"]["buffers"]
+    );
+    // Karpenter's batch window is 1-10 s: ten seconds more without a NodeClaim.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    or_panic(e.bought_since(&mut seen).await);
+    assert_eq!(seen, before, "nothing bought without an offering");
+    let held = or_panic(e.plan("svc").await);
+    assert_eq!(phase(&held), "WaitingForCapacity", "{}", describe(&held));
+    assert_eq!(or_panic(e.cluster_count("svc").await), 1);
+    // The apiserver restarted with the request open: the same objects afterwards.
+    let open = or_panic(e.buffers_by_plan().await);
+    let ta = Instant::now();
+    or_panic(e.cp.restart("kube-apiserver"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    or_panic(e.worker_request("svc").await);
+    assert_eq!(
+        or_panic(e.buffers_by_plan().await),
+        open,
+        "the same CapacityBuffers"
+    );
+    eprintln!(
+        "(o) apiserver restarted with the request open: same buffers ({:?})",
+        ta.elapsed()
+    );
+    // Offered again; Karpenter restarted once more as soon as it created the NodeClaim.
+    std::fs::write(&types, INSTANCE_TYPES_ON_DEMAND).unwrap();
+    or_panic(e.cp.restart("karpenter"));
+    or_panic(
+        wait_for("a NodeClaim for the request", T, || async {
+            let now = e.nodeclaims().await?;
+            Ok(if now.iter().any(|c| !before.contains(c)) {
+                Check::Done(())
+            } else {
+                Check::NotYet(format!("{now:?}"))
+            })
+        })
+        .await,
+    );
+    or_panic(e.cp.restart("karpenter"));
+    or_panic(e.until_completed("svc", &mut seen).await);
+    assert_eq!(
+        seen.len(),
+        before.len() + 1,
+        "one node once offered: {seen:?}"
+    );
+    inv.assert_clean("(o) offering unavailable, then available");
+    eprintln!("(o) done in {:?}", to.elapsed());
+
+    // (n) The node bought for the change deleted once admitted, the pool at its limit.
+    or_panic(e.consolidated_to(1, &mut seen).await);
+    let tn = Instant::now();
+    let before = seen.clone();
+    or_panic(e.change("svc", "rayproject/ray:2.12.0-gpu", None).await);
+    or_panic(
+        e.wait_plan("svc", "admitted", |p| {
+            matches!(phase(p), "Admitted" | "Upgrading")
+        })
+        .await,
+    );
+    or_panic(e.bought_since(&mut seen).await);
+    let new_claims: Vec<String> = seen.difference(&before).cloned().collect();
+    assert_eq!(
+        new_claims.len(),
+        1,
+        "one node for the change: {new_claims:?}"
+    );
+    // The pool may not grow: any new node would exceed 8 GPUs.
+    or_panic(e.set_gpu_limit(8).await);
+    inv.capacity_removed(true);
+    let claims = Api::<DynamicObject>::all_with(
+        e.client.clone(),
+        &ar("karpenter.sh", "v1", "NodeClaim", "nodeclaims"),
+    );
+    or_panic(
+        claims
+            .delete(&new_claims[0], &Default::default())
+            .await
+            .map(|_| ())
+            .map_err(Into::into),
+    );
+    let stalled = or_panic(
+        e.wait_plan("svc", "the lost node reported as a stall", |p| {
+            phase(p) == "Stalled"
+        })
+        .await,
+    );
+    eprintln!(
+        "(n) node deleted after admission: {} ({})",
+        str_at(&stalled, &["status", "message"]),
+        describe(&stalled)
+    );
+    or_panic(e.set_gpu_limit(32).await);
+    or_panic(e.until_completed("svc", &mut seen).await);
+    inv.capacity_removed(false);
+    assert_eq!(
+        seen.len(),
+        before.len() + 2,
+        "the lost node replaced once: {:?}",
+        seen.difference(&before).collect::<Vec<_>>()
+    );
+    inv.assert_clean("(n) node deleted after admission");
+    eprintln!("(n) done in {:?}", tn.elapsed());
+
+    // (c) The CapacityBuffer CRD deleted while a request is open, then installed again.
+    or_panic(e.consolidated_to(1, &mut seen).await);
+    let tc = Instant::now();
+    let before = seen.clone();
+    // The pool may not grow: any new node would exceed 8 GPUs.
+    or_panic(e.set_gpu_limit(8).await);
+    or_panic(e.change("svc", "rayproject/ray:2.13.0-gpu", None).await);
+    or_panic(e.worker_request("svc").await);
+    let crd_name = "capacitybuffers.autoscaling.x-k8s.io";
+    let mut crd: Value = serde_json::from_str(&or_panic(
+        e.cp.kubectl_ok(&["get", "crd", crd_name, "-o", "json"]),
+    ))
+    .unwrap();
+    crd.as_object_mut().unwrap().remove("status");
+    let meta = crd["metadata"].as_object_mut().unwrap();
+    for k in [
+        "resourceVersion",
+        "uid",
+        "creationTimestamp",
+        "managedFields",
+        "generation",
+    ] {
+        meta.remove(k);
+    }
+    let crd_file = e.cp.log_dir().join("capacitybuffers-crd.json");
+    std::fs::write(&crd_file, crd.to_string()).unwrap();
+    or_panic(e.cp.kubectl_ok(&["delete", "crd", crd_name, "--wait=true"]));
+    let gone = or_panic(
+        e.wait_plan("svc", "the missing CapacityBuffer API reported", |p| {
+            str_at(p, &["status", "capacityRequest", "message"]).contains("not installed")
+                || str_at(p, &["status", "message"]).contains("not installed")
+        })
+        .await,
+    );
+    eprintln!("(c) CRD deleted: {}", describe(&gone));
+    // Reported once and retried quietly: the plan's status and raygate's PodTemplates do
+    // not churn while the API is missing (they alternated on every reconcile, each write
+    // waking the plan again).
+    let mut versions = BTreeSet::new();
+    let mut template_uids = BTreeSet::new();
+    let quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_secs(8) {
+        let p = or_panic(e.plan("svc").await);
+        versions.insert(str_at(&p, &["metadata", "resourceVersion"]).to_string());
+        for t in or_panic(
+            e.templates()
+                .list_metadata(
+                    &ListParams::default().labels("app.kubernetes.io/managed-by=raygate"),
+                )
+                .await
+                .map_err(Into::into),
+        )
+        .items
+        {
+            template_uids.insert(t.metadata.uid.unwrap_or_default());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "(c) in 8 s without the API: {} plan versions, {} PodTemplate uids",
+        versions.len(),
+        template_uids.len()
+    );
+    assert!(
+        versions.len() <= 3 && template_uids.len() <= 2,
+        "churn without the CRD: {} plan versions, {} PodTemplates created",
+        versions.len(),
+        template_uids.len()
+    );
+    // raygate restarted while the API is missing (as when installed before the autoscaler's
+    // CRDs): it starts without the CapacityBuffer cache (20 s), reports the same failure.
+    let tr = Instant::now();
+    e.raygate().kill();
+    e.rg = None;
+    e.rg = Some(or_panic(spawn_raygate(&e.cp, &e.kubeconfig)));
+    let started = jiff::Timestamp::now();
+    or_panic(
+        wait_for("the new raygate up and reporting", T, || async {
+            let p = e.plan("svc").await?;
+            let r = e.rg.as_ref().expect("raygate runs");
+            let said = r.logs();
+            Ok(
+                if said.contains("did not sync within")
+                    && request_state(&p) == "Failed"
+                    && said.contains("creating the capacity request")
+                {
+                    Check::Done(())
+                } else {
+                    Check::NotYet(format!("{} since {started}", describe(&p)))
+                },
+            )
+        })
+        .await,
+    );
+    eprintln!(
+        "(c) raygate restarted without the CRD: started and reporting in {:?}",
+        tr.elapsed()
+    );
+    or_panic(e.cp.kubectl_ok(&["create", "-f", &crd_file.to_string_lossy()]));
+    or_panic(e.cp.kubectl_ok(&["wait", "--for=condition=Established", "crd", crd_name]));
+    let back = Instant::now();
+    or_panic(e.worker_request("svc").await);
+    or_panic(
+        wait_for("the buffers applied again", T, || async {
+            let b = e.buffers_by_plan().await.unwrap_or_default();
+            Ok(if b.values().map(BTreeMap::len).sum::<usize>() == 2 {
+                Check::Done(())
+            } else {
+                Check::NotYet(format!("{b:?}"))
+            })
+        })
+        .await,
+    );
+    eprintln!(
+        "(c) CRD back: buffers applied again in {:?}",
+        back.elapsed()
+    );
+    or_panic(e.set_gpu_limit(32).await);
+    or_panic(e.until_completed("svc", &mut seen).await);
+    assert_eq!(seen.len(), before.len() + 1, "one node: {seen:?}");
+    inv.assert_clean("(c) CapacityBuffer CRD removed and installed again");
+    eprintln!("(c) done in {:?}", tc.elapsed());
+
+    // (p) The plan deleted while its request is open: the gate given back, the request
+    // deleted (the invariants watch both).
+    or_panic(e.consolidated_to(1, &mut seen).await);
+    let tp = Instant::now();
+    // The pool may not grow: any new node would exceed 8 GPUs.
+    or_panic(e.set_gpu_limit(8).await);
+    or_panic(e.change("svc", "rayproject/ray:2.14.0-gpu", None).await);
+    or_panic(e.worker_request("svc").await);
+    or_panic(
+        e.plans()
+            .delete("svc", &Default::default())
+            .await
+            .map(|_| ())
+            .map_err(Into::into),
+    );
+    or_panic(
+        wait_for("the gate given back and the request deleted", T, || async {
+            let svc = serde_json::to_value(e.services().get("svc").await?)?;
+            let gate = str_at(&svc, &["spec", "upgradeStrategy", "type"]).to_string();
+            let b = e.buffers_by_plan().await?;
+            let t = e
+                .templates()
+                .list_metadata(
+                    &ListParams::default().labels("app.kubernetes.io/managed-by=raygate"),
+                )
+                .await?
+                .items
+                .len();
+            Ok(if gate != "None" && b.is_empty() && t == 0 {
+                Check::Done(())
+            } else {
+                Check::NotYet(format!("gate {gate:?}, buffers {b:?}, templates {t}"))
+            })
+        })
+        .await,
+    );
+    eprintln!(
+        "(p) plan deleted with its request open: gate and request gone in {:?}",
+        tp.elapsed()
+    );
+
+    // Nothing left behind: the invariants held to the end.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    inv.assert_clean("faults, at the end");
+    e.raygate();
+    inv.stop().await;
+    eprintln!("faults done in {:?}", t0.elapsed());
 }

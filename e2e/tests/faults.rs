@@ -1,7 +1,9 @@
 //! Faults on the real control plane (Kubernetes v1.36, kwok, the real KubeRay operator):
 //! a stolen leader Lease, a black-holed apiserver connection, a leader frozen past its
 //! Lease while another replica takes over, apiserver and etcd restarts mid-upgrade, and a
-//! second field manager forcing the gate.
+//! second field manager forcing the gate; DRA faults (a pool republished under a new
+//! generation, slices withdrawn after admission, a DeviceClass narrowed, a claim left
+//! allocated while the resourceclaim controller is down) with the real scheduler.
 //!
 //! Every replica talks to the apiserver as a ServiceAccount of its own and the apiserver
 //! writes an audit log of every write (`ControlPlane::start_audited`), so "the stale leader
@@ -1603,4 +1605,381 @@ async fn a_second_field_manager_forcing_the_gate_is_reported_and_the_rest_comple
         "admitted once"
     );
     assert!(!rg.logs().contains("panicked"), "{}", rg.logs());
+}
+
+/// A DRA driver's slice of `node`'s pool: `devices` named `gpu-<i>`, generation `generation`
+/// of `count` slices.
+fn dra_slice(
+    name: &str,
+    node: &str,
+    generation: i64,
+    count: i64,
+    devices: std::ops::Range<usize>,
+) -> Value {
+    let devices: Vec<Value> = devices
+        .map(|i| json!({"name": format!("gpu-{i}"), "attributes": {"index": {"int": i}}}))
+        .collect();
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {"driver": "gpu.example.com", "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+            "devices": devices}})
+}
+
+fn slices_api(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice"),
+            "resourceslices",
+        ),
+    )
+}
+
+/// What the DRA scenarios must never see, checked every 250 ms while `until` runs: a third
+/// cluster, or (unless `capacity_removed`) an Unschedulable pod of a cluster raygate admitted
+/// (admission on devices the scheduler does not have). Returns `until`'s value.
+async fn dra_invariants<F, T>(
+    client: &Client,
+    ns: &str,
+    svc: &str,
+    capacity_removed: bool,
+    until: F,
+) -> Result<T>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    let check = async {
+        loop {
+            let cs = of(svc, &clusters(client, ns).await?);
+            ensure!(cs.len() <= 2, "a third cluster: {cs:?}");
+            let p = get(&plan_api(client, ns), svc).await?;
+            let s = get(&rs_api(client, ns), svc).await?;
+            let pending = str_at(&s, &["status", "pendingServiceStatus", "rayClusterName"]);
+            if !capacity_removed
+                && !pending.is_empty()
+                && matches!(phase(&p), "Admitted" | "Upgrading" | "Stalled")
+            {
+                let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+                let lp = ListParams::default().labels(&format!("ray.io/cluster={pending}"));
+                for pod in pods.list(&lp).await?.items {
+                    let stuck = pod
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .into_iter()
+                        .flatten()
+                        .any(|c| {
+                            c.type_ == "PodScheduled"
+                                && c.reason.as_deref() == Some("Unschedulable")
+                        });
+                    ensure!(
+                        !stuck,
+                        "pod {:?} of admitted cluster {pending} Unschedulable: {}",
+                        pod.metadata.name,
+                        describe(&p)
+                    );
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        #[allow(unreachable_code)]
+        Ok::<(), anyhow::Error>(())
+    };
+    tokio::select! {
+        r = check => { r?; bail!("the invariant check ended") }
+        r = until => r,
+    }
+}
+
+/// DRA faults (issue 36), with the real kube-scheduler allocating devices from
+/// ResourceSlices the test publishes as a driver would (DeviceClass `gpu` maps
+/// `nvidia.com/gpu` to them):
+///
+/// - the driver republishes node `dra-0`'s pool under generation 2 (16 devices in two
+///   slices) while an upgrade is held for lack of devices: while only the first new slice
+///   is there (the old generation's slice still present, the new one incomplete) the
+///   upgrade stays held; once the new generation is complete it is admitted and the
+///   scheduler places the new pods on it;
+/// - the pool's slices deleted after the next upgrade was admitted (the driver's plugin
+///   gone) and the new worker's pod recreated (not yet bound): it cannot be scheduled,
+///   raygate reports the stall (`Unschedulable`), keeps the gate, and once the driver
+///   publishes again the pod is placed and the upgrade completes;
+/// - the DeviceClass edited so fewer devices match (those the running worker holds among
+///   them): the next upgrade is held though the pool has devices free, and admitted when
+///   the class matches them again;
+/// - a claim left allocated by a deleted pod while kube-controller-manager (its
+///   resourceclaim controller) is stopped: its devices count as used, as the scheduler
+///   counts them, until the controller is back and releases them.
+///
+/// Throughout: never a third cluster, and no Unschedulable pod of an admitted cluster
+/// except after the slice deletion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_pools_republished_or_withdrawn_admit_nothing_the_scheduler_cannot_place() {
+    let t0 = Instant::now();
+    let (cp, client) = control_plane(Options::from_env().expect("options")).await;
+    let _rg = Raygate::spawn(&cp, &[]).unwrap_or_else(|e| panic!("{e:#}"));
+    let ns = or_panic(create_namespace(&client, "dra").await);
+    add_node(&client, "dra-0", 0).await;
+    let slices = slices_api(&client);
+    let class = json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": "gpu"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == \"gpu.example.com\""}}],
+            "extendedResourceName": "nvidia.com/gpu"}});
+    let classes = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("resource.k8s.io", "v1", "DeviceClass"),
+            "deviceclasses",
+        ),
+    );
+    or_panic(create(&classes, class).await);
+    or_panic(create(&slices, dra_slice("dra-0-g1", "dra-0", 1, 1, 0..8)).await);
+    or_panic(create(&plan_api(&client, &ns), plan("llm", "llm")).await);
+    or_panic(
+        create(
+            &rs_api(&client, &ns),
+            ray_service("llm", "rayproject/ray:2.9.0-gpu", 1, 6),
+        )
+        .await,
+    );
+    or_panic(wait_phase(&client, &ns, "llm", "Idle").await);
+
+    // Republished under generation 2 during a held upgrade.
+    or_panic(bump_worker(&client, &ns, "llm", "rayproject/ray:2.10.0-gpu").await);
+    let held = or_panic(wait_phase(&client, &ns, "llm", "WaitingForCapacity").await);
+    eprintln!("held: {}", describe(&held));
+    or_panic(create(&slices, dra_slice("dra-0-g2-a", "dra-0", 2, 2, 0..8)).await);
+    or_panic(
+        dra_invariants(&client, &ns, "llm", false, async {
+            // Both generations present, the new one incomplete: still held.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let p = get(&plan_api(&client, &ns), "llm").await?;
+            ensure!(
+                phase(&p) == "WaitingForCapacity",
+                "admitted on an incomplete pool generation: {}",
+                describe(&p)
+            );
+            ensure!(gate(&client, &ns, "llm").await? == "None");
+            eprintln!("generation 2 incomplete: {}", describe(&p));
+            create(&slices, dra_slice("dra-0-g2-b", "dra-0", 2, 2, 8..16)).await?;
+            let done = wait_phase(&client, &ns, "llm", "Completed").await?;
+            // The driver's clean-up of the old generation.
+            slices.delete("dra-0-g1", &Default::default()).await?;
+            Ok(done)
+        })
+        .await,
+    );
+    eprintln!(
+        "republished pool: admitted on generation 2 and completed at {:?}",
+        t0.elapsed()
+    );
+
+    // The slices withdrawn after the next upgrade was admitted.
+    or_panic(bump_worker(&client, &ns, "llm", "rayproject/ray:2.11.0-gpu").await);
+    let admitted = or_panic(
+        wait_for("the next upgrade admitted", T, || async {
+            let p = get(&plan_api(&client, &ns), "llm").await?;
+            Ok(if matches!(phase(&p), "Admitted" | "Upgrading") {
+                Check::Done(p)
+            } else {
+                Check::NotYet(describe(&p))
+            })
+        })
+        .await,
+    );
+    eprintln!("admitted: {}", describe(&admitted));
+    for s in ["dra-0-g2-a", "dra-0-g2-b"] {
+        or_panic(
+            slices
+                .delete(s, &Default::default())
+                .await
+                .map(|_| ())
+                .map_err(Into::into),
+        );
+    }
+    // The new cluster's worker pod recreated (evicted, or not bound yet): nothing to place
+    // it on.
+    let pending = or_panic(
+        wait_for("the pending cluster's worker pod", T, || async {
+            let s = get(&rs_api(&client, &ns), "llm").await?;
+            let c = str_at(&s, &["status", "pendingServiceStatus", "rayClusterName"]).to_string();
+            Ok(if c.is_empty() {
+                Check::NotYet(String::new())
+            } else {
+                Check::Done(c)
+            })
+        })
+        .await,
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let workers =
+        ListParams::default().labels(&format!("ray.io/cluster={pending},ray.io/node-type=worker"));
+    or_panic(
+        wait_for("the new worker pod created", T, || async {
+            let n = pods.list(&workers).await?.items.len();
+            Ok(if n > 0 {
+                Check::Done(())
+            } else {
+                Check::NotYet(n.to_string())
+            })
+        })
+        .await,
+    );
+    or_panic(
+        pods.delete_collection(&Default::default(), &workers)
+            .await
+            .map(|_| ())
+            .map_err(Into::into),
+    );
+    let stalled = or_panic(
+        dra_invariants(
+            &client,
+            &ns,
+            "llm",
+            true,
+            wait_phase(&client, &ns, "llm", "Stalled"),
+        )
+        .await,
+    );
+    eprintln!("slices withdrawn: {}", describe(&stalled));
+    assert_eq!(
+        str_at(&stalled, &["status", "waitingFor"]),
+        "Unschedulable",
+        "{}",
+        describe(&stalled)
+    );
+    assert!(or_panic(clusters(&client, &ns).await).len() <= 2);
+    // The driver publishes again (generation 3): placed, completed.
+    or_panic(create(&slices, dra_slice("dra-0-g3", "dra-0", 3, 1, 0..16)).await);
+    or_panic(wait_phase(&client, &ns, "llm", "Completed").await);
+    assert_eq!(of("llm", &or_panic(clusters(&client, &ns).await)).len(), 1);
+    eprintln!(
+        "republished after the withdrawal: completed at {:?}",
+        t0.elapsed()
+    );
+
+    // The DeviceClass edited so only gpu-0..7 match: 6 of them held by the running worker,
+    // so the next upgrade (6 more) is held, though the pool has 10 devices free.
+    let narrow = |cel: &str| json!({"spec": {"selectors": [{"cel": {"expression": cel}}]}});
+    let all = "device.driver == \"gpu.example.com\"";
+    let low =
+        "device.driver == \"gpu.example.com\" && device.attributes[\"gpu.example.com\"].index < 8";
+    or_panic(
+        classes
+            .patch("gpu", &PatchParams::default(), &Patch::Merge(&narrow(low)))
+            .await
+            .map(|_| ())
+            .map_err(Into::into),
+    );
+    or_panic(bump_worker(&client, &ns, "llm", "rayproject/ray:2.12.0-gpu").await);
+    or_panic(
+        dra_invariants(&client, &ns, "llm", false, async {
+            let p = wait_phase(&client, &ns, "llm", "WaitingForCapacity").await?;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let p2 = get(&plan_api(&client, &ns), "llm").await?;
+            ensure!(
+                phase(&p2) == "WaitingForCapacity",
+                "admitted on devices the class no longer selects: {}",
+                describe(&p2)
+            );
+            eprintln!("DeviceClass narrowed: {}", describe(&p));
+            classes
+                .patch("gpu", &PatchParams::default(), &Patch::Merge(&narrow(all)))
+                .await?;
+            wait_phase(&client, &ns, "llm", "Completed").await
+        })
+        .await,
+    );
+    eprintln!("DeviceClass widened: completed at {:?}", t0.elapsed());
+
+    // A claim left allocated by a deleted pod while the resourceclaim controller is off
+    // (kube-controller-manager stopped): its devices stay in use for the scheduler, and
+    // for raygate. 10 devices free, a batch pod takes 6, then is deleted: 4 stay free.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let batch: Pod = serde_json::from_value(json!({"metadata": {"name": "batch"},
+        "spec": {"containers": [{"name": "c", "image": "batch",
+            "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "6"},
+                          "limits": {"nvidia.com/gpu": "6"}}}]}}))
+    .expect("pod");
+    or_panic(
+        pods.create(&PostParams::default(), &batch)
+            .await
+            .map(|_| ())
+            .map_err(Into::into),
+    );
+    or_panic(
+        wait_for("the batch pod bound", T, || async {
+            let p = pods.get("batch").await?;
+            let node = p.spec.and_then(|s| s.node_name).unwrap_or_default();
+            Ok(if node.is_empty() {
+                Check::NotYet(String::new())
+            } else {
+                Check::Done(())
+            })
+        })
+        .await,
+    );
+    or_panic(cp.stop("kube-controller-manager"));
+    or_panic(
+        pods.delete("batch", &Default::default())
+            .await
+            .map(|_| ())
+            .map_err(Into::into),
+    );
+    or_panic(
+        wait_for("the batch pod gone", T, || async {
+            Ok(match pods.get_opt("batch").await? {
+                None => Check::Done(()),
+                Some(_) => Check::NotYet(String::new()),
+            })
+        })
+        .await,
+    );
+    let claims = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        &ns,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceClaim"),
+            "resourceclaims",
+        ),
+    );
+    let left: Vec<String> = or_panic(
+        claims
+            .list(&ListParams::default())
+            .await
+            .map_err(Into::into),
+    )
+    .items
+    .into_iter()
+    .filter(|c| {
+        let v = serde_json::to_value(c).unwrap_or_default();
+        !v["status"]["allocation"].is_null()
+            && v["status"]["reservedFor"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|x| x["name"] == "batch"))
+    })
+    .filter_map(|c| c.metadata.name)
+    .collect();
+    eprintln!("claims left allocated by the deleted pod: {left:?}");
+    assert!(!left.is_empty(), "the batch pod's claim stays allocated");
+    or_panic(bump_worker(&client, &ns, "llm", "rayproject/ray:2.13.0-gpu").await);
+    or_panic(
+        dra_invariants(&client, &ns, "llm", false, async {
+            let p = wait_phase(&client, &ns, "llm", "WaitingForCapacity").await?;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let p2 = get(&plan_api(&client, &ns), "llm").await?;
+            ensure!(
+                phase(&p2) == "WaitingForCapacity",
+                "admitted on devices a deleted pod's claim still holds: {}",
+                describe(&p2)
+            );
+            eprintln!("a deleted pod's claim still allocated: {}", describe(&p));
+            // The controller back: it releases the claim, and the upgrade goes ahead.
+            cp.restart("kube-controller-manager")?;
+            wait_phase(&client, &ns, "llm", "Completed").await
+        })
+        .await,
+    );
+    eprintln!("DRA faults done in {:?}", t0.elapsed());
 }

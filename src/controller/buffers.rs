@@ -12,7 +12,10 @@
 //!   would keep the capacity free a second time for the placeholders);
 //! - a sweep deletes what no plan wants any more (a plan deleted while raygate
 //!   was down: the owner reference lets Kubernetes' garbage collector do it
-//!   too), and `raygate release` deletes them all.
+//!   too), and `raygate release` deletes them all;
+//! - an object of an open request deleted or edited by someone else (a user's
+//!   `kubectl edit`, `delete`) wakes its plan and is applied again: a buffer
+//!   scaled up by hand would make the autoscaler buy nodes no plan needs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -60,6 +63,10 @@ pub struct Shell {
     recent: std::sync::Mutex<BTreeSet<PlanKey>>,
     /// Why the last attempt to create a plan's objects failed.
     errors: std::sync::Mutex<BTreeMap<PlanKey, String>>,
+    /// The resourceVersion of each PodTemplate as raygate last applied it
+    /// (namespace, name): the cache keeps no template body, and nothing but
+    /// raygate writes one, so another version means an edit by someone else.
+    written: std::sync::Mutex<BTreeMap<(String, String), String>>,
 }
 
 fn label<'a>(meta: &'a kube::api::ObjectMeta, key: &str) -> Option<&'a str> {
@@ -79,6 +86,7 @@ impl Shell {
             ready: Arc::new(AtomicBool::new(false)),
             recent: Default::default(),
             errors: Default::default(),
+            written: Default::default(),
         }
     }
 
@@ -96,6 +104,7 @@ impl Shell {
             return Shell::off(defaults);
         }
         let wc = watcher::Config::default().labels(SELECTOR);
+        let plans_of_template = plans.clone();
         let buffers = spawn_cache(
             cache::scoped_watcher::<CapacityBuffer>(client, namespaces, wc.clone()),
             |_| {},
@@ -117,11 +126,21 @@ impl Shell {
             },
             tx.clone(),
         );
+        // A template deleted or edited by hand wakes its plan, which applies
+        // it again (the buffer naming a missing template is not ready).
         let templates = spawn_cache(
             cache::scoped_watcher::<PodTemplate>(client, namespaces, wc),
             |t: &mut PodTemplate| t.template = None,
             |_: &PodTemplate| None,
-            |_: &PodTemplate| vec![],
+            move |t: &PodTemplate| {
+                let uid = label(&t.metadata, LABEL_PLAN_UID);
+                plans_of_template
+                    .state()
+                    .iter()
+                    .filter(|p| uid.is_some() && p.metadata.uid.as_deref() == uid)
+                    .map(|p| ObjectRef::from_obj(p.as_ref()))
+                    .collect()
+            },
             tx,
         );
         let ready = Arc::new(AtomicBool::new(false));
@@ -141,6 +160,7 @@ impl Shell {
             ready,
             recent: Default::default(),
             errors: Default::default(),
+            written: Default::default(),
         }
     }
 
@@ -307,13 +327,20 @@ pub fn settle(ctx: &Context, inputs: &Inputs<'_>, d: &mut Decision, now: Timesta
         error,
     };
     report::annotate(d, plan, &facts, now);
-    let open = d.status.capacity_request.as_ref().is_some_and(|r| {
-        matches!(
-            r.state,
-            CapacityRequestState::Requested | CapacityRequestState::NotDelivered
-        )
-    });
-    match (open, objects, fingerprint) {
+    let state = d.status.capacity_request.as_ref().map(|r| r.state);
+    let open = matches!(
+        state,
+        Some(CapacityRequestState::Requested | CapacityRequestState::NotDelivered)
+    );
+    // The last apply failed (the CRD missing, a 403) and the plan still has
+    // its slot: keep what was applied and try again, without deleting in
+    // between. Closing here made the status alternate Failed/Requested and
+    // the PodTemplates be applied and deleted on every reconcile, each write
+    // waking the plan again: a hot loop for as long as the fault lasted.
+    let retrying = state == Some(CapacityRequestState::Failed)
+        && objects.is_some()
+        && lock(&shell.errors).contains_key(&key);
+    match (open || retrying, objects, fingerprint) {
         (true, Some(objects), Some(fingerprint)) => Wanted::Open {
             fingerprint,
             objects,
@@ -424,20 +451,49 @@ pub async fn act(ctx: &Context, plan: &UpgradePlan, wanted: &Wanted) {
     }
 }
 
-/// Applies the objects the cache does not show complete; how many shapes
-/// were written.
+/// Whether the cached buffer still says what raygate applied: the fields
+/// raygate sets, as it set them (the autoscaler writes only the status).
+fn buffer_intact(cached: &CapacityBuffer, wanted: &CapacityBuffer) -> bool {
+    let (c, w) = (&cached.spec, &wanted.spec);
+    (w.replicas.is_none() || c.replicas == w.replicas)
+        && (w.pod_template_ref.is_none() || c.pod_template_ref == w.pod_template_ref)
+        && (w.provisioning_strategy.is_none() || c.provisioning_strategy == w.provisioning_strategy)
+}
+
+/// Whether only raygate's field manager ever wrote the object: any other
+/// writer (`kubectl edit`, a merge patch) leaves an entry of its own.
+fn only_ours(meta: &kube::api::ObjectMeta) -> bool {
+    meta.managed_fields.as_ref().is_some_and(|m| {
+        !m.is_empty()
+            && m.iter()
+                .all(|f| f.manager.as_deref() == Some(gate::FIELD_MANAGER))
+    })
+}
+
+/// Applies the objects the cache does not show as raygate applied them
+/// (missing, or edited by someone else); how many shapes were written.
 async fn create(ctx: &Context, ns: &str, objects: &[Objects]) -> Result<usize> {
     let shell = &ctx.buffers;
-    let cached = |name: &str| {
-        let b = shell
-            .buffers
-            .as_ref()
-            .and_then(|s| s.get(&ObjectRef::new(name).within(ns)));
+    let template_intact = |name: &str| {
         let t = shell
             .templates
             .as_ref()
             .and_then(|s| s.get(&ObjectRef::new(name).within(ns)));
-        b.is_some() && t.is_some()
+        t.is_some_and(|t| {
+            match lock(&shell.written).get(&(ns.to_string(), name.to_string())) {
+                Some(rv) => t.metadata.resource_version.as_ref() == Some(rv),
+                // Not applied by this process (it restarted): intact if
+                // nobody else wrote it.
+                None => only_ours(&t.metadata),
+            }
+        })
+    };
+    let buffer_ok = |o: &Objects, name: &str| {
+        shell
+            .buffers
+            .as_ref()
+            .and_then(|s| s.get(&ObjectRef::new(name).within(ns)))
+            .is_some_and(|b| buffer_intact(&b, &o.buffer))
     };
     let templates: Api<PodTemplate> = Api::namespaced(ctx.client.clone(), ns);
     let buffers: Api<CapacityBuffer> = Api::namespaced(ctx.client.clone(), ns);
@@ -445,25 +501,33 @@ async fn create(ctx: &Context, ns: &str, objects: &[Objects]) -> Result<usize> {
     let mut written = 0;
     for o in objects {
         let name = o.template.metadata.name.clone().unwrap_or_default();
-        if cached(&name) {
+        let (t_ok, b_ok) = (template_intact(&name), buffer_ok(o, &name));
+        if t_ok && b_ok {
             continue;
         }
         // The template first: a buffer naming a missing one is reported
         // not ready by the autoscaler.
-        guarded(
-            &ctx.fence,
-            "applying a PodTemplate",
-            templates.patch(&name, &params, &Patch::Apply(&o.template)),
-        )
-        .await?
-        .map_err(|e| api_error("PodTemplate", &name, e))?;
-        guarded(
-            &ctx.fence,
-            "applying a CapacityBuffer",
-            buffers.patch(&name, &params, &Patch::Apply(&o.buffer)),
-        )
-        .await?
-        .map_err(|e| api_error("CapacityBuffer", &name, e))?;
+        if !t_ok {
+            let applied = guarded(
+                &ctx.fence,
+                "applying a PodTemplate",
+                templates.patch(&name, &params, &Patch::Apply(&o.template)),
+            )
+            .await?
+            .map_err(|e| api_error("PodTemplate", &name, e))?;
+            if let Some(rv) = applied.metadata.resource_version {
+                lock(&shell.written).insert((ns.to_string(), name.clone()), rv);
+            }
+        }
+        if !b_ok {
+            guarded(
+                &ctx.fence,
+                "applying a CapacityBuffer",
+                buffers.patch(&name, &params, &Patch::Apply(&o.buffer)),
+            )
+            .await?
+            .map_err(|e| api_error("CapacityBuffer", &name, e))?;
+        }
         written += 1;
     }
     Ok(written)
@@ -563,9 +627,13 @@ pub async fn sweep(ctx: &Context) {
         .filter_map(|p| {
             let s = p.status.as_ref()?;
             let r = s.capacity_request.as_ref()?;
+            // Failed: the plan retries an apply that failed (its objects
+            // exist only then), see `settle`.
             let open = matches!(
                 r.state,
-                CapacityRequestState::Requested | CapacityRequestState::NotDelivered
+                CapacityRequestState::Requested
+                    | CapacityRequestState::NotDelivered
+                    | CapacityRequestState::Failed
             ) && s.phase == Phase::WaitingForCapacity;
             open.then_some((p.metadata.uid.as_deref()?, r.fingerprint.as_str()))
         })
@@ -609,6 +677,14 @@ pub async fn sweep(ctx: &Context) {
             warn!(namespace = %ns, error = %e, "deleting capacity request objects");
         }
     }
+    // Versions of templates gone are forgotten (bounded by what exists).
+    let templates: BTreeSet<(String, String)> = shell
+        .templates
+        .iter()
+        .flat_map(|s| s.state())
+        .map(|t| (t.namespace().unwrap_or_default(), t.name_any()))
+        .collect();
+    lock(&shell.written).retain(|k, _| templates.contains(k));
     // Plans whose objects are gone no longer count against the cap.
     let open: BTreeSet<String> = shell
         .buffers
@@ -680,4 +756,66 @@ pub async fn release(
         done.extend(b.iter().map(|n| format!("{ns}/{n}")));
     }
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::autoscale::buffer::{CapacityBufferSpec, LocalObjectRef};
+
+    fn buffer(replicas: Option<i32>, template: &str, strategy: Option<&str>) -> CapacityBuffer {
+        CapacityBuffer::new(
+            "b",
+            CapacityBufferSpec {
+                provisioning_strategy: strategy.map(str::to_string),
+                pod_template_ref: Some(LocalObjectRef {
+                    name: template.to_string(),
+                }),
+                replicas,
+            },
+        )
+    }
+
+    #[test]
+    fn an_object_written_by_another_manager_is_not_only_ours() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+        let entry = |m: &str| ManagedFieldsEntry {
+            manager: Some(m.to_string()),
+            ..Default::default()
+        };
+        let meta = |m: Option<Vec<ManagedFieldsEntry>>| kube::api::ObjectMeta {
+            managed_fields: m,
+            ..Default::default()
+        };
+        assert!(only_ours(&meta(Some(vec![entry(gate::FIELD_MANAGER)]))));
+        assert!(!only_ours(&meta(Some(vec![
+            entry(gate::FIELD_MANAGER),
+            entry("kubectl-edit")
+        ]))));
+        // Nothing recorded: not known to be ours, applied again.
+        assert!(!only_ours(&meta(None)));
+        assert!(!only_ours(&meta(Some(vec![]))));
+    }
+
+    #[test]
+    fn a_buffer_edited_by_hand_is_not_intact() {
+        let want = buffer(Some(1), "t", Some(autoscale::ACTIVE_CAPACITY));
+        assert!(buffer_intact(&want.clone(), &want));
+        // Scaled up by hand: the autoscaler would buy for five.
+        assert!(!buffer_intact(
+            &buffer(Some(5), "t", Some(autoscale::ACTIVE_CAPACITY)),
+            &want
+        ));
+        assert!(!buffer_intact(
+            &buffer(Some(1), "other", Some(autoscale::ACTIVE_CAPACITY)),
+            &want
+        ));
+        assert!(!buffer_intact(&buffer(Some(1), "t", Some("x")), &want));
+        // A field raygate does not set (the server's default) is not compared.
+        let unset = buffer(Some(1), "t", None);
+        assert!(buffer_intact(
+            &buffer(Some(1), "t", Some(autoscale::ACTIVE_CAPACITY)),
+            &unset
+        ));
+    }
 }
