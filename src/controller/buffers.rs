@@ -27,7 +27,6 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{LimitRange, PodTemplate};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
@@ -97,13 +96,14 @@ impl Shell {
         client: &Client,
         namespaces: &[String],
         defaults: Defaults,
+        lists: super::lists::InitialLists,
         plans: Store<UpgradePlan>,
         tx: mpsc::UnboundedSender<ObjectRef<UpgradePlan>>,
     ) -> Shell {
         if !defaults.enabled {
             return Shell::off(defaults);
         }
-        let wc = watcher::Config::default().labels(SELECTOR);
+        let wc = lists.config().labels(SELECTOR);
         let plans_of_template = plans.clone();
         let buffers = spawn_cache(
             cache::scoped_watcher::<CapacityBuffer>(client, namespaces, wc.clone()),

@@ -454,11 +454,12 @@ fn spawn_caches(
         client,
         ns,
         settings.capacity.clone(),
+        lists,
         plans.clone(),
         tx.clone(),
     );
     let reservations =
-        reservations::Shell::spawn(client, ns, settings.kueue, plans.clone(), tx.clone());
+        reservations::Shell::spawn(client, ns, settings.kueue, lists, plans.clone(), tx.clone());
     let runtime_classes = spawn_cache(
         watcher(Api::<RuntimeClass>::all(client.clone()), lists.config()).default_backoff(),
         cache::slim_runtime_class,

@@ -25,7 +25,7 @@ use jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher::{self, watcher};
+use kube::runtime::watcher::watcher;
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
@@ -105,6 +105,7 @@ impl Shell {
         client: &Client,
         namespaces: &[String],
         enabled: bool,
+        lists: super::lists::InitialLists,
         plans: Store<UpgradePlan>,
         tx: mpsc::UnboundedSender<ObjectRef<UpgradePlan>>,
     ) -> Shell {
@@ -113,11 +114,7 @@ impl Shell {
         }
         let p1 = plans.clone();
         let cluster_queues = spawn_cache(
-            watcher(
-                Api::<ClusterQueue>::all(client.clone()),
-                watcher::Config::default(),
-            )
-            .default_backoff(),
+            watcher(Api::<ClusterQueue>::all(client.clone()), lists.config()).default_backoff(),
             |_| {},
             |_: &ClusterQueue| None,
             move |_: &ClusterQueue| waiting_for_quota(&p1),
@@ -125,18 +122,14 @@ impl Shell {
         );
         let p2 = plans.clone();
         let local_queues = spawn_cache(
-            cache::scoped_watcher::<LocalQueue>(client, namespaces, watcher::Config::default()),
+            cache::scoped_watcher::<LocalQueue>(client, namespaces, lists.config()),
             |_| {},
             |_: &LocalQueue| None,
             move |_: &LocalQueue| waiting_for_quota(&p2),
             tx.clone(),
         );
         let workloads = spawn_cache(
-            cache::scoped_watcher::<Workload>(
-                client,
-                namespaces,
-                watcher::Config::default().labels(SELECTOR),
-            ),
+            cache::scoped_watcher::<Workload>(client, namespaces, lists.config().labels(SELECTOR)),
             |_| {},
             |_: &Workload| None,
             move |w: &Workload| {
