@@ -102,6 +102,6 @@ fn main() {
         claims as f64 / n_claims as f64,
         claims as f64 / (1024.0 * 1024.0)
     );
-    assert_eq!(state.slices.len(), SLICES);
-    assert_eq!(state.claims.len(), n_claims);
+    assert_eq!(state.slices().len(), SLICES);
+    assert_eq!(state.claims().len(), n_claims);
 }

@@ -849,6 +849,15 @@ fn fit_text_is_short_and_aligned() {
         &p(&svc("image-bump")),
     ]);
     assert!(r.stdout.starts_with("Fits:         yes\n"), "{}", r.stdout);
+    // The change fitted, with the paths that make KubeRay build a new cluster
+    // (what it would bring to a batch, issue 33), after the answer.
+    let change = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("Change:"))
+        .unwrap_or_else(|| panic!("{}", r.stdout));
+    assert!(change.contains("(under rayClusterConfig):"), "{}", r.stdout);
+    assert!(r.stdout.contains(".image"), "{}", r.stdout);
 }
 
 /// Issue 32: what a new user trips on in `fit`. The exact values stay in `-o json`

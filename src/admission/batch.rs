@@ -347,7 +347,7 @@ pub(super) fn hold(b: &mut Builder<'_>, inp: &Inputs<'_>, policy: &Batching, unt
         Phase::Batching,
         &format!("batch: {}", plural(batch.change_count, "change")),
         &format!(
-            "batching {} into one new cluster: released at {until} ({} after the last change at {},              at most {} after the first at {}){approve}",
+            "batching {} into one new cluster: released at {until} ({} after the last change at {}, at most {} after the first at {}){approve}",
             plural(batch.change_count, "change"),
             human_duration(policy.quiet_period),
             batch.last_change_time,

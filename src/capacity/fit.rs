@@ -108,7 +108,23 @@ pub(crate) struct Entry<'a> {
     /// Devices its claims ask, per class (`deviceclass.resource.kubernetes.io/<class>`),
     /// counted in the totals and the shortfall only.
     devices: Vec<(usize, i128)>,
+    /// Per usable node, its DRA requests there (the devices each may take), built on the
+    /// first look at the node: they do not change while placing, only which devices are
+    /// held does.
+    dra_nodes: std::cell::RefCell<Vec<Option<NodeRequests>>>,
+    /// The ids of the extended resources a DeviceClass maps for it (`PodDemand::mapped`).
+    dra_mapped: Vec<usize>,
+    /// The static filters' feasible nodes less those whose devices can never serve it
+    /// (one request, too few candidates whatever is held), built on its first scan.
+    dra_feasible: std::cell::RefCell<Option<Rc<[ScanNode]>>>,
 }
+
+/// A pod's DRA requests on one node, or why raygate cannot decide them.
+type NodeRequests = Result<Rc<[NodeRequest]>, Undecided>;
+
+/// A node of a scan, with the pod's one request there when it is one count of some
+/// candidates (the allocator takes the first free ones: it finds them when enough are free).
+type ScanNode = (usize, Option<(u32, Arc<[usize]>)>);
 
 fn pod_key(pod: &Pod) -> String {
     match pod.metadata.namespace.as_deref().filter(|n| !n.is_empty()) {
@@ -172,6 +188,9 @@ fn entry<'a>(
         size,
         dra: None,
         devices: Vec::new(),
+        dra_nodes: Default::default(),
+        dra_mapped: Vec::new(),
+        dra_feasible: Default::default(),
     })
 }
 
@@ -548,8 +567,19 @@ impl<'c, 'a> Placer<'c, 'a> {
             return Ok(None);
         }
         match (&e.dra, self.dra.as_mut()) {
-            (Some(d), Some(run)) => run.allocate(d, n, &self.cap.rows, &self.names),
+            (Some(d), Some(run)) => run.allocate(e, d, n, &self.cap.rows, &self.names),
             _ => Ok(Some(Vec::new())),
+        }
+    }
+
+    /// [`Placer::fits`] without the devices: what the scan of every node asks.
+    fn can_fit(&mut self, e: &Entry<'_>, n: usize) -> Result<bool, Undecided> {
+        if !self.rows_fit(e, n) {
+            return Ok(false);
+        }
+        match (&e.dra, self.dra.as_mut()) {
+            (Some(d), Some(run)) => run.can_allocate(e, d, n, &self.cap.rows, &self.names),
+            _ => Ok(true),
         }
     }
 
@@ -563,13 +593,43 @@ impl<'c, 'a> Placer<'c, 'a> {
     }
 
     fn served_by_dra(&self, e: &Entry<'_>, n: usize, r: usize) -> bool {
-        let Some(d) = &e.dra else { return false };
-        amount(self.cap.rows.allocatable(n), r) == 0
-            && self
-                .names
-                .names
-                .get(r)
-                .is_some_and(|name| d.mapped.iter().any(|(m, _, _)| m == name))
+        e.dra.is_some() && e.dra_mapped.contains(&r) && amount(self.cap.rows.allocatable(n), r) == 0
+    }
+
+    /// The nodes a scan for `e` visits: the static filters' feasible nodes, less (for a
+    /// pod asking DRA devices) those that would answer "no" to it whatever is placed, each
+    /// with its one-count request when that is all it asks there ([`DraRun::shortcut`]).
+    /// Kept in the order given, so the first node whose devices raygate cannot decide
+    /// is still the first met.
+    fn scan_list(&mut self, e: &Entry<'_>, feasible: &[usize]) -> Option<Rc<[ScanNode]>> {
+        let (Some(d), Some(run)) = (&e.dra, self.dra.as_mut()) else {
+            return None;
+        };
+        if let Some(l) = e.dra_feasible.borrow().as_ref() {
+            return Some(l.clone());
+        }
+        let (rows, names) = (&self.cap.rows, &self.names);
+        let list: Rc<[ScanNode]> = feasible
+            .iter()
+            .copied()
+            .filter(|&n| !run.never(e, d, n, rows, names))
+            .collect::<Vec<usize>>()
+            .into_iter()
+            .map(|n| (n, run.shortcut(e, d, n, rows, names)))
+            .collect();
+        *e.dra_feasible.borrow_mut() = Some(list.clone());
+        Some(list)
+    }
+
+    /// [`Placer::can_fit`] on a node of the scan list.
+    fn can_fit_scanned(&mut self, e: &Entry<'_>, node: &ScanNode) -> Result<bool, Undecided> {
+        let (n, shortcut) = node;
+        match (shortcut, self.dra.as_ref()) {
+            (Some((k, cands)), Some(run)) => {
+                Ok(self.rows_fit(e, *n) && run.free_among(*n, cands) >= *k as usize)
+            }
+            _ => self.can_fit(e, *n),
+        }
     }
 
     /// Best fit: the feasible node that leaves the least of the dominant
@@ -585,21 +645,35 @@ impl<'c, 'a> Placer<'c, 'a> {
             .iter()
             .find(|(r, _)| *r == e.dominant)
             .map_or(0, |x| x.1);
-        let mut best: Option<(i128, usize, Vec<usize>)> = None;
-        for &n in feasible {
-            let Some(devices) = self.fits(e, n)? else {
+        let list = self.scan_list(e, feasible);
+        let plain: Vec<ScanNode>;
+        let nodes: &[ScanNode] = match &list {
+            Some(l) => l,
+            None => {
+                plain = feasible.iter().map(|&n| (n, None)).collect();
+                &plain
+            }
+        };
+        let mut best: Option<(i128, usize)> = None;
+        for node in nodes {
+            let n = node.0;
+            if !self.can_fit_scanned(e, node)? {
                 continue;
-            };
+            }
             let left = if self.served_by_dra(e, n, e.dominant) {
                 self.dra.as_ref().map_or(0, |d| d.free_devices(n)) - dom_req
             } else {
                 amount(self.free.get(n), e.dominant) - dom_req
             };
-            if best.as_ref().is_none_or(|(b, _, _)| left < *b) {
-                best = Some((left, n, devices));
+            if best.as_ref().is_none_or(|(b, _)| left < *b) {
+                best = Some((left, n));
             }
         }
-        Ok(best.map(|(_, n, d)| (n, d)))
+        let Some((_, n)) = best else {
+            return Ok(None);
+        };
+        // The devices, on the chosen node only.
+        Ok(self.fits(e, n)?.map(|d| (n, d)))
     }
 
     /// Why a copy of `e` cannot go to `chosen`, if it cannot: no node took
@@ -692,6 +766,11 @@ impl<'c, 'a> Placer<'c, 'a> {
             add_amount(&mut self.free_before, id, free);
             add_amount(&mut self.cluster_free, id, now);
         }
+        e.dra_mapped = d
+            .mapped
+            .iter()
+            .filter_map(|(m, _, _)| self.names.get(m))
+            .collect();
         e.dra = Some(Rc::new(d));
         Ok(())
     }
@@ -851,7 +930,7 @@ impl<'a> DraRun<'a> {
             .iter()
             .map(|&node| {
                 let name: &'a str = node_name(node);
-                match view.nodes.get(name) {
+                match view.node(name) {
                     Some(d) => (name, d.incomplete, d.used.clone()),
                     None => (name, false, Vec::new()),
                 }
@@ -890,24 +969,142 @@ impl<'a> DraRun<'a> {
         }
     }
 
-    /// The requests of `d` on node `n` and the devices they would take.
+    /// The requests of `d` (entry `e`) on node `n` and the devices they would take.
     fn allocate(
         &mut self,
+        e: &Entry<'_>,
         d: &PodDemand,
         n: usize,
         rows: &super::node::Rows,
         names: &Names,
     ) -> Result<Option<Vec<usize>>, Undecided> {
+        let Some(reqs) = self.requests_on(e, d, n, rows, names)? else {
+            return Ok(None);
+        };
+        let (_, incomplete, used) = &self.nodes[n];
+        dra::allocate(used, *incomplete, &reqs)
+    }
+
+    /// Whether node `n` answers `Ok(false)` to `d` whatever is held: one request (so no
+    /// search before it can exceed the allocator's bound), none of whose alternatives has
+    /// enough candidates.
+    fn never(
+        &mut self,
+        e: &Entry<'_>,
+        d: &PodDemand,
+        n: usize,
+        rows: &super::node::Rows,
+        names: &Names,
+    ) -> bool {
+        match self.requests_on(e, d, n, rows, names) {
+            Ok(None) => true,
+            Ok(Some(reqs)) => match &reqs[..] {
+                [r] => r.alternatives.iter().all(|(mode, cands)| match mode {
+                    dra::Mode::Count(k) => cands.len() < *k as usize,
+                    dra::Mode::All => cands.is_empty(),
+                }),
+                _ => false,
+            },
+            Err(_) => false,
+        }
+    }
+
+    /// The one-count request of `d` on node `n`, when that is all it asks there and
+    /// [`DraRun::can_allocate`]'s shortcut answers for it.
+    fn shortcut(
+        &mut self,
+        e: &Entry<'_>,
+        d: &PodDemand,
+        n: usize,
+        rows: &super::node::Rows,
+        names: &Names,
+    ) -> Option<(u32, Arc<[usize]>)> {
+        let reqs = self.requests_on(e, d, n, rows, names).ok()??;
+        match &reqs[..] {
+            [r] => match &r.alternatives[..] {
+                [(dra::Mode::Count(k), cands)] if cands.len() <= dra::alloc::MAX_STEPS => {
+                    Some((*k, cands.clone()))
+                }
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// How many of `cands` are free on node `n` now.
+    fn free_among(&self, n: usize, cands: &[usize]) -> usize {
+        let used = self.nodes.get(n).map_or(&[][..], |x| x.2.as_slice());
+        cands
+            .iter()
+            .filter(|&&c| !used.get(c).copied().unwrap_or(true))
+            .count()
+    }
+
+    /// Whether [`DraRun::allocate`] finds devices. One request of a count (a mapped
+    /// extended resource, a one-request claim) is taken first fit, never backtracked: it
+    /// finds devices exactly when enough of its candidates are free, counted without
+    /// building the allocation.
+    fn can_allocate(
+        &mut self,
+        e: &Entry<'_>,
+        d: &PodDemand,
+        n: usize,
+        rows: &super::node::Rows,
+        names: &Names,
+    ) -> Result<bool, Undecided> {
+        let Some(reqs) = self.requests_on(e, d, n, rows, names)? else {
+            return Ok(false);
+        };
+        let (_, incomplete, used) = &self.nodes[n];
+        if let [r] = &reqs[..]
+            && let [(dra::Mode::Count(k), cands)] = &r.alternatives[..]
+            && cands.len() <= dra::alloc::MAX_STEPS
+        {
+            let free = cands
+                .iter()
+                .filter(|&&c| !used.get(c).copied().unwrap_or(true))
+                .count();
+            return Ok(free >= *k as usize);
+        }
+        Ok(dra::allocate(used, *incomplete, &reqs)?.is_some())
+    }
+
+    /// The requests of `d` on node `n` (`None`: none can be satisfied), kept in the entry.
+    fn requests_on(
+        &mut self,
+        e: &Entry<'_>,
+        d: &PodDemand,
+        n: usize,
+        rows: &super::node::Rows,
+        names: &Names,
+    ) -> Result<Option<Rc<[NodeRequest]>>, Undecided> {
         if let Some(u) = &d.undecided {
             return Err(u.clone());
         }
-        if d.impossible.is_some() {
+        if d.impossible.is_some() || n >= self.nodes.len() {
             return Ok(None);
         }
-        let Some((node, incomplete, _)) = self.nodes.get(n) else {
-            return Ok(None);
-        };
-        let (node, incomplete) = (*node, *incomplete);
+        let mut kept = e.dra_nodes.borrow_mut();
+        if kept.len() < self.nodes.len() {
+            kept.resize(self.nodes.len(), None);
+        }
+        if let Some(r) = &kept[n] {
+            return r.clone().map(Some);
+        }
+        let r = self.node_requests(d, n, rows, names).map(Rc::from);
+        kept[n] = Some(r.clone());
+        r.map(Some)
+    }
+
+    /// The requests of `d` on node `n`: per alternative, the devices it may take.
+    fn node_requests(
+        &mut self,
+        d: &PodDemand,
+        n: usize,
+        rows: &super::node::Rows,
+        names: &Names,
+    ) -> Result<Vec<NodeRequest>, Undecided> {
+        let node = self.nodes[n].0;
         let mut reqs = Vec::with_capacity(d.claims.len() + d.mapped.len());
         for r in &d.claims {
             let mut alternatives = Vec::with_capacity(r.alternatives.len());
@@ -934,8 +1131,7 @@ impl<'a> DraRun<'a> {
                 alternatives: vec![(x.mode, c)],
             });
         }
-        let used = self.nodes.get(n).map(|x| x.2.as_slice()).unwrap_or(&[]);
-        dra::allocate(used, incomplete, &reqs)
+        Ok(reqs)
     }
 
     /// Totals to credit for the classes `d` names, once each: (resource id, allocatable,
@@ -978,13 +1174,16 @@ impl<'a> DraRun<'a> {
                 if mapped.is_some() && amount(rows.allocatable(n), id) > 0 {
                     continue;
                 }
+                // No device on the node: it adds nothing (whatever the request).
+                if self.nodes[n].2.is_empty() {
+                    continue;
+                }
                 let Ok(c) = self.view.candidates(node, &x) else {
                     continue;
                 };
                 let base = self
                     .view
-                    .nodes
-                    .get(node)
+                    .node(node)
                     .map(|d| d.used.as_slice())
                     .unwrap_or(&[]);
                 let busy = &self.nodes[n].2;

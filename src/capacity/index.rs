@@ -565,7 +565,7 @@ mod tests {
         // index's cached, patched verdicts answer as a fit from scratch.
         // And one on DRA devices: the index's device view and the CEL verdicts it kept
         // from earlier steps answer as a view built from scratch.
-        for req in [static_request(), dra_request()] {
+        for req in [static_request(), dra_request(), claim_request()] {
             let want = crate::capacity::fit(&state, &req);
             let got = index.fit(&ClusterState::default(), &req);
             match (want, got) {
@@ -585,6 +585,34 @@ mod tests {
             pods: vec![crate::capacity::PodGroup::indexed(p, 2, "d-".into())],
             ..Default::default()
         }
+    }
+
+    /// Two pods whose claim (template `a/two`) asks two devices of class `gpu`, the second
+    /// with a selector of its own: the allocator's general path (several requests, a
+    /// request's selectors), not the one-count shortcut.
+    fn claim_request() -> crate::capacity::FitRequest {
+        let mut p = pod("c", json!({"cpu": "100m"}), None);
+        p.metadata.namespace = Some("a".into());
+        if let Some(spec) = p.spec.as_mut() {
+            spec.resource_claims = Some(vec![
+                serde_json::from_value(json!({"name": "gpus", "resourceClaimTemplateName": "two"}))
+                    .unwrap(),
+            ]);
+        }
+        crate::capacity::FitRequest {
+            pods: vec![crate::capacity::PodGroup::indexed(p, 2, "c-".into())],
+            ..Default::default()
+        }
+    }
+
+    fn two_template() -> serde_json::Value {
+        crate::capacity::dra::tests::template(
+            "a",
+            "two",
+            json!([{"name": "any", "exactly": {"deviceClassName": "gpu"}},
+                   {"name": "even", "exactly": {"deviceClassName": "gpu", "selectors": [
+                       {"cel": {"expression": "device.attributes[\"gpu.example.com\"].index % 2 == 0"}}]}}]),
+        )
     }
 
     /// The class's selectors, by variant: none, by product, by device index.
@@ -628,6 +656,35 @@ mod tests {
                 ("ResourceClaim", format!("a/c{i}"), Some(o))
             }
             Op::DeleteClaim(i) => ("ResourceClaim", format!("a/c{i}"), None),
+            Op::DraRelist(mask) => {
+                // Slice `n{node}-{part}` stays with bit node*2+part, claim `a/c{i}` with bit 10+i.
+                let keep = |kind: &str, name: &str| -> bool {
+                    let bit = match kind {
+                        "ResourceSlice" => {
+                            name.trim_start_matches('n').split_once('-').map(|(n, p)| {
+                                n.parse::<u32>().unwrap() * 2 + p.parse::<u32>().unwrap()
+                            })
+                        }
+                        "ResourceClaim" => Some(10 + name[3..].parse::<u32>().unwrap()),
+                        _ => None,
+                    };
+                    bit.is_none_or(|b| mask & (1 << b) != 0)
+                };
+                m.dra.retain(|(kind, name), _| keep(kind, name));
+                let seen = |kind: &str| -> std::collections::BTreeSet<String> {
+                    m.dra
+                        .keys()
+                        .filter(|(k, _)| k == kind)
+                        .map(|(_, n)| n.clone())
+                        .collect()
+                };
+                let (slices, claims) = (seen("ResourceSlice"), seen("ResourceClaim"));
+                index.update_dra(|d| {
+                    use crate::capacity::dra::DraKind;
+                    d.retain(DraKind::Slice, &slices) | d.retain(DraKind::Claim, &claims)
+                });
+                return;
+            }
             _ => return,
         };
         let key = (kind.to_string(), name.clone());
@@ -713,6 +770,8 @@ mod tests {
             mask: u8,
         },
         DeleteClaim(usize),
+        /// DRA relist: keep the slices and claims whose bits are set (see `apply_dra`).
+        DraRelist(u16),
     }
 
     const PHASES: [Option<&str>; 5] = [
@@ -739,6 +798,7 @@ mod tests {
             1 => proptest::option::weighted(0.85, 0..3usize).prop_map(Op::Class),
             1 => (0..4usize, 0..5usize, 0..16u8).prop_map(|(i, node, mask)| Op::Claim { i, node, mask }),
             1 => (0..4usize).prop_map(Op::DeleteClaim),
+            1 => any::<u16>().prop_map(Op::DraRelist),
         ]
     }
 
@@ -821,6 +881,9 @@ mod tests {
         fn the_index_equals_the_from_scratch_oracle(ops in proptest::collection::vec(op(), 1..60)) {
             let mut index = CapacityIndex::new();
             let mut m = Model { nodes: BTreeMap::new(), pods: BTreeMap::new(), dra: BTreeMap::new() };
+            let t = two_template();
+            index.update_dra(|d| d.apply_template(&serde_json::from_value(t.clone()).unwrap()));
+            m.dra.insert(("ResourceClaimTemplate".into(), "a/two".into()), t);
             for op in ops {
                 apply_dra(&mut index, &mut m, &op);
                 match op {

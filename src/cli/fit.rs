@@ -159,6 +159,11 @@ pub struct DecisionSummary {
     /// The gate the controller would write (`None`, `NewCluster`, ...).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gate: Option<String>,
+    /// The batch the change would ride, as `status.batch` would say it
+    /// (`spec.batching`, or a change made during a transition): the
+    /// changes gathered, their paths and the release time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<crate::upgradeplan::BatchStatus>,
 }
 
 impl DecisionSummary {
@@ -172,9 +177,8 @@ impl DecisionSummary {
                         build the new cluster"
                     .to_string();
             }
-            "WaitingForCapacity" | "WaitingForApproval" | "Paused" | "Pending" | "Error" => {
-                "would be held: "
-            }
+            "WaitingForCapacity" | "WaitingForQuota" | "WaitingForApproval" | "Batching"
+            | "Paused" | "Pending" | "Error" => "would be held: ",
             _ => "",
         };
         let mut s = format!("{would}{}", self.phase);
@@ -188,10 +192,74 @@ impl DecisionSummary {
     }
 }
 
+/// The batch a change rides, as `fit` prints it (the status's own words:
+/// `kubectl raygate queue` shows its count and release time): a `Batch:`
+/// line, then one `Batched:` line per change listed, oldest first, with
+/// when it was seen and the field paths it touched.
+pub(crate) fn batch_notes(b: &crate::upgradeplan::BatchStatus) -> Vec<(&'static str, String)> {
+    let n = b.change_count;
+    let changes = format!("{n} cluster change{}", if n == 1 { "" } else { "s" });
+    let when = match (&b.after_transition_to, b.release_time, &b.released) {
+        (Some(to), ..) => format!(
+            "waits for the transition to {to} to end (the next batch, never a third cluster)"
+        ),
+        (None, Some(t), Some(why)) => format!("released at {t} ({why})"),
+        (None, Some(t), None) => format!("held until {t} (spec.batching)"),
+        (None, None, _) => "not released yet".to_string(),
+    };
+    let mut out = vec![(
+        "Batch:",
+        format!(
+            "{changes} into one new cluster, fingerprint {}; {when}",
+            b.fingerprint
+        ),
+    )];
+    let unlisted = (n as usize).saturating_sub(b.changes.len());
+    if unlisted > 0 {
+        out.push((
+            "Batched:",
+            format!("{unlisted} earlier change(s) not listed (the status keeps the last 20)"),
+        ));
+    }
+    for c in &b.changes {
+        let paths = if c.paths.is_empty() {
+            "(paths not recorded)".to_string()
+        } else {
+            c.paths.join(", ")
+        };
+        out.push((
+            "Batched:",
+            format!("{} seen {}: {paths}", c.fingerprint, c.seen_time),
+        ));
+    }
+    out
+}
+
+/// Offline, with `--old`: the change's fingerprint and the field paths that
+/// make KubeRay build a new cluster (what it would bring to a batch).
+pub(crate) fn change_note(c: &Classification) -> (&'static str, String) {
+    change_line(&c.fingerprint, &c.triggering_paths)
+}
+
+fn change_line(fingerprint: &str, triggering: &[String]) -> (&'static str, String) {
+    let paths = if triggering.is_empty() {
+        "no field path recorded".to_string()
+    } else {
+        triggering.join(", ")
+    };
+    // Relative to `rayClusterConfig`, as `status.batch.changes[].paths`.
+    (
+        "Change:",
+        format!("{fingerprint} (under rayClusterConfig): {paths}"),
+    )
+}
+
 /// What comes with the answer: lines printed before it and, live, the
 /// holds of the RayService's UpgradePlan.
 pub(crate) struct Context<'a> {
     pub notes: &'a [(&'a str, String)],
+    /// Lines printed after the answer (`Fits:`, `Why:`): the change fitted.
+    pub after: &'a [(&'a str, String)],
     /// `None` offline or without a plan.
     pub holds: Option<&'a [Hold]>,
     /// `None` offline or without a plan.
@@ -313,6 +381,7 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
     };
     let svc = read_service(&args.new, version)?;
     let mut notes = vec![];
+    let mut after = vec![];
     match &args.old {
         Some(old_path) => {
             let old = read_one(old_path, &["RayService", "RayCluster"])?;
@@ -332,6 +401,7 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
             if !needs_new_cluster(&c) {
                 return no_new_cluster(args, &c, &notes);
             }
+            after.push(change_note(&c));
         }
         None => notes.push((
             "Compared to:",
@@ -348,6 +418,7 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
     let headroom: ResourceList = args.headroom.iter().cloned().collect();
     let context = Context {
         notes: &notes,
+        after: &after,
         holds: None,
         decision: None,
         quota_from_state: true,
@@ -423,7 +494,7 @@ pub(crate) fn fit_in(
             if let Some(q) = &quota {
                 quota_lines(&mut s, q, nodes_fit);
             }
-            s + &fit_text(&report, shown.fits)
+            s + &fit_text(&report, shown.fits, context.after)
         }
     };
     Ok(FitOutcome {
@@ -588,8 +659,9 @@ fn pairs(s: &mut String, title: &str, rows: &[(&str, &str)]) {
 }
 
 /// `fits`: the answer (the nodes' and, offline, the quota's, whose `Quota:`
-/// line comes before); the rest is the nodes'.
-fn fit_text(r: &FitReport, fits: bool) -> String {
+/// line comes before); the rest is the nodes'. `after`: lines under `Why:`
+/// (offline with `--old`, the change's paths).
+fn fit_text(r: &FitReport, fits: bool, after: &[(&str, String)]) -> String {
     let mut s = String::new();
     field(&mut s, "Fits:", if fits { "yes" } else { "NO" });
     let why = fit_why(r);
@@ -601,6 +673,9 @@ fn fit_text(r: &FitReport, fits: bool) -> String {
         );
     } else {
         field(&mut s, "Why:", &why);
+    }
+    for (label, value) in after {
+        field(&mut s, label, value);
     }
     if !r.headroom.is_empty() {
         field(&mut s, "Headroom:", &list_text(&r.headroom));
@@ -682,6 +757,7 @@ mod tests {
             waiting_for: Some("capacity: nvidia.com/gpu 8".into()),
             message: Some("short by nvidia.com/gpu 8".into()),
             gate: Some("None".into()),
+            batch: None,
         };
         assert_eq!(
             d.line(),
@@ -692,6 +768,7 @@ mod tests {
             waiting_for: Some(String::new()),
             message: None,
             gate: Some("NewCluster".into()),
+            batch: None,
         };
         // Issue 32: `fit -f` before the apply; not "admitted; waiting for KubeRay".
         assert_eq!(
@@ -788,6 +865,7 @@ mod tests {
             let svc = read_service(&args.new, version).unwrap();
             let context = Context {
                 notes,
+                after: &[],
                 holds,
                 decision: None,
                 quota_from_state: false,
@@ -991,6 +1069,112 @@ mod tests {
         assert!(
             v.get("quota").is_none() && v.get("nodesFit").is_none(),
             "{v}"
+        );
+    }
+
+    /// `fit` lists a batch as the status holds it: the count, the release
+    /// time (or the transition it waits for), and each change's paths.
+    #[test]
+    fn a_batch_is_listed_with_its_changes_paths_and_release_time() {
+        use crate::upgradeplan::{BatchStatus, BatchedChange};
+        let at = |s: &str| -> jiff::Timestamp { s.parse().unwrap() };
+        let image = "workerGroupSpecs[gpu].template.spec.containers[ray-worker].image";
+        let memory =
+            "workerGroupSpecs[gpu].template.spec.containers[ray-worker].resources.limits.memory";
+        let mut b = BatchStatus {
+            fingerprint: "bbbbbbbbbbbb".into(),
+            change_count: 2,
+            first_change_time: at("2026-12-07T10:00:00Z"),
+            last_change_time: at("2026-12-07T10:20:00Z"),
+            release_time: Some(at("2026-12-07T10:50:00Z")),
+            changes: vec![
+                BatchedChange {
+                    fingerprint: "aaaaaaaaaaaa".into(),
+                    seen_time: at("2026-12-07T10:00:00Z"),
+                    paths: vec![image.into()],
+                },
+                BatchedChange {
+                    fingerprint: "bbbbbbbbbbbb".into(),
+                    seen_time: at("2026-12-07T10:20:00Z"),
+                    paths: vec![memory.into()],
+                },
+            ],
+            ..Default::default()
+        };
+        let text = |b: &BatchStatus| {
+            let mut s = String::new();
+            for (label, value) in batch_notes(b) {
+                crate::cli::field(&mut s, label, &value);
+            }
+            s
+        };
+        let notes = batch_notes(&b);
+        assert_eq!(
+            notes[0],
+            (
+                "Batch:",
+                "2 cluster changes into one new cluster, fingerprint bbbbbbbbbbbb; held until \
+                 2026-12-07T10:50:00Z (spec.batching)"
+                    .to_string()
+            )
+        );
+        assert_eq!(
+            notes[1..],
+            [
+                (
+                    "Batched:",
+                    format!("aaaaaaaaaaaa seen 2026-12-07T10:00:00Z: {image}")
+                ),
+                (
+                    "Batched:",
+                    format!("bbbbbbbbbbbb seen 2026-12-07T10:20:00Z: {memory}")
+                ),
+            ]
+        );
+        // Printed as the other fields, one line each (long paths wrap under the column).
+        let t = text(&b);
+        assert_eq!(t.matches("Batched:").count(), 2, "{t}");
+        assert!(t.starts_with("Batch:        2 cluster changes"), "{t}");
+        b.released = Some("QuietPeriod".into());
+        assert!(
+            batch_notes(&b)[0]
+                .1
+                .ends_with("released at 2026-12-07T10:50:00Z (QuietPeriod)")
+        );
+        b.after_transition_to = Some("chat-x7k2p".into());
+        b.change_count = 23;
+        let notes = batch_notes(&b);
+        assert!(
+            notes[0].1.ends_with("waits for the transition to chat-x7k2p to end (the next batch, never a third cluster)"),
+            "{notes:?}"
+        );
+        assert_eq!(
+            notes[1].1,
+            "21 earlier change(s) not listed (the status keeps the last 20)"
+        );
+        // In -o json, under `decision.batch`, as the status spells it.
+        let d = DecisionSummary {
+            phase: "Upgrading".into(),
+            waiting_for: None,
+            message: None,
+            gate: Some("None".into()),
+            batch: Some(b),
+        };
+        let j = serde_json::to_value(&d).unwrap();
+        assert_eq!(j["batch"]["changes"][1]["paths"][0], memory);
+        assert_eq!(j["batch"]["afterTransitionTo"], "chat-x7k2p");
+    }
+
+    #[test]
+    fn offline_with_old_the_change_lists_its_paths() {
+        let (label, value) = change_line(
+            "0123456789ab",
+            &["headGroupSpec.template.spec.containers[ray-head].image".into()],
+        );
+        assert_eq!(label, "Change:");
+        assert_eq!(
+            value,
+            "0123456789ab (under rayClusterConfig): headGroupSpec.template.spec.containers[ray-head].image"
         );
     }
 

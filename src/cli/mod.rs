@@ -30,7 +30,7 @@ use crate::{Error, Result};
 pub use explain::explain;
 pub(crate) use explain::with_live_serve_config;
 pub(crate) use explain::{Old, explain_against, manifest_errors};
-pub(crate) use fit::{Context as FitContext, fit_in};
+pub(crate) use fit::{Context as FitContext, batch_notes, fit_in};
 pub use fit::{DecisionSummary, FitOutcome, fit};
 pub(crate) use fit::{needs_new_cluster, no_new_cluster};
 pub use input::{MAX_INPUT_BYTES, read_objects};

@@ -296,6 +296,7 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
     // (`observe::change_against`: the normalised, muted new rayClusterConfig,
     // whichever cluster and gate it is compared with).
     let mut fingerprint = None;
+    let mut paths: Vec<String> = vec![];
     if let Some(live) = &live
         && let Some((cluster, role)) = compared_cluster(live)
     {
@@ -326,6 +327,7 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
                 );
                 return cli::no_new_cluster(args, &c, &notes);
             }
+            paths = c.triggering_paths.clone();
             fingerprint = Some(c.fingerprint);
         }
     }
@@ -367,7 +369,7 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
             ),
         ));
         if let Some(fp) = &fingerprint {
-            let mut found = plan_holds(plan, &settings, fp, Timestamp::now());
+            let mut found = plan_holds(plan, &settings, fp, &paths, Timestamp::now());
             if !is_admitted(plan, fp) {
                 found.extend(gate_held);
             }
@@ -384,6 +386,7 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
         (Some(plan), Some(live)) => {
             let d = decide_live(&client, plan, live, &svc, &state, args).await?;
             notes.push(("Decision:", d.line()));
+            notes.extend(d.batch.as_ref().map(cli::batch_notes).unwrap_or_default());
             Some(d)
         }
         _ => None,
@@ -408,6 +411,7 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
         headroom,
         &cli::FitContext {
             notes: &notes,
+            after: &[],
             holds: holds.as_deref(),
             decision: decision.as_ref(),
             quota_from_state: false,
@@ -618,6 +622,7 @@ fn summary(d: &crate::admission::Decision) -> cli::DecisionSummary {
         waiting_for: d.status.waiting_for.clone(),
         message: d.status.message.clone(),
         gate: d.gate.map(|g| g.strategy().to_string()),
+        batch: d.status.batch.clone(),
     }
 }
 
@@ -628,6 +633,7 @@ fn plan_holds(
     plan: &UpgradePlan,
     settings: &Settings,
     fingerprint: &str,
+    paths: &[String],
     now: Timestamp,
 ) -> Vec<Hold> {
     if is_admitted(plan, fingerprint) {
@@ -635,7 +641,7 @@ fn plan_holds(
     }
     let mut holds = crate::admission::holds(plan, settings, fingerprint, now);
     // In the controller's order: a pause first, then the batch, then the rest.
-    if let Some(b) = crate::admission::batch_hold(plan, settings, fingerprint, &[], now) {
+    if let Some(b) = crate::admission::batch_hold(plan, settings, fingerprint, paths, now) {
         let at = usize::from(holds.first() == Some(&Hold::Paused));
         holds.insert(at, b);
     }
@@ -891,7 +897,7 @@ mod tests {
         let settings = Settings::of(&plan).unwrap();
         let noon: Timestamp = "2026-12-02T12:00:00Z".parse().unwrap();
         let fp = "6aca5d208cb0";
-        let holds = plan_holds(&plan, &settings, fp, noon);
+        let holds = plan_holds(&plan, &settings, fp, &[], noon);
         let kinds: Vec<&str> = holds.iter().map(Hold::as_str).collect();
         assert_eq!(kinds, ["Approval", "MaintenanceWindow"]);
         let mut text = String::new();
@@ -912,7 +918,7 @@ mod tests {
         );
         // At 03:00 the window is open: only the approval is missing.
         let night: Timestamp = "2026-12-02T03:00:00Z".parse().unwrap();
-        assert_eq!(plan_holds(&plan, &settings, fp, night).len(), 1);
+        assert_eq!(plan_holds(&plan, &settings, fp, &[], night).len(), 1);
         // This change is admitted already: no hold.
         plan.status = Some(crate::upgradeplan::UpgradePlanStatus {
             admitted: Some(crate::upgradeplan::Admission {
@@ -921,7 +927,7 @@ mod tests {
             }),
             ..Default::default()
         });
-        assert!(plan_holds(&plan, &settings, fp, noon).is_empty());
+        assert!(plan_holds(&plan, &settings, fp, &[], noon).is_empty());
     }
 
     /// A gate kept by another field manager is a hold too, named with its

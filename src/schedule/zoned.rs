@@ -39,6 +39,12 @@ pub const HORIZON: Duration = Duration::from_secs(400 * 24 * 3600);
 /// about a tenth.
 pub const MAX_STEPS: usize = 200;
 
+/// At most this many next-start searches (one per distinct schedule, then
+/// one per start passed) in one [`Calendar::state`]: with [`MAX_STEPS`],
+/// what bounds its cost when many distinct schedules start together at every
+/// step. Past it, `nextOpen` and `nextClose` are not shown.
+pub const MAX_SEARCHES: usize = 400;
+
 /// The most a DST shift moves a local time (no zone shifts more than an hour
 /// today; two for the historical double summer time).
 const SHIFT: SignedDuration = SignedDuration::from_hours(2);
@@ -305,9 +311,123 @@ impl Calendar {
     }
 
     /// The verdict at `now` and when it next changes: the windows' starts
-    /// and ends are walked in time order (each window's next start found
-    /// once per start passed), at most [`MAX_STEPS`] of them.
+    /// and ends are walked in time order, at most [`MAX_STEPS`] of them and
+    /// at most [`MAX_SEARCHES`] next-start searches.
+    ///
+    /// Only whether the gate is open matters after `now`, so the walk keeps,
+    /// per list (allow, deny) and per distinct schedule, the longest window
+    /// (same starts: it covers the shorter ones), and searches each distinct
+    /// schedule's next start once per start passed, whichever lists use it.
+    /// 50 windows on one schedule cost what one does.
     pub fn state(&self, now: Timestamp) -> State {
+        let verdict = self.open_now(now);
+        let tz = &self.tz;
+        // Distinct schedules, and per list the longest duration on each.
+        let mut crons: Vec<&Cron> = Vec::new();
+        // (schedule, is a deny window, duration).
+        let mut walked: Vec<(usize, bool, Duration)> = Vec::new();
+        let lists = [(false, &self.allow), (true, &self.deny)];
+        for (deny, list) in lists {
+            for w in list.iter() {
+                let c = match crons.iter().position(|&c| *c == w.cron) {
+                    Some(c) => c,
+                    None => {
+                        crons.push(&w.cron);
+                        crons.len() - 1
+                    }
+                };
+                match walked.iter_mut().find(|(x, d, _)| *x == c && *d == deny) {
+                    Some(e) => e.2 = e.2.max(w.duration),
+                    None => walked.push((c, deny, w.duration)),
+                }
+            }
+        }
+        let window = |&(c, _, duration): &(usize, bool, Duration)| Window {
+            cron: crons[c].clone(),
+            duration,
+        };
+        let walked_windows: Vec<Window> = walked.iter().map(window).collect();
+        let mut open_until: Vec<Option<Timestamp>> = walked_windows
+            .iter()
+            .map(|w| w.opened_in(tz, now).map(|o| w.end(o)))
+            .collect();
+        let mut searches = crons.len();
+        let mut next_start: Vec<Option<Timestamp>> = crons
+            .iter()
+            .map(|c| c.next_fire_in(tz, now, HORIZON))
+            .collect();
+        let allow_set = !self.allow.is_empty();
+        let ok_at = |open_until: &[Option<Timestamp>], t: Timestamp| {
+            let open = |i: usize| open_until[i].is_some_and(|u| u > t);
+            let denied = (0..walked.len()).any(|i| walked[i].1 && open(i));
+            let allowed = !allow_set || (0..walked.len()).any(|i| !walked[i].1 && open(i));
+            !denied && allowed
+        };
+        let (mut next_open, mut next_close) = (None, None);
+        let end = crate::admission::batch::after(now, HORIZON);
+        let mut state_ok = verdict.is_ok();
+        for _ in 0..MAX_STEPS {
+            let Some(t) = open_until
+                .iter()
+                .chain(&next_start)
+                .flatten()
+                .copied()
+                .filter(|&x| x > now)
+                .min()
+            else {
+                break;
+            };
+            if t > end {
+                break;
+            }
+            for u in open_until.iter_mut() {
+                if *u == Some(t) {
+                    *u = None;
+                }
+            }
+            for c in 0..crons.len() {
+                if next_start[c] != Some(t) {
+                    continue;
+                }
+                for (i, w) in walked_windows.iter().enumerate() {
+                    if walked[i].0 == c {
+                        let until = w.end(t);
+                        open_until[i] = Some(open_until[i].map_or(until, |u| u.max(until)));
+                    }
+                }
+                searches += 1;
+                next_start[c] = if searches > MAX_SEARCHES {
+                    None
+                } else {
+                    crons[c].next_fire_in(tz, t, HORIZON)
+                };
+            }
+            let ok = ok_at(&open_until, t);
+            if ok != state_ok {
+                if ok {
+                    next_open.get_or_insert(t);
+                } else {
+                    next_close.get_or_insert(t);
+                }
+                state_ok = ok;
+            }
+            if (next_open.is_some() && next_close.is_some()) || searches > MAX_SEARCHES {
+                break;
+            }
+        }
+        State {
+            verdict,
+            next_open,
+            next_close,
+        }
+    }
+
+    /// [`Calendar::state`] as it was computed before: every window walked
+    /// on its own, its next start searched once per start passed (50
+    /// windows firing together cost 50 searches a step). The baseline of
+    /// `benches/windows` and the oracle of the tests.
+    #[doc(hidden)]
+    pub fn state_walking_each_window(&self, now: Timestamp) -> State {
         let windows: Vec<&Window> = self.allow.iter().chain(&self.deny).collect();
         let n_allow = self.allow.len();
         let tz = &self.tz;
@@ -562,7 +682,70 @@ mod tests {
         );
     }
 
+    #[test]
+    fn many_windows_on_one_schedule_cost_one_search_a_start() {
+        // benches/windows' pathological plan: 25 allow windows and 25 deny
+        // windows, all `*/15` for 5 minutes: the deny windows always win, the
+        // verdict never changes, the walk runs to its bound.
+        let allow: Vec<(&str, &str)> = vec![("*/15 * * * *", "5m"); 25];
+        let c = cal("Europe/Berlin", &allow, &allow);
+        let now = ts("2026-12-04T12:34:56Z");
+        let s = c.state(now);
+        // 13:34:56 in Berlin: the 13:30 windows are open, the deny ones win.
+        assert_eq!(
+            (s.verdict.clone(), s.next_open, s.next_close),
+            (Err(Closed::Denied(0)), None, None)
+        );
+        assert_eq!(s, c.state_walking_each_window(now));
+        // A shorter window on the same schedule changes nothing; a deny
+        // window on another schedule still counts.
+        let c = cal(
+            "UTC",
+            &[("0 2 * * *", "4h"), ("0 2 * * *", "1h")],
+            &[("0 2 * * *", "30m"), ("0 5 * * *", "30m")],
+        );
+        let s = c.state(ts("2026-12-04T01:00:00Z"));
+        assert_eq!(
+            (s.next_open, s.next_close),
+            (
+                Some(ts("2026-12-04T02:30:00Z")),
+                Some(ts("2026-12-04T05:00:00Z"))
+            )
+        );
+    }
+
     proptest::proptest! {
+        /// The walk over distinct schedules says what walking every window
+        /// did, wherever that found an answer within its steps.
+        #[test]
+        fn the_merged_walk_is_the_walk_of_every_window(
+            allow in proptest::collection::vec((0usize..6, 1u64..600), 0..4),
+            deny in proptest::collection::vec((0usize..6, 1u64..600), 0..3),
+            zone in proptest::sample::select(vec!["UTC", "Europe/Berlin", "America/New_York"]),
+            seconds in 1_700_000_000i64..1_900_000_000,
+        ) {
+            const SCHEDULES: [&str; 6] = [
+                "0 2 * * *", "*/15 * * * *", "30 1 * * 0", "0 0 26 11 *", "15 2-4 * * 1-5", "0 0 31 2 *",
+            ];
+            let w = |l: &[(usize, u64)]| -> Vec<(String, String)> {
+                l.iter().map(|&(s, m)| (SCHEDULES[s].to_string(), format!("{m}m"))).collect()
+            };
+            let (a, d) = (w(&allow), w(&deny));
+            fn r(l: &[(String, String)]) -> Vec<(&str, &str)> {
+                l.iter().map(|(s, d)| (s.as_str(), d.as_str())).collect()
+            }
+            let c = cal(zone, &r(&a), &r(&d));
+            let now = Timestamp::from_second(seconds).unwrap();
+            let (new, old) = (c.state(now), c.state_walking_each_window(now));
+            proptest::prop_assert_eq!(&new.verdict, &old.verdict);
+            if old.next_open.is_some() {
+                proptest::prop_assert_eq!(new.next_open, old.next_open);
+            }
+            if old.next_close.is_some() {
+                proptest::prop_assert_eq!(new.next_close, old.next_close);
+            }
+        }
+
         /// In UTC the zoned search says what the UTC one says.
         #[test]
         fn in_utc_the_zoned_window_is_the_utc_window(

@@ -37,6 +37,7 @@ pub mod view;
 mod fit_tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceRequest, DeviceSubRequest, ExactDeviceRequest, ResourceClaim,
@@ -45,7 +46,7 @@ use k8s_openapi::api::resource::v1::{
 
 pub use alloc::allocate;
 pub use demand::{PodDemand, class_for_resource, pod_demand};
-pub use view::{DraView, NodeDevices};
+pub use view::{DraView, NodeDevices, Views};
 
 /// The implicit extended resource name of a DeviceClass: `deviceclass.resource.kubernetes.io/<class>`.
 pub const IMPLICIT_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
@@ -164,7 +165,8 @@ pub struct Slice {
     pub node: Option<String>,
     /// `sharedCounters`: partitionable devices.
     pub shared_counters: bool,
-    pub devices: Vec<Device>,
+    /// Shared with the node views ([`view::Views`]), which keep them across decisions.
+    pub devices: Vec<Arc<Device>>,
 }
 
 /// A DeviceClass, slim.
@@ -232,19 +234,29 @@ pub const MAX_REQUESTS_PER_CLAIM: usize = 64;
 pub const MAX_ATTRIBUTES_PER_DEVICE: usize = 64;
 
 /// The resource.k8s.io/v1 objects the fit reads, keyed by name (`namespace/name` for
-/// namespaced kinds).
+/// namespaced kinds). The objects change only through `apply_*`, `delete_*` and
+/// [`DraState::retain`], which tell the kept node views ([`Views`]) what to patch.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DraState {
-    pub slices: BTreeMap<String, Slice>,
-    pub classes: BTreeMap<String, Class>,
-    pub claims: BTreeMap<String, Claim>,
-    pub templates: BTreeMap<String, ClaimSpec>,
+    slices: BTreeMap<String, Slice>,
+    classes: BTreeMap<String, Class>,
+    claims: BTreeMap<String, Claim>,
+    templates: BTreeMap<String, ClaimSpec>,
+    /// Derived from `slices`: (driver, pool) → the keys of its slices.
+    pools: BTreeMap<PoolId, BTreeSet<String>>,
+    /// Derived from `claims`: how many allocated claims hold each device.
+    held: HashMap<DeviceId, u32>,
     /// Classes counted as plain units (see the module docs), set by
     /// `--dra-plain-count-class`.
     pub plain_count: BTreeSet<String>,
     /// CEL verdicts from earlier decisions.
     pub verdicts: Verdicts,
+    /// Per node, the devices the allocator considers, kept from one decision to the next.
+    pub views: Views,
 }
+
+/// A pool: (driver, pool name).
+pub type PoolId = (String, String);
 
 /// The four kinds, for relists.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -279,41 +291,142 @@ impl DraState {
         self.slices.is_empty() && self.classes.is_empty()
     }
 
+    /// The ResourceSlices by name.
+    pub fn slices(&self) -> &BTreeMap<String, Slice> {
+        &self.slices
+    }
+
+    /// The DeviceClasses by name.
+    pub fn classes(&self) -> &BTreeMap<String, Class> {
+        &self.classes
+    }
+
+    /// The ResourceClaims by `namespace/name`.
+    pub fn claims(&self) -> &BTreeMap<String, Claim> {
+        &self.claims
+    }
+
+    /// The ResourceClaimTemplates' specs by `namespace/name`.
+    pub fn templates(&self) -> &BTreeMap<String, ClaimSpec> {
+        &self.templates
+    }
+
+    /// The keys of the slices of each pool.
+    pub fn pools(&self) -> &BTreeMap<PoolId, BTreeSet<String>> {
+        &self.pools
+    }
+
+    /// Whether an allocated claim holds `id`.
+    pub fn is_held(&self, id: &DeviceId) -> bool {
+        self.held.contains_key(id)
+    }
+
+    fn index_slice(&mut self, key: &str, s: &Slice, add: bool) {
+        let pool = (s.driver.clone(), s.pool.clone());
+        self.views.pool_changed(&pool);
+        if add {
+            self.pools.entry(pool).or_default().insert(key.to_string());
+        } else if let Some(keys) = self.pools.get_mut(&pool) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.pools.remove(&pool);
+            }
+        }
+    }
+
+    fn index_claim(&mut self, c: &Claim, add: bool) {
+        for id in &c.allocated {
+            self.views
+                .pool_changed(&(id.driver.clone(), id.pool.clone()));
+            if add {
+                *self.held.entry(id.clone()).or_insert(0) += 1;
+            } else if let Some(n) = self.held.get_mut(id) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.held.remove(id);
+                }
+            }
+        }
+    }
+
+    fn put_slice(&mut self, key: String, s: Slice) -> bool {
+        if self.slices.get(&key) == Some(&s) {
+            return false;
+        }
+        self.remove_slice(&key);
+        self.index_slice(&key, &s, true);
+        self.slices.insert(key, s);
+        true
+    }
+
+    fn remove_slice(&mut self, key: &str) -> bool {
+        match self.slices.remove(key) {
+            Some(old) => {
+                self.index_slice(key, &old, false);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn put_claim(&mut self, key: String, c: Claim) -> bool {
+        if self.claims.get(&key) == Some(&c) {
+            return false;
+        }
+        self.remove_claim(&key);
+        self.index_claim(&c, true);
+        self.claims.insert(key, c);
+        true
+    }
+
+    fn remove_claim(&mut self, key: &str) -> bool {
+        match self.claims.remove(key) {
+            Some(old) => {
+                self.index_claim(&old, false);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Each `apply_*` / `delete_*` says whether anything the fit reads changed.
     pub fn apply_slice(&mut self, s: &ResourceSlice) -> bool {
-        put(
-            &mut self.slices,
-            key(None, s.metadata.name.as_deref()),
-            Slice::from_api(s),
-        )
+        self.put_slice(key(None, s.metadata.name.as_deref()), Slice::from_api(s))
     }
 
     pub fn delete_slice(&mut self, name: &str) -> bool {
-        self.slices.remove(name).is_some()
+        self.remove_slice(name)
     }
 
     pub fn apply_class(&mut self, c: &DeviceClass) -> bool {
-        put(
+        let changed = put(
             &mut self.classes,
             key(None, c.metadata.name.as_deref()),
             Class::from_api(c),
-        )
+        );
+        if changed {
+            self.views.classes_changed();
+        }
+        changed
     }
 
     pub fn delete_class(&mut self, name: &str) -> bool {
-        self.classes.remove(name).is_some()
+        let changed = self.classes.remove(name).is_some();
+        if changed {
+            self.views.classes_changed();
+        }
+        changed
     }
 
     pub fn apply_claim(&mut self, c: &ResourceClaim) -> bool {
-        put(
-            &mut self.claims,
+        self.put_claim(
             key(c.metadata.namespace.as_deref(), c.metadata.name.as_deref()),
             Claim::from_api(c),
         )
     }
 
     pub fn delete_claim(&mut self, ns: &str, name: &str) -> bool {
-        self.claims.remove(&key(Some(ns), Some(name))).is_some()
+        self.remove_claim(&key(Some(ns), Some(name)))
     }
 
     pub fn apply_template(&mut self, t: &ResourceClaimTemplate) -> bool {
@@ -331,16 +444,36 @@ impl DraState {
     /// Drops the objects of `kind` whose keys are not in `seen` (a relist ended); whether
     /// any was dropped.
     pub fn retain(&mut self, kind: DraKind, seen: &BTreeSet<String>) -> bool {
-        fn keep<V>(m: &mut BTreeMap<String, V>, seen: &BTreeSet<String>) -> bool {
-            let before = m.len();
-            m.retain(|k, _| seen.contains(k));
-            m.len() != before
+        fn gone<V>(m: &BTreeMap<String, V>, seen: &BTreeSet<String>) -> Vec<String> {
+            m.keys().filter(|k| !seen.contains(*k)).cloned().collect()
         }
         match kind {
-            DraKind::Slice => keep(&mut self.slices, seen),
-            DraKind::Class => keep(&mut self.classes, seen),
-            DraKind::Claim => keep(&mut self.claims, seen),
-            DraKind::Template => keep(&mut self.templates, seen),
+            DraKind::Slice => {
+                let gone = gone(&self.slices, seen);
+                for k in &gone {
+                    self.remove_slice(k);
+                }
+                !gone.is_empty()
+            }
+            DraKind::Class => {
+                let gone = gone(&self.classes, seen);
+                for k in &gone {
+                    self.delete_class(k);
+                }
+                !gone.is_empty()
+            }
+            DraKind::Claim => {
+                let gone = gone(&self.claims, seen);
+                for k in &gone {
+                    self.remove_claim(k);
+                }
+                !gone.is_empty()
+            }
+            DraKind::Template => {
+                let before = self.templates.len();
+                self.templates.retain(|k, _| seen.contains(k));
+                self.templates.len() != before
+            }
         }
     }
 
@@ -418,7 +551,7 @@ impl Slice {
                 .iter()
                 .flatten()
                 .take(MAX_DEVICES_PER_SLICE)
-                .map(Device::from_api)
+                .map(|d| Arc::new(Device::from_api(d)))
                 .collect(),
         }
     }

@@ -4,140 +4,353 @@
 //! pool name) are those of its newest generation; a pool whose newest generation does not
 //! have all `resourceSliceCount` slices yet is incomplete: none of its devices are
 //! allocated, and a request for `All` devices on that node fails.
+//!
+//! Kept across decisions ([`Views`], in the state): a ResourceSlice or an allocated
+//! ResourceClaim marks its pool changed, and the next decision rebuilds that pool and the
+//! nodes it touches only, as the index patches the static verdicts of changed nodes only.
+//! Each node keeps the devices each request shape may take; a DeviceClass change (or the
+//! plain-count classes) starts a new class epoch, and answers of an older epoch are not
+//! used. A view built from nothing gives the same answers: the index's property test
+//! checks it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::select::Selectors;
-use super::{DeviceId, DraState, Exact, Undecided};
+use super::{Device, DeviceId, DraState, Exact, PoolId, Undecided};
 
 /// One device on a node.
 #[derive(Debug, Clone)]
-pub struct NodeDevice<'a> {
-    pub id: DeviceId,
-    pub device: &'a super::Device,
+pub struct NodeDevice {
+    /// Shared by the pool's part and the node's view.
+    pub id: Arc<DeviceId>,
+    pub device: Arc<Device>,
     /// Its pool also publishes `sharedCounters` (partitionable devices).
     pub partitionable: bool,
 }
 
-/// A node's devices, in the order the allocator tries them.
-#[derive(Debug, Default, Clone)]
-pub struct NodeDevices<'a> {
-    pub devices: Vec<NodeDevice<'a>>,
-    /// Held by an allocated ResourceClaim.
-    pub used: Vec<bool>,
-    /// Some pool on the node is being updated (its newest generation is incomplete).
-    pub incomplete: bool,
-}
-
-/// Per node: (class, request selectors, what raygate does not model in the request, the
-/// devices it may take). A node sees a handful of request shapes, so a scan finds one
-/// without building a key.
+/// Per request shape: (class epoch, class, request selectors, what raygate does not model
+/// in the request, the devices it may take). A node sees a handful of request shapes, so
+/// a scan finds one without building a key.
 type NodeCandidates = Vec<(
+    u64,
     String,
     Vec<String>,
     Option<&'static str>,
     Result<Arc<[usize]>, Undecided>,
 )>;
 
-/// A pool's newest generation and its slices (by name).
-type Newest<'a> = (i64, Vec<(&'a str, &'a super::Slice)>);
+/// A node's devices, in the order the allocator tries them.
+#[derive(Debug, Default)]
+pub struct NodeDevices {
+    pub devices: Vec<NodeDevice>,
+    /// Held by an allocated ResourceClaim.
+    pub used: Vec<bool>,
+    /// Some pool on the node is being updated (its newest generation is incomplete).
+    pub incomplete: bool,
+    /// The devices each request shape may take, kept until the node or a class changes.
+    candidates: Mutex<NodeCandidates>,
+}
 
-/// Every node's devices, with class matches computed once per (node, request shape).
+impl NodeDevices {
+    fn candidates(&self) -> MutexGuard<'_, NodeCandidates> {
+        // Entries are pushed whole: a panic elsewhere cannot leave a half-written one.
+        self.candidates.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What one pool's newest generation puts on each node: (node, incomplete, devices).
+type PoolPart = Vec<(String, bool, Vec<NodeDevice>)>;
+
+/// The views of every node, as of the last decision.
+#[derive(Debug, Default, Clone)]
+struct Built {
+    parts: BTreeMap<PoolId, Arc<PoolPart>>,
+    /// Node → the pools with slices on it.
+    node_pools: HashMap<String, BTreeSet<PoolId>>,
+    nodes: HashMap<String, Arc<NodeDevices>>,
+    devices: usize,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// `None`: build every pool (nothing built yet).
+    built: Option<Arc<Built>>,
+    /// Pools whose slices or held devices changed since.
+    changed: BTreeSet<PoolId>,
+    /// Bumped when a DeviceClass changes: candidates of older epochs are not used.
+    epoch: u64,
+    /// The plain-count classes the epoch is for.
+    plain: BTreeSet<String>,
+}
+
+/// The node views a state keeps across decisions. A cache, not state: two states with the
+/// same objects are equal whatever it holds, and a clone starts empty (its objects may
+/// then change apart from the original's).
+#[derive(Default)]
+pub struct Views(Mutex<Inner>);
+
+impl Clone for Views {
+    fn clone(&self) -> Views {
+        Views::default()
+    }
+}
+
+impl PartialEq for Views {
+    fn eq(&self, _: &Views) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for Views {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let i = self.inner();
+        write!(
+            f,
+            "Views(built: {}, changed pools: {})",
+            i.built.is_some(),
+            i.changed.len()
+        )
+    }
+}
+
+impl Views {
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        // Every update below leaves `Inner` whole before anything can panic.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A slice of `pool`, or a claim holding one of its devices, changed.
+    pub(super) fn pool_changed(&mut self, pool: &PoolId) {
+        let i = self.0.get_mut().unwrap_or_else(|e| e.into_inner());
+        if i.built.is_some() && !i.changed.contains(pool) {
+            i.changed.insert(pool.clone());
+        }
+    }
+
+    /// A DeviceClass changed: what each request shape may take is computed again.
+    pub(super) fn classes_changed(&mut self) {
+        let i = self.0.get_mut().unwrap_or_else(|e| e.into_inner());
+        i.epoch += 1;
+    }
+
+    /// Forgets everything: the next decision builds every view (a restart).
+    pub fn clear(&self) {
+        *self.inner() = Inner::default();
+    }
+
+    /// The views as of `state`, patched for the pools changed since the last call, and
+    /// the class epoch their candidates are for.
+    fn current(&self, state: &DraState) -> (Arc<Built>, u64) {
+        let mut i = self.inner();
+        if i.plain != state.plain_count {
+            i.plain = state.plain_count.clone();
+            i.epoch += 1;
+        }
+        let built = match i.built.take() {
+            None => Arc::new(build_all(state)),
+            Some(mut b) => {
+                let changed = std::mem::take(&mut i.changed);
+                if !changed.is_empty() {
+                    patch(Arc::make_mut(&mut b), state, &changed);
+                }
+                b
+            }
+        };
+        i.changed.clear();
+        i.built = Some(built.clone());
+        (built, i.epoch)
+    }
+}
+
+/// A pool's part: its newest generation's slices (by name) spread over their nodes.
+fn pool_part(state: &DraState, pool: &PoolId) -> PoolPart {
+    let slices: Vec<&super::Slice> = state
+        .pools()
+        .get(pool)
+        .into_iter()
+        .flatten()
+        .filter_map(|k| state.slices().get(k))
+        .collect();
+    let Some(newest) = slices.iter().map(|s| s.generation).max() else {
+        return vec![];
+    };
+    let slices: Vec<&super::Slice> = slices
+        .into_iter()
+        .filter(|s| s.generation == newest)
+        .collect();
+    let complete = slices
+        .first()
+        .is_some_and(|s| slices.len() as i64 == s.slice_count);
+    let partitionable = slices.iter().any(|s| s.shared_counters);
+    let mut part: PoolPart = Vec::new();
+    for s in slices {
+        let Some(node) = s.node.as_deref() else {
+            continue;
+        };
+        let at = match part.iter().position(|(n, _, _)| n == node) {
+            Some(at) => at,
+            None => {
+                part.push((node.to_string(), false, Vec::new()));
+                part.len() - 1
+            }
+        };
+        let entry = &mut part[at];
+        if !complete {
+            entry.1 = true;
+            continue;
+        }
+        for d in &s.devices {
+            entry.2.push(NodeDevice {
+                id: Arc::new(DeviceId {
+                    driver: pool.0.clone(),
+                    pool: pool.1.clone(),
+                    device: d.name.clone(),
+                }),
+                device: d.clone(),
+                partitionable,
+            });
+        }
+    }
+    part
+}
+
+/// A node's view from the parts of its pools, in pool order.
+fn node_view(state: &DraState, b: &Built, pools: &BTreeSet<PoolId>, node: &str) -> NodeDevices {
+    let mut n = NodeDevices::default();
+    for p in pools {
+        for (_, incomplete, devices) in b
+            .parts
+            .get(p)
+            .into_iter()
+            .flat_map(|x| x.iter())
+            .filter(|(at, _, _)| at == node)
+        {
+            n.incomplete |= incomplete;
+            for d in devices {
+                n.used.push(state.is_held(&d.id));
+                n.devices.push(d.clone());
+            }
+        }
+    }
+    n
+}
+
+fn build_all(state: &DraState) -> Built {
+    let all: BTreeSet<PoolId> = state.pools().keys().cloned().collect();
+    let mut b = Built::default();
+    patch(&mut b, state, &all);
+    b
+}
+
+/// Rebuilds the parts of `pools` and the nodes they touch, before or after.
+fn patch(b: &mut Built, state: &DraState, pools: &BTreeSet<PoolId>) {
+    let mut touched: BTreeSet<String> = BTreeSet::new();
+    for p in pools {
+        if let Some(old) = b.parts.remove(p) {
+            for (node, _, _) in old.iter() {
+                touched.insert(node.clone());
+                if let Some(ps) = b.node_pools.get_mut(node) {
+                    ps.remove(p);
+                }
+            }
+        }
+        let part = pool_part(state, p);
+        if part.is_empty() {
+            continue;
+        }
+        for (node, _, _) in &part {
+            touched.insert(node.clone());
+            b.node_pools
+                .entry(node.clone())
+                .or_default()
+                .insert(p.clone());
+        }
+        b.parts.insert(p.clone(), Arc::new(part));
+    }
+    for node in touched {
+        if let Some(old) = b.nodes.remove(&node) {
+            b.devices -= old.devices.len();
+        }
+        match b.node_pools.get(&node) {
+            Some(ps) if !ps.is_empty() => {
+                let v = node_view(state, b, ps, &node);
+                b.devices += v.devices.len();
+                b.nodes.insert(node, Arc::new(v));
+            }
+            _ => {
+                b.node_pools.remove(&node);
+            }
+        }
+    }
+}
+
+/// Every node's devices, with class matches computed once per (node, request shape) and
+/// kept across decisions.
 #[derive(Debug)]
 pub struct DraView<'a> {
     pub state: &'a DraState,
-    pub nodes: HashMap<&'a str, NodeDevices<'a>>,
+    built: Arc<Built>,
+    epoch: u64,
     selectors: Selectors,
-    candidates: HashMap<&'a str, NodeCandidates>,
 }
 
 impl<'a> DraView<'a> {
     pub fn new(state: &'a DraState) -> DraView<'a> {
-        // (driver, pool) → (newest generation, its slices by name).
-        let mut pools: BTreeMap<(&str, &str), Newest<'a>> = BTreeMap::new();
-        for (name, s) in &state.slices {
-            let e = pools
-                .entry((s.driver.as_str(), s.pool.as_str()))
-                .or_insert((s.generation, Vec::new()));
-            if s.generation > e.0 {
-                *e = (s.generation, Vec::new());
-            }
-            if s.generation == e.0 {
-                e.1.push((name.as_str(), s));
-            }
-        }
-        let in_use: BTreeSet<&DeviceId> = state.in_use();
-        let mut nodes: HashMap<&str, NodeDevices<'a>> = HashMap::new();
-        for ((driver, pool), (_, slices)) in &pools {
-            let complete = slices
-                .first()
-                .is_some_and(|(_, s)| slices.len() as i64 == s.slice_count);
-            let partitionable = slices.iter().any(|(_, s)| s.shared_counters);
-            for (_, s) in slices {
-                let Some(node) = s.node.as_deref() else {
-                    continue;
-                };
-                let n = nodes.entry(node).or_default();
-                if !complete {
-                    n.incomplete = true;
-                    continue;
-                }
-                for d in &s.devices {
-                    let id = DeviceId {
-                        driver: driver.to_string(),
-                        pool: pool.to_string(),
-                        device: d.name.clone(),
-                    };
-                    n.used.push(in_use.contains(&id));
-                    n.devices.push(NodeDevice {
-                        id,
-                        device: d,
-                        partitionable,
-                    });
-                }
-            }
-        }
+        let (built, epoch) = state.views.current(state);
         // Verdicts on every device for each selector, and as many again for devices and
         // selectors gone since: past that, start over.
-        let devices: usize = nodes.values().map(|n| n.devices.len()).sum();
-        let selectors: usize = state.classes.values().map(|c| c.selectors.len()).sum();
+        let selectors: usize = state.classes().values().map(|c| c.selectors.len()).sum();
         state
             .verdicts
-            .bound(2 * devices.saturating_mul(selectors.max(1)) + 4096);
+            .bound(2 * built.devices.saturating_mul(selectors.max(1)) + 4096);
         DraView {
             state,
-            nodes,
+            built,
+            epoch,
             selectors: Selectors::with(state.verdicts.clone()),
-            candidates: HashMap::new(),
         }
+    }
+
+    /// The devices of `node`, if any pool publishes on it.
+    pub fn node(&self, node: &str) -> Option<&NodeDevices> {
+        self.built.nodes.get(node).map(|n| &**n)
     }
 
     /// The devices of `node` (indices into its `devices`) that `req` may take, in order,
     /// whether in use or not: the class's selectors and the request's.
     pub fn candidates(&mut self, node: &str, req: &Exact) -> Result<Arc<[usize]>, Undecided> {
-        let known = self.candidates.get(node).and_then(|shapes| {
-            shapes.iter().find(|(class, selectors, unmodeled, _)| {
-                *class == req.class && *selectors == req.selectors && *unmodeled == req.unmodeled
-            })
-        });
-        if let Some((_, _, _, c)) = known {
+        // Nodes without devices have no entry of their own and are answered at once.
+        let Some(devs) = self.built.nodes.get(node).cloned() else {
+            return self.compute(&NodeDevices::default(), req).map(Arc::from);
+        };
+        let epoch = self.epoch;
+        if let Some((.., c)) =
+            devs.candidates()
+                .iter()
+                .find(|(e, class, selectors, unmodeled, _)| {
+                    *e == epoch
+                        && *class == req.class
+                        && *selectors == req.selectors
+                        && *unmodeled == req.unmodeled
+                })
+        {
             return c.clone();
         }
-        let c = self.compute(node, req).map(Arc::from);
-        // Nodes without devices have no entry of their own and are answered empty at once.
-        if let Some((&name, _)) = self.nodes.get_key_value(node) {
-            self.candidates.entry(name).or_default().push((
-                req.class.clone(),
-                req.selectors.clone(),
-                req.unmodeled,
-                c.clone(),
-            ));
-        }
+        let c = self.compute(&devs, req).map(Arc::from);
+        let mut kept = devs.candidates();
+        kept.retain(|(e, ..)| *e == epoch);
+        kept.push((
+            epoch,
+            req.class.clone(),
+            req.selectors.clone(),
+            req.unmodeled,
+            c.clone(),
+        ));
         c
     }
 
-    fn compute(&mut self, node: &str, req: &Exact) -> Result<Vec<usize>, Undecided> {
+    fn compute(&mut self, devs: &NodeDevices, req: &Exact) -> Result<Vec<usize>, Undecided> {
         let plain = self.state.plain_count.contains(&req.class);
         if let Some(why) = req.unmodeled.filter(|_| !plain) {
             return Err(Undecided(format!(
@@ -145,18 +358,15 @@ impl<'a> DraView<'a> {
                 req.class
             )));
         }
-        let Some(class) = self.state.classes.get(&req.class) else {
+        let Some(class) = self.state.classes().get(&req.class) else {
             // The scheduler cannot allocate it either: no device matches.
-            return Ok(vec![]);
-        };
-        let Some(devs) = self.nodes.get(node) else {
             return Ok(vec![]);
         };
         let mut out = Vec::new();
         for (i, d) in devs.devices.iter().enumerate() {
             let mut all = true;
             for expr in class.selectors.iter().chain(&req.selectors) {
-                match self.selectors.matches(expr, &d.id.driver, d.device) {
+                match self.selectors.matches(expr, &d.id.driver, &d.device) {
                     Ok(true) => {}
                     Ok(false) => {
                         all = false;
@@ -215,10 +425,10 @@ mod tests {
             class("gpu", None, None),
         ]);
         let mut v = DraView::new(&s);
-        assert_eq!(v.nodes["a"].devices.len(), 4);
-        assert!(!v.nodes["a"].incomplete);
-        assert!(v.nodes["b"].devices.is_empty());
-        assert!(v.nodes["b"].incomplete);
+        assert_eq!(v.node("a").unwrap().devices.len(), 4);
+        assert!(!v.node("a").unwrap().incomplete);
+        assert!(v.node("b").unwrap().devices.is_empty());
+        assert!(v.node("b").unwrap().incomplete);
         assert_eq!(v.candidates("a", &exact("gpu")).unwrap().len(), 4);
         assert!(v.candidates("c", &exact("gpu")).unwrap().is_empty());
         assert!(v.candidates("a", &exact("nope")).unwrap().is_empty());
@@ -237,7 +447,7 @@ mod tests {
             allocated_claim("ns", "c", "a", &["gpu-0", "gpu-2"]),
         ]);
         let mut v = DraView::new(&s);
-        assert_eq!(v.nodes["a"].used, [true, false, true, false]);
+        assert_eq!(v.node("a").unwrap().used, [true, false, true, false]);
         assert_eq!(v.candidates("a", &exact("h100")).unwrap()[..], [0, 1, 2, 3]);
         assert!(v.candidates("b", &exact("h100")).unwrap().is_empty());
         let mut req = exact("h100");
