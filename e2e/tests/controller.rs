@@ -291,12 +291,7 @@ async fn an_upgrade_that_fits_is_admitted_and_completes() {
     );
     // Issue 35: v1.36's apiserver serves streaming lists (WatchList), and raygate's
     // caches use them (probed once at start-up; the fallback is the next test's).
-    let logs = e.rg.logs();
-    assert!(
-        logs.lines()
-            .any(|l| l.contains("initial lists") && l.contains("streaming")),
-        "{logs}"
-    );
+    or_panic(initial_lists_logged(&e, "streaming").await);
     or_panic(service_with_plan(&e, "llm", 1, 6, json!({})).await);
     let before = or_panic(cluster_names(&e).await);
     assert_eq!(before.len(), 1);
@@ -500,6 +495,26 @@ async fn more_upgrades_each_have_their_own_events(e: &Env, first: &str) {
     }
 }
 
+/// raygate's start-up line saying how its caches list (logged once the
+/// probe answered, which may be after /readyz first answers), checked to say `mode`.
+async fn initial_lists_logged(e: &Env, mode: &str) -> Result<String> {
+    let line = wait_for(
+        "raygate's initial-lists line",
+        Duration::from_secs(30),
+        || async {
+            Ok(
+                match e.rg.logs().lines().find(|l| l.contains("initial lists")) {
+                    Some(l) => Check::Done(l.to_string()),
+                    None => Check::NotYet("not logged yet".into()),
+                },
+            )
+        },
+    )
+    .await?;
+    anyhow::ensure!(line.contains(mode), "expected {mode}: {line}");
+    Ok(line)
+}
+
 /// Issue 35: on an apiserver that refuses streaming lists (its WatchList feature
 /// gate off, as on some managed control planes) raygate's start-up probe falls
 /// back to paginated lists, its caches sync, and it gates as before: the upgrade
@@ -510,13 +525,8 @@ async fn without_streaming_lists_the_caches_page_and_an_upgrade_still_completes(
     let cp = ControlPlane::start_with_apiserver_args(opts, &["--feature-gates=WatchList=false"])
         .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));
     let e = env_on(cp, &[8, 8], &[]).await;
-    let logs = e.rg.logs();
-    assert!(
-        logs.lines().any(|l| l.contains("initial lists")
-            && l.contains("paginated")
-            && l.contains("refused")),
-        "{logs}"
-    );
+    let line = or_panic(initial_lists_logged(&e, "paginated").await);
+    assert!(line.contains("refused"), "{line}");
     or_panic(service_with_plan(&e, "llm", 1, 6, json!({})).await);
     or_panic(bump_worker(&e, "llm", "rayproject/ray:2.10.0-gpu", None).await);
     let done = or_panic(wait_phase(&e, "llm", "Completed").await);
