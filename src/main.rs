@@ -300,6 +300,14 @@ enum CapacityRequestArg {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // The release ships this binary as the kubectl plugin too (one static
+    // binary, not two): started as `kubectl-raygate`, it is the plugin.
+    if std::env::args_os()
+        .next()
+        .is_some_and(|a| kubectl::plugin::invoked_as_plugin(&a))
+    {
+        return kubectl::plugin::main().await;
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Kubectl(c) => {

@@ -1647,6 +1647,24 @@ fn the_release_script_pins_the_chart_to_the_image_digest() {
         listing.lines().collect::<Vec<_>>(),
         ["LICENSE", "kubectl-raygate"]
     );
+    // It is raygate's own binary, and started under the plugin's name it is the plugin:
+    // what `kubectl raygate` runs once krew installed the archive.
+    let unpacked = tempfile::tempdir().expect("tempdir");
+    output(
+        Command::new("tar")
+            .arg("-xzf")
+            .arg(&plugin)
+            .arg("-C")
+            .arg(unpacked.path()),
+    )
+    .expect("untar the plugin");
+    let help = output(Command::new(unpacked.path().join("kubectl-raygate")).arg("--help"))
+        .expect("kubectl-raygate --help");
+    assert!(
+        help.contains("raygate's commands for a live cluster")
+            && help.contains("Usage: kubectl raygate <COMMAND>"),
+        "{help}"
+    );
     let sum = output(Command::new("sha256sum").arg(&plugin)).expect("sha256sum");
     let sum = sum.split_whitespace().next().unwrap_or_default();
     let krew =

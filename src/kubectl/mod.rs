@@ -23,6 +23,7 @@
 
 mod approve;
 mod fit;
+pub mod plugin;
 mod queue;
 
 use std::collections::BTreeMap;
