@@ -42,7 +42,7 @@ impl Raygate {
     /// Starts `raygate run` (found next to the test executable; build it with
     /// `cargo build -p raygate`) and waits until it serves /readyz. As the chart
     /// starts it: no `--kuberay-version` (raygate reads the release from the
-    /// RayClusters the operator stamps), the chart's `--max-priority=0` unless the
+    /// RayClusters the operator stamps), the chart's `--max-priority=0` and `--kueue=false` unless the
     /// test gives its own ceiling, and nothing from the test's environment but
     /// `RUST_LOG` and `opts.env`.
     pub fn spawn(cp: &ControlPlane, extra_args: &[&str]) -> Result<Raygate> {
@@ -66,6 +66,11 @@ impl Raygate {
         // capped unless a test sets its own ceiling, as a platform team would.
         if !given("--max-priority") {
             defaults.push("--max-priority=0");
+        }
+        // The chart renders `--kueue={{ kueue.reservations.enabled }}`, false by default: a
+        // test that wants Kueue support (or the auto probe) says so.
+        if !given("--kueue") {
+            defaults.push("--kueue=false");
         }
         let bin = crate::workspace_bin("raygate").context(
             "raygate binary not found next to the test executable: run `cargo build -p raygate` first",
