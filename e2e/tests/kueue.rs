@@ -1691,10 +1691,6 @@ async fn wait_plan(e: &Env, what: &str, pred: impl Fn(&Value) -> bool) -> Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raygate_holds_for_quota_and_reserves_the_new_cluster_in_kueue() {
     let e = or_panic(env(4).await);
-    e.cp.install_crd_file(
-        &raygate_e2e::control_plane::repo_root().join("crds/raygate.io_upgradeplans.yaml"),
-    )
-    .expect("UpgradePlan CRD");
     or_panic(team_quota(&e).await);
     let wls = workloads(&e.client, &e.ns);
     or_panic(create(&wls, reservation("other-team", LOCAL_QUEUE, 8, None)).await);
@@ -1704,43 +1700,9 @@ async fn raygate_holds_for_quota_and_reserves_the_new_cluster_in_kueue() {
             .await
             .map(|_| ()),
     );
-    or_panic(
-        create(
-            &plan_api(&e),
-            json!({"apiVersion": "raygate.io/v1alpha1", "kind": "UpgradePlan",
-                   "metadata": {"name": "llm"},
-                   "spec": {"rayServiceRef": {"name": "llm"}, "policy": "Auto", "stallAfter": "10m"}}),
-        )
-        .await,
-    );
-    let rg = raygate_e2e::Raygate::spawn(&e.cp, &["--kueue=true"])
-        .unwrap_or_else(|err| panic!("{err:#}"));
+    let rg = or_panic(raygate_with_plan(&e).await);
     let rec = Recorder::start(&e, "llm", "team");
-    or_panic(create(&rs_api(&e), service("llm", true)).await);
-    let old = or_panic(wait_serving(&e, "llm").await);
-    or_panic(
-        wait_sample(&rec, "the ClusterQueue full", T, |s| s.cq_reserved == 16)
-            .await
-            .map(|_| ()),
-    );
-    or_panic(
-        wait_plan(&e, "Idle", |p| str_at(p, &["status", "phase"]) == "Idle")
-            .await
-            .map(|_| ()),
-    );
-    rec.mark("worker image changed");
-    or_panic(bump_worker(&e, "llm", NEW_IMAGE).await);
-    let held = wait_plan(&e, "WaitingForQuota", |p| {
-        str_at(p, &["status", "phase"]) == "WaitingForQuota"
-    })
-    .await;
-    let held = match held {
-        Ok(p) => p,
-        Err(err) => {
-            rec.finish(&e, "raygate-quota").await;
-            panic!("{err:#}");
-        }
-    };
+    let (rec, old, held) = served_then_held_for_quota(&e, rec, "raygate-quota").await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let waiting = rec.samples().last().cloned().unwrap_or_default();
     rec.mark("the other team's Workload deleted");
@@ -2090,6 +2052,43 @@ async fn raygate_with_plan(e: &Env) -> Result<raygate_e2e::Raygate> {
     raygate_e2e::Raygate::spawn(&e.cp, &["--kueue=true"])
 }
 
+/// Serves `llm` (elastic) next to another 8-GPU Workload, so its ClusterQueue (16) is
+/// full, then changes its worker image and waits until raygate holds the change
+/// `WaitingForQuota`. Returns the recorder, the serving cluster and the held plan; on a
+/// timeout the samples are written under `case` first.
+async fn served_then_held_for_quota(
+    e: &Env,
+    rec: Recorder,
+    case: &str,
+) -> (Recorder, String, Value) {
+    or_panic(create(&rs_api(e), service("llm", true)).await);
+    let old = or_panic(wait_serving(e, "llm").await);
+    or_panic(
+        wait_sample(&rec, "the ClusterQueue full", T, |s| s.cq_reserved == 16)
+            .await
+            .map(|_| ()),
+    );
+    or_panic(
+        wait_plan(e, "Idle", |p| str_at(p, &["status", "phase"]) == "Idle")
+            .await
+            .map(|_| ()),
+    );
+    rec.mark("worker image changed");
+    or_panic(bump_worker(e, "llm", NEW_IMAGE).await);
+    let held = wait_plan(e, "WaitingForQuota", |p| {
+        str_at(p, &["status", "phase"]) == "WaitingForQuota"
+    })
+    .await;
+    let held = match held {
+        Ok(p) => p,
+        Err(err) => {
+            rec.finish(e, case).await;
+            panic!("{err:#}");
+        }
+    };
+    (rec, old, held)
+}
+
 /// raygate's Workloads in Kueue, in every namespace (`ns/name`): those labelled
 /// `app.kubernetes.io/managed-by=raygate` and those carrying `raygate.io/reservation`.
 async fn raygate_workloads(client: &Client) -> Result<BTreeSet<String>> {
@@ -2277,31 +2276,7 @@ async fn raygate_admits_when_a_job_finishes_and_a_restart_keeps_its_reservation(
     or_panic(wait_cq_gpus(&e.client, "team", 8, 0).await.map(|_| ()));
     let mut rg = or_panic(raygate_with_plan(&e).await);
     let rec = Recorder::start(&e, "llm", "team");
-    or_panic(create(&rs_api(&e), service("llm", true)).await);
-    let old = or_panic(wait_serving(&e, "llm").await);
-    or_panic(
-        wait_sample(&rec, "the ClusterQueue full", T, |s| s.cq_reserved == 16)
-            .await
-            .map(|_| ()),
-    );
-    or_panic(
-        wait_plan(&e, "Idle", |p| str_at(p, &["status", "phase"]) == "Idle")
-            .await
-            .map(|_| ()),
-    );
-    rec.mark("worker image changed");
-    or_panic(bump_worker(&e, "llm", NEW_IMAGE).await);
-    let held = wait_plan(&e, "WaitingForQuota", |p| {
-        str_at(p, &["status", "phase"]) == "WaitingForQuota"
-    })
-    .await;
-    let held = match held {
-        Ok(p) => p,
-        Err(err) => {
-            rec.finish(&e, "job-finishes").await;
-            panic!("{err:#}");
-        }
-    };
+    let (rec, old, held) = served_then_held_for_quota(&e, rec, "job-finishes").await;
     let waiting = rec.samples().last().cloned().unwrap_or_default();
     rec.mark("the Job's pod let go");
     or_panic(release_job(&e, "train").await);
