@@ -116,45 +116,7 @@ impl Cron {
         t: Timestamp,
         horizon: Duration,
     ) -> Option<Timestamp> {
-        let earliest = t
-            .checked_sub(SignedDuration::try_from(horizon).ok()?)
-            .unwrap_or(Timestamp::MIN);
-        // Local times up to a shift later can be instants before `t` (fall back).
-        let top = t.to_zoned(tz.clone()).datetime().checked_add(SHIFT).ok()?;
-        let last_day = earliest
-            .to_zoned(tz.clone())
-            .date()
-            .checked_sub(SignedDuration::from_hours(48))
-            .ok()?;
-        let mut date = top.date();
-        let mut bound = (top.hour() as u32, top.minute() as u32);
-        while date >= last_day {
-            if self.day_matches(date) {
-                let mut best: Option<Timestamp> = None;
-                for (h, m) in self.descending(bound) {
-                    let Some(at) = instant(tz, date, h, m) else {
-                        continue;
-                    };
-                    if at <= t {
-                        best = Some(best.map_or(at, |b| b.max(at)));
-                    }
-                    // Earlier local times can only be later instants across a
-                    // shift: look a shift further back, then stop.
-                    if let Some(b) = best
-                        && SignedDuration::from_secs((b.as_second() - at.as_second()).max(0))
-                            > SHIFT
-                    {
-                        break;
-                    }
-                }
-                if let Some(b) = best {
-                    return (b >= earliest).then_some(b);
-                }
-            }
-            date = date.yesterday().ok()?;
-            bound = (23, 59);
-        }
-        None
+        self.fire_in(tz, t, horizon, Toward::Past)
     }
 
     /// The earliest fire strictly after `t` in `tz`, within `horizon`.
@@ -164,43 +126,107 @@ impl Cron {
         t: Timestamp,
         horizon: Duration,
     ) -> Option<Timestamp> {
-        let latest = t
-            .checked_add(SignedDuration::try_from(horizon).ok()?)
-            .unwrap_or(Timestamp::MAX);
-        let bottom = t.to_zoned(tz.clone()).datetime().checked_sub(SHIFT).ok()?;
-        let last_day = latest
-            .to_zoned(tz.clone())
-            .date()
-            .checked_add(SignedDuration::from_hours(48))
-            .ok()?;
-        let mut date = bottom.date();
-        let mut from = (bottom.hour() as u32, bottom.minute() as u32);
-        while date <= last_day {
+        self.fire_in(tz, t, horizon, Toward::Future)
+    }
+
+    /// The fire nearest `t` on one side of it, walking local days from `t`
+    /// toward `dir`. One walk for both directions, so the handling of
+    /// daylight-saving shifts cannot drift between them.
+    fn fire_in(
+        &self,
+        tz: &TimeZone,
+        t: Timestamp,
+        horizon: Duration,
+        dir: Toward,
+    ) -> Option<Timestamp> {
+        let past = dir == Toward::Past;
+        let span = SignedDuration::try_from(horizon).ok()?;
+        let limit = if past {
+            t.checked_sub(span).unwrap_or(Timestamp::MIN)
+        } else {
+            t.checked_add(span).unwrap_or(Timestamp::MAX)
+        };
+        // Local times up to a shift beyond `t` can be instants on the near
+        // side of it (fall back): start a shift further out.
+        let local = t.to_zoned(tz.clone()).datetime();
+        let start = if past {
+            local.checked_add(SHIFT)
+        } else {
+            local.checked_sub(SHIFT)
+        }
+        .ok()?;
+        let limit_date = limit.to_zoned(tz.clone()).date();
+        let two_days = SignedDuration::from_hours(48);
+        let last_day = if past {
+            limit_date.checked_sub(two_days)
+        } else {
+            limit_date.checked_add(two_days)
+        }
+        .ok()?;
+        let mut date = start.date();
+        let mut edge = (start.hour() as u32, start.minute() as u32);
+        while (past && date >= last_day) || (!past && date <= last_day) {
             if self.day_matches(date) {
-                let mut best: Option<Timestamp> = None;
-                for (h, m) in self.ascending(from) {
-                    let Some(at) = instant(tz, date, h, m) else {
-                        continue;
-                    };
-                    if at > t {
-                        best = Some(best.map_or(at, |b| b.min(at)));
-                    }
-                    if let Some(b) = best
-                        && SignedDuration::from_secs((at.as_second() - b.as_second()).max(0))
-                            > SHIFT
-                    {
-                        break;
-                    }
-                }
+                let best = if past {
+                    nearest(tz, date, self.descending(edge), t, dir)
+                } else {
+                    nearest(tz, date, self.ascending(edge), t, dir)
+                };
                 if let Some(b) = best {
-                    return (b <= latest).then_some(b);
+                    let within = if past { b >= limit } else { b <= limit };
+                    return within.then_some(b);
                 }
             }
-            date = date.tomorrow().ok()?;
-            from = (0, 0);
+            (date, edge) = if past {
+                (date.yesterday().ok()?, (23, 59))
+            } else {
+                (date.tomorrow().ok()?, (0, 0))
+            };
         }
         None
     }
+}
+
+/// Which side of an instant a fire is looked for on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Toward {
+    Past,
+    Future,
+}
+
+/// The fire of one local day nearest `t` on `dir`'s side (at or before `t`
+/// for the past, strictly after it for the future), from `times` ordered
+/// away from `t`.
+fn nearest(
+    tz: &TimeZone,
+    date: Date,
+    times: impl Iterator<Item = (u32, u32)>,
+    t: Timestamp,
+    dir: Toward,
+) -> Option<Timestamp> {
+    let past = dir == Toward::Past;
+    let mut best: Option<Timestamp> = None;
+    for (h, m) in times {
+        let Some(at) = instant(tz, date, h, m) else {
+            continue;
+        };
+        if (past && at <= t) || (!past && at > t) {
+            best = Some(best.map_or(at, |b| if past { b.max(at) } else { b.min(at) }));
+        }
+        // Local times further from `t` can only be nearer instants across a
+        // shift: look a shift further, then stop.
+        if let Some(b) = best {
+            let gap = if past {
+                b.as_second() - at.as_second()
+            } else {
+                at.as_second() - b.as_second()
+            };
+            if SignedDuration::from_secs(gap.max(0)) > SHIFT {
+                break;
+            }
+        }
+    }
+    best
 }
 
 impl Window {
