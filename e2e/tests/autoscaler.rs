@@ -949,6 +949,8 @@ async fn held_upgrades_get_their_capacity_from_karpenter() {
 
 #[path = "autoscaler/invariants.rs"]
 mod invariants;
+#[path = "autoscaler/soak.rs"]
+mod soak;
 use invariants::Invariants;
 
 impl Env {

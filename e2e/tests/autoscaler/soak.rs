@@ -1,0 +1,294 @@
+//! A seeded random soak with the real Karpenter in the loop (issue 36, item 3), on its own
+//! control plane: two RayServices of one 8-GPU worker each, both plans asking for capacity
+//! with CapacityBuffers (cap: one open request), and random steps among
+//!
+//! - a change (a new worker image: a new cluster, so one more node to buy),
+//! - the pending change withdrawn (the spec set back to the serving cluster's image),
+//! - Karpenter restarted, or stopped for 3-12 s then started again,
+//! - raygate killed (-9) and started again,
+//! - one of raygate's CapacityBuffers deleted by hand,
+//! - nothing for a few seconds,
+//!
+//! with the invariants of `invariants.rs` sampled every second throughout (nothing bought
+//! twice, no request object outliving its plan's wait by more than a sweep, never a third
+//! cluster, no gate `None` without a plan, no Unschedulable pod of a cluster raygate admitted).
+//! Then every change must end, and nothing of raygate's request objects is left.
+//!
+//! `RAYGATE_SOAK_SEED=N` replays a run; `RAYGATE_SOAK_SECONDS` (default 100) bounds the random
+//! steps, `RAYGATE_SOAK_MINUTES` overrides it for the long mode (`e2e/soak --minutes N`).
+//! At the end it prints one `soak figures:` line (steps, changes, admissions, nodes bought and
+//! needed, objects left) for the closing note of a long run.
+
+use super::invariants::SWEEP_PERIOD;
+use super::*;
+
+const SERVICES: usize = 2;
+/// Longer than `T`: a change that waited behind the other's request, then for Karpenter.
+const SETTLE: Duration = Duration::from_secs(420);
+
+/// splitmix64: tiny, seedable, the same sequence on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn svc(i: usize) -> String {
+    format!("s{i}")
+}
+
+fn env_num(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// What the soak did and saw, for its closing line.
+#[derive(Default)]
+struct Tally {
+    steps: u64,
+    changes: u64,
+    withdrawals: u64,
+    karpenter_restarts: u64,
+    raygate_kills: u64,
+    buffers_deleted: u64,
+    /// Every RayCluster seen, per service: a new name after the first is one admission.
+    clusters: BTreeMap<String, BTreeSet<String>>,
+    /// Every NodeClaim seen.
+    nodeclaims: BTreeSet<String>,
+}
+
+impl Env {
+    /// The worker image of the cluster the service serves from now.
+    async fn serving_image(&self, svc: &str) -> Result<Option<String>> {
+        let rs = serde_json::to_value(self.services().get(svc).await?)?;
+        let active = str_at(&rs, &["status", "activeServiceStatus", "rayClusterName"]);
+        if active.is_empty() {
+            return Ok(None);
+        }
+        let Some(c) = self.clusters().get_opt(active).await? else {
+            return Ok(None);
+        };
+        let c = serde_json::to_value(c)?;
+        Ok(c["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"]
+            .as_str()
+            .map(str::to_string))
+    }
+
+    async fn spec_image(&self, svc: &str) -> Result<String> {
+        let rs = serde_json::to_value(self.services().get(svc).await?)?;
+        Ok(
+            rs["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"]
+                [0]["image"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        )
+    }
+
+    async fn record(&self, tally: &mut Tally) -> Result<()> {
+        for i in 0..SERVICES {
+            let s = svc(i);
+            let names = self
+                .clusters()
+                .list(&ListParams::default().labels(&format!("ray.io/originated-from-cr-name={s}")))
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|c| c.metadata.name);
+            tally.clusters.entry(s).or_default().extend(names);
+        }
+        tally.nodeclaims.extend(self.nodeclaims().await?);
+        Ok(())
+    }
+
+    /// One random step; says what it did.
+    async fn soak_step(&mut self, rng: &mut Rng, tally: &mut Tally) -> Result<String> {
+        let i = usize::try_from(rng.below(SERVICES as u64)).unwrap_or(0);
+        let s = svc(i);
+        Ok(match rng.below(10) {
+            0..=2 => {
+                tally.changes += 1;
+                let image = format!("rayproject/ray:2.{}.0-gpu", 10 + tally.changes);
+                self.change(&s, &image, None).await?;
+                format!("{s}: change to {image}")
+            }
+            3 | 4 => {
+                let serving = self.serving_image(&s).await?;
+                match serving {
+                    Some(img) if img != self.spec_image(&s).await? => {
+                        tally.withdrawals += 1;
+                        self.change(&s, &img, None).await?;
+                        format!("{s}: change withdrawn (back to {img})")
+                    }
+                    _ => format!("{s}: nothing to withdraw"),
+                }
+            }
+            5 => {
+                tally.karpenter_restarts += 1;
+                self.cp.restart("karpenter")?;
+                "Karpenter restarted".to_string()
+            }
+            6 => {
+                tally.karpenter_restarts += 1;
+                let down = Duration::from_secs(3 + rng.below(10));
+                self.cp.stop("karpenter")?;
+                tokio::time::sleep(down).await;
+                self.cp.restart("karpenter")?;
+                format!("Karpenter down for {down:?}")
+            }
+            7 => {
+                tally.raygate_kills += 1;
+                if let Some(mut r) = self.rg.take() {
+                    r.kill();
+                }
+                self.rg = Some(spawn_raygate(&self.cp, &self.kubeconfig)?);
+                "raygate killed (-9) and started again".to_string()
+            }
+            8 => {
+                let mine = self.buffers_by_plan().await?;
+                let names: Vec<String> = mine.values().flat_map(|b| b.keys().cloned()).collect();
+                if names.is_empty() {
+                    "no CapacityBuffer of raygate to delete".to_string()
+                } else {
+                    let pick = &names[usize::try_from(rng.below(names.len() as u64)).unwrap_or(0)];
+                    // Gone already (the plan was admitted meanwhile) is fine.
+                    let _ = self.buffers().delete(pick, &Default::default()).await;
+                    tally.buffers_deleted += 1;
+                    format!("CapacityBuffer {pick} deleted by hand")
+                }
+            }
+            _ => {
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                "nothing for 4 s".to_string()
+            }
+        })
+    }
+
+    /// Every change ends: each plan Idle or Completed with the gate `None`, one cluster, the
+    /// spec served; then none of raygate's request objects are left after one sweep.
+    async fn soak_settle(&self, tally: &mut Tally) -> Result<()> {
+        for i in 0..SERVICES {
+            let s = svc(i);
+            wait_for(&format!("{s}'s last change to end"), SETTLE, || async {
+                let p = self.plan(&s).await?;
+                let rs = serde_json::to_value(self.services().get(&s).await?)?;
+                let gate = str_at(&rs, &["spec", "upgradeStrategy", "type"]).to_string();
+                let served = self.serving_image(&s).await?;
+                let clusters = self.cluster_count(&s).await?;
+                let done = matches!(phase(&p), "Idle" | "Completed")
+                    && gate == "None"
+                    && clusters == 1
+                    && served.as_deref() == Some(self.spec_image(&s).await?.as_str());
+                Ok(if done {
+                    Check::Done(())
+                } else {
+                    Check::NotYet(format!("gate {gate}, {clusters} clusters, {}", describe(&p)))
+                })
+            })
+            .await?;
+        }
+        self.record(tally).await?;
+        wait_for("raygate's request objects gone", SWEEP_PERIOD, || async {
+            let buffers: usize = self.buffers_by_plan().await?.values().map(BTreeMap::len).sum();
+            let templates = self
+                .templates()
+                .list(&ListParams::default().labels("app.kubernetes.io/managed-by=raygate"))
+                .await?
+                .items
+                .len();
+            Ok(if buffers + templates == 0 {
+                Check::Done(())
+            } else {
+                Check::NotYet(format!("{buffers} CapacityBuffers, {templates} PodTemplates"))
+            })
+        })
+        .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seeded_soak_with_karpenter_keeps_every_invariant() {
+    let seed = env_num("RAYGATE_SOAK_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let budget = match env_num("RAYGATE_SOAK_MINUTES") {
+        Some(m) => Duration::from_secs(m * 60),
+        None => Duration::from_secs(env_num("RAYGATE_SOAK_SECONDS").unwrap_or(100)),
+    };
+    eprintln!("karpenter soak: RAYGATE_SOAK_SEED={seed}, {budget:?} of steps");
+    let mut e = or_panic(env().await);
+    // Empty nodes go 5 s after their last pod: a withdrawn change's node is given back
+    // within the soak, so buying it again later is a new, justified purchase.
+    or_panic(
+        e.nodepools()
+            .patch(
+                "gpu",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"disruption": {"consolidateAfter": "5s"}}})),
+            )
+            .await
+            .map(|_| ())
+            .map_err(Into::into),
+    );
+    let inv = Invariants::start(e.client.clone(), &e.ns);
+    let mut rng = Rng(seed);
+    let mut tally = Tally::default();
+    let start = Instant::now();
+    let result: Result<()> = async {
+        for i in 0..SERVICES {
+            service_with_plan(&e, &svc(i), 1, 0, json!({"request": "CapacityBuffer"})).await?;
+        }
+        while start.elapsed() < budget {
+            tally.steps += 1;
+            let did = e
+                .soak_step(&mut rng, &mut tally)
+                .await
+                .with_context(|| format!("step {}", tally.steps))?;
+            eprintln!("karpenter soak step {} ({:?}): {did}", tally.steps, start.elapsed());
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            e.record(&mut tally).await?;
+        }
+        eprintln!("karpenter soak: {} steps in {:?}; settling", tally.steps, start.elapsed());
+        e.soak_settle(&mut tally).await
+    }
+    .await;
+    let logs = e.raygate().logs();
+    if let Err(err) = result {
+        panic!(
+            "karpenter soak failed; replay with RAYGATE_SOAK_SEED={seed}: {err:#}\nraygate's log:\n{}",
+            logs.lines().rev().take(60).collect::<Vec<_>>().join("\n")
+        );
+    }
+    assert!(!logs.contains("panicked"), "raygate panicked:\n{logs}");
+    let admissions: usize = tally.clusters.values().map(|c| c.len().saturating_sub(1)).sum();
+    let (peak, samples) = inv.peak();
+    eprintln!(
+        "soak figures: seed {seed}, {} steps in {:?}, {} changes, {} withdrawn, {admissions} admitted \
+         (new clusters), {} Karpenter restarts/outages, {} raygate kills, {} buffers deleted by hand; \
+         {} NodeClaims bought for {} clusters ({SERVICES} first + {admissions} new), peak {peak} live; \
+         {samples} invariant samples; request objects left: 0",
+        tally.steps,
+        start.elapsed(),
+        tally.changes,
+        tally.withdrawals,
+        tally.karpenter_restarts,
+        tally.raygate_kills,
+        tally.buffers_deleted,
+        tally.nodeclaims.len(),
+        SERVICES + admissions,
+    );
+    inv.assert_clean("karpenter soak");
+    inv.stop().await;
+}
