@@ -78,9 +78,11 @@ impl Env {
             return Ok(None);
         };
         let c = serde_json::to_value(c)?;
-        Ok(c["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"]
-            .as_str()
-            .map(str::to_string))
+        Ok(
+            c["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"]
+                .as_str()
+                .map(str::to_string),
+        )
     }
 
     async fn spec_image(&self, svc: &str) -> Result<String> {
@@ -191,14 +193,22 @@ impl Env {
                 Ok(if done {
                     Check::Done(())
                 } else {
-                    Check::NotYet(format!("gate {gate}, {clusters} clusters, {}", describe(&p)))
+                    Check::NotYet(format!(
+                        "gate {gate}, {clusters} clusters, {}",
+                        describe(&p)
+                    ))
                 })
             })
             .await?;
         }
         self.record(tally).await?;
         wait_for("raygate's request objects gone", SWEEP_PERIOD, || async {
-            let buffers: usize = self.buffers_by_plan().await?.values().map(BTreeMap::len).sum();
+            let buffers: usize = self
+                .buffers_by_plan()
+                .await?
+                .values()
+                .map(BTreeMap::len)
+                .sum();
             let templates = self
                 .templates()
                 .list(&ListParams::default().labels("app.kubernetes.io/managed-by=raygate"))
@@ -208,7 +218,9 @@ impl Env {
             Ok(if buffers + templates == 0 {
                 Check::Done(())
             } else {
-                Check::NotYet(format!("{buffers} CapacityBuffers, {templates} PodTemplates"))
+                Check::NotYet(format!(
+                    "{buffers} CapacityBuffers, {templates} PodTemplates"
+                ))
             })
         })
         .await
@@ -256,11 +268,19 @@ async fn a_seeded_soak_with_karpenter_keeps_every_invariant() {
                 .soak_step(&mut rng, &mut tally)
                 .await
                 .with_context(|| format!("step {}", tally.steps))?;
-            eprintln!("karpenter soak step {} ({:?}): {did}", tally.steps, start.elapsed());
+            eprintln!(
+                "karpenter soak step {} ({:?}): {did}",
+                tally.steps,
+                start.elapsed()
+            );
             tokio::time::sleep(Duration::from_secs(2)).await;
             e.record(&mut tally).await?;
         }
-        eprintln!("karpenter soak: {} steps in {:?}; settling", tally.steps, start.elapsed());
+        eprintln!(
+            "karpenter soak: {} steps in {:?}; settling",
+            tally.steps,
+            start.elapsed()
+        );
         e.soak_settle(&mut tally).await
     }
     .await;
@@ -272,7 +292,11 @@ async fn a_seeded_soak_with_karpenter_keeps_every_invariant() {
         );
     }
     assert!(!logs.contains("panicked"), "raygate panicked:\n{logs}");
-    let admissions: usize = tally.clusters.values().map(|c| c.len().saturating_sub(1)).sum();
+    let admissions: usize = tally
+        .clusters
+        .values()
+        .map(|c| c.len().saturating_sub(1))
+        .sum();
     let (peak, samples) = inv.peak();
     eprintln!(
         "soak figures: seed {seed}, {} steps in {:?}, {} changes, {} withdrawn, {admissions} admitted \
