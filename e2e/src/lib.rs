@@ -5,6 +5,7 @@
 pub mod apis;
 pub mod bins;
 pub mod control_plane;
+pub mod dra;
 pub mod fake_node;
 pub mod faults;
 pub mod fixtures;

@@ -22,6 +22,7 @@ use kube::api::{
 };
 use raygate_e2e::apis::{plan_api, rc_api, rs_api};
 use raygate_e2e::control_plane::repo_root;
+use raygate_e2e::dra;
 use raygate_e2e::faults::{
     AuditEvent, Free, PodShape, TcpProxy, audit_events, check_admission_fit, etcd_compact,
     metrics_certificates, new_cluster_pods, quantity, recount_fit, service_account_kubeconfig,
@@ -1609,33 +1610,6 @@ async fn a_second_field_manager_forcing_the_gate_is_reported_and_the_rest_comple
 
 /// A DRA driver's slice of `node`'s pool: `devices` named `gpu-<i>`, generation `generation`
 /// of `count` slices.
-fn dra_slice(
-    name: &str,
-    node: &str,
-    generation: i64,
-    count: i64,
-    devices: std::ops::Range<usize>,
-) -> Value {
-    let devices: Vec<Value> = devices
-        .map(|i| json!({"name": format!("gpu-{i}"), "attributes": {"index": {"int": i}}}))
-        .collect();
-    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": {"driver": "gpu.example.com", "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
-            "devices": devices}})
-}
-
-fn slices_api(client: &Client) -> Api<DynamicObject> {
-    Api::all_with(
-        client.clone(),
-        &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice"),
-            "resourceslices",
-        ),
-    )
-}
-
 /// What the DRA scenarios must never see, checked every 250 ms while `until` runs: a third
 /// cluster, or (unless `capacity_removed`) an Unschedulable pod of a cluster raygate admitted
 /// (admission on devices the scheduler does not have). Returns `until`'s value.
@@ -1721,20 +1695,10 @@ async fn dra_pools_republished_or_withdrawn_admit_nothing_the_scheduler_cannot_p
     let _rg = Raygate::spawn(&cp, &[]).unwrap_or_else(|e| panic!("{e:#}"));
     let ns = or_panic(create_namespace(&client, "dra").await);
     add_node(&client, "dra-0", 0).await;
-    let slices = slices_api(&client);
-    let class = json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": "gpu"},
-        "spec": {"selectors": [{"cel": {"expression": "device.driver == \"gpu.example.com\""}}],
-            "extendedResourceName": "nvidia.com/gpu"}});
-    let classes = Api::<DynamicObject>::all_with(
-        client.clone(),
-        &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("resource.k8s.io", "v1", "DeviceClass"),
-            "deviceclasses",
-        ),
-    );
-    or_panic(create(&classes, class).await);
-    or_panic(create(&slices, dra_slice("dra-0-g1", "dra-0", 1, 1, 0..8)).await);
+    let slices = dra::slices_api(&client);
+    let classes = dra::classes_api(&client);
+    or_panic(create(&classes, dra::gpu_class(dra::EVERY_DEVICE)).await);
+    or_panic(create(&slices, dra::slice("dra-0-g1", "dra-0", 1, 1, 0..8)).await);
     or_panic(create(&plan_api(&client, &ns), plan("llm", "llm")).await);
     or_panic(
         create(
@@ -1749,7 +1713,7 @@ async fn dra_pools_republished_or_withdrawn_admit_nothing_the_scheduler_cannot_p
     or_panic(bump_worker(&client, &ns, "llm", "rayproject/ray:2.10.0-gpu").await);
     let held = or_panic(wait_phase(&client, &ns, "llm", "WaitingForCapacity").await);
     eprintln!("held: {}", describe(&held));
-    or_panic(create(&slices, dra_slice("dra-0-g2-a", "dra-0", 2, 2, 0..8)).await);
+    or_panic(create(&slices, dra::slice("dra-0-g2-a", "dra-0", 2, 2, 0..8)).await);
     or_panic(
         dra_invariants(&client, &ns, "llm", false, async {
             // Both generations present, the new one incomplete: still held.
@@ -1762,7 +1726,7 @@ async fn dra_pools_republished_or_withdrawn_admit_nothing_the_scheduler_cannot_p
             );
             ensure!(gate(&client, &ns, "llm").await? == "None");
             eprintln!("generation 2 incomplete: {}", describe(&p));
-            create(&slices, dra_slice("dra-0-g2-b", "dra-0", 2, 2, 8..16)).await?;
+            create(&slices, dra::slice("dra-0-g2-b", "dra-0", 2, 2, 8..16)).await?;
             let done = wait_phase(&client, &ns, "llm", "Completed").await?;
             // The driver's clean-up of the old generation.
             slices.delete("dra-0-g1", &Default::default()).await?;
@@ -1851,7 +1815,7 @@ async fn dra_pools_republished_or_withdrawn_admit_nothing_the_scheduler_cannot_p
     );
     assert!(or_panic(clusters(&client, &ns).await).len() <= 2);
     // The driver publishes again (generation 3): placed, completed.
-    or_panic(create(&slices, dra_slice("dra-0-g3", "dra-0", 3, 1, 0..16)).await);
+    or_panic(create(&slices, dra::slice("dra-0-g3", "dra-0", 3, 1, 0..16)).await);
     or_panic(wait_phase(&client, &ns, "llm", "Completed").await);
     assert_eq!(of("llm", &or_panic(clusters(&client, &ns).await)).len(), 1);
     eprintln!(
@@ -1862,9 +1826,7 @@ async fn dra_pools_republished_or_withdrawn_admit_nothing_the_scheduler_cannot_p
     // The DeviceClass edited so only gpu-0..7 match: 6 of them held by the running worker,
     // so the next upgrade (6 more) is held, though the pool has 10 devices free.
     let narrow = |cel: &str| json!({"spec": {"selectors": [{"cel": {"expression": cel}}]}});
-    let all = "device.driver == \"gpu.example.com\"";
-    let low =
-        "device.driver == \"gpu.example.com\" && device.attributes[\"gpu.example.com\"].index < 8";
+    let (all, low) = (dra::EVERY_DEVICE, dra::LOW_DEVICES);
     or_panic(
         classes
             .patch("gpu", &PatchParams::default(), &Patch::Merge(&narrow(low)))

@@ -445,3 +445,6 @@ async fn a_seeded_random_soak_keeps_every_invariant() {
     }
     drop(rg);
 }
+
+#[path = "soak/dra.rs"]
+mod dra_soak;
