@@ -18,5 +18,5 @@ pub use bins::workspace_bin;
 pub use control_plane::{ControlPlane, KubeRay, Options, create_namespace, rand_suffix};
 pub use fake_node::{FakeNode, Taint};
 pub use fixtures::GpuRayService;
-pub use raygate::{Raygate, Spawn};
+pub use raygate::{Raygate, Spawn, older_raygate};
 pub use wait::{Check, wait_for};

@@ -64,17 +64,20 @@ impl Raygate {
         }
         // The chart's default (values.yaml `maxPriority: ["0"]`): tenants' priorities are
         // capped unless a test sets its own ceiling, as a platform team would.
-        if !given("--max-priority") {
+        if !given("--max-priority") && opts.binary.is_none() {
             defaults.push("--max-priority=0");
         }
         // The chart renders `--kueue={{ kueue.reservations.enabled }}`, false by default: a
         // test that wants Kueue support (or the auto probe) says so.
-        if !given("--kueue") {
+        if !given("--kueue") && opts.binary.is_none() {
             defaults.push("--kueue=false");
         }
-        let bin = crate::workspace_bin("raygate").context(
-            "raygate binary not found next to the test executable: run `cargo build -p raygate` first",
-        )?;
+        let bin = match opts.binary {
+            Some(b) => b.to_path_buf(),
+            None => crate::workspace_bin("raygate").context(
+                "raygate binary not found next to the test executable: run `cargo build -p raygate` first",
+            )?,
+        };
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let dir = cp.log_dir();
         std::fs::create_dir_all(&dir)?;
@@ -317,6 +320,9 @@ pub struct Spawn<'a> {
     pub env: &'a [(&'a str, &'a str)],
     /// Extra `raygate run` arguments.
     pub args: &'a [&'a str],
+    /// An older raygate binary to start instead of this checkout's ([`older_raygate`]): the
+    /// defaults for flags added since (`--max-priority`, `--kueue`) are not given to it.
+    pub binary: Option<&'a Path>,
 }
 
 impl<'a> Spawn<'a> {
@@ -326,6 +332,30 @@ impl<'a> Spawn<'a> {
             ..Spawn::default()
         }
     }
+}
+
+/// The older raygate `e2e/build-older-raygate` built (the commit in e2e/older-raygate.commit):
+/// `$RAYGATE_OLDER_RAYGATE`, or its place in the cache.
+pub fn older_raygate() -> Result<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("RAYGATE_OLDER_RAYGATE") {
+        return Ok(p.into());
+    }
+    let root = crate::control_plane::repo_root();
+    let commit = std::fs::read_to_string(root.join("e2e/older-raygate.commit"))
+        .context("read e2e/older-raygate.commit")?;
+    let cache = std::env::var_os("RAYGATE_CACHE")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache/raygate"))
+        })
+        .context("neither RAYGATE_CACHE nor HOME is set")?;
+    let bin = cache.join(format!("bin/raygate-{}/raygate", commit.trim()));
+    anyhow::ensure!(
+        bin.is_file(),
+        "{} not built: run e2e/build-older-raygate (e2e/run-tests does)",
+        bin.display()
+    );
+    Ok(bin)
 }
 
 impl Drop for Raygate {

@@ -408,6 +408,7 @@ fn spawn_raygate(cp: &ControlPlane, kubeconfig: &std::path::Path) -> Result<Rayg
             kubeconfig: Some(kubeconfig),
             env: &[],
             args: RAYGATE_ARGS,
+            ..Spawn::default()
         },
     )
 }

@@ -101,6 +101,7 @@ impl Replica {
                 kubeconfig: Some(&self.kubeconfig),
                 env: &env,
                 args: &LEADER_ARGS,
+                ..Spawn::default()
             },
         )
         .unwrap_or_else(|e| panic!("{e:#}"))
@@ -1442,6 +1443,7 @@ async fn metrics_answer_only_tokens_allowed_to_get_metrics() {
             kubeconfig: Some(&raygate_kc),
             env: &[],
             args: &["--metrics-secure=true", &cert_arg],
+            ..Spawn::default()
         },
     )
     .unwrap_or_else(|e| panic!("{e:#}"));
@@ -1494,6 +1496,7 @@ async fn metrics_answer_only_tokens_allowed_to_get_metrics() {
             kubeconfig: Some(&raygate_kc),
             env: &[],
             args: &["--metrics-secure=true"],
+            ..Spawn::default()
         },
     )
     .unwrap_or_else(|e| panic!("{e:#}"));

@@ -1834,6 +1834,7 @@ async fn raygates_kueue_probe_follows_the_api_and_the_shipped_rbac() {
                 kubeconfig: Some(&kc),
                 env: &[],
                 args: &args,
+                ..Default::default()
             },
         )
     };

@@ -14,6 +14,12 @@
 //! cluster, no gate `None` without a plan, no Unschedulable pod of a cluster raygate admitted).
 //! Then every change must end, and nothing of raygate's request objects is left.
 //!
+//! Before the random steps, raygate is upgraded with a request open: an older build
+//! (e2e/build-older-raygate: the end of round 3, the first with capacity requests) opens the
+//! request of a change while Karpenter is down, is killed, and this build takes over: the same
+//! CapacityBuffers and PodTemplates (names, uids, generations), one node bought once Karpenter
+//! is back, admitted, completed, nothing left.
+//!
 //! `RAYGATE_SOAK_SEED=N` replays a run; `RAYGATE_SOAK_SECONDS` (default 100) bounds the random
 //! steps, `RAYGATE_SOAK_MINUTES` overrides it for the long mode (`e2e/soak --minutes N`).
 //! At the end it prints one `soak figures:` line (steps, changes, admissions, nodes bought and
@@ -21,6 +27,7 @@
 
 use super::invariants::SWEEP_PERIOD;
 use super::*;
+use raygate_e2e::older_raygate;
 
 const SERVICES: usize = 2;
 /// Longer than `T`: a change that waited behind the other's request, then for Karpenter.
@@ -67,6 +74,107 @@ struct Tally {
 }
 
 impl Env {
+    /// raygate's request objects of the plan with `uid`: `kind/name` → (uid, generation).
+    async fn request_objects(&self, uid: &str) -> Result<BTreeMap<String, (String, i64)>> {
+        let lp = ListParams::default().labels(&format!("raygate.io/plan-uid={uid}"));
+        let mut out = BTreeMap::new();
+        for b in self.buffers().list(&lp).await?.items {
+            out.insert(
+                format!(
+                    "CapacityBuffer/{}",
+                    b.metadata.name.clone().unwrap_or_default()
+                ),
+                (
+                    b.metadata.uid.clone().unwrap_or_default(),
+                    b.metadata.generation.unwrap_or_default(),
+                ),
+            );
+        }
+        for t in self.templates().list(&lp).await?.items {
+            out.insert(
+                format!(
+                    "PodTemplate/{}",
+                    t.metadata.name.clone().unwrap_or_default()
+                ),
+                (
+                    t.metadata.uid.clone().unwrap_or_default(),
+                    t.metadata.generation.unwrap_or_default(),
+                ),
+            );
+        }
+        Ok(out)
+    }
+
+    /// raygate upgraded with a request open (issue 36): the older build opens it, this one
+    /// takes it over and sees it through. Returns what it measured.
+    async fn upgraded_with_a_request_open(&mut self, tally: &mut Tally) -> Result<String> {
+        let older = older_raygate()?;
+        let s = svc(0);
+        let uid = self.plan_uid(&s).await?;
+        if let Some(mut r) = self.rg.take() {
+            r.kill();
+        }
+        self.rg = Some(Raygate::spawn_with(
+            &self.cp,
+            &Spawn {
+                kubeconfig: Some(&self.kubeconfig),
+                args: &["--capacity-requests=true", "--max-open-capacity-requests=1"],
+                binary: Some(&older),
+                ..Spawn::default()
+            },
+        )?);
+        self.cp.stop("karpenter")?;
+        tally.changes += 1;
+        self.change(&s, "rayproject/ray:2.10.0-gpu", None).await?;
+        self.worker_request(&s).await?;
+        let before = self.request_objects(&uid).await?;
+        anyhow::ensure!(
+            before.len() == 4,
+            "the older build's request: 2 CapacityBuffers and 2 PodTemplates, got {before:?}"
+        );
+        let nodes_before = self.nodeclaims().await?;
+        if let Some(mut r) = self.rg.take() {
+            r.kill();
+        }
+        let t = Instant::now();
+        self.rg = Some(spawn_raygate(&self.cp, &self.kubeconfig)?);
+        // This build has reconciled the plan once its own status write lands (the older
+        // build never wrote `pendingChange.detectedTime` differently, so wait on the Event
+        // stream instead: a resync of every plan happens at start). Give it a few passes.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let after = self.request_objects(&uid).await?;
+        anyhow::ensure!(
+            before == after,
+            "this build did not keep the older build's objects as they were:\nbefore {before:?}\nafter  {after:?}"
+        );
+        anyhow::ensure!(
+            request_state(&self.plan(&s).await?) == "Requested",
+            "the request is not reported open by this build: {}",
+            describe(&self.plan(&s).await?)
+        );
+        self.cp.restart("karpenter")?;
+        let mut seen = nodes_before.clone();
+        self.until_completed(&s, &mut seen).await?;
+        let bought = seen.difference(&nodes_before).count();
+        anyhow::ensure!(bought == 1, "one node bought for the change, got {bought}");
+        wait_for("the request's objects gone", SWEEP_PERIOD, || async {
+            let left = self.request_objects(&uid).await?;
+            Ok(if left.is_empty() {
+                Check::Done(())
+            } else {
+                Check::NotYet(format!("{left:?}"))
+            })
+        })
+        .await?;
+        Ok(format!(
+            "older build {} opened the request; this build kept its {} objects (uids, generations) \
+             and completed the change {:?} after taking over, with 1 node bought",
+            older.display(),
+            after.len(),
+            t.elapsed()
+        ))
+    }
+
     /// The worker image of the cluster the service serves from now.
     async fn serving_image(&self, svc: &str) -> Result<Option<String>> {
         let rs = serde_json::to_value(self.services().get(svc).await?)?;
@@ -262,6 +370,11 @@ async fn a_seeded_soak_with_karpenter_keeps_every_invariant() {
         for i in 0..SERVICES {
             service_with_plan(&e, &svc(i), 1, 0, json!({"request": "CapacityBuffer"})).await?;
         }
+        e.record(&mut tally).await?;
+        let said = e.upgraded_with_a_request_open(&mut tally).await?;
+        eprintln!("raygate upgraded with a request open: {said}");
+        e.record(&mut tally).await?;
+        let start = Instant::now();
         while start.elapsed() < budget {
             tally.steps += 1;
             let did = e
