@@ -1,0 +1,132 @@
+//! Rule 3: what would take the serving cluster's pods away. A suspended
+//! serving cluster (3a), and a change Kueue would turn into a suspension
+//! (3b) or whose pods it would keep gated (3c), are held and said as such.
+
+use super::*;
+
+impl Rules<'_> {
+    /// Rule 3a: the serving cluster is suspended or being suspended in
+    /// place: `Suspended`, never `Idle`, whatever the verdict (once KubeRay
+    /// has rewritten the cluster, the spec equals it and nothing "changed").
+    /// The gate stays closed; one Warning Event when it starts.
+    pub(super) fn suspended(&self, b: &mut Builder<'_>, s: &crate::admission::Suspension) {
+        b.status.pending_change = None;
+        b.status.phase = Phase::Suspended;
+        let by = match &self.svc.kueue {
+            Some(k) => format!(
+                "; the RayService is managed by Kueue (LocalQueue {}), which suspends a RayService \
+                 whose cluster spec no longer matches its Workload and resumes it once it admits \
+                 the new one (docs/kueue.md)",
+                k.queue
+            ),
+            None => String::new(),
+        };
+        let (reason, short, long) = match s {
+            crate::admission::Suspension::Applying { outage } => (
+                Reason::Suspending,
+                "suspension (outage)",
+                format!("spec.rayClusterConfig.suspend is true: {outage}{by}"),
+            ),
+            crate::admission::Suspension::Suspended { cluster } => (
+                Reason::ClusterSuspended,
+                "suspended",
+                format!(
+                    "the active RayCluster {cluster} is suspended (spec.suspend: true): no pod serves; \
+                     clear spec.rayClusterConfig.suspend to resume it{by}"
+                ),
+            ),
+        };
+        b.condition(condition::SERVICE_SUSPENDED, Status::True, reason, &long);
+        b.condition(
+            condition::UPGRADE_ADMITTED,
+            Status::False,
+            Reason::NoPendingChange,
+            "the service is suspended: nothing to admit",
+        );
+        no_new_cluster_needed(b);
+        b.waiting(short, &long);
+        b.requeue = REQUEUE_ACTIVE;
+        let news = b.prev.phase != Phase::Suspended || b.prev.waiting_for.as_deref() != Some(short);
+        if news {
+            b.event(true, EventReason::ServiceSuspended, long);
+        }
+    }
+}
+
+/// Rule 3b: a change that needs a new cluster, on a RayService Kueue
+/// manages without `elastic-job`: Kueue v0.19 stops such a RayService when
+/// its pod sets no longer match its Workload (`ensureOneWorkload`, "No
+/// matching Workload") by setting `rayClusterConfig.suspend`, which KubeRay
+/// applies in place to the serving cluster (issue 38, case b). raygate
+/// keeps the gate closed and says so; it cannot keep Kueue from acting on
+/// the spec: the chart's ValidatingAdmissionPolicy refuses such an edit.
+pub(super) fn kueue_would_suspend(
+    b: &mut Builder<'_>,
+    change: &ChangeFacts,
+    kueue: &crate::kueue::Managed,
+) {
+    let fp = &change.fingerprint;
+    let path = change
+        .triggering_paths
+        .first()
+        .map(String::as_str)
+        .unwrap_or("rayClusterConfig");
+    let long = format!(
+        "change {fp} (spec.rayClusterConfig.{path}) is not admitted: Kueue v0.19 turns a rayClusterConfig \
+         change of a RayService it manages (LocalQueue {}) into a suspension: KubeRay would rewrite \
+         the serving cluster in place (an outage). Remedy: {}",
+        kueue.queue,
+        crate::kueue::REMEDY
+    );
+    kueue_hold(b, fp, KUEUE_WOULD_SUSPEND, long);
+}
+
+/// `status.waitingFor` of [`kueue_would_suspend`].
+const KUEUE_WOULD_SUSPEND: &str = "KueueWouldSuspend";
+
+/// Rule 3c: an elastic Kueue-managed RayService while raygate's Kueue
+/// support is off (no `--kueue`): admitted, its new cluster's pods would stay
+/// held by Kueue's `kueue.x-k8s.io/elastic-job` scheduling gate (measured on
+/// Kueue v0.19.0: workload slices do not cover a NewCluster transition) and
+/// its quota would be counted nowhere. Held, with the remedy.
+pub(super) fn kueue_support_off(
+    b: &mut Builder<'_>,
+    change: &ChangeFacts,
+    kueue: &crate::kueue::Managed,
+) {
+    let fp = &change.fingerprint;
+    let long = format!(
+        "change {fp} is not admitted: the RayService is an elastic Kueue job (LocalQueue {}), whose new \
+         cluster's pods Kueue v0.19 keeps gated (kueue.x-k8s.io/elastic-job) and whose quota it does not \
+         count; raygate completes such an upgrade only with its Kueue support on (--kueue=auto finds \
+         Kueue's API and its access at start-up, see raygate's start-up log; --kueue=true requires it; \
+         chart kueue.reservations.enabled; docs/kueue.md)",
+        kueue.queue
+    );
+    kueue_hold(b, fp, KUEUE_SUPPORT_OFF, long);
+}
+
+/// `status.waitingFor` of [`kueue_support_off`].
+const KUEUE_SUPPORT_OFF: &str = "KueueSupportOff";
+
+/// The hold of a Kueue rule (3b, 3c): `UpgradeAdmitted=False`, phase
+/// `Pending` waiting for `waiting_for`, and one Warning Event per change and
+/// kind of hold.
+fn kueue_hold(b: &mut Builder<'_>, fp: &str, waiting_for: &str, long: String) {
+    b.condition(
+        condition::UPGRADE_ADMITTED,
+        Status::False,
+        Reason::KueueWouldSuspend,
+        &long,
+    );
+    let news = b.prev.waiting_for.as_deref() != Some(waiting_for)
+        || b.prev
+            .pending_change
+            .as_ref()
+            .map(|p| p.fingerprint.as_str())
+            != Some(fp);
+    b.hold(Phase::Pending, waiting_for, &long, Outcome::HeldPolicy);
+    if news {
+        b.change_event(true, EventReason::KueueWouldSuspend, fp, long);
+    }
+}
