@@ -2,8 +2,10 @@
 //! conditions (with their transition times kept), and the texts of
 //! messages and capacity columns.
 
+use std::fmt::Display;
 use std::time::Duration;
 
+use super::rules::WaitingFor;
 use super::{
     Decision, EventNote, EventReason, Gate, Inputs, Outcome, REQUEUE_IDLE, REQUEUE_WAITING,
 };
@@ -57,13 +59,15 @@ impl<'a> Builder<'a> {
     }
 
     /// Hold the change in `phase` for a reason other than capacity.
-    pub fn hold(&mut self, phase: Phase, short: &str, long: &str, outcome: Outcome) {
+    pub fn hold(&mut self, phase: Phase, short: impl Display, long: &str, outcome: Outcome) {
         self.status.phase = phase;
         self.waiting(short, long);
         self.outcome = Some(outcome);
     }
 
-    pub fn waiting(&mut self, short: &str, long: &str) {
+    /// `status.waitingFor` (a [`WaitingFor`] where the rules name it) and
+    /// `status.message`.
+    pub fn waiting(&mut self, short: impl Display, long: &str) {
         self.status.waiting_for = Some(short.to_string());
         self.status.message = Some(long.to_string());
     }
@@ -109,11 +113,7 @@ impl<'a> Builder<'a> {
         self.status.admitted = self.prev.admitted.clone();
         self.status.pending_change = self.prev.pending_change.clone();
         self.status.batch = self.prev.batch.clone();
-        let short = problems
-            .iter()
-            .map(|(reason, _)| reason.as_str())
-            .collect::<Vec<_>>()
-            .join(", ");
+        let short = WaitingFor::Errors(problems.iter().map(|(reason, _)| *reason).collect());
         let long = match problems {
             [(_, msg)] => msg.clone(),
             _ => problems
@@ -122,7 +122,7 @@ impl<'a> Builder<'a> {
                 .collect::<Vec<_>>()
                 .join("; "),
         };
-        self.waiting(&short, &long);
+        self.waiting(short, &long);
         self.gate = gate;
         self.requeue = REQUEUE_WAITING;
         let reported = (self.prev.phase == Phase::Error)
@@ -170,10 +170,11 @@ impl<'a> Builder<'a> {
         );
         // In the WAITING FOR column of `kubectl get upgradeplans`: while
         // another manager keeps the gate, raygate's own reason is moot.
-        self.status.waiting_for = Some(format!(
-            "GateOverridden: {owner} keeps {}",
-            value.unwrap_or("unset")
-        ));
+        let kept = WaitingFor::GateKeptBy {
+            owner: owner.to_string(),
+            value: value.map(str::to_string),
+        };
+        self.status.waiting_for = Some(kept.to_string());
         new
     }
 

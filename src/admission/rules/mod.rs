@@ -69,6 +69,9 @@ use condition::{Reason, Status};
 mod pending;
 mod suspension;
 mod track;
+pub mod waiting;
+
+pub use waiting::WaitingFor;
 
 /// Rule 1, then rules 2 and 3.
 pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
@@ -140,7 +143,7 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
         (_, None) => {
             b.status.phase = Phase::Pending;
             b.waiting(
-                "first cluster",
+                WaitingFor::FirstCluster,
                 "the RayService has no active RayCluster yet; KubeRay is creating it",
             );
             b.gate = Some(Gate::Hold);

@@ -62,7 +62,7 @@ impl Rules<'_> {
         {
             return b.hold(
                 window.phase(),
-                window.waiting_for(),
+                WaitingFor::from(window),
                 &window.message(),
                 window.outcome(),
             );
@@ -179,7 +179,7 @@ impl Rules<'_> {
     ) {
         let needs = render::needs_text(report);
         let fp = &change.fingerprint;
-        let (phase, short, how) = (hold.phase(), hold.waiting_for(), hold.message());
+        let (phase, short, how) = (hold.phase(), WaitingFor::from(hold), hold.message());
         let (reason, what) = match hold {
             Hold::Paused => (EventReason::Paused, "is held: the plan's policy is Paused"),
             // Only policy holds come here.
@@ -257,7 +257,7 @@ impl Rules<'_> {
         );
         b.status.phase = Phase::Pending;
         b.waiting(
-            "GateOverridden",
+            WaitingFor::Hold(waiting::HoldKind::GateOverridden),
             &format!(
                 "change {} fits, but field manager {owner:?} owns spec.upgradeStrategy.type ({value}): \
                  raygate cannot set it, so it admits nothing and reserves nothing; remove upgradeStrategy.type \
@@ -286,7 +286,7 @@ impl Rules<'_> {
         // decision (rule 2) says (one status write per admission, not two).
         b.status.pending_change = None;
         b.waiting(
-            "KubeRay",
+            WaitingFor::KubeRay,
             "admitted; waiting for KubeRay to create the new cluster",
         );
         b.status.admitted = Some(Admission {
@@ -354,7 +354,7 @@ fn wait_for_capacity(
 ) {
     b.status.phase = Phase::WaitingForCapacity;
     let (short, long) = render::shortfall_text(report);
-    b.waiting(&short, &long);
+    b.waiting(WaitingFor::Capacity(short), &long);
     b.outcome = Some(Outcome::HeldCapacity);
     if b.prev.phase != Phase::WaitingForCapacity
         || b.prev

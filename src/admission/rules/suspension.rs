@@ -24,12 +24,12 @@ impl Rules<'_> {
         let (reason, short, long) = match s {
             crate::admission::Suspension::Applying { outage } => (
                 Reason::Suspending,
-                "suspension (outage)",
+                WaitingFor::Suspension,
                 format!("spec.rayClusterConfig.suspend is true: {outage}{by}"),
             ),
             crate::admission::Suspension::Suspended { cluster } => (
                 Reason::ClusterSuspended,
-                "suspended",
+                WaitingFor::Suspended,
                 format!(
                     "the active RayCluster {cluster} is suspended (spec.suspend: true): no pod serves; \
                      clear spec.rayClusterConfig.suspend to resume it{by}"
@@ -44,9 +44,9 @@ impl Rules<'_> {
             "the service is suspended: nothing to admit",
         );
         no_new_cluster_needed(b);
+        let news = b.prev.phase != Phase::Suspended || !short.was(b.prev.waiting_for.as_deref());
         b.waiting(short, &long);
         b.requeue = REQUEUE_ACTIVE;
-        let news = b.prev.phase != Phase::Suspended || b.prev.waiting_for.as_deref() != Some(short);
         if news {
             b.event(true, EventReason::ServiceSuspended, long);
         }
@@ -78,11 +78,8 @@ pub(super) fn kueue_would_suspend(
         kueue.queue,
         crate::kueue::REMEDY
     );
-    kueue_hold(b, fp, KUEUE_WOULD_SUSPEND, long);
+    kueue_hold(b, fp, WaitingFor::KueueWouldSuspend, long);
 }
-
-/// `status.waitingFor` of [`kueue_would_suspend`].
-const KUEUE_WOULD_SUSPEND: &str = "KueueWouldSuspend";
 
 /// Rule 3c: an elastic Kueue-managed RayService while raygate's Kueue
 /// support is off (no `--kueue`): admitted, its new cluster's pods would stay
@@ -103,23 +100,20 @@ pub(super) fn kueue_support_off(
          chart kueue.reservations.enabled; docs/kueue.md)",
         kueue.queue
     );
-    kueue_hold(b, fp, KUEUE_SUPPORT_OFF, long);
+    kueue_hold(b, fp, WaitingFor::KueueSupportOff, long);
 }
-
-/// `status.waitingFor` of [`kueue_support_off`].
-const KUEUE_SUPPORT_OFF: &str = "KueueSupportOff";
 
 /// The hold of a Kueue rule (3b, 3c): `UpgradeAdmitted=False`, phase
 /// `Pending` waiting for `waiting_for`, and one Warning Event per change and
 /// kind of hold.
-fn kueue_hold(b: &mut Builder<'_>, fp: &str, waiting_for: &str, long: String) {
+fn kueue_hold(b: &mut Builder<'_>, fp: &str, waiting_for: WaitingFor, long: String) {
     b.condition(
         condition::UPGRADE_ADMITTED,
         Status::False,
         Reason::KueueWouldSuspend,
         &long,
     );
-    let news = b.prev.waiting_for.as_deref() != Some(waiting_for)
+    let news = !waiting_for.was(b.prev.waiting_for.as_deref())
         || b.prev
             .pending_change
             .as_ref()

@@ -112,7 +112,7 @@ impl Rules<'_> {
         }
         b.status.phase = Phase::Admitted;
         b.waiting(
-            "KubeRay",
+            WaitingFor::KubeRay,
             "admitted; waiting for KubeRay to create the new cluster",
         );
         b.status.admitted = Some(admitted);
@@ -127,7 +127,7 @@ impl Rules<'_> {
                 b.status.admitted = Some(admitted);
                 b.status.phase = Phase::Upgrading;
                 b.waiting(
-                    "new cluster",
+                    WaitingFor::NewCluster,
                     &format!(
                         "KubeRay named cluster {pending}; it is checked against the admitted change once it exists"
                     ),
@@ -201,9 +201,11 @@ impl Rules<'_> {
             Some(inc) => {
                 let since =
                     render::incremental_progress(inc, self.svc, self.now(), admitted.admitted_time);
-                Duration::try_from(self.now().duration_since(since)).unwrap_or_default()
+                stall::Elapsed::SinceStep(
+                    Duration::try_from(self.now().duration_since(since)).unwrap_or_default(),
+                )
             }
-            None => running_for,
+            None => stall::Elapsed::Transition(running_for),
         };
         // Path B blocked: Kueue has not admitted the Workload it derived
         // again, so the new cluster stays suspended (not "progressing").
@@ -237,21 +239,15 @@ impl Rules<'_> {
             stalled_for,
             self.settings.stall_after,
         ) {
-            Some(mut s) => {
-                if b.status.incremental.is_some() {
-                    s.message = s
-                        .message
-                        .replace("; transition running for ", "; no incremental step for ");
-                }
-                stalled(b, s, &admitted)
-            }
+            Some(s) => stalled(b, s, &admitted),
             None => {
                 b.status.phase = Phase::Upgrading;
-                b.status.waiting_for = Some(if self.inp.pending_ready {
-                    "serve apps".into()
+                let waiting_for = if self.inp.pending_ready {
+                    WaitingFor::ServeApps
                 } else {
-                    "new cluster".into()
-                });
+                    WaitingFor::NewCluster
+                };
+                b.status.waiting_for = Some(waiting_for.to_string());
                 let steps = b.status.incremental.as_ref().map_or(String::new(), |inc| {
                     let pct = |v: Option<i32>| v.map_or("-".to_string(), |v| format!("{v}%"));
                     format!(
@@ -291,7 +287,7 @@ impl Rules<'_> {
             b.status.admitted = Some(admitted);
             b.status.phase = Phase::Upgrading;
             b.waiting(
-                "old cluster deletion",
+                WaitingFor::OldClusterDeletion,
                 &format!("promoted; waiting for KubeRay to delete {old} and its pods"),
             );
             return;
@@ -333,9 +329,6 @@ impl Rules<'_> {
     }
 }
 
-/// `waitingFor` of a transition whose new cluster Kueue keeps suspended.
-const KUEUE_WORKLOAD_PENDING: &str = "KueueWorkloadPending";
-
 /// The new cluster `pending` stays suspended because Kueue has not admitted
 /// `w`, the RayService's Workload raygate had it derive again (path B of
 /// [`crate::admission::quota`]; e.g. its LocalQueue on `stopPolicy: Hold`, or no
@@ -346,7 +339,7 @@ fn kueue_workload_pending(
     pending: &str,
     w: &crate::admission::quota::ServiceWorkload,
     admitted: &Admission,
-    running_for: Duration,
+    elapsed: stall::Elapsed,
     stall_after: Duration,
 ) {
     let why = w.why.as_deref().unwrap_or("Kueue gave no reason");
@@ -355,20 +348,17 @@ fn kueue_workload_pending(
          ({why}); the serving cluster is untouched",
         w.name
     );
-    if running_for >= stall_after {
+    if elapsed.duration() >= stall_after {
         let s = stall::Stall {
             reason: stall::StallReason::KueueWorkloadPending,
-            message: format!(
-                "{msg}; transition running for {}",
-                stall::human_duration(running_for)
-            ),
+            message: format!("{msg}; {elapsed}"),
             unschedulable_pods: 0,
         };
         return stalled(b, s, admitted);
     }
-    let news = b.prev.waiting_for.as_deref() != Some(KUEUE_WORKLOAD_PENDING);
+    let news = !WaitingFor::KueueWorkloadPending.was(b.prev.waiting_for.as_deref());
     b.status.phase = Phase::Upgrading;
-    b.status.waiting_for = Some(KUEUE_WORKLOAD_PENDING.into());
+    b.status.waiting_for = Some(WaitingFor::KueueWorkloadPending.to_string());
     b.status.message = Some(format!(
         "transition to {pending} running since {}: {msg}",
         admitted.admitted_time
@@ -395,7 +385,7 @@ fn kueue_workload_pending(
 
 fn stalled(b: &mut Builder<'_>, s: stall::Stall, admitted: &Admission) {
     b.status.phase = Phase::Stalled;
-    b.status.waiting_for = Some(s.reason.to_string());
+    b.status.waiting_for = Some(WaitingFor::Stalled(s.reason).to_string());
     b.condition(
         condition::STALLED,
         Status::True,
