@@ -59,9 +59,20 @@ impl<'a> Builder<'a> {
     }
 
     /// Hold the change in `phase` for a reason other than capacity.
-    pub fn hold(&mut self, phase: Phase, short: impl Display, long: &str, outcome: Outcome) {
+    pub fn hold(&mut self, phase: Phase, short: &str, long: &str, outcome: Outcome) {
+        self.hold_for(phase, short, long, outcome)
+    }
+
+    /// [`Builder::hold`], waiting for what a rule names ([`WaitingFor`]).
+    pub fn hold_for(
+        &mut self,
+        phase: Phase,
+        waiting_for: impl Display,
+        long: &str,
+        outcome: Outcome,
+    ) {
         self.status.phase = phase;
-        self.waiting(short, long);
+        self.waiting(waiting_for, long);
         self.outcome = Some(outcome);
     }
 

@@ -60,7 +60,7 @@ impl Rules<'_> {
         if held.is_none()
             && let Some(window) = holds.first()
         {
-            return b.hold(
+            return b.hold_for(
                 window.phase(),
                 WaitingFor::from(window),
                 &window.message(),
@@ -197,7 +197,7 @@ impl Rules<'_> {
                 .as_ref()
                 .map(|p| p.fingerprint.as_str())
                 != Some(fp);
-        b.hold(phase, short, &format!("{how}; {needs}"), hold.outcome());
+        b.hold_for(phase, short, &format!("{how}; {needs}"), hold.outcome());
         if news {
             let paths = change.triggering_paths.join(", ");
             b.change_event(

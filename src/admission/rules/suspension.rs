@@ -119,7 +119,7 @@ fn kueue_hold(b: &mut Builder<'_>, fp: &str, waiting_for: WaitingFor, long: Stri
             .as_ref()
             .map(|p| p.fingerprint.as_str())
             != Some(fp);
-    b.hold(Phase::Pending, waiting_for, &long, Outcome::HeldPolicy);
+    b.hold_for(Phase::Pending, waiting_for, &long, Outcome::HeldPolicy);
     if news {
         b.change_event(true, EventReason::KueueWouldSuspend, fp, long);
     }
