@@ -32,12 +32,7 @@ fn at(minutes: i64) -> Timestamp {
 
 /// Decides on an idle world with 8 free GPUs and `c` pending.
 fn step(p: &UpgradePlan, c: Option<ChangeFacts>, t: Timestamp) -> Decision {
-    Scenario::new()
-        .plan(p)
-        .serving("llm-a")
-        .change_is(Ok(c))
-        .at(t)
-        .decide()
+    Scenario::new().plan(p).change_is(Ok(c)).at(t).decide()
 }
 
 fn reasons(d: &Decision) -> Vec<&'static str> {
@@ -279,9 +274,8 @@ fn without_batching_nothing_is_gathered() {
 fn a_change_during_a_transition_waits_as_the_next_batch() {
     // Admitted c1, KubeRay is building llm-b from it.
     let go = step(&auto_plan(None), Some(commit("c1", &[IMAGE])), at(0));
-    let p = auto_plan(Some(go.status));
     let upgrading = Scenario::new()
-        .plan(&p)
+        .status(go.status)
         .upgrading("llm-a", "llm-b")
         .at(at(1))
         .built_from(Some("c1"))

@@ -121,10 +121,9 @@ fn the_override_event_comes_before_the_events_of_the_rules() {
     let reasons: Vec<_> = d.events.iter().map(|e| e.reason.as_str()).collect();
     assert_eq!(reasons[0], "GateOverridden", "{reasons:?}");
     // Reported once: the next decision sees the condition already True.
-    let p2 = auto_plan(Some(d.status));
     let ch = Ok(Some(change(vec![gpu_pod("w0", 8)])));
     let d2 = Scenario::new()
-        .plan(&p2)
+        .status(d.status)
         .change_is(ch)
         .gate(owned_by("argocd", "None"))
         .decide();
@@ -133,12 +132,8 @@ fn the_override_event_comes_before_the_events_of_the_rules() {
 
 #[test]
 fn an_invalid_spec_leaves_an_overridden_gate_alone_without_judging_it() {
-    let p = plan(
-        json!({"rayServiceRef": {"name": "llm"}, "stallAfter": "soon"}),
-        None,
-    );
     let d = Scenario::new()
-        .plan(&p)
+        .spec(json!({"rayServiceRef": {"name": "llm"}, "stallAfter": "soon"}))
         .gate(owned_by("argocd", "NewCluster"))
         .decide();
     assert_eq!((d.status.phase, d.gate), (Phase::Error, Some(Gate::Hold)));

@@ -25,13 +25,9 @@ fn missing_rayservice_is_an_error_and_leaves_the_gate_alone() {
 
 #[test]
 fn a_bad_spec_and_a_missing_rayservice_are_both_reported_and_nothing_is_written() {
-    let p = plan(
-        json!({"rayServiceRef": {"name": "llm"},
-               "maintenanceWindows": [{"schedule": "61 * * * *", "duration": "1h"}]}),
-        None,
-    );
     let d = Scenario::new()
-        .plan(&p)
+        .spec(json!({"rayServiceRef": {"name": "llm"},
+               "maintenanceWindows": [{"schedule": "61 * * * *", "duration": "1h"}]}))
         .service(Err(ServiceError::NotFound {
             namespace: "ml".into(),
             name: "llm".into(),
@@ -63,7 +59,6 @@ fn a_bad_spec_and_a_missing_rayservice_are_both_reported_and_nothing_is_written(
         .spec(json!({"rayServiceRef": {"name": "llm"},
                    "maintenanceWindows": [{"schedule": "61 * * * *", "duration": "1h"}]}))
         .status(d.status)
-        .serving("llm-a")
         .decide();
     assert_eq!((d.status.phase, d.gate), (Phase::Error, Some(Gate::Hold)));
     assert_eq!(d.status.waiting_for.as_deref(), Some("InvalidSpec"));
@@ -72,13 +67,8 @@ fn a_bad_spec_and_a_missing_rayservice_are_both_reported_and_nothing_is_written(
 
 #[test]
 fn invalid_spec_is_an_error_that_keeps_holding() {
-    let p = plan(
-        json!({"rayServiceRef": {"name": "llm"}, "headroom": {"nvidia.com/gpu": "two"}}),
-        None,
-    );
     let d = Scenario::new()
-        .plan(&p)
-        .serving("llm-a")
+        .spec(json!({"rayServiceRef": {"name": "llm"}, "headroom": {"nvidia.com/gpu": "two"}}))
         .clusters(&[])
         .decide();
     assert_eq!(d.status.phase, Phase::Error);
@@ -227,9 +217,8 @@ fn the_rayservice_uid_is_recorded() {
     // The priority it is ranked by, for `kubectl raygate queue`.
     assert_eq!(st.effective_priority, Some(0));
     // Kept while the RayService cannot be read (deleted, not yet recreated).
-    let p = auto_plan(Some(st));
     let d = Scenario::new()
-        .plan(&p)
+        .status(st)
         .service(Err(ServiceError::NotFound {
             namespace: "ml".into(),
             name: "llm".into(),
@@ -246,12 +235,11 @@ fn a_recreated_rayservice_never_completes_the_old_change() {
     let mut st = admitted_status();
     st.phase = Phase::Upgrading;
     st.admitted.as_mut().unwrap().to_cluster = Some("llm-b".into());
-    let p = auto_plan(Some(st));
     // Deleted and recreated with the same name: its first cluster llm-c is
     // active, the old clusters are gone (or not its own).
     let later: Timestamp = "2026-12-02T12:05:00Z".parse().unwrap();
     let d = Scenario::new()
-        .plan(&p)
+        .status(st)
         .service(recreated("llm-c", None))
         .at(later)
         .decide();
@@ -288,7 +276,6 @@ fn a_recreated_rayservice_starts_afresh() {
     // Waiting since 12:00 for the old RayService's change.
     let ch = change(vec![gpu_pod("w0", 8)]);
     let waiting = Scenario::new()
-        .serving("llm-a")
         .change(ch.clone())
         .capacity(&[0])
         .decide()

@@ -5,7 +5,7 @@ use super::*;
 
 #[test]
 fn nothing_pending_is_idle_with_the_gate_held() {
-    let d = Scenario::new().serving("llm-a").decide();
+    let d = Scenario::new().decide();
     assert_eq!(d.status.phase, Phase::Idle);
     assert_eq!(d.gate, Some(Gate::Hold));
     assert_eq!(d.status.active_cluster.as_deref(), Some("llm-a"));
@@ -15,11 +15,7 @@ fn nothing_pending_is_idle_with_the_gate_held() {
 #[test]
 fn an_upgrade_that_fits_is_admitted_and_opens_the_gate() {
     let ch = change(vec![gpu_pod("w0", 8), gpu_pod("w1", 8)]);
-    let d = Scenario::new()
-        .serving("llm-a")
-        .change(ch)
-        .capacity(&[8, 8])
-        .decide();
+    let d = Scenario::new().change(ch).capacity(&[8, 8]).decide();
     assert_eq!(d.status.phase, Phase::Admitted);
     assert_eq!(d.gate, Some(Gate::Open));
     assert_eq!(d.outcome, Some(Outcome::Admitted));
@@ -33,7 +29,7 @@ fn an_upgrade_that_fits_is_admitted_and_opens_the_gate() {
 #[test]
 fn an_upgrade_that_does_not_fit_waits_with_the_exact_shortfall() {
     let ch = change((0..4).map(|i| gpu_pod(&format!("w{i}"), 4)).collect());
-    let d = Scenario::new().serving("llm-a").change(ch).decide();
+    let d = Scenario::new().change(ch).decide();
     assert_eq!(d.status.phase, Phase::WaitingForCapacity);
     assert_eq!(d.gate, Some(Gate::Hold));
     let cap = d.status.capacity.as_ref().unwrap();
@@ -65,11 +61,9 @@ fn an_upgrade_that_does_not_fit_waits_with_the_exact_shortfall() {
 
     // Waiting time counts from first detection, and the event is not repeated.
     let later: Timestamp = "2026-12-02T12:10:00Z".parse().unwrap();
-    let p2 = auto_plan(Some(d.status.clone()));
     let ch = change((0..4).map(|i| gpu_pod(&format!("w{i}"), 4)).collect());
     let d2 = Scenario::new()
-        .plan(&p2)
-        .serving("llm-a")
+        .status(d.status.clone())
         .change(ch)
         .at(later)
         .decide();
@@ -87,11 +81,7 @@ fn an_upgrade_that_does_not_fit_waits_with_the_exact_shortfall() {
 #[test]
 fn fragmentation_waits_even_without_a_total_shortfall() {
     let ch = change(vec![gpu_pod("big", 16)]);
-    let d = Scenario::new()
-        .serving("llm-a")
-        .change(ch)
-        .capacity(&[8, 8])
-        .decide();
+    let d = Scenario::new().change(ch).capacity(&[8, 8]).decide();
     assert_eq!(d.status.phase, Phase::WaitingForCapacity);
     assert_eq!(
         d.status.waiting_for.as_deref(),
@@ -101,14 +91,9 @@ fn fragmentation_waits_even_without_a_total_shortfall() {
 
 #[test]
 fn headroom_is_kept_free() {
-    let p = plan(
-        json!({"rayServiceRef": {"name": "llm"}, "headroom": {"nvidia.com/gpu": "2"}}),
-        None,
-    );
     let ch = change(vec![gpu_pod("w0", 8)]);
     let d = Scenario::new()
-        .plan(&p)
-        .serving("llm-a")
+        .spec(json!({"rayServiceRef": {"name": "llm"}, "headroom": {"nvidia.com/gpu": "2"}}))
         .change(ch)
         .capacity(&[8, 1])
         .decide();
@@ -133,14 +118,9 @@ fn headroom_is_kept_free() {
 /// nothing but "short by gpu 2": the name is reported once, the decision kept.
 #[test]
 fn a_resource_no_node_offers_is_reported_once() {
-    let p = plan(
-        json!({"rayServiceRef": {"name": "llm"}, "headroom": {"gpu": "2"}}),
-        None,
-    );
     let ch = || Ok(Some(change(vec![gpu_pod("w0", 8)])));
     let d = Scenario::new()
-        .plan(&p)
-        .serving("llm-a")
+        .spec(json!({"rayServiceRef": {"name": "llm"}, "headroom": {"gpu": "2"}}))
         .change_is(ch())
         .capacity(&[8, 8])
         .decide();
@@ -176,7 +156,6 @@ fn a_resource_no_node_offers_is_reported_once() {
     );
     let d2 = Scenario::new()
         .plan(&again)
-        .serving("llm-a")
         .change_is(ch())
         .capacity(&[8, 8])
         .decide();
@@ -184,11 +163,7 @@ fn a_resource_no_node_offers_is_reported_once() {
     assert_eq!(cond(&d2.status, "ResourcesOffered").status, "False");
 
     // The new cluster requesting what no node has (CPU-only nodes) is said too.
-    let d = Scenario::new()
-        .serving("llm-a")
-        .change_is(ch())
-        .capacity(&[0])
-        .decide();
+    let d = Scenario::new().change_is(ch()).capacity(&[0]).decide();
     let c = cond(&d.status, "ResourcesOffered");
     assert!(
         c.message
@@ -204,7 +179,6 @@ fn a_resource_no_node_offers_is_reported_once() {
     );
     let d = Scenario::new()
         .plan(&ok)
-        .serving("llm-a")
         .change_is(ch())
         .capacity(&[8, 8])
         .decide();
@@ -216,13 +190,8 @@ fn a_resource_no_node_offers_is_reported_once() {
 #[test]
 fn paused_and_manual_policies_wait_for_approval() {
     let ch = || Ok(Some(change(vec![gpu_pod("w0", 1)])));
-    let paused = plan(
-        json!({"rayServiceRef": {"name": "llm"}, "policy": "Paused"}),
-        None,
-    );
     let d = Scenario::new()
-        .plan(&paused)
-        .serving("llm-a")
+        .spec(json!({"rayServiceRef": {"name": "llm"}, "policy": "Paused"}))
         .change_is(ch())
         .decide();
     assert_eq!((d.status.phase, d.gate), (Phase::Paused, Some(Gate::Hold)));
@@ -233,13 +202,8 @@ fn paused_and_manual_policies_wait_for_approval() {
         ("Paused", Some("abc123def456"))
     );
 
-    let manual = plan(
-        json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual", "approve": "other"}),
-        None,
-    );
     let d = Scenario::new()
-        .plan(&manual)
-        .serving("llm-a")
+        .spec(json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual", "approve": "other"}))
         .change_is(ch())
         .decide();
     assert_eq!(d.status.phase, Phase::WaitingForApproval);
@@ -256,13 +220,8 @@ fn paused_and_manual_policies_wait_for_approval() {
         d.events
     );
 
-    let approved = plan(
-        json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual", "approve": "abc123def456"}),
-        None,
-    );
     let d = Scenario::new()
-        .plan(&approved)
-        .serving("llm-a")
+        .spec(json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual", "approve": "abc123def456"}))
         .change_is(ch())
         .decide();
     assert_eq!(
@@ -280,11 +239,7 @@ fn a_change_awaiting_approval_reports_what_it_needs_and_whether_it_fits() {
         )
     };
     let ch = || Ok(Some(change(vec![gpu_pod("w0", 4)])));
-    let d = Scenario::new()
-        .plan(&manual(None))
-        .serving("llm-a")
-        .change_is(ch())
-        .decide();
+    let d = Scenario::new().plan(&manual(None)).change_is(ch()).decide();
     assert_eq!(
         (d.status.phase, d.gate),
         (Phase::WaitingForApproval, Some(Gate::Hold))
@@ -320,7 +275,6 @@ fn a_change_awaiting_approval_reports_what_it_needs_and_whether_it_fits() {
     // and the phase stays WaitingForApproval (no capacity Event either).
     let d2 = Scenario::new()
         .plan(&manual(Some(d.status.clone())))
-        .serving("llm-a")
         .change_is(ch())
         .capacity(&[2])
         .decide();
@@ -350,7 +304,6 @@ fn a_change_awaiting_approval_reports_what_it_needs_and_whether_it_fits() {
 fn an_approval_is_reported_once_with_who_approved() {
     let waiting = Scenario::new()
         .spec(json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual"}))
-        .serving("llm-a")
         .change(change(vec![gpu_pod("w0", 4)]))
         .decide();
     let mut approved = plan(
@@ -364,7 +317,6 @@ fn an_approval_is_reported_once_with_who_approved() {
     ]);
     let d = Scenario::new()
         .plan(&approved)
-        .serving("llm-a")
         .change(change(vec![gpu_pod("w0", 4)]))
         .decide();
     let reasons: Vec<&str> = d.events.iter().map(|e| e.reason.as_str()).collect();
@@ -382,7 +334,7 @@ fn an_approval_is_reported_once_with_who_approved() {
             .all(|e| e.change.as_deref() == Some("abc123def456"))
     );
     // Admitted: the approval is not reported again.
-    let d = Scenario::new().spec(json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual", "approve": "abc123def456"})).status(d.status).serving("llm-a").change(change(vec![gpu_pod("w0", 4)])).decide();
+    let d = Scenario::new().spec(json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual", "approve": "abc123def456"})).status(d.status).change(change(vec![gpu_pod("w0", 4)])).decide();
     assert!(d.events.is_empty(), "{:?}", d.events);
 }
 
@@ -391,11 +343,7 @@ fn an_approval_outside_the_window_is_reported_once() {
     let spec = json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual", "approve": "abc123def456",
         "maintenanceWindows": [{"schedule": "0 2 * * *", "duration": "2h"}]});
     let ch = || Ok(Some(change(vec![gpu_pod("w0", 4)])));
-    let d = Scenario::new()
-        .spec(spec.clone())
-        .serving("llm-a")
-        .change_is(ch())
-        .decide();
+    let d = Scenario::new().spec(spec.clone()).change_is(ch()).decide();
     assert_eq!(d.status.phase, Phase::Pending);
     let reasons: Vec<&str> = d.events.iter().map(|e| e.reason.as_str()).collect();
     assert_eq!(reasons, ["Approved"]);
@@ -403,7 +351,6 @@ fn an_approval_outside_the_window_is_reported_once() {
     let d = Scenario::new()
         .spec(spec)
         .status(d.status)
-        .serving("llm-a")
         .change_is(ch())
         .at(in_window)
         .decide();
@@ -422,11 +369,7 @@ fn an_approval_that_matches_no_change_is_reported() {
         )
     };
     let p = manual("deadbeef0000", None);
-    let d = Scenario::new()
-        .plan(&p)
-        .serving("llm-a")
-        .change_is(ch())
-        .decide();
+    let d = Scenario::new().plan(&p).change_is(ch()).decide();
     assert_eq!(d.status.phase, Phase::WaitingForApproval);
     let c = cond(&d.status, "ApprovalMatched");
     assert_eq!(
@@ -447,15 +390,11 @@ fn an_approval_that_matches_no_change_is_reported() {
     // Reported once.
     let d2 = Scenario::new()
         .plan(&manual("deadbeef0000", Some(d.status.clone())))
-        .serving("llm-a")
         .change_is(ch())
         .decide();
     assert!(d2.events.iter().all(|e| e.reason != "ApprovalUnmatched"));
     // Nothing pending at all.
-    let d = Scenario::new()
-        .plan(&manual("deadbeef0000", None))
-        .serving("llm-a")
-        .decide();
+    let d = Scenario::new().plan(&manual("deadbeef0000", None)).decide();
     assert!(
         cond(&d.status, "ApprovalMatched")
             .message
@@ -464,13 +403,12 @@ fn an_approval_that_matches_no_change_is_reported() {
     // The right fingerprint: True; admitted.
     let d = Scenario::new()
         .plan(&manual("abc123def456", None))
-        .serving("llm-a")
         .change_is(ch())
         .decide();
     assert_eq!(d.status.phase, Phase::Admitted);
     assert_eq!(cond(&d.status, "ApprovalMatched").status, "True");
     // Unset: no condition.
-    let d = Scenario::new().serving("llm-a").change_is(ch()).decide();
+    let d = Scenario::new().change_is(ch()).decide();
     assert!(
         d.status
             .conditions
@@ -485,13 +423,10 @@ fn an_approval_that_matches_no_change_is_reported() {
 #[test]
 fn an_approval_left_under_auto_is_ignored_not_warned_about() {
     let ch = || Ok(Some(change(vec![gpu_pod("w0", 1)])));
-    let p = plan(
-        json!({"rayServiceRef": {"name": "llm"}, "policy": "Auto", "approve": "deadbeef0000"}),
-        None,
-    );
     let d = Scenario::new()
-        .plan(&p)
-        .serving("llm-a")
+        .spec(
+            json!({"rayServiceRef": {"name": "llm"}, "policy": "Auto", "approve": "deadbeef0000"}),
+        )
         .change_is(ch())
         .decide();
     assert_eq!(d.status.phase, Phase::Admitted);
@@ -508,13 +443,8 @@ fn an_approval_left_under_auto_is_ignored_not_warned_about() {
         "{:?}",
         d.status.conditions
     );
-    let manual = plan(
-        json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual"}),
-        None,
-    );
     let d = Scenario::new()
-        .plan(&manual)
-        .serving("llm-a")
+        .spec(json!({"rayServiceRef": {"name": "llm"}, "policy": "Manual"}))
         .change_is(ch())
         .decide();
     assert_eq!(d.status.phase, Phase::WaitingForApproval);
@@ -532,17 +462,12 @@ fn closed_maintenance_window_holds() {
         None,
     );
     let ch = || Ok(Some(change(vec![gpu_pod("w0", 1)])));
-    let d = Scenario::new()
-        .plan(&p)
-        .serving("llm-a")
-        .change_is(ch())
-        .decide();
+    let d = Scenario::new().plan(&p).change_is(ch()).decide();
     assert_eq!(d.status.phase, Phase::Pending);
     assert_eq!(d.status.waiting_for.as_deref(), Some("maintenance window"));
     let in_window: Timestamp = "2026-12-02T03:00:00Z".parse().unwrap();
     let d = Scenario::new()
         .plan(&p)
-        .serving("llm-a")
         .change_is(ch())
         .at(in_window)
         .decide();

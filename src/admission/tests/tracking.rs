@@ -5,12 +5,10 @@ use super::*;
 
 #[test]
 fn admitted_keeps_the_gate_open_until_kuberay_names_the_cluster() {
-    let p = auto_plan(Some(admitted_status()));
     let ch = Ok(Some(change(vec![gpu_pod("w0", 8)])));
     // Restarted raygate sees the same objects: still admitted, no second admission.
     let d = Scenario::new()
-        .plan(&p)
-        .serving("llm-a")
+        .status(admitted_status())
         .change_is(ch)
         .decide();
     assert_eq!(
@@ -23,12 +21,10 @@ fn admitted_keeps_the_gate_open_until_kuberay_names_the_cluster() {
 
 #[test]
 fn a_superseded_admission_is_withdrawn_and_reevaluated() {
-    let p = auto_plan(Some(admitted_status()));
     let mut ch = change(vec![gpu_pod("w0", 16)]);
     ch.fingerprint = "fffeeeddd000".into();
     let d = Scenario::new()
-        .plan(&p)
-        .serving("llm-a")
+        .status(admitted_status())
         .change(ch)
         .decide();
     assert_eq!(d.status.phase, Phase::WaitingForCapacity);
@@ -44,7 +40,6 @@ fn an_admission_kuberay_does_not_act_on_is_fitted_again() {
     // Capacity is gone by now: the old admission must not keep the gate open.
     let d = Scenario::new()
         .plan(&p)
-        .serving("llm-a")
         .change(change(vec![gpu_pod("w0", 8)]))
         .capacity(&[4])
         .at(later)
@@ -58,7 +53,6 @@ fn an_admission_kuberay_does_not_act_on_is_fitted_again() {
     // Within the bound it stays admitted.
     let d = Scenario::new()
         .plan(&p)
-        .serving("llm-a")
         .change(change(vec![gpu_pod("w0", 8)]))
         .capacity(&[4])
         .at(now() + Duration::from_secs(60))
@@ -74,10 +68,8 @@ fn an_admission_decided_again_on_its_own_status_is_the_same() {
     // The status an admission writes is what the next decision on the same
     // world writes: else every admission costs a second status write.
     let first = admitted_status();
-    let p = auto_plan(Some(first.clone()));
     let d = Scenario::new()
-        .plan(&p)
-        .serving("llm-a")
+        .status(first.clone())
         .change(change(vec![gpu_pod("w0", 8)]))
         .at(now() + jiff::SignedDuration::from_secs(1))
         .decide();
@@ -86,9 +78,8 @@ fn an_admission_decided_again_on_its_own_status_is_the_same() {
 
 #[test]
 fn a_pending_cluster_built_from_another_change_is_not_adopted() {
-    let p = auto_plan(Some(admitted_status()));
     let d = Scenario::new()
-        .plan(&p)
+        .status(admitted_status())
         .upgrading("llm-a", "llm-b")
         .built_from(Some("0000other000"))
         .decide();
@@ -106,9 +97,8 @@ fn a_pending_cluster_built_from_another_change_is_not_adopted() {
 
 #[test]
 fn a_pending_cluster_not_yet_readable_is_adopted_only_once_checked() {
-    let p = auto_plan(Some(admitted_status()));
     let d = Scenario::new()
-        .plan(&p)
+        .status(admitted_status())
         .upgrading("llm-a", "llm-b")
         .clusters(&["llm-a"])
         .built_from(None)
@@ -146,9 +136,8 @@ fn a_pending_cluster_not_yet_readable_is_adopted_only_once_checked() {
 
 #[test]
 fn once_the_new_cluster_is_named_the_gate_closes_and_the_transition_is_tracked() {
-    let p = auto_plan(Some(admitted_status()));
     let d = Scenario::new()
-        .plan(&p)
+        .status(admitted_status())
         .upgrading("llm-a", "llm-b")
         .decide();
     assert_eq!(
@@ -192,7 +181,6 @@ fn a_transition_started_without_admission_is_tracked_and_reported() {
 fn unschedulable_new_pods_stall_the_transition() {
     let mut st = admitted_status();
     st.phase = Phase::Upgrading;
-    let p = auto_plan(Some(st));
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "llm-b-gpu-worker-x"},
         "spec": {"containers": [{"name": "w"}]},
@@ -202,7 +190,7 @@ fn unschedulable_new_pods_stall_the_transition() {
     .unwrap();
     let pods = BTreeMap::from([("llm-b".to_string(), vec![Arc::new(pod) as PodRef])]);
     let d = Scenario::new()
-        .plan(&p)
+        .status(st)
         .upgrading("llm-a", "llm-b")
         .pods(pods)
         .decide();
@@ -276,9 +264,8 @@ fn completed_only_when_the_old_cluster_and_its_pods_are_gone() {
     assert_eq!(d.outcome, Some(Outcome::Completed));
 
     // The next reconcile keeps showing Completed while nothing else changes.
-    let p2 = auto_plan(Some(d.status.clone()));
     let d2 = Scenario::new()
-        .plan(&p2)
+        .status(d.status.clone())
         .serving("llm-b")
         .at(later)
         .decide();
