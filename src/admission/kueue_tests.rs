@@ -45,7 +45,7 @@ fn state() -> ClusterState {
 /// The fixture's RayService, serving from the fixture's cluster, edited.
 fn service(edit: impl FnOnce(&mut Value)) -> RayService {
     let mut v: Value = serde_saphyr::from_str(SVC).unwrap();
-    v["metadata"]["uid"] = json!("3f8a2c1e-5b7d-4c1a-9e0f-2d6b8a4c7e91");
+    v["metadata"]["uid"] = json!(UID);
     v["status"] = json!({"activeServiceStatus": {"rayClusterName": "llm-7x9kq"}});
     edit(&mut v);
     serde_json::from_value(v).unwrap()
@@ -96,16 +96,93 @@ fn decide_with_pods(
     quota: Option<quota::QuotaFacts>,
     pods: BTreeMap<String, Vec<observed::PodRef>>,
 ) -> Decision {
+    decide_over(p, svc, &[("llm-7x9kq", rc)], quota, pods)
+}
+
+/// Decides during a transition from the fixture's active cluster to
+/// `pending` (`llm-next1`).
+fn decide_in_transition(p: &UpgradePlan, svc: &RayService, pending: &RayCluster) -> Decision {
+    let rc = active(|_| {});
+    let clusters = [("llm-7x9kq", &rc), ("llm-next1", pending)];
+    decide_over(p, svc, &clusters, None, BTreeMap::new())
+}
+
+/// KubeRay's pending cluster `llm-next1`: the RayService's cluster spec.
+fn pending_cluster(svc: &RayService) -> RayCluster {
+    let mut pending = serde_json::to_value(active(|_| {})).unwrap();
+    pending["metadata"]["name"] = json!("llm-next1");
+    pending["spec"] = serde_json::to_value(&svc.spec.ray_cluster_config).unwrap();
+    serde_json::from_value(pending).unwrap()
+}
+
+/// Decides on these RayClusters (name, object) under KubeRay v1.6.2, as the
+/// controller builds the inputs.
+fn decide_over(
+    p: &UpgradePlan,
+    svc: &RayService,
+    clusters: &[(&str, &RayCluster)],
+    quota: Option<quota::QuotaFacts>,
+    pods: BTreeMap<String, Vec<observed::PodRef>>,
+) -> Decision {
     let st = state();
     let alone = fit::Alone(&st);
     let release = Release::assumed(KubeRayVersion::parse("1.6.2").unwrap());
-    let clusters = [ClusterObject {
-        name: "llm-7x9kq".into(),
-        cluster: Ok(rc),
-    }];
+    let clusters: Vec<ClusterObject<'_>> = clusters
+        .iter()
+        .map(|(name, rc)| ClusterObject {
+            name: (*name).into(),
+            cluster: Ok(*rc),
+        })
+        .collect();
     let mut inp = inputs(p, &release, now(), false, &alone, Ok(svc), &clusters, pods);
     inp.quota = quota;
     decide(&inp)
+}
+
+/// The fixture's RayService's UID, as a status records it.
+const UID: &str = "3f8a2c1e-5b7d-4c1a-9e0f-2d6b8a4c7e91";
+
+/// The fingerprint raygate gives the change of `svc`, as first seen.
+fn fingerprint_of(svc: &RayService) -> String {
+    let d = decide_on(&plan(None), svc, &active(|_| {}));
+    d.status.pending_change.unwrap().fingerprint
+}
+
+/// A status with change `fp` admitted `secs` ago from the fixture's
+/// cluster, KubeRay's new cluster `to` named or not yet.
+fn admitted(phase: Phase, fp: &str, secs: i64, to: Option<&str>) -> UpgradePlanStatus {
+    UpgradePlanStatus {
+        phase,
+        ray_service_uid: Some(UID.into()),
+        admitted: Some(crate::upgradeplan::Admission {
+            fingerprint: fp.into(),
+            admitted_time: now() - jiff::SignedDuration::from_secs(secs),
+            from_cluster: Some("llm-7x9kq".into()),
+            to_cluster: to.map(Into::into),
+            surge: vec![],
+        }),
+        ..Default::default()
+    }
+}
+
+/// `status.quota` with raygate's reservation Workload of `fp` admitted by Kueue.
+fn granted(fp: &str) -> crate::upgradeplan::QuotaStatus {
+    crate::upgradeplan::QuotaStatus {
+        local_queue: "team-a".into(),
+        reservation: Some(crate::upgradeplan::QuotaReservation {
+            workload: quota::reservation_name("llm-plan", fp),
+            fingerprint: fp.into(),
+            granted: true,
+        }),
+        ..Default::default()
+    }
+}
+
+/// KubeRay builds `llm-next1` for the RayService (`UpgradeInProgress`).
+fn upgrade_in_progress(v: &mut Value) {
+    v["status"]["pendingServiceStatus"] = json!({"rayClusterName": "llm-next1"});
+    v["status"]["conditions"] = json!([{"type": "UpgradeInProgress", "status": "True",
+        "reason": "r", "message": "", "lastTransitionTime": "2026-12-07T05:00:00Z"}]);
 }
 
 fn cond<'a>(
@@ -435,25 +512,8 @@ fn a_kueue_managed_change_waits_for_quota_then_for_its_reservation_then_is_admit
 fn an_elastic_transition_has_kueue_derive_the_services_workload_again_once_upgrading() {
     let fp = "0123456789ab";
     let status = UpgradePlanStatus {
-        phase: Phase::Upgrading,
-        ray_service_uid: Some("3f8a2c1e-5b7d-4c1a-9e0f-2d6b8a4c7e91".into()),
-        admitted: Some(crate::upgradeplan::Admission {
-            fingerprint: fp.into(),
-            admitted_time: now() - jiff::SignedDuration::from_secs(30),
-            from_cluster: Some("llm-7x9kq".into()),
-            to_cluster: Some("llm-next1".into()),
-            surge: vec![],
-        }),
-        quota: Some(crate::upgradeplan::QuotaStatus {
-            local_queue: "team-a".into(),
-            reservation: Some(crate::upgradeplan::QuotaReservation {
-                workload: quota::reservation_name("llm-plan", fp),
-                fingerprint: fp.into(),
-                granted: true,
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
+        quota: Some(granted(fp)),
+        ..admitted(Phase::Upgrading, fp, 30, Some("llm-next1"))
     };
     let svc = |elastic: bool, in_progress: bool| {
         service(|v| {
@@ -545,67 +605,19 @@ fn kueues_transient_suspend_during_the_workload_refresh_is_no_admission_mismatch
         })
     };
     // The admitted change: the image bump, as raygate fingerprinted it.
-    let d = decide_on(&plan(None), &changed(&|_| {}), &active(|_| {}));
-    let fp = d
-        .status
-        .pending_change
-        .as_ref()
-        .unwrap()
-        .fingerprint
-        .clone();
-    let status = UpgradePlanStatus {
-        phase: Phase::Admitted,
-        ray_service_uid: Some("3f8a2c1e-5b7d-4c1a-9e0f-2d6b8a4c7e91".into()),
-        admitted: Some(crate::upgradeplan::Admission {
-            fingerprint: fp.clone(),
-            admitted_time: now() - jiff::SignedDuration::from_secs(2),
-            from_cluster: Some("llm-7x9kq".into()),
-            to_cluster: None,
-            surge: vec![],
-        }),
-        ..Default::default()
-    };
+    let fp = fingerprint_of(&changed(&|_| {}));
+    let status = admitted(Phase::Admitted, &fp, 2, None);
     for suspended in [false, true] {
         let svc = changed(&|v: &mut Value| {
             if suspended {
                 suspend(v);
             }
-            v["status"]["pendingServiceStatus"] = json!({"rayClusterName": "llm-next1"});
-            v["status"]["conditions"] = json!([{"type": "UpgradeInProgress", "status": "True",
-                "reason": "r", "message": "", "lastTransitionTime": "2026-12-07T05:00:00Z"}]);
+            upgrade_in_progress(v);
         });
         // KubeRay's pending cluster: the RayService's cluster spec (with
         // the suspension KubeRay copies to the pending cluster).
-        let mut pending = serde_json::to_value(active(|_| {})).unwrap();
-        pending["metadata"]["name"] = json!("llm-next1");
-        pending["spec"] = serde_json::to_value(&svc.spec.ray_cluster_config).unwrap();
-        let pending: RayCluster = serde_json::from_value(pending).unwrap();
-        let rc = active(|_| {});
-        let st = state();
-        let alone = fit::Alone(&st);
-        let release = Release::assumed(KubeRayVersion::parse("1.6.2").unwrap());
-        let clusters = [
-            ClusterObject {
-                name: "llm-7x9kq".into(),
-                cluster: Ok(&rc),
-            },
-            ClusterObject {
-                name: "llm-next1".into(),
-                cluster: Ok(&pending),
-            },
-        ];
-        let p = plan(Some(status.clone()));
-        let inp = inputs(
-            &p,
-            &release,
-            now(),
-            false,
-            &alone,
-            Ok(&svc),
-            &clusters,
-            BTreeMap::new(),
-        );
-        let d = decide(&inp);
+        let pending = pending_cluster(&svc);
+        let d = decide_in_transition(&plan(Some(status.clone())), &svc, &pending);
         assert!(
             d.events.iter().all(|e| e.reason != "AdmissionMismatch"),
             "suspend {suspended}: {:?}",
@@ -648,31 +660,10 @@ fn kueues_template_rewrite_at_the_workload_refresh_is_no_change_made_during_the_
         worker_image(v);
         writes(v, "rayservice-llm-1a2b3");
     });
-    let d = decide_on(&plan(None), &admitted_svc, &active(|_| {}));
-    let fp = d
-        .status
-        .pending_change
-        .as_ref()
-        .unwrap()
-        .fingerprint
-        .clone();
-    let status = UpgradePlanStatus {
-        phase: Phase::Upgrading,
-        ray_service_uid: Some("3f8a2c1e-5b7d-4c1a-9e0f-2d6b8a4c7e91".into()),
-        admitted: Some(crate::upgradeplan::Admission {
-            fingerprint: fp.clone(),
-            admitted_time: now() - jiff::SignedDuration::from_secs(20),
-            from_cluster: Some("llm-7x9kq".into()),
-            to_cluster: Some("llm-next1".into()),
-            surge: vec![],
-        }),
-        ..Default::default()
-    };
+    let fp = fingerprint_of(&admitted_svc);
+    let status = admitted(Phase::Upgrading, &fp, 20, Some("llm-next1"));
     // KubeRay's pending cluster: the spec as admitted (the old Workload's names).
-    let mut pending = serde_json::to_value(active(|_| {})).unwrap();
-    pending["metadata"]["name"] = json!("llm-next1");
-    pending["spec"] = serde_json::to_value(&admitted_svc.spec.ray_cluster_config).unwrap();
-    let pending: RayCluster = serde_json::from_value(pending).unwrap();
+    let pending = pending_cluster(&admitted_svc);
     // Kueue's stop (templates restored, suspended), then its restart (the
     // re-derived Workload's names).
     let stopped = |v: &mut Value| {
@@ -701,36 +692,9 @@ fn kueues_template_rewrite_at_the_workload_refresh_is_no_change_made_during_the_
             worker_image(v);
             writes(v, "rayservice-llm-1a2b3");
             edit(v);
-            v["status"]["pendingServiceStatus"] = json!({"rayClusterName": "llm-next1"});
-            v["status"]["conditions"] = json!([{"type": "UpgradeInProgress", "status": "True",
-                "reason": "r", "message": "", "lastTransitionTime": "2026-12-07T05:00:00Z"}]);
+            upgrade_in_progress(v);
         });
-        let rc = active(|_| {});
-        let st = state();
-        let alone = fit::Alone(&st);
-        let release = Release::assumed(KubeRayVersion::parse("1.6.2").unwrap());
-        let clusters = [
-            ClusterObject {
-                name: "llm-7x9kq".into(),
-                cluster: Ok(&rc),
-            },
-            ClusterObject {
-                name: "llm-next1".into(),
-                cluster: Ok(&pending),
-            },
-        ];
-        let p = plan(Some(status.clone()));
-        let inp = inputs(
-            &p,
-            &release,
-            now(),
-            false,
-            &alone,
-            Ok(&svc),
-            &clusters,
-            BTreeMap::new(),
-        );
-        let d = decide(&inp);
+        let d = decide_in_transition(&plan(Some(status.clone())), &svc, &pending);
         assert!(
             d.events
                 .iter()
@@ -759,44 +723,20 @@ fn a_blocked_workload_refresh_is_reported_as_kueue_workload_pending_then_stalled
         kueue(v, true);
         worker_image(v);
     });
-    let first = decide_on(&plan(None), &changed, &active(|_| {}));
-    let fp = first
-        .status
-        .pending_change
-        .as_ref()
-        .unwrap()
-        .fingerprint
-        .clone();
+    let fp = fingerprint_of(&changed);
     let fp = fp.as_str();
     let status = |refreshed: Option<&str>, since: i64, waiting: Option<&str>| UpgradePlanStatus {
-        phase: Phase::Upgrading,
         waiting_for: waiting.map(str::to_string),
-        ray_service_uid: Some("3f8a2c1e-5b7d-4c1a-9e0f-2d6b8a4c7e91".into()),
-        admitted: Some(crate::upgradeplan::Admission {
-            fingerprint: fp.into(),
-            admitted_time: now() - jiff::SignedDuration::from_secs(since),
-            from_cluster: Some("llm-7x9kq".into()),
-            to_cluster: Some("llm-next1".into()),
-            surge: vec![],
-        }),
         quota: Some(crate::upgradeplan::QuotaStatus {
-            local_queue: "team-a".into(),
-            reservation: Some(crate::upgradeplan::QuotaReservation {
-                workload: quota::reservation_name("llm-plan", fp),
-                fingerprint: fp.into(),
-                granted: true,
-            }),
             workload_refreshed_for: refreshed.map(str::to_string),
-            ..Default::default()
+            ..granted(fp)
         }),
-        ..Default::default()
+        ..admitted(Phase::Upgrading, fp, since, Some("llm-next1"))
     };
     let svc = service(|v| {
         kueue(v, true);
         worker_image(v);
-        v["status"]["pendingServiceStatus"] = json!({"rayClusterName": "llm-next1"});
-        v["status"]["conditions"] = json!([{"type": "UpgradeInProgress", "status": "True",
-            "reason": "r", "message": "", "lastTransitionTime": "2026-12-07T05:00:00Z"}]);
+        upgrade_in_progress(v);
     });
     // Kueue's Workloads of the RayService as listed: the old one being
     // deleted, the re-derived one pending.
