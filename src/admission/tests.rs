@@ -170,6 +170,14 @@ impl Scenario {
         self.service(service(active, Some(pending)))
     }
 
+    /// The RayService `ml/llm` does not exist.
+    pub(super) fn missing(self) -> Self {
+        self.service(Err(ServiceError::NotFound {
+            namespace: "ml".into(),
+            name: "llm".into(),
+        }))
+    }
+
     pub(super) fn service(mut self, s: Result<ServiceFacts, ServiceError>) -> Self {
         self.service = s;
         self

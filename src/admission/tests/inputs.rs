@@ -6,13 +6,7 @@ use super::*;
 
 #[test]
 fn missing_rayservice_is_an_error_and_leaves_the_gate_alone() {
-    let d = Scenario::new()
-        .service(Err(ServiceError::NotFound {
-            namespace: "ml".into(),
-            name: "llm".into(),
-        }))
-        .clusters(&[])
-        .decide();
+    let d = Scenario::new().missing().decide();
     assert_eq!(d.status.phase, Phase::Error);
     assert_eq!(
         d.status.message.as_deref(),
@@ -28,11 +22,7 @@ fn a_bad_spec_and_a_missing_rayservice_are_both_reported_and_nothing_is_written(
     let d = Scenario::new()
         .spec(json!({"rayServiceRef": {"name": "llm"},
                "maintenanceWindows": [{"schedule": "61 * * * *", "duration": "1h"}]}))
-        .service(Err(ServiceError::NotFound {
-            namespace: "ml".into(),
-            name: "llm".into(),
-        }))
-        .clusters(&[])
+        .missing()
         .decide();
     assert_eq!(d.status.phase, Phase::Error);
     assert_eq!(d.gate, None, "a missing RayService is never written");
@@ -87,7 +77,7 @@ fn invalid_spec_is_an_error_that_keeps_holding() {
 #[test]
 fn no_active_cluster_yet_is_pending_with_the_gate_held() {
     let svc = Ok(ServiceFacts::default());
-    let d = Scenario::new().service(svc).clusters(&[]).decide();
+    let d = Scenario::new().service(svc).decide();
     assert_eq!(d.status.phase, Phase::Pending);
     assert_eq!(d.status.waiting_for.as_deref(), Some("first cluster"));
     assert_eq!(d.gate, Some(Gate::Hold));
@@ -112,11 +102,7 @@ fn a_rayservice_refused_whole_is_an_error_before_its_first_cluster() {
         ),
         "{msg}"
     );
-    let d = Scenario::new()
-        .service(svc)
-        .change_is(Err(e))
-        .clusters(&[])
-        .decide();
+    let d = Scenario::new().service(svc).change_is(Err(e)).decide();
     assert_eq!(d.status.phase, Phase::Error);
     assert_eq!(d.status.waiting_for.as_deref(), Some("InvalidRayService"));
     assert_eq!(d.status.message.as_deref(), Some(msg.as_str()));
@@ -217,14 +203,7 @@ fn the_rayservice_uid_is_recorded() {
     // The priority it is ranked by, for `kubectl raygate queue`.
     assert_eq!(st.effective_priority, Some(0));
     // Kept while the RayService cannot be read (deleted, not yet recreated).
-    let d = Scenario::new()
-        .status(st)
-        .service(Err(ServiceError::NotFound {
-            namespace: "ml".into(),
-            name: "llm".into(),
-        }))
-        .clusters(&[])
-        .decide();
+    let d = Scenario::new().status(st).missing().decide();
     assert_eq!(d.status.ray_service_uid.as_deref(), Some(SERVICE_UID));
     assert!(d.status.admitted.is_some());
 }
