@@ -6,6 +6,7 @@ use std::fmt::Display;
 use std::time::Duration;
 
 use super::rules::WaitingFor;
+use super::rules::ruling::{self, Cond, Ruling};
 use super::{
     Decision, EventNote, EventReason, Gate, Inputs, Outcome, REQUEUE_IDLE, REQUEUE_WAITING,
 };
@@ -83,14 +84,41 @@ impl<'a> Builder<'a> {
         self.status.message = Some(long.to_string());
     }
 
+    /// Writes out what a rule decided ([`Ruling`]).
+    pub fn rule(&mut self, r: Ruling) {
+        self.status.phase = r.phase;
+        self.waiting(r.waiting_for, &r.message);
+        self.conditions(r.conditions);
+        if let Some(o) = r.outcome {
+            self.outcome = Some(o);
+        }
+        if let Some(g) = r.gate {
+            self.gate = Some(g);
+        }
+        if let Some(q) = r.requeue {
+            self.requeue = q;
+        }
+        self.events.extend(r.event);
+    }
+
+    /// Sets (or drops) these conditions, in order.
+    pub fn conditions(&mut self, conditions: impl IntoIterator<Item = Cond>) {
+        for c in conditions {
+            match c {
+                Cond::Set {
+                    type_,
+                    status,
+                    reason,
+                    message,
+                } => self.condition(type_, status, reason, &message),
+                Cond::Drop(type_) => self.drop_condition(type_),
+            }
+        }
+    }
+
     /// An Event about the plan as a whole (no particular change).
     pub fn event(&mut self, warning: bool, reason: EventReason, note: String) {
-        self.events.push(EventNote {
-            warning,
-            reason,
-            note,
-            change: None,
-        });
+        self.events.push(ruling::plan_event(warning, reason, note));
     }
 
     /// An Event about the change `fingerprint`: kept apart from the Events
@@ -102,12 +130,8 @@ impl<'a> Builder<'a> {
         fingerprint: &str,
         note: String,
     ) {
-        self.events.push(EventNote {
-            warning,
-            reason,
-            note,
-            change: (!fingerprint.is_empty()).then(|| fingerprint.to_string()),
-        });
+        self.events
+            .push(ruling::change_event(warning, reason, fingerprint, note));
     }
 
     /// An input that cannot be used: see [`Builder::errors`].

@@ -62,15 +62,18 @@ use super::{
 };
 use crate::kuberay::ReleaseProblem;
 use crate::upgradeplan::{
-    Admission, PendingChange, Phase, Policy, TransitionOutcome, TransitionRecord, condition,
+    Admission, PendingChange, Phase, Policy, TransitionOutcome, TransitionRecord,
+    UpgradePlanStatus, condition,
 };
 use condition::{Reason, Status};
 
 mod pending;
+pub mod ruling;
 mod suspension;
 mod track;
 pub mod waiting;
 
+use ruling::{Cond, Ruling, change_event, same_wait};
 pub use waiting::WaitingFor;
 
 /// Rule 1, then rules 2 and 3.
@@ -221,15 +224,17 @@ impl Rules<'_> {
     }
 }
 
-/// Nothing needs a new cluster (idle, or a transition just completed): the
-/// capacity conditions say so, the last fit's figures go.
-fn no_new_cluster_needed(b: &mut Builder<'_>) {
-    // Checked on the next change's fit.
-    b.drop_condition(condition::RESOURCES_OFFERED);
-    b.condition(
-        condition::CAPACITY_AVAILABLE,
-        Status::True,
-        Reason::NoPendingChange,
-        "no new cluster needed",
-    );
+/// Nothing needs a new cluster (idle, suspended, or a transition just
+/// completed): the capacity conditions say so, the last fit's figures go.
+fn no_new_cluster_needed() -> [Cond; 2] {
+    [
+        // Checked on the next change's fit.
+        Cond::Drop(condition::RESOURCES_OFFERED),
+        Cond::set(
+            condition::CAPACITY_AVAILABLE,
+            Status::True,
+            Reason::NoPendingChange,
+            "no new cluster needed",
+        ),
+    ]
 }

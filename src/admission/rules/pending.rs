@@ -13,7 +13,8 @@ impl Rules<'_> {
         b.status.quota = None;
         b.drop_condition(condition::QUOTA_AVAILABLE);
         if let Some(s) = &self.svc.suspension {
-            return self.suspended(b, s);
+            b.status.pending_change = None;
+            return b.rule(self.suspended(s, &b.prev));
         }
         match &self.inp.incremental {
             Some(Err(p)) => return b.error(p.into(), p.to_string(), Some(Gate::Hold)),
@@ -33,8 +34,10 @@ impl Rules<'_> {
         };
         self.record_pending(b, change);
         match (&self.svc.kueue, &self.inp.quota) {
-            (Some(kueue), _) if !kueue.elastic => return kueue_would_suspend(b, change, kueue),
-            (Some(kueue), None) => return kueue_support_off(b, change, kueue),
+            (Some(kueue), _) if !kueue.elastic => {
+                return b.rule(kueue_would_suspend(change, kueue, &b.prev));
+            }
+            (Some(kueue), None) => return b.rule(kueue_support_off(change, kueue, &b.prev)),
             _ => {}
         }
         let batched =
@@ -79,14 +82,14 @@ impl Rules<'_> {
         };
         b.status.capacity = Some(render::capacity_status(&report));
         b.observed.fitted(&report);
-        capacity_condition(b, &report);
+        b.conditions([capacity_condition(&report)]);
         b.resources_offered(&self.settings.headroom, &report);
         if let Some(hold) = held {
-            return self.await_policy(b, change, &report, hold);
+            return b.rule(await_policy(change, &report, hold, &b.prev));
         }
         if report.fits {
             match &self.inp.gate.other_owner {
-                Some(owner) => self.overridden(b, change, owner),
+                Some(owner) => b.rule(self.overridden(change, owner)),
                 None => {
                     if let (Some(kueue), Some(quota)) = (&self.svc.kueue, &self.inp.quota)
                         && !crate::admission::quota::allows(
@@ -104,7 +107,7 @@ impl Rules<'_> {
                 }
             }
         } else {
-            wait_for_capacity(b, change, &report);
+            b.rule(wait_for_capacity(change, &report, &b.prev));
         }
     }
 
@@ -144,7 +147,7 @@ impl Rules<'_> {
                 "nothing to admit",
             );
         }
-        no_new_cluster_needed(b);
+        b.conditions(no_new_cluster_needed());
         b.requeue = REQUEUE_IDLE;
     }
 
@@ -166,47 +169,6 @@ impl Rules<'_> {
             "waiting for admission",
         );
         b.requeue = REQUEUE_WAITING;
-    }
-
-    /// Held by policy, with what the change needs and whether it would fit
-    /// now; one Event when the change starts waiting.
-    fn await_policy(
-        &self,
-        b: &mut Builder<'_>,
-        change: &ChangeFacts,
-        report: &crate::capacity::FitReport,
-        hold: &Hold,
-    ) {
-        let needs = render::needs_text(report);
-        let fp = &change.fingerprint;
-        let (phase, short, how) = (hold.phase(), WaitingFor::from(hold), hold.message());
-        let (reason, what) = match hold {
-            Hold::Paused => (EventReason::Paused, "is held: the plan's policy is Paused"),
-            // Only policy holds come here.
-            Hold::Approval { .. }
-            | Hold::Window { .. }
-            | Hold::Batching { .. }
-            | Hold::GateOverridden { .. } => (
-                EventReason::WaitingForApproval,
-                "waits for approval (policy Manual)",
-            ),
-        };
-        let news = b.prev.phase != phase
-            || b.prev
-                .pending_change
-                .as_ref()
-                .map(|p| p.fingerprint.as_str())
-                != Some(fp);
-        b.hold_for(phase, short, &format!("{how}; {needs}"), hold.outcome());
-        if news {
-            let paths = change.triggering_paths.join(", ");
-            b.change_event(
-                false,
-                reason,
-                fp,
-                format!("change {fp} ({paths}) {what}; {needs}"),
-            );
-        }
     }
 
     /// The approval of `change`, with who gave it, for the audit trail.
@@ -244,29 +206,29 @@ impl Rules<'_> {
     /// cannot open it (or, when it already reads open, could not close it
     /// again), so nothing is admitted or reserved. KubeRay may still start
     /// the upgrade on that manager's value: it is then tracked as unadmitted.
-    fn overridden(&self, b: &mut Builder<'_>, change: &ChangeFacts, owner: &str) {
+    fn overridden(&self, change: &ChangeFacts, owner: &str) -> Ruling {
         let value = self.inp.gate.value.as_ref().map_or("unset", |v| v.as_str());
-        b.condition(
+        let fp = &change.fingerprint;
+        let message = format!(
+            "change {fp} fits, but field manager {owner:?} owns spec.upgradeStrategy.type ({value}): \
+             raygate cannot set it, so it admits nothing and reserves nothing; remove upgradeStrategy.type \
+             from that manager's source of truth (see the GitOps guide)"
+        );
+        Ruling::new(
+            Phase::Pending,
+            WaitingFor::Hold(waiting::HoldKind::GateOverridden),
+            message,
+        )
+        .condition(Cond::set(
             condition::UPGRADE_ADMITTED,
             Status::False,
             Reason::GateOverridden,
-            &format!(
-                "change {} fits but is not admitted: field manager {owner:?} owns spec.upgradeStrategy.type ({value})",
-                change.fingerprint
+            format!(
+                "change {fp} fits but is not admitted: field manager {owner:?} owns spec.upgradeStrategy.type ({value})"
             ),
-        );
-        b.status.phase = Phase::Pending;
-        b.waiting(
-            WaitingFor::Hold(waiting::HoldKind::GateOverridden),
-            &format!(
-                "change {} fits, but field manager {owner:?} owns spec.upgradeStrategy.type ({value}): \
-                 raygate cannot set it, so it admits nothing and reserves nothing; remove upgradeStrategy.type \
-                 from that manager's source of truth (see the GitOps guide)",
-                change.fingerprint
-            ),
-        );
-        b.gate = Some(Gate::Hold);
-        b.requeue = REQUEUE_WAITING;
+        ))
+        .gate(Gate::Hold)
+        .requeue(REQUEUE_WAITING)
     }
 
     fn admit(
@@ -327,47 +289,72 @@ impl Rules<'_> {
 }
 
 /// `CapacityAvailable` for a fitted change.
-fn capacity_condition(b: &mut Builder<'_>, report: &crate::capacity::FitReport) {
+fn capacity_condition(report: &crate::capacity::FitReport) -> Cond {
     if report.fits {
-        b.condition(
+        Cond::set(
             condition::CAPACITY_AVAILABLE,
             Status::True,
             Reason::Fits,
             "the new cluster fits in free capacity",
-        );
+        )
     } else {
         let (_, long) = render::shortfall_text(report);
-        b.condition(
+        Cond::set(
             condition::CAPACITY_AVAILABLE,
             Status::False,
             Reason::InsufficientCapacity,
-            &long,
-        );
+            long,
+        )
     }
 }
 
-/// The new cluster does not fit: wait, with the exact shortfall.
+/// The new cluster does not fit: wait, with the exact shortfall; one
+/// Warning Event when the change starts waiting.
 fn wait_for_capacity(
-    b: &mut Builder<'_>,
     change: &ChangeFacts,
     report: &crate::capacity::FitReport,
-) {
-    b.status.phase = Phase::WaitingForCapacity;
+    prev: &UpgradePlanStatus,
+) -> Ruling {
+    let fp = &change.fingerprint;
     let (short, long) = render::shortfall_text(report);
-    b.waiting(WaitingFor::Capacity(short), &long);
-    b.outcome = Some(Outcome::HeldCapacity);
-    if b.prev.phase != Phase::WaitingForCapacity
-        || b.prev
-            .pending_change
-            .as_ref()
-            .map(|p| p.fingerprint.as_str())
-            != Some(change.fingerprint.as_str())
-    {
-        b.change_event(
-            true,
-            EventReason::WaitingForCapacity,
-            &change.fingerprint,
-            long,
-        );
-    }
+    let news = !same_wait(prev, Some(Phase::WaitingForCapacity), None, Some(fp));
+    let event = change_event(true, EventReason::WaitingForCapacity, fp, long.clone());
+    Ruling::new(Phase::WaitingForCapacity, WaitingFor::Capacity(short), long)
+        .outcome(Outcome::HeldCapacity)
+        .event_if(news, event)
+}
+
+/// Held by policy, with what the change needs and whether it would fit
+/// now; one Event when the change starts waiting.
+fn await_policy(
+    change: &ChangeFacts,
+    report: &crate::capacity::FitReport,
+    hold: &Hold,
+    prev: &UpgradePlanStatus,
+) -> Ruling {
+    let needs = render::needs_text(report);
+    let fp = &change.fingerprint;
+    let (reason, what) = match hold {
+        Hold::Paused => (EventReason::Paused, "is held: the plan's policy is Paused"),
+        // Only policy holds come here.
+        Hold::Approval { .. }
+        | Hold::Window { .. }
+        | Hold::Batching { .. }
+        | Hold::GateOverridden { .. } => (
+            EventReason::WaitingForApproval,
+            "waits for approval (policy Manual)",
+        ),
+    };
+    let news = !same_wait(prev, Some(hold.phase()), None, Some(fp));
+    let paths = change.triggering_paths.join(", ");
+    let event = change_event(
+        false,
+        reason,
+        fp,
+        format!("change {fp} ({paths}) {what}; {needs}"),
+    );
+    let message = format!("{}; {needs}", hold.message());
+    Ruling::new(hold.phase(), WaitingFor::from(hold), message)
+        .outcome(hold.outcome())
+        .event_if(news, event)
 }

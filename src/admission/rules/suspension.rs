@@ -9,9 +9,11 @@ impl Rules<'_> {
     /// place: `Suspended`, never `Idle`, whatever the verdict (once KubeRay
     /// has rewritten the cluster, the spec equals it and nothing "changed").
     /// The gate stays closed; one Warning Event when it starts.
-    pub(super) fn suspended(&self, b: &mut Builder<'_>, s: &crate::admission::Suspension) {
-        b.status.pending_change = None;
-        b.status.phase = Phase::Suspended;
+    pub(super) fn suspended(
+        &self,
+        s: &crate::admission::Suspension,
+        prev: &UpgradePlanStatus,
+    ) -> Ruling {
         let by = match &self.svc.kueue {
             Some(k) => format!(
                 "; the RayService is managed by Kueue (LocalQueue {}), which suspends a RayService \
@@ -36,20 +38,25 @@ impl Rules<'_> {
                 ),
             ),
         };
-        b.condition(condition::SERVICE_SUSPENDED, Status::True, reason, &long);
-        b.condition(
-            condition::UPGRADE_ADMITTED,
-            Status::False,
-            Reason::NoPendingChange,
-            "the service is suspended: nothing to admit",
-        );
-        no_new_cluster_needed(b);
-        let news = b.prev.phase != Phase::Suspended || !short.was(b.prev.waiting_for.as_deref());
-        b.waiting(short, &long);
-        b.requeue = REQUEUE_ACTIVE;
-        if news {
-            b.event(true, EventReason::ServiceSuspended, long);
-        }
+        let news = !same_wait(prev, Some(Phase::Suspended), Some(&short), None);
+        let event = ruling::plan_event(true, EventReason::ServiceSuspended, long.clone());
+        let mut r = Ruling::new(Phase::Suspended, short, long.clone())
+            .condition(Cond::set(
+                condition::SERVICE_SUSPENDED,
+                Status::True,
+                reason,
+                long,
+            ))
+            .condition(Cond::set(
+                condition::UPGRADE_ADMITTED,
+                Status::False,
+                Reason::NoPendingChange,
+                "the service is suspended: nothing to admit",
+            ))
+            .requeue(REQUEUE_ACTIVE)
+            .event_if(news, event);
+        r.conditions.extend(no_new_cluster_needed());
+        r
     }
 }
 
@@ -61,10 +68,10 @@ impl Rules<'_> {
 /// keeps the gate closed and says so; it cannot keep Kueue from acting on
 /// the spec: the chart's ValidatingAdmissionPolicy refuses such an edit.
 pub(super) fn kueue_would_suspend(
-    b: &mut Builder<'_>,
     change: &ChangeFacts,
     kueue: &crate::kueue::Managed,
-) {
+    prev: &UpgradePlanStatus,
+) -> Ruling {
     let fp = &change.fingerprint;
     let path = change
         .triggering_paths
@@ -78,7 +85,7 @@ pub(super) fn kueue_would_suspend(
         kueue.queue,
         crate::kueue::REMEDY
     );
-    kueue_hold(b, fp, WaitingFor::KueueWouldSuspend, long);
+    kueue_hold(fp, WaitingFor::KueueWouldSuspend, long, prev)
 }
 
 /// Rule 3c: an elastic Kueue-managed RayService while raygate's Kueue
@@ -87,10 +94,10 @@ pub(super) fn kueue_would_suspend(
 /// Kueue v0.19.0: workload slices do not cover a NewCluster transition) and
 /// its quota would be counted nowhere. Held, with the remedy.
 pub(super) fn kueue_support_off(
-    b: &mut Builder<'_>,
     change: &ChangeFacts,
     kueue: &crate::kueue::Managed,
-) {
+    prev: &UpgradePlanStatus,
+) -> Ruling {
     let fp = &change.fingerprint;
     let long = format!(
         "change {fp} is not admitted: the RayService is an elastic Kueue job (LocalQueue {}), whose new \
@@ -100,27 +107,22 @@ pub(super) fn kueue_support_off(
          chart kueue.reservations.enabled; docs/kueue.md)",
         kueue.queue
     );
-    kueue_hold(b, fp, WaitingFor::KueueSupportOff, long);
+    kueue_hold(fp, WaitingFor::KueueSupportOff, long, prev)
 }
 
 /// The hold of a Kueue rule (3b, 3c): `UpgradeAdmitted=False`, phase
 /// `Pending` waiting for `waiting_for`, and one Warning Event per change and
 /// kind of hold.
-fn kueue_hold(b: &mut Builder<'_>, fp: &str, waiting_for: WaitingFor, long: String) {
-    b.condition(
-        condition::UPGRADE_ADMITTED,
-        Status::False,
-        Reason::KueueWouldSuspend,
-        &long,
-    );
-    let news = !waiting_for.was(b.prev.waiting_for.as_deref())
-        || b.prev
-            .pending_change
-            .as_ref()
-            .map(|p| p.fingerprint.as_str())
-            != Some(fp);
-    b.hold_for(Phase::Pending, waiting_for, &long, Outcome::HeldPolicy);
-    if news {
-        b.change_event(true, EventReason::KueueWouldSuspend, fp, long);
-    }
+fn kueue_hold(fp: &str, waiting_for: WaitingFor, long: String, prev: &UpgradePlanStatus) -> Ruling {
+    let news = !same_wait(prev, None, Some(&waiting_for), Some(fp));
+    let event = change_event(true, EventReason::KueueWouldSuspend, fp, long.clone());
+    Ruling::new(Phase::Pending, waiting_for, long.clone())
+        .condition(Cond::set(
+            condition::UPGRADE_ADMITTED,
+            Status::False,
+            Reason::KueueWouldSuspend,
+            long,
+        ))
+        .outcome(Outcome::HeldPolicy)
+        .event_if(news, event)
 }

@@ -207,72 +207,43 @@ impl Rules<'_> {
             }
             None => stall::Elapsed::Transition(running_for),
         };
-        // Path B blocked: Kueue has not admitted the Workload it derived
-        // again, so the new cluster stays suspended (not "progressing").
-        if !self.inp.pending_ready
-            && let Some(w) = crate::admission::quota::blocked(
-                b.prev.quota.as_ref(),
-                self.inp.quota.as_ref(),
-                pending,
-            )
-        {
-            let w = w.clone();
-            return kueue_workload_pending(
-                b,
-                pending,
-                &w,
-                &admitted,
-                stalled_for,
-                self.settings.stall_after,
-            );
-        }
         let pods: Vec<&crate::admission::observed::DynPod> = self
             .inp
             .pods
             .get(pending)
             .map(|p| p.iter().map(AsRef::as_ref).collect())
             .unwrap_or_default();
-        match stall::diagnose(
-            &pods,
-            &self.svc.pending_apps,
-            self.inp.pending_ready,
-            stalled_for,
-            self.settings.stall_after,
-        ) {
-            Some(s) => stalled(b, s, &admitted),
-            None => {
-                b.status.phase = Phase::Upgrading;
-                let waiting_for = if self.inp.pending_ready {
-                    WaitingFor::ServeApps
-                } else {
-                    WaitingFor::NewCluster
-                };
-                b.status.waiting_for = Some(waiting_for.to_string());
-                let steps = b.status.incremental.as_ref().map_or(String::new(), |inc| {
-                    let pct = |v: Option<i32>| v.map_or("-".to_string(), |v| format!("{v}%"));
-                    format!(
-                        " (incremental: step {}, new cluster target capacity {}, traffic {}, old cluster target capacity {})",
-                        inc.step.as_deref().unwrap_or("0"),
-                        pct(inc.target_capacity),
-                        pct(inc.traffic_routed_percent),
-                        pct(inc.active_target_capacity),
-                    )
-                });
-                // A time, not a duration: deciding again a second later
-                // writes nothing (a duration rewrote the status each time).
-                b.status.message = Some(format!(
-                    "transition to {pending} running since {}{steps}{}",
-                    admitted.admitted_time,
-                    crate::admission::batch::next_note(b)
-                ));
-                b.condition(
-                    condition::STALLED,
-                    Status::False,
-                    Reason::Progressing,
-                    "transition is progressing",
-                );
+        let blocked = crate::admission::quota::blocked(
+            b.prev.quota.as_ref(),
+            self.inp.quota.as_ref(),
+            pending,
+        )
+        .filter(|_| !self.inp.pending_ready);
+        let stall_after = self.settings.stall_after;
+        let ruling = match blocked {
+            // Path B blocked: Kueue has not admitted the Workload it derived
+            // again, so the new cluster stays suspended (not "progressing").
+            Some(w) => {
+                kueue_workload_pending(pending, w, &admitted, stalled_for, stall_after, &b.prev)
             }
-        }
+            None => match stall::diagnose(
+                &pods,
+                &self.svc.pending_apps,
+                self.inp.pending_ready,
+                stalled_for,
+                stall_after,
+            ) {
+                Some(s) => stalled(s, &admitted, &b.prev),
+                None => progressing(
+                    pending,
+                    &admitted,
+                    self.inp.pending_ready,
+                    b.status.incremental.as_ref(),
+                    crate::admission::batch::next_note(b),
+                ),
+            },
+        };
+        b.rule(ruling);
     }
 
     /// Promoted: `Completed` once the old cluster and its pods are gone.
@@ -301,7 +272,7 @@ impl Rules<'_> {
         b.status.capacity = None;
         // The transition is over: its quota reservation goes.
         b.status.quota = None;
-        no_new_cluster_needed(b);
+        b.conditions(no_new_cluster_needed());
         b.status.message = Some(format!(
             "upgrade to {} completed in {took}",
             self.svc.active_cluster.as_deref().unwrap_or("?"),
@@ -335,13 +306,13 @@ impl Rules<'_> {
 /// quota): said as such, with Kueue's own reason, one Warning Event; after
 /// `stallAfter` of the transition, `Stalled`. The old cluster serves on.
 fn kueue_workload_pending(
-    b: &mut Builder<'_>,
     pending: &str,
     w: &crate::admission::quota::ServiceWorkload,
     admitted: &Admission,
     elapsed: stall::Elapsed,
     stall_after: Duration,
-) {
+    prev: &UpgradePlanStatus,
+) -> Ruling {
     let why = w.why.as_deref().unwrap_or("Kueue gave no reason");
     let msg = format!(
         "new cluster {pending} stays suspended: Kueue has not admitted Workload {} of the RayService \
@@ -354,44 +325,36 @@ fn kueue_workload_pending(
             message: format!("{msg}; {elapsed}"),
             unschedulable_pods: 0,
         };
-        return stalled(b, s, admitted);
+        return stalled(s, admitted, prev);
     }
-    let news = !WaitingFor::KueueWorkloadPending.was(b.prev.waiting_for.as_deref());
-    b.status.phase = Phase::Upgrading;
-    b.status.waiting_for = Some(WaitingFor::KueueWorkloadPending.to_string());
-    b.status.message = Some(format!(
+    let news = !same_wait(prev, None, Some(&WaitingFor::KueueWorkloadPending), None);
+    let fp = &admitted.fingerprint;
+    let event = change_event(
+        true,
+        EventReason::KueueWorkloadPending,
+        fp,
+        format!(
+            "change {fp}: {msg}; Stalled after stallAfter ({})",
+            stall::human_duration(stall_after)
+        ),
+    );
+    let message = format!(
         "transition to {pending} running since {}: {msg}",
         admitted.admitted_time
-    ));
-    b.condition(
-        condition::STALLED,
-        Status::False,
-        Reason::KueueWorkloadPending,
-        &msg,
     );
-    if news {
-        b.change_event(
-            true,
-            EventReason::KueueWorkloadPending,
-            &admitted.fingerprint,
-            format!(
-                "change {}: {msg}; Stalled after stallAfter ({})",
-                admitted.fingerprint,
-                stall::human_duration(stall_after)
-            ),
-        );
-    }
+    Ruling::new(Phase::Upgrading, WaitingFor::KueueWorkloadPending, message)
+        .condition(Cond::set(
+            condition::STALLED,
+            Status::False,
+            Reason::KueueWorkloadPending,
+            msg,
+        ))
+        .event_if(news, event)
 }
 
-fn stalled(b: &mut Builder<'_>, s: stall::Stall, admitted: &Admission) {
-    b.status.phase = Phase::Stalled;
-    b.status.waiting_for = Some(WaitingFor::Stalled(s.reason).to_string());
-    b.condition(
-        condition::STALLED,
-        Status::True,
-        s.reason.condition_reason(),
-        &s.message,
-    );
+/// The transition stalled: said with its reason and how to cancel; one
+/// Warning Event when it stalls.
+fn stalled(s: stall::Stall, admitted: &Admission, prev: &UpgradePlanStatus) -> Ruling {
     // KubeRay cancels a pending cluster only when the RayService spec goes
     // back to the active cluster's, and that spec belongs to the user: the
     // gate stays closed and the message says how to cancel.
@@ -399,17 +362,62 @@ fn stalled(b: &mut Builder<'_>, s: stall::Stall, admitted: &Admission) {
         "{}: {}; the gate stays closed; to cancel, revert spec.rayClusterConfig to the active cluster's config",
         s.reason, s.message
     );
-    b.status.message = Some(msg.clone());
-    if b.prev.phase != Phase::Stalled {
-        b.outcome = Some(Outcome::Stalled);
-        b.change_event(
-            true,
-            EventReason::Stalled,
-            &admitted.fingerprint,
-            format!(
-                "transition of change {} stalled: {msg}",
-                admitted.fingerprint
-            ),
-        );
+    let fp = &admitted.fingerprint;
+    let event = change_event(
+        true,
+        EventReason::Stalled,
+        fp,
+        format!("transition of change {fp} stalled: {msg}"),
+    );
+    let r = Ruling::new(Phase::Stalled, WaitingFor::Stalled(s.reason), msg)
+        .condition(Cond::set(
+            condition::STALLED,
+            Status::True,
+            s.reason.condition_reason(),
+            s.message,
+        ))
+        .event_if(prev.phase != Phase::Stalled, event);
+    match prev.phase {
+        Phase::Stalled => r,
+        _ => r.outcome(Outcome::Stalled),
     }
+}
+
+/// The transition to `pending` is moving: since when, and an incremental
+/// upgrade's step, traffic and target capacities; `next` says what waits
+/// for it to end.
+fn progressing(
+    pending: &str,
+    admitted: &Admission,
+    ready: bool,
+    incremental: Option<&crate::upgradeplan::IncrementalStatus>,
+    next: String,
+) -> Ruling {
+    let waiting_for = if ready {
+        WaitingFor::ServeApps
+    } else {
+        WaitingFor::NewCluster
+    };
+    let steps = incremental.map_or(String::new(), |inc| {
+        let pct = |v: Option<i32>| v.map_or("-".to_string(), |v| format!("{v}%"));
+        format!(
+            " (incremental: step {}, new cluster target capacity {}, traffic {}, old cluster target capacity {})",
+            inc.step.as_deref().unwrap_or("0"),
+            pct(inc.target_capacity),
+            pct(inc.traffic_routed_percent),
+            pct(inc.active_target_capacity),
+        )
+    });
+    // A time, not a duration: deciding again a second later writes nothing
+    // (a duration rewrote the status each time).
+    let message = format!(
+        "transition to {pending} running since {}{steps}{next}",
+        admitted.admitted_time
+    );
+    Ruling::new(Phase::Upgrading, waiting_for, message).condition(Cond::set(
+        condition::STALLED,
+        Status::False,
+        Reason::Progressing,
+        "transition is progressing",
+    ))
 }
