@@ -61,19 +61,8 @@ impl<'a> Builder<'a> {
 
     /// Hold the change in `phase` for a reason other than capacity.
     pub fn hold(&mut self, phase: Phase, short: &str, long: &str, outcome: Outcome) {
-        self.hold_for(phase, short, long, outcome)
-    }
-
-    /// [`Builder::hold`], waiting for what a rule names ([`WaitingFor`]).
-    pub fn hold_for(
-        &mut self,
-        phase: Phase,
-        waiting_for: impl Display,
-        long: &str,
-        outcome: Outcome,
-    ) {
         self.status.phase = phase;
-        self.waiting(waiting_for, long);
+        self.waiting(short, long);
         self.outcome = Some(outcome);
     }
 
@@ -87,7 +76,8 @@ impl<'a> Builder<'a> {
     /// Writes out what a rule decided ([`Ruling`]).
     pub fn rule(&mut self, r: Ruling) {
         self.status.phase = r.phase;
-        self.waiting(r.waiting_for, &r.message);
+        self.status.waiting_for = r.waiting_for.map(|w| w.to_string());
+        self.status.message = Some(r.message);
         self.conditions(r.conditions);
         if let Some(o) = r.outcome {
             self.outcome = Some(o);

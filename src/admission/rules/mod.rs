@@ -10,12 +10,12 @@
 //! 2. An admitted change is tracked: `Admitted` until KubeRay names the new
 //!    cluster (gate open), then `Upgrading` (gate closed again so a further
 //!    commit cannot start another cluster: such a commit is shown as the next
-//!    batch, [`super::batch::during_transition`]; an incremental upgrade's stays open
+//!    batch, `batch::during_transition`; an incremental upgrade's stays open
 //!    until the new cluster is promoted, as KubeRay moves traffic only under
 //!    that type), `Stalled` when [`super::stall`]
 //!    says so, `Completed` once the old cluster and its pods are gone. A
 //!    Kueue-managed new cluster whose re-derived Workload Kueue does not admit
-//!    ([`super::quota::refresh`], path B) stays suspended: `Upgrading` waiting
+//!    (`quota::refresh`, path B) stays suspended: `Upgrading` waiting
 //!    for `KueueWorkloadPending` (Kueue's reason, a Warning Event), `Stalled`
 //!    after `stallAfter`.
 //! 3. A serving cluster that is suspended, or that `rayClusterConfig.suspend:
@@ -49,7 +49,12 @@
 //!    reservation Workload for the new cluster ([`super::quota`]):
 //!    `WaitingForQuota` until then.
 //!
-//! Each rule fills in a [`Builder`]; [`super::render`] writes the result out.
+//! A rule that ends the decision returns a [`Ruling`] (the phase, what the
+//! plan waits for, the message, the conditions it rests on, its Event when
+//! it is news: [`ruling`]) and [`Builder::rule`] writes it out once; what
+//! a rule records on its way (the pending change, the admission, a
+//! transition's Events) goes on the [`Builder`] directly. `waitingFor` is a
+//! [`WaitingFor`], spelled in [`waiting`] only.
 
 use std::time::Duration;
 
@@ -143,15 +148,15 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
             e.to_string(),
             Some(Gate::Hold),
         ),
-        (_, None) => {
-            b.status.phase = Phase::Pending;
-            b.waiting(
+        (_, None) => b.rule(
+            Ruling::new(
+                Phase::Pending,
                 WaitingFor::FirstCluster,
                 "the RayService has no active RayCluster yet; KubeRay is creating it",
-            );
-            b.gate = Some(Gate::Hold);
-            b.requeue = REQUEUE_ACTIVE;
-        }
+            )
+            .gate(Gate::Hold)
+            .requeue(REQUEUE_ACTIVE),
+        ),
         (None, Some(_)) => r.evaluate(b),
     }
 }
@@ -205,6 +210,17 @@ impl Rules<'_> {
                  the new RayService starts afresh"
             ),
         );
+    }
+
+    /// Admitted, until KubeRay names the new cluster: the gate open with the
+    /// plan's `upgradeType`.
+    fn awaiting_kuberay_ruling(&self) -> Ruling {
+        Ruling::new(
+            Phase::Admitted,
+            WaitingFor::KubeRay,
+            "admitted; waiting for KubeRay to create the new cluster",
+        )
+        .gate(Gate::open(self.settings.upgrade_type))
     }
 
     /// How long the transition of `admitted` has run.

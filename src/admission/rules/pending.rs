@@ -63,12 +63,8 @@ impl Rules<'_> {
         if held.is_none()
             && let Some(window) = holds.first()
         {
-            return b.hold_for(
-                window.phase(),
-                WaitingFor::from(window),
-                &window.message(),
-                window.outcome(),
-            );
+            let r = Ruling::new(window.phase(), WaitingFor::from(window), window.message());
+            return b.rule(r.outcome(window.outcome()));
         }
         let report = match crate::admission::fit::of_change(self.inp, self.settings, change) {
             Ok(r) => r,
@@ -237,20 +233,9 @@ impl Rules<'_> {
         change: &ChangeFacts,
         report: &crate::capacity::FitReport,
     ) {
-        b.condition(
-            condition::UPGRADE_ADMITTED,
-            Status::True,
-            Reason::Admitted,
-            &format!("change {} admitted", change.fingerprint),
-        );
-        b.status.phase = Phase::Admitted;
         // No longer pending: `admitted` names it from here on, as the next
         // decision (rule 2) says (one status write per admission, not two).
         b.status.pending_change = None;
-        b.waiting(
-            WaitingFor::KubeRay,
-            "admitted; waiting for KubeRay to create the new cluster",
-        );
         b.status.admitted = Some(Admission {
             fingerprint: change.fingerprint.clone(),
             admitted_time: self.now(),
@@ -266,17 +251,14 @@ impl Rules<'_> {
             inc.surge_held = render::quantities(&report.new_requests);
             inc.last_progress_time = Some(self.now());
         }
-        b.gate = Some(Gate::open(self.settings.upgrade_type));
-        b.outcome = Some(Outcome::Admitted);
-        b.requeue = REQUEUE_ACTIVE;
         let batch = crate::admission::batch::admitted(b);
-        b.change_event(
+        let fp = &change.fingerprint;
+        let event = change_event(
             false,
             EventReason::Admitted,
-            &change.fingerprint,
+            fp,
             format!(
-                "admitted change {}{batch} ({}); new cluster requests {}",
-                change.fingerprint,
+                "admitted change {fp}{batch} ({}); new cluster requests {}",
                 change
                     .triggering_paths
                     .first()
@@ -284,6 +266,18 @@ impl Rules<'_> {
                     .unwrap_or("rayClusterConfig"),
                 render::resources_text(&report.new_requests)
             ),
+        );
+        b.rule(
+            self.awaiting_kuberay_ruling()
+                .condition(Cond::set(
+                    condition::UPGRADE_ADMITTED,
+                    Status::True,
+                    Reason::Admitted,
+                    format!("change {fp} admitted"),
+                ))
+                .outcome(Outcome::Admitted)
+                .requeue(REQUEUE_ACTIVE)
+                .event(event),
         );
     }
 }

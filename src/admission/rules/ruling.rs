@@ -17,7 +17,8 @@ use crate::upgradeplan::{Phase, UpgradePlanStatus};
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ruling {
     pub phase: Phase,
-    pub waiting_for: WaitingFor,
+    /// `None`: waiting for nothing (idle, completed).
+    pub waiting_for: Option<WaitingFor>,
     /// `status.message`.
     pub message: String,
     /// The conditions the ruling rests on, set (or dropped) in this order.
@@ -33,11 +34,15 @@ pub struct Ruling {
 
 impl Ruling {
     /// A ruling that sets nothing but the phase, `waitingFor` and message.
-    pub fn new(phase: Phase, waiting_for: WaitingFor, message: String) -> Self {
+    pub fn new(
+        phase: Phase,
+        waiting_for: impl Into<Option<WaitingFor>>,
+        message: impl Into<String>,
+    ) -> Self {
         Ruling {
             phase,
-            waiting_for,
-            message,
+            waiting_for: waiting_for.into(),
+            message: message.into(),
             conditions: vec![],
             outcome: None,
             event: None,
@@ -51,8 +56,19 @@ impl Ruling {
         self
     }
 
+    /// Several conditions, in order.
+    pub fn conditions(mut self, cs: impl IntoIterator<Item = Cond>) -> Self {
+        self.conditions.extend(cs);
+        self
+    }
+
     pub fn outcome(mut self, o: Outcome) -> Self {
         self.outcome = Some(o);
+        self
+    }
+
+    pub fn event(mut self, e: EventNote) -> Self {
+        self.event = Some(e);
         self
     }
 

@@ -40,7 +40,7 @@ impl Rules<'_> {
         };
         let news = !same_wait(prev, Some(Phase::Suspended), Some(&short), None);
         let event = ruling::plan_event(true, EventReason::ServiceSuspended, long.clone());
-        let mut r = Ruling::new(Phase::Suspended, short, long.clone())
+        Ruling::new(Phase::Suspended, short, long.clone())
             .condition(Cond::set(
                 condition::SERVICE_SUSPENDED,
                 Status::True,
@@ -53,10 +53,9 @@ impl Rules<'_> {
                 Reason::NoPendingChange,
                 "the service is suspended: nothing to admit",
             ))
+            .conditions(no_new_cluster_needed())
             .requeue(REQUEUE_ACTIVE)
-            .event_if(news, event);
-        r.conditions.extend(no_new_cluster_needed());
-        r
+            .event_if(news, event)
     }
 }
 

@@ -110,13 +110,8 @@ impl Rules<'_> {
             );
             return self.evaluate(b);
         }
-        b.status.phase = Phase::Admitted;
-        b.waiting(
-            WaitingFor::KubeRay,
-            "admitted; waiting for KubeRay to create the new cluster",
-        );
         b.status.admitted = Some(admitted);
-        b.gate = Some(Gate::open(self.settings.upgrade_type));
+        b.rule(self.awaiting_kuberay_ruling());
     }
 
     /// KubeRay named a new cluster for an admission: adopt it only once its
@@ -125,13 +120,13 @@ impl Rules<'_> {
         match self.inp.pending_fingerprint.as_deref() {
             None => {
                 b.status.admitted = Some(admitted);
-                b.status.phase = Phase::Upgrading;
-                b.waiting(
+                b.rule(Ruling::new(
+                    Phase::Upgrading,
                     WaitingFor::NewCluster,
-                    &format!(
+                    format!(
                         "KubeRay named cluster {pending}; it is checked against the admitted change once it exists"
                     ),
-                );
+                ));
             }
             Some(fp) if fp != admitted.fingerprint => {
                 b.change_event(
@@ -256,47 +251,44 @@ impl Rules<'_> {
             inp.clusters.contains(&old) || inp.pods.get(&old).is_some_and(|p| !p.is_empty());
         if old_left && !old.is_empty() {
             b.status.admitted = Some(admitted);
-            b.status.phase = Phase::Upgrading;
-            b.waiting(
+            return b.rule(Ruling::new(
+                Phase::Upgrading,
                 WaitingFor::OldClusterDeletion,
-                &format!("promoted; waiting for KubeRay to delete {old} and its pods"),
-            );
-            return;
+                format!("promoted; waiting for KubeRay to delete {old} and its pods"),
+            ));
         }
         let took = stall::human_duration(self.running_for(&admitted));
         b.status.admitted = None;
         b.status.pending_change = None;
         b.status.last_transition = Some(self.ended(&admitted, TransitionOutcome::Completed));
-        b.status.phase = Phase::Completed;
-        b.status.waiting_for = None;
         b.status.capacity = None;
         // The transition is over: its quota reservation goes.
         b.status.quota = None;
-        b.conditions(no_new_cluster_needed());
-        b.status.message = Some(format!(
+        let fp = &admitted.fingerprint;
+        let message = format!(
             "upgrade to {} completed in {took}",
             self.svc.active_cluster.as_deref().unwrap_or("?"),
-        ));
-        b.condition(
-            condition::STALLED,
-            Status::False,
-            Reason::Completed,
-            "transition completed",
         );
-        b.condition(
-            condition::UPGRADE_ADMITTED,
-            Status::False,
-            Reason::Completed,
-            "transition completed",
-        );
-        b.outcome = Some(Outcome::Completed);
-        b.change_event(
-            false,
-            EventReason::Completed,
-            &admitted.fingerprint,
-            format!("change {} completed in {took}", admitted.fingerprint),
-        );
-        b.requeue = REQUEUE_WAITING;
+        let completed = |type_| {
+            Cond::set(
+                type_,
+                Status::False,
+                Reason::Completed,
+                "transition completed",
+            )
+        };
+        let r = Ruling::new(Phase::Completed, None, message)
+            .condition(completed(condition::STALLED))
+            .condition(completed(condition::UPGRADE_ADMITTED))
+            .outcome(Outcome::Completed)
+            .requeue(REQUEUE_WAITING)
+            .event(change_event(
+                false,
+                EventReason::Completed,
+                fp,
+                format!("change {fp} completed in {took}"),
+            ));
+        b.rule(r.conditions(no_new_cluster_needed()));
     }
 }
 

@@ -1,6 +1,6 @@
 //! `status.waitingFor`: what a plan waits for, as one type whose
 //! spellings live here only. The status keeps it a string (the CRD column
-//! `WAITING FOR`, read by people and scripts): [`WaitingFor::to_string`] is
+//! `WAITING FOR`, read by people and scripts): its `Display` is
 //! the one place a phrase is written, so a phrase never drifts between the
 //! rule that sets it and the one that compares it with the previous status.
 
