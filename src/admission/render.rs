@@ -309,18 +309,27 @@ impl<'a> Builder<'a> {
                 nodes_offer.join(", ")
             }
         );
-        let already = self.prev.conditions.iter().any(|c| {
-            condition::is(c, condition::RESOURCES_OFFERED, Status::False) && c.message == msg
-        });
-        if !already {
-            self.event(true, EventReason::ResourceNotOffered, msg.clone());
-        }
-        self.condition(
+        self.warn_once(
             condition::RESOURCES_OFFERED,
-            Status::False,
             Reason::NotOffered,
-            &msg,
+            EventReason::ResourceNotOffered,
+            msg,
         );
+    }
+
+    /// A problem that holds nothing but must not go unsaid: condition
+    /// `type_` False with `msg`, and one Warning Event `event` while the
+    /// condition did not already say the same.
+    fn warn_once(&mut self, type_: &str, reason: Reason, event: EventReason, msg: String) {
+        let already = self
+            .prev
+            .conditions
+            .iter()
+            .any(|c| condition::is(c, type_, Status::False) && c.message == msg);
+        self.condition(type_, Status::False, reason, &msg);
+        if !already {
+            self.event(true, event, msg);
+        }
     }
 
     /// Drops a condition (when what it reports on is gone).
@@ -379,17 +388,11 @@ impl<'a> Builder<'a> {
                 "spec.approve {approve:?} matches no change of this plan: no change is pending"
             ),
         };
-        let already = self.prev.conditions.iter().any(|c| {
-            condition::is(c, condition::APPROVAL_MATCHED, Status::False) && c.message == msg
-        });
-        if !already {
-            self.event(true, EventReason::ApprovalUnmatched, msg.clone());
-        }
-        self.condition(
+        self.warn_once(
             condition::APPROVAL_MATCHED,
-            Status::False,
             Reason::NoSuchChange,
-            &msg,
+            EventReason::ApprovalUnmatched,
+            msg,
         );
     }
 
