@@ -5,8 +5,8 @@
 use std::fmt::Display;
 use std::time::Duration;
 
-use super::rules::WaitingFor;
 use super::rules::ruling::{self, Cond, Ruling};
+use super::rules::waiting::WaitingFor;
 use super::{
     Decision, EventNote, EventReason, Gate, Inputs, Outcome, REQUEUE_IDLE, REQUEUE_WAITING,
 };

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use super::WaitingFor;
+use super::waiting::WaitingFor;
 use crate::admission::{EventNote, EventReason, Gate, Outcome};
 use crate::upgradeplan::condition::{Reason, Status};
 use crate::upgradeplan::{Phase, UpgradePlanStatus};
