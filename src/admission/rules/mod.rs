@@ -1,4 +1,7 @@
-//! The rules of the decision, in order:
+//! The rules of the decision, in order (rule 1 here, rule 2 in `track.rs`,
+//! rule 3 in `suspension.rs`, rule 4 in `pending.rs`; their tests in
+//! `admission/tests/{inputs,tracking,pending}.rs`, `kueue_tests.rs` and
+//! `incremental_tests.rs`):
 //!
 //! 1. A plan or RayService that cannot be read is an `Error`; the gate stays
 //!    closed (a broken input never opens it). The KubeRay release whose rules
