@@ -164,6 +164,22 @@ pub(super) fn apply(b: &mut Builder<'_>, inp: &Inputs<'_>) {
     }
 }
 
+/// The hold a pending change waits for, as `waitingFor` names it (here, not
+/// in [`waiting`]: a hold is rendered with the plan's texts, so `waiting`
+/// stays a leaf the renderer can import).
+impl From<&Hold> for WaitingFor {
+    fn from(h: &Hold) -> Self {
+        use waiting::HoldKind;
+        WaitingFor::Hold(match h {
+            Hold::Paused => HoldKind::Paused,
+            Hold::Approval { .. } => HoldKind::Approval,
+            Hold::Window { .. } => HoldKind::Window,
+            Hold::Batching { .. } => HoldKind::Batching,
+            Hold::GateOverridden { .. } => HoldKind::GateOverridden,
+        })
+    }
+}
+
 /// What every rule reads.
 struct Rules<'a> {
     inp: &'a Inputs<'a>,

@@ -6,8 +6,8 @@
 
 use std::fmt;
 
+use crate::admission::EventReason;
 use crate::admission::stall::StallReason;
-use crate::admission::{EventReason, Hold};
 
 /// What a plan waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,8 +28,8 @@ pub enum WaitingFor {
     Suspension,
     /// The serving cluster is suspended.
     Suspended,
-    /// A hold before capacity ([`Hold`]): policy, approval, window, batch,
-    /// another field manager's gate.
+    /// A hold before capacity ([`crate::admission::Hold`]): policy,
+    /// approval, window, batch, another field manager's gate.
     Hold(HoldKind),
     /// Kueue would turn the change into a suspension (rule 3b).
     KueueWouldSuspend,
@@ -51,7 +51,7 @@ pub enum WaitingFor {
     },
 }
 
-/// The kinds of [`Hold`], as `waitingFor` names them.
+/// The kinds of [`crate::admission::Hold`], as `waitingFor` names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HoldKind {
     Paused,
@@ -59,18 +59,6 @@ pub enum HoldKind {
     Window,
     Batching,
     GateOverridden,
-}
-
-impl From<&Hold> for WaitingFor {
-    fn from(h: &Hold) -> Self {
-        WaitingFor::Hold(match h {
-            Hold::Paused => HoldKind::Paused,
-            Hold::Approval { .. } => HoldKind::Approval,
-            Hold::Window { .. } => HoldKind::Window,
-            Hold::Batching { .. } => HoldKind::Batching,
-            Hold::GateOverridden { .. } => HoldKind::GateOverridden,
-        })
-    }
 }
 
 impl WaitingFor {
@@ -117,6 +105,7 @@ impl fmt::Display for WaitingFor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::Hold;
 
     /// The phrases are API (the `WAITING FOR` column, `kubectl raygate
     /// queue`): these are the spellings the rules wrote inline before.
