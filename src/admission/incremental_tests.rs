@@ -35,7 +35,7 @@ fn pod(name: &str, node_type: &str, gpus: u32) -> Pod {
     .unwrap()
 }
 
-use super::tests::state as nodes;
+use super::tests::{Scenario, state as nodes};
 
 fn opts() -> Options {
     Options {
@@ -93,29 +93,24 @@ struct Case {
     now: Timestamp,
 }
 
-fn decide_on(c: &Case, st: &ClusterState) -> Decision {
-    decide(&inputs(c, st))
+/// The world of `c`: its RayService with the clusters `llm-a` and `llm-b`,
+/// under KubeRay v1.6.2.
+fn scenario(c: &Case) -> Scenario {
+    let s = Scenario::new()
+        .plan(&c.plan)
+        .service(Ok(c.svc.clone()))
+        .change_is(Ok(c.change.clone()))
+        .release(Release::assumed(KubeRayVersion::parse("1.6.2").unwrap()))
+        .clusters(&["llm-a", "llm-b"])
+        .at(c.now);
+    match c.incremental.clone() {
+        Some(i) => s.incremental(i),
+        None => s,
+    }
 }
 
-fn inputs<'a>(c: &'a Case, st: &'a ClusterState) -> Inputs<'a> {
-    Inputs {
-        now: c.now,
-        plan: &c.plan,
-        settings: Settings::of(&c.plan),
-        release: Release::assumed(KubeRayVersion::parse("1.6.2").unwrap()),
-        service: Ok(c.svc.clone()),
-        change: Ok(c.change.clone()),
-        verdict: Some(Verdict::NewCluster),
-        incremental: c.incremental.clone(),
-        clusters: ["llm-a".to_string(), "llm-b".to_string()].into(),
-        pods: BTreeMap::new(),
-        pending_ready: false,
-        pending_fingerprint: Some("abc123def456".into()),
-        gate: GateFacts::default(),
-        admission_unseen: false,
-        quota: None,
-        cluster: Box::leak(Box::new(fit::Alone(st))),
-    }
+fn decide_on(c: &Case, st: &ClusterState) -> Decision {
+    scenario(c).nodes(st).decide()
 }
 
 fn active_only() -> ServiceFacts {
@@ -194,11 +189,10 @@ fn the_gate_closes_once_the_new_cluster_is_promoted() {
         (Phase::Upgrading, Some(Gate::Hold))
     );
     c.plan.status = Some(d.status);
-    let st = nodes(&[64]);
-    let d = decide(&Inputs {
-        clusters: ["llm-b".to_string()].into(),
-        ..inputs(&c, &st)
-    });
+    let d = scenario(&c)
+        .clusters(&["llm-b"])
+        .nodes(&nodes(&[64]))
+        .decide();
     assert_eq!(
         (d.status.phase, d.gate),
         (Phase::Completed, Some(Gate::Hold))

@@ -7,7 +7,8 @@
 //! any point loses nothing: the admitted fingerprint and the transition start
 //! live in the plan's status.
 //!
-//! - [`rules`]: the rules, in order (see there);
+//! - [`rules`]: the rules, in order (see there), each ending in a
+//!   [`rules::ruling::Ruling`] that [`render`] writes out once;
 //! - [`fit`]: the capacity step, over the ledger, the queue and the pass;
 //! - [`render`]: the status, conditions and messages the rules produce;
 //! - [`settings`]: the plan's spec as typed values;

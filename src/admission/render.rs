@@ -2,8 +2,11 @@
 //! conditions (with their transition times kept), and the texts of
 //! messages and capacity columns.
 
+use std::fmt::Display;
 use std::time::Duration;
 
+use super::rules::ruling::{self, Cond, Ruling};
+use super::rules::waiting::WaitingFor;
 use super::{
     Decision, EventNote, EventReason, Gate, Inputs, Outcome, REQUEUE_IDLE, REQUEUE_WAITING,
 };
@@ -63,19 +66,49 @@ impl<'a> Builder<'a> {
         self.outcome = Some(outcome);
     }
 
-    pub fn waiting(&mut self, short: &str, long: &str) {
+    /// `status.waitingFor` (a [`WaitingFor`] where the rules name it) and
+    /// `status.message`.
+    pub fn waiting(&mut self, short: impl Display, long: &str) {
         self.status.waiting_for = Some(short.to_string());
         self.status.message = Some(long.to_string());
     }
 
+    /// Writes out what a rule decided ([`Ruling`]).
+    pub fn rule(&mut self, r: Ruling) {
+        self.status.phase = r.phase;
+        self.status.waiting_for = r.waiting_for.map(|w| w.to_string());
+        self.status.message = Some(r.message);
+        self.conditions(r.conditions);
+        if let Some(o) = r.outcome {
+            self.outcome = Some(o);
+        }
+        if let Some(g) = r.gate {
+            self.gate = Some(g);
+        }
+        if let Some(q) = r.requeue {
+            self.requeue = q;
+        }
+        self.events.extend(r.event);
+    }
+
+    /// Sets (or drops) these conditions, in order.
+    pub fn conditions(&mut self, conditions: impl IntoIterator<Item = Cond>) {
+        for c in conditions {
+            match c {
+                Cond::Set {
+                    type_,
+                    status,
+                    reason,
+                    message,
+                } => self.condition(type_, status, reason, &message),
+                Cond::Drop(type_) => self.drop_condition(type_),
+            }
+        }
+    }
+
     /// An Event about the plan as a whole (no particular change).
     pub fn event(&mut self, warning: bool, reason: EventReason, note: String) {
-        self.events.push(EventNote {
-            warning,
-            reason,
-            note,
-            change: None,
-        });
+        self.events.push(ruling::plan_event(warning, reason, note));
     }
 
     /// An Event about the change `fingerprint`: kept apart from the Events
@@ -87,12 +120,8 @@ impl<'a> Builder<'a> {
         fingerprint: &str,
         note: String,
     ) {
-        self.events.push(EventNote {
-            warning,
-            reason,
-            note,
-            change: (!fingerprint.is_empty()).then(|| fingerprint.to_string()),
-        });
+        self.events
+            .push(ruling::change_event(warning, reason, fingerprint, note));
     }
 
     /// An input that cannot be used: see [`Builder::errors`].
@@ -109,11 +138,7 @@ impl<'a> Builder<'a> {
         self.status.admitted = self.prev.admitted.clone();
         self.status.pending_change = self.prev.pending_change.clone();
         self.status.batch = self.prev.batch.clone();
-        let short = problems
-            .iter()
-            .map(|(reason, _)| reason.as_str())
-            .collect::<Vec<_>>()
-            .join(", ");
+        let short = WaitingFor::Errors(problems.iter().map(|(reason, _)| *reason).collect());
         let long = match problems {
             [(_, msg)] => msg.clone(),
             _ => problems
@@ -122,7 +147,7 @@ impl<'a> Builder<'a> {
                 .collect::<Vec<_>>()
                 .join("; "),
         };
-        self.waiting(&short, &long);
+        self.waiting(short, &long);
         self.gate = gate;
         self.requeue = REQUEUE_WAITING;
         let reported = (self.prev.phase == Phase::Error)
@@ -170,10 +195,11 @@ impl<'a> Builder<'a> {
         );
         // In the WAITING FOR column of `kubectl get upgradeplans`: while
         // another manager keeps the gate, raygate's own reason is moot.
-        self.status.waiting_for = Some(format!(
-            "GateOverridden: {owner} keeps {}",
-            value.unwrap_or("unset")
-        ));
+        let kept = WaitingFor::GateKeptBy {
+            owner: owner.to_string(),
+            value: value.map(str::to_string),
+        };
+        self.status.waiting_for = Some(kept.to_string());
         new
     }
 
@@ -283,18 +309,27 @@ impl<'a> Builder<'a> {
                 nodes_offer.join(", ")
             }
         );
-        let already = self.prev.conditions.iter().any(|c| {
-            condition::is(c, condition::RESOURCES_OFFERED, Status::False) && c.message == msg
-        });
-        if !already {
-            self.event(true, EventReason::ResourceNotOffered, msg.clone());
-        }
-        self.condition(
+        self.warn_once(
             condition::RESOURCES_OFFERED,
-            Status::False,
             Reason::NotOffered,
-            &msg,
+            EventReason::ResourceNotOffered,
+            msg,
         );
+    }
+
+    /// A problem that holds nothing but must not go unsaid: condition
+    /// `type_` False with `msg`, and one Warning Event `event` while the
+    /// condition did not already say the same.
+    fn warn_once(&mut self, type_: &str, reason: Reason, event: EventReason, msg: String) {
+        let already = self
+            .prev
+            .conditions
+            .iter()
+            .any(|c| condition::is(c, type_, Status::False) && c.message == msg);
+        self.condition(type_, Status::False, reason, &msg);
+        if !already {
+            self.event(true, event, msg);
+        }
     }
 
     /// Drops a condition (when what it reports on is gone).
@@ -353,17 +388,11 @@ impl<'a> Builder<'a> {
                 "spec.approve {approve:?} matches no change of this plan: no change is pending"
             ),
         };
-        let already = self.prev.conditions.iter().any(|c| {
-            condition::is(c, condition::APPROVAL_MATCHED, Status::False) && c.message == msg
-        });
-        if !already {
-            self.event(true, EventReason::ApprovalUnmatched, msg.clone());
-        }
-        self.condition(
+        self.warn_once(
             condition::APPROVAL_MATCHED,
-            Status::False,
             Reason::NoSuchChange,
-            &msg,
+            EventReason::ApprovalUnmatched,
+            msg,
         );
     }
 

@@ -62,13 +62,44 @@ pub struct Stall {
     pub unschedulable_pods: u32,
 }
 
+/// How long a transition has gone without finishing, as `stallAfter` is
+/// measured against: a NewCluster transition from its admission, an
+/// incremental one from its last step (it may take long as a whole, but a
+/// step that does not move is stuck).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Elapsed {
+    /// Since the transition was admitted.
+    Transition(Duration),
+    /// Since the incremental upgrade last moved a step.
+    SinceStep(Duration),
+}
+
+impl Elapsed {
+    pub fn duration(self) -> Duration {
+        match self {
+            Elapsed::Transition(d) | Elapsed::SinceStep(d) => d,
+        }
+    }
+}
+
+/// `transition running for 31m`, `no incremental step for 15m`.
+impl std::fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self {
+            Elapsed::Transition(_) => "transition running for",
+            Elapsed::SinceStep(_) => "no incremental step for",
+        };
+        write!(f, "{what} {}", human_duration(self.duration()))
+    }
+}
+
 /// Diagnose the new cluster of a transition. `apps` is the pending service's
 /// `applicationStatuses` (app name → status string).
 pub fn diagnose<P: ObservedPod + ?Sized>(
     new_cluster_pods: &[&P],
     apps: &BTreeMap<String, String>,
     cluster_ready: bool,
-    running_for: Duration,
+    elapsed: Elapsed,
     stall_after: Duration,
 ) -> Option<Stall> {
     let unschedulable: Vec<&str> = new_cluster_pods
@@ -103,7 +134,7 @@ pub fn diagnose<P: ObservedPod + ?Sized>(
             unschedulable_pods: 0,
         });
     }
-    if running_for > stall_after {
+    if elapsed.duration() > stall_after {
         let waiting_apps: Vec<String> = apps
             .iter()
             .filter(|(_, s)| !HEALTHY_APP_STATES.contains(&s.as_str()))
@@ -122,8 +153,7 @@ pub fn diagnose<P: ObservedPod + ?Sized>(
         return Some(Stall {
             reason,
             message: format!(
-                "{detail}; transition running for {} (stallAfter {})",
-                human_duration(running_for),
+                "{detail}; {elapsed} (stallAfter {})",
                 human_duration(stall_after)
             ),
             unschedulable_pods: 0,
@@ -187,13 +217,18 @@ mod tests {
             .collect()
     }
 
-    const MIN: Duration = Duration::from_secs(60);
+    const MIN: Elapsed = Elapsed::Transition(Duration::from_secs(60));
+    const STALL_AFTER: Duration = Duration::from_secs(30 * 60);
+
+    fn minutes(m: u64) -> Elapsed {
+        Elapsed::Transition(Duration::from_secs(m * 60))
+    }
 
     #[test]
     fn unschedulable_pods_are_reported_at_once() {
         let p = pending_pod("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.");
         let pods = vec![&p, &p, &p, &p];
-        let s = diagnose(&pods, &apps(&[]), false, MIN, 30 * MIN).unwrap();
+        let s = diagnose(&pods, &apps(&[]), false, MIN, STALL_AFTER).unwrap();
         assert_eq!(s.reason, StallReason::Unschedulable);
         assert_eq!(s.message, "4 pods Insufficient nvidia.com/gpu");
         assert_eq!(s.unschedulable_pods, 4);
@@ -206,7 +241,7 @@ mod tests {
             &apps(&[("llm", "DEPLOY_FAILED"), ("ok", "RUNNING")]),
             true,
             MIN,
-            30 * MIN,
+            STALL_AFTER,
         )
         .unwrap();
         assert_eq!(
@@ -222,8 +257,8 @@ mod tests {
                 &[],
                 &apps(&[("llm", "DEPLOYING")]),
                 true,
-                29 * MIN,
-                30 * MIN
+                minutes(29),
+                STALL_AFTER
             ),
             None
         );
@@ -231,8 +266,8 @@ mod tests {
             &[],
             &apps(&[("llm", "DEPLOYING")]),
             true,
-            31 * MIN,
-            30 * MIN,
+            minutes(31),
+            STALL_AFTER,
         )
         .unwrap();
         assert_eq!(s.reason, StallReason::ServeNotHealthy);
@@ -240,7 +275,7 @@ mod tests {
             s.message,
             "app llm DEPLOYING; transition running for 31m (stallAfter 30m)"
         );
-        let s = diagnose::<Pod>(&[], &apps(&[]), false, 31 * MIN, 30 * MIN).unwrap();
+        let s = diagnose::<Pod>(&[], &apps(&[]), false, minutes(31), STALL_AFTER).unwrap();
         assert_eq!(s.reason, StallReason::Timeout);
     }
 
@@ -248,7 +283,7 @@ mod tests {
     fn bound_pods_are_not_unschedulable() {
         let mut p = pending_pod("0/1 nodes are available: 1 Insufficient cpu.");
         p.spec.as_mut().unwrap().node_name = Some("n1".into());
-        assert_eq!(diagnose(&[&p], &apps(&[]), false, MIN, 30 * MIN), None);
+        assert_eq!(diagnose(&[&p], &apps(&[]), false, MIN, STALL_AFTER), None);
     }
 
     #[test]
@@ -258,5 +293,21 @@ mod tests {
         assert_eq!(human_duration(Duration::from_secs(1800)), "30m");
         assert_eq!(human_duration(Duration::from_secs(5400)), "1h30m");
         assert_eq!(human_duration(Duration::from_secs(7200)), "2h");
+    }
+
+    #[test]
+    fn an_incremental_upgrade_stalls_on_a_step_that_does_not_move() {
+        let s = diagnose::<Pod>(
+            &[],
+            &apps(&[]),
+            false,
+            Elapsed::SinceStep(Duration::from_secs(15 * 60)),
+            Duration::from_secs(10 * 60),
+        )
+        .unwrap();
+        assert_eq!(
+            s.message,
+            "new cluster is not ready; no incremental step for 15m (stallAfter 10m)"
+        );
     }
 }

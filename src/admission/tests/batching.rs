@@ -32,15 +32,7 @@ fn at(minutes: i64) -> Timestamp {
 
 /// Decides on an idle world with 8 free GPUs and `c` pending.
 fn step(p: &UpgradePlan, c: Option<ChangeFacts>, t: Timestamp) -> Decision {
-    run(
-        p,
-        service("llm-a", None),
-        Ok(c),
-        &state(&[8]),
-        &["llm-a"],
-        BTreeMap::new(),
-        t,
-    )
+    Scenario::new().plan(p).change_is(Ok(c)).at(t).decide()
 }
 
 fn reasons(d: &Decision) -> Vec<&'static str> {
@@ -282,30 +274,22 @@ fn without_batching_nothing_is_gathered() {
 fn a_change_during_a_transition_waits_as_the_next_batch() {
     // Admitted c1, KubeRay is building llm-b from it.
     let go = step(&auto_plan(None), Some(commit("c1", &[IMAGE])), at(0));
-    let p = auto_plan(Some(go.status));
-    let upgrading = run_built_from(
-        &p,
-        service("llm-a", Some("llm-b")),
-        Ok(None),
-        &state(&[8]),
-        &["llm-a", "llm-b"],
-        BTreeMap::new(),
-        at(1),
-        Some("c1"),
-    );
+    let upgrading = Scenario::new()
+        .status(go.status)
+        .upgrading("llm-a", "llm-b")
+        .at(at(1))
+        .built_from(Some("c1"))
+        .decide();
     assert_eq!(upgrading.status.phase, Phase::Upgrading);
     assert_eq!(upgrading.status.batch, None);
     // A further commit (compared with the pending cluster, as KubeRay does).
-    let during = run_built_from(
-        &auto_plan(Some(upgrading.status)),
-        service("llm-a", Some("llm-b")),
-        Ok(Some(commit("c2", &[MEMORY]))),
-        &state(&[8]),
-        &["llm-a", "llm-b"],
-        BTreeMap::new(),
-        at(2),
-        Some("c1"),
-    );
+    let during = Scenario::new()
+        .status(upgrading.status)
+        .upgrading("llm-a", "llm-b")
+        .change(commit("c2", &[MEMORY]))
+        .at(at(2))
+        .built_from(Some("c1"))
+        .decide();
     assert_eq!(
         (during.status.phase, during.gate),
         (Phase::Upgrading, Some(Gate::Hold))
@@ -327,26 +311,21 @@ fn a_change_during_a_transition_waits_as_the_next_batch() {
     );
     // Promoted and the old cluster gone: completed, then the next batch goes
     // to the gate (no batching configured: at once).
-    let done = run_built_from(
-        &auto_plan(Some(during.status)),
-        service("llm-b", None),
-        Ok(Some(commit("c2", &[MEMORY]))),
-        &state(&[8]),
-        &["llm-b"],
-        BTreeMap::new(),
-        at(3),
-        None,
-    );
+    let done = Scenario::new()
+        .status(during.status)
+        .serving("llm-b")
+        .change(commit("c2", &[MEMORY]))
+        .at(at(3))
+        .built_from(None)
+        .decide();
     assert_eq!(done.status.phase, Phase::Completed);
-    let next = run(
-        &auto_plan(Some(done.status)),
-        service("llm-b", None),
-        Ok(Some(commit("c2", &[MEMORY]))),
-        &state(&[16]),
-        &["llm-b"],
-        BTreeMap::new(),
-        at(4),
-    );
+    let next = Scenario::new()
+        .status(done.status)
+        .serving("llm-b")
+        .change(commit("c2", &[MEMORY]))
+        .capacity(&[16])
+        .at(at(4))
+        .decide();
     assert_eq!(next.status.phase, Phase::Admitted);
     assert_eq!(next.status.admitted.unwrap().fingerprint, "c2");
 }
@@ -364,16 +343,13 @@ fn with_batching_the_next_batch_keeps_its_first_change_time() {
         at(30),
     );
     assert_eq!(go.status.phase, Phase::Admitted);
-    let during = run_built_from(
-        &batched(json!({}), Some(go.status)),
-        service("llm-a", Some("llm-b")),
-        Ok(Some(commit("c2", &[MEMORY]))),
-        &state(&[8]),
-        &["llm-a", "llm-b"],
-        BTreeMap::new(),
-        at(31),
-        Some("c1"),
-    );
+    let during = Scenario::new()
+        .plan(&batched(json!({}), Some(go.status)))
+        .upgrading("llm-a", "llm-b")
+        .change(commit("c2", &[MEMORY]))
+        .at(at(31))
+        .built_from(Some("c1"))
+        .decide();
     assert_eq!(
         during.status.batch.as_ref().unwrap().first_change_time,
         at(31)
@@ -381,15 +357,13 @@ fn with_batching_the_next_batch_keeps_its_first_change_time() {
     let mut st = during.status;
     st.admitted = None;
     st.phase = Phase::Completed;
-    let after = run(
-        &batched(json!({}), Some(st)),
-        service("llm-b", None),
-        Ok(Some(commit("c2", &[MEMORY]))),
-        &state(&[16]),
-        &["llm-b"],
-        BTreeMap::new(),
-        at(40),
-    );
+    let after = Scenario::new()
+        .plan(&batched(json!({}), Some(st)))
+        .serving("llm-b")
+        .change(commit("c2", &[MEMORY]))
+        .capacity(&[16])
+        .at(at(40))
+        .decide();
     assert_eq!(after.status.phase, Phase::Batching);
     let b = after.status.batch.unwrap();
     assert_eq!(
