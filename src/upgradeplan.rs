@@ -10,6 +10,7 @@ pub mod batching;
 pub mod condition;
 #[cfg(test)]
 mod crd_tests;
+mod key;
 pub mod ownership;
 mod spec;
 mod status;
@@ -17,6 +18,7 @@ pub mod validation;
 pub mod windows;
 
 pub use batching::{BatchStatus, BatchedChange, BatchingSpec};
+pub use key::PlanKey;
 pub use spec::{
     CapacityRequestMode, CapacitySpec, MaintenanceWindow, PlanUpgradeType, Policy, RayServiceRef,
     UpgradePlan, UpgradePlanSpec,

@@ -41,7 +41,7 @@ use jiff::Timestamp;
 
 use crate::kuberay::incremental;
 use crate::kuberay::{UpgradeType, Verdict};
-use crate::upgradeplan::{PlanUpgradeType, UpgradePlan, UpgradePlanStatus};
+use crate::upgradeplan::{PlanKey, PlanUpgradeType, UpgradePlan, UpgradePlanStatus};
 
 pub use fit::Cluster;
 pub use hold::{Hold, batch_hold, gate_hold, holds};
@@ -295,12 +295,9 @@ pub struct Inputs<'a> {
 }
 
 impl Inputs<'_> {
-    /// The plan's `(namespace, name)`.
-    pub fn key(&self) -> fit::PlanKey {
-        (
-            self.plan.metadata.namespace.clone().unwrap_or_default(),
-            self.plan.metadata.name.clone().unwrap_or_default(),
-        )
+    /// The plan's key.
+    pub fn key(&self) -> PlanKey {
+        self.plan.key()
     }
 
     /// The previous status, as recorded on the plan.

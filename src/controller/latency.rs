@@ -25,14 +25,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use jiff::Timestamp;
 
-/// (namespace, name) of a plan.
-pub type PlanKey = (String, String);
-
-/// A plan's key.
-pub fn plan_key(p: &crate::upgradeplan::UpgradePlan) -> PlanKey {
-    use kube::ResourceExt;
-    (p.namespace().unwrap_or_default(), p.name_any())
-}
+use crate::upgradeplan::PlanKey;
 
 /// Kinds of events that can let a held upgrade through; a label value of
 /// `raygate_admission_latency_seconds`.
@@ -286,7 +279,7 @@ mod tests {
     }
 
     fn key(n: &str) -> PlanKey {
-        ("ns".into(), n.into())
+        PlanKey::new("ns", n)
     }
 
     fn short(r: &[&str]) -> BTreeSet<String> {

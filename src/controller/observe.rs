@@ -18,8 +18,7 @@ use kube::ResourceExt;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::latency::plan_key;
-use crate::admission::fit::{OnIndex, Placement, PlanKey};
+use crate::admission::fit::{OnIndex, Placement};
 use crate::admission::ledger::{self, Candidate};
 use crate::admission::objects::{
     self, ClusterObject, incremental_of, new_cluster_pods, status_cluster, surge_of,
@@ -32,7 +31,7 @@ use crate::capacity::{ClusterState, PodGroup, PodRecord};
 use crate::kuberay::{
     self, ANNOTATION_KUBERAY_VERSION, KubeRayVersion, RayCluster, RayService, Release, Releases,
 };
-use crate::upgradeplan::{Admission, UpgradePlan};
+use crate::upgradeplan::{Admission, PlanKey, UpgradePlan};
 
 /// Everything the caches hold.
 #[derive(Clone)]
@@ -50,7 +49,7 @@ pub struct Stores {
 
 /// Admissions written but maybe not yet seen in the plan cache; the ledger
 /// must count them or a quick second decision could double-book capacity.
-pub type Overlay = HashMap<(String, String), Admission>;
+pub type Overlay = HashMap<PlanKey, Admission>;
 
 fn service(
     stores: &Stores,
@@ -220,7 +219,7 @@ pub fn observe<'a>(
 
 /// The current admission of a plan: its status, or a just-written one.
 fn admission_of(plan: &UpgradePlan, overlay: &Overlay) -> Option<Admission> {
-    let key = plan_key(plan);
+    let key = plan.key();
     plan.status
         .as_ref()
         .and_then(|s| s.admitted.clone())
@@ -236,7 +235,7 @@ fn ledger_pods(
 ) -> Vec<PodGroup> {
     let mut out = vec![];
     for p in stores.plans.state() {
-        if except.is_some_and(|k| *k == plan_key(&p)) {
+        if except.is_some_and(|k| *k == p.key()) {
             continue;
         }
         let Some(adm) = admission_of(&p, overlay) else {
@@ -310,7 +309,7 @@ fn waiting_plans(
 ) -> Vec<Candidate> {
     let mut q = vec![];
     for p in stores.plans.state() {
-        if except.is_some_and(|k| *k == plan_key(&p)) {
+        if except.is_some_and(|k| *k == p.key()) {
             continue;
         }
         let Some(status) = p.status.as_ref() else {
@@ -439,7 +438,7 @@ fn world_digest(stores: &Stores, generation: u64, overlay: &Overlay) -> WorldDig
                 .and_then(|s| s.pending_change.as_ref())
                 .map(|c| c.detected_time),
         ));
-        plans.insert(plan_key(&p), (digest, admission.is_some()));
+        plans.insert(p.key(), (digest, admission.is_some()));
     }
     WorldDigest { rest, plans }
 }
@@ -454,7 +453,7 @@ impl CachedPass {
     fn holds_for(&self, now: &WorldDigest) -> bool {
         holds(&self.world, now, |k| {
             self.pass
-                .get(&k.0, &k.1)
+                .get(&k.namespace, &k.name)
                 .is_some_and(|r| r.as_ref().is_ok_and(|r| r.fits))
         })
     }
@@ -631,7 +630,7 @@ mod tests {
         );
         let mut plan = waiting_plan(&svc);
         plan.spec.upgrade_type = PlanUpgradeType::NewClusterWithIncrementalUpgrade;
-        let key = plan_key(&plan);
+        let key = plan.key();
         let stores = stores(plan, svc);
         let mut index = stores.capacity.write().unwrap();
         for i in 0..2 {
@@ -708,7 +707,7 @@ mod tests {
     fn a_pass_holds_while_only_its_own_admissions_are_recorded() {
         let svc = rayservice();
         let plan = waiting_plan(&svc);
-        let key = plan_key(&plan);
+        let key = plan.key();
         let stores_now = stores(plan.clone(), svc);
         let none = Overlay::new();
         let then = world_digest(&stores_now, 7, &none);
@@ -869,7 +868,7 @@ mod tests {
     fn an_admission_the_cache_has_not_shown_is_in_the_ledger_and_not_in_the_queue() {
         let svc = rayservice();
         let plan = waiting_plan(&svc);
-        let key = plan_key(&plan);
+        let key = plan.key();
         let stores = stores(plan, svc);
         let now = Timestamp::now();
         let version = Releases::default();
