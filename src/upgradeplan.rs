@@ -17,6 +17,7 @@ mod status;
 pub mod validation;
 pub mod windows;
 
+pub use crate::kuberay::Fingerprint;
 pub use batching::{BatchStatus, BatchedChange, BatchingSpec};
 pub use key::PlanKey;
 pub use spec::{

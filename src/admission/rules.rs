@@ -62,7 +62,8 @@ use super::{
 };
 use crate::kuberay::ReleaseProblem;
 use crate::upgradeplan::{
-    Admission, PendingChange, Phase, Policy, TransitionOutcome, TransitionRecord, condition,
+    Admission, Fingerprint, PendingChange, Phase, Policy, TransitionOutcome, TransitionRecord,
+    condition,
 };
 use condition::{Reason, Status};
 
@@ -176,7 +177,7 @@ impl Rules<'_> {
         }
     }
 
-    fn change_fingerprint(&self) -> Option<String> {
+    fn change_fingerprint(&self) -> Option<Fingerprint> {
         self.inp
             .change
             .as_ref()
@@ -708,7 +709,7 @@ impl Rules<'_> {
                     ),
                 );
                 let unadmitted = Admission {
-                    fingerprint: fp.to_string(),
+                    fingerprint: fp.into(),
                     admitted_time: self.now(),
                     from_cluster: admitted.from_cluster.clone(),
                     to_cluster: Some(pending.to_string()),

@@ -38,7 +38,7 @@ use crate::autoscale::report::{self, Facts};
 use crate::autoscale::shapes::{self, Objects, Owner};
 use crate::autoscale::{self, Defaults, LABEL_FINGERPRINT, LABEL_PLAN_UID};
 use crate::leader::Fence;
-use crate::upgradeplan::{CapacityRequestState, Phase, PlanKey, UpgradePlan};
+use crate::upgradeplan::{CapacityRequestState, Fingerprint, Phase, PlanKey, UpgradePlan};
 use crate::{Error, Result};
 
 /// The selector of every object raygate makes for a request.
@@ -227,7 +227,7 @@ impl Shell {
 pub enum Wanted {
     /// Keep these (one change's) and no other.
     Open {
-        fingerprint: String,
+        fingerprint: Fingerprint,
         objects: Vec<Objects>,
     },
     /// None.

@@ -45,7 +45,7 @@ use crate::kuberay::{KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, 
 use crate::leader::Fence;
 use crate::metrics::{Metrics, PlanObservation};
 use crate::server::Health;
-use crate::upgradeplan::{Phase, PlanKey, UpgradePlan, UpgradePlanStatus, condition};
+use crate::upgradeplan::{Fingerprint, Phase, PlanKey, UpgradePlan, UpgradePlanStatus, condition};
 use crate::{Error, Result};
 
 use observe::{Overlay, Stores, World};
@@ -165,7 +165,7 @@ fn plans_for(plans: &Store<UpgradePlan>, ns: &str, svc: &str) -> Vec<ObjectRef<U
 /// event that can let its upgrade through; any plan event queues it.
 fn note_plan(
     causes: &latency::Causes,
-    approvals: &mut HashMap<PlanKey, Option<String>>,
+    approvals: &mut HashMap<PlanKey, Option<Fingerprint>>,
     plan: &UpgradePlan,
 ) {
     let key = plan.key();

@@ -272,7 +272,7 @@ pub fn facts(
         workload: w.name_any(),
         fingerprint: label(&w.metadata, LABEL_FINGERPRINT)
             .unwrap_or_default()
-            .to_string(),
+            .into(),
         granted: w.quota_granted(),
     });
     let all = shell.cluster_queues_now(cqs);

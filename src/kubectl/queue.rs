@@ -16,7 +16,7 @@ use crate::admission::ledger::{self, Candidate};
 use crate::capacity::{ACCELERATORS, ResourceList, parse_status_map, sum_of};
 use crate::cli;
 use crate::quantity::Quantity;
-use crate::upgradeplan::{PlanKey, UpgradePlan, UpgradePlanStatus};
+use crate::upgradeplan::{Fingerprint, PlanKey, UpgradePlan, UpgradePlanStatus};
 
 /// One upgrade in the queue view; `None` fields are left out.
 #[skip_serializing_none]
@@ -43,7 +43,7 @@ pub struct QueueEntry {
     pub requested_priority: Option<i32>,
     /// Since when the change has waited (not admitted) or was admitted.
     pub since: Option<String>,
-    pub fingerprint: Option<String>,
+    pub fingerprint: Option<Fingerprint>,
     /// What the new cluster requests (an incremental upgrade's: its surge),
     /// as measured when it was last fitted.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -318,7 +318,7 @@ pub fn render_queue(
             });
         }
         if wide {
-            r.push(e.fingerprint.clone().unwrap_or_else(|| "-".into()));
+            r.push(e.fingerprint.as_deref().unwrap_or("-").to_string());
         }
         rows.push(r);
     }

@@ -14,6 +14,7 @@
 pub mod budget;
 pub mod classify;
 pub mod diff;
+pub mod fingerprint;
 pub mod incremental;
 pub mod normalize;
 pub mod over_budget;
@@ -25,6 +26,7 @@ pub mod validate;
 pub mod version;
 
 pub use classify::{Classification, ClassifyOptions, OldSide, Verdict, classify, classify_with};
+pub use fingerprint::Fingerprint;
 pub use pods::{
     PlanOptions, checked_cluster_config, desired_worker_pods, planned_groups, planned_groups_with,
     planned_pods, planned_pods_with,

@@ -75,7 +75,7 @@ mod tests {
     /// The order is the tuple order it replaced: namespace, then name.
     #[test]
     fn plan_keys_order_by_namespace_then_name() {
-        let mut keys = vec![
+        let mut keys = [
             PlanKey::new("b", "a"),
             PlanKey::new("a", "z"),
             PlanKey::new("a", "b"),

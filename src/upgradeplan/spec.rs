@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_with::skip_serializing_none;
 
 use super::{
-    BatchingSpec, DNS1123_SUBDOMAIN, DURATION_PATTERN, QUANTITY_PATTERN, UpgradePlanStatus,
-    validation,
+    BatchingSpec, DNS1123_SUBDOMAIN, DURATION_PATTERN, Fingerprint, QUANTITY_PATTERN,
+    UpgradePlanStatus, validation,
 };
 
 // The printer columns repeat `type_ = "string"`, which clippy takes for a
@@ -96,7 +96,7 @@ pub struct UpgradePlanSpec {
 
     /// Fingerprint of the pending change to admit under `policy: Manual`
     /// (shown in `status.pendingChange.fingerprint`).
-    pub approve: Option<String>,
+    pub approve: Option<Fingerprint>,
 
     /// Higher priority plans are admitted first when capacity is contended.
     #[serde(default)]

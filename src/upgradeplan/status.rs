@@ -10,7 +10,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_with::skip_serializing_none;
 
-use super::{BatchStatus, WindowsStatus};
+use super::{BatchStatus, Fingerprint, WindowsStatus};
 
 /// Where an upgrade stands, as one word for `kubectl get`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
@@ -188,7 +188,7 @@ pub struct QuotaResourceStatus {
 pub struct QuotaReservation {
     pub workload: String,
     /// The change it reserves for.
-    pub fingerprint: String,
+    pub fingerprint: Fingerprint,
     /// Kueue admitted it (`QuotaReserved` or `Admitted` is `True`).
     pub granted: bool,
 }
@@ -223,7 +223,7 @@ pub struct KubeRayReleaseStatus {
 #[serde(rename_all = "camelCase")]
 pub struct PendingChange {
     /// Stable hash of the new cluster config (muted fields excluded).
-    pub fingerprint: String,
+    pub fingerprint: Fingerprint,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub triggering_paths: Vec<String>,
     /// RFC 3339 time the change was first seen; waiting time counts from here.
@@ -235,7 +235,7 @@ pub struct PendingChange {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Admission {
-    pub fingerprint: String,
+    pub fingerprint: Fingerprint,
     #[schemars(with = "String", extend("format" = "date-time"))]
     pub admitted_time: Timestamp,
     /// The active cluster when the upgrade was admitted: the one to retire.
@@ -333,7 +333,7 @@ pub struct CapacityStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TransitionRecord {
-    pub fingerprint: String,
+    pub fingerprint: Fingerprint,
     #[schemars(with = "String", extend("format" = "date-time"))]
     pub start: Timestamp,
     #[schemars(with = "Option<String>", extend("format" = "date-time"))]
@@ -369,7 +369,7 @@ pub struct CapacityRequestStatus {
     #[schemars(with = "String", extend("enum" = ["Requested", "Queued", "NotDelivered", "Failed"]))]
     pub state: CapacityRequestState,
     /// The pending change the request is for.
-    pub fingerprint: String,
+    pub fingerprint: Fingerprint,
     /// When the oldest buffer of this change was created.
     #[schemars(with = "Option<String>", extend("format" = "date-time"))]
     pub requested_time: Option<Timestamp>,
