@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_with::skip_serializing_none;
 
 use super::{BatchStatus, Fingerprint, WindowsStatus};
+use crate::kuberay::ReleaseSource;
 
 /// Where an upgrade stands, as one word for `kubectl get`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
@@ -215,8 +216,7 @@ pub struct KubeRayReleaseStatus {
     /// RayCluster here yet: the newest stamp elsewhere), `Flag`
     /// (`--kuberay-version`, nothing stamped) or `Default` (the newest release
     /// raygate knows).
-    #[schemars(extend("enum" = ["RayCluster", "OtherNamespace", "Flag", "Default"]))]
-    pub source: String,
+    pub source: ReleaseSource,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
