@@ -39,7 +39,7 @@
 //! bounded by the number of live plans.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 
 use prometheus::proto::MetricType;
 use prometheus::{
@@ -48,6 +48,7 @@ use prometheus::{
 };
 
 use crate::admission::Outcome;
+use crate::sync::lock;
 use crate::upgradeplan::{Phase, PlanKey};
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
@@ -162,12 +163,6 @@ fn register<C: prometheus::core::Collector + Clone + 'static>(
         families.insert(mf.name().to_string(), mf.get_field_type());
     }
     Ok(collector)
-}
-
-/// A poisoned lock only means another thread panicked mid-update of a label
-/// set; the set is still usable, and metrics must never take the process down.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn bool_gauge(b: bool) -> i64 {

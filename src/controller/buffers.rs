@@ -30,7 +30,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
-use super::{Context, cache, gate, guarded, lock, spawn_cache};
+use super::{Context, cache, gate, guarded, spawn_cache};
 use crate::admission::{Decision, Inputs};
 use crate::autoscale::buffer::CapacityBuffer;
 use crate::autoscale::queue::{self, Slot, Want};
@@ -38,6 +38,7 @@ use crate::autoscale::report::{self, Facts};
 use crate::autoscale::shapes::{self, Objects, Owner};
 use crate::autoscale::{self, Defaults, LABEL_FINGERPRINT, LABEL_PLAN_UID};
 use crate::leader::Fence;
+use crate::sync::lock;
 use crate::upgradeplan::{CapacityRequestState, Fingerprint, Phase, PlanKey, UpgradePlan};
 use crate::{Error, Result};
 

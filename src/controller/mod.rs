@@ -45,6 +45,7 @@ use crate::kuberay::{KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, 
 use crate::leader::Fence;
 use crate::metrics::{Metrics, PlanObservation};
 use crate::server::Health;
+use crate::sync::lock;
 use crate::upgradeplan::{Fingerprint, Phase, PlanKey, UpgradePlan, UpgradePlanStatus, condition};
 use crate::{Error, Result};
 
@@ -202,9 +203,7 @@ fn note_service(
     let now = Timestamp::now();
     let keys: Vec<PlanKey> = plans.iter().map(PlanKey::from).collect();
     causes.queued(&keys, now);
-    let Ok(mut generations) = generations.lock() else {
-        return;
-    };
+    let mut generations = lock(generations);
     let before = generations.insert((ns.clone(), name.clone()), meta.generation);
     if before.is_none() || before == Some(meta.generation) {
         return;
@@ -1055,12 +1054,6 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
         }
         Err(e) => Err(e.into()),
     }
-}
-
-/// A lock of the controller's bookkeeping: a panic elsewhere while it was
-/// held left it usable (each entry is written whole).
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Events and metrics of a recorded decision.

@@ -31,6 +31,7 @@ use crate::capacity::{ClusterState, PodGroup, PodRecord};
 use crate::kuberay::{
     self, ANNOTATION_KUBERAY_VERSION, KubeRayVersion, RayCluster, RayService, Release, Releases,
 };
+use crate::sync::lock;
 use crate::upgradeplan::{Admission, PlanKey, UpgradePlan};
 
 /// Everything the caches hold.
@@ -537,8 +538,7 @@ impl Cluster for World<'_> {
     fn pass(&self, run: &dyn Fn() -> crate::Result<Pass>) -> crate::Result<Arc<Pass>> {
         let generation = super::cache::read_index(&self.stores.capacity)?.generation();
         let world = world_digest(self.stores, generation, self.overlay);
-        if let Ok(cached) = self.stores.pass.lock()
-            && let Some(c) = cached.as_ref()
+        if let Some(c) = lock(&self.stores.pass).as_ref()
             && c.holds_for(&world)
         {
             self.pass_at.set(Some(c.at));
@@ -554,13 +554,11 @@ impl Cluster for World<'_> {
             "admission pass computed"
         );
         self.pass_at.set(Some(at));
-        if let Ok(mut cached) = self.stores.pass.lock() {
-            *cached = Some(CachedPass {
-                world,
-                pass: pass.clone(),
-                at,
-            });
-        }
+        *lock(&self.stores.pass) = Some(CachedPass {
+            world,
+            pass: pass.clone(),
+            at,
+        });
         Ok(pass)
     }
 }
