@@ -690,12 +690,18 @@ impl<K: kube::Resource + Clone> Merge<K> {
     }
 }
 
+/// The metadata of a cached object, read or not: an object that did not
+/// deserialise still has a name, labels and managed fields to act on.
+pub fn guard_meta<K: kube::Resource>(g: &DeserializeGuard<K>) -> &kube::api::ObjectMeta {
+    match &g.0 {
+        Ok(k) => k.meta(),
+        Err(e) => &e.metadata,
+    }
+}
+
 /// The RayService a RayCluster belongs to (KubeRay's origin label).
 pub fn cluster_service(c: &DeserializeGuard<RayCluster>) -> Option<(String, String)> {
-    let meta = match &c.0 {
-        Ok(c) => &c.metadata,
-        Err(e) => &e.metadata,
-    };
+    let meta = guard_meta(c);
     let svc = meta
         .labels
         .as_ref()?

@@ -376,10 +376,7 @@ fn spawn_caches(
         {
             let (causes, generations) = (causes.clone(), std::sync::Mutex::new(HashMap::new()));
             move |s: &DeserializeGuard<RayService>| {
-                let meta = match &s.0 {
-                    Ok(s) => &s.metadata,
-                    Err(e) => &e.metadata,
-                };
+                let meta = cache::guard_meta(s);
                 let plans = match (&meta.namespace, &meta.name) {
                     (Some(ns), Some(n)) => plans_for(&p, ns, n),
                     _ => vec![],
@@ -629,10 +626,7 @@ async fn release_gate(ctx: &Context, ns: &str, name: &str) -> Result<()> {
         .stores
         .services
         .get(&ObjectRef::new(name).within(ns))
-        .and_then(|s| match &s.0 {
-            Ok(s) => s.metadata.uid.clone(),
-            Err(e) => e.metadata.uid.clone(),
-        })
+        .and_then(|s| cache::guard_meta(&s).uid.clone())
     else {
         return Ok(());
     };
@@ -661,10 +655,7 @@ async fn release_gate(ctx: &Context, ns: &str, name: &str) -> Result<()> {
 async fn sweep_orphans(ctx: &Context) {
     let plans = ctx.stores.plans.state();
     for svc in ctx.stores.services.state() {
-        let meta = match &svc.0 {
-            Ok(s) => &s.metadata,
-            Err(e) => &e.metadata,
-        };
+        let meta = cache::guard_meta(&svc);
         let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) else {
             continue;
         };
@@ -988,10 +979,7 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
         .stores
         .services
         .get(&ObjectRef::new(service).within(&ns))
-        .and_then(|s| match &s.0 {
-            Ok(s) => s.metadata.resource_version.clone(),
-            Err(e) => e.metadata.resource_version.clone(),
-        });
+        .and_then(|s| cache::guard_meta(&s).resource_version.clone());
     if let Some(rv) = &cached
         && lock(&ctx.gates_written).unseen(&key, uid, gate.strategy(), rv)
     {

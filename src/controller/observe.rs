@@ -73,20 +73,14 @@ fn clusters_of(stores: &Stores, svc: &RayService) -> Vec<Arc<DeserializeGuard<Ra
         .state()
         .into_iter()
         .filter(|c| {
-            let meta = match &c.0 {
-                Ok(c) => &c.metadata,
-                Err(e) => &e.metadata,
-            };
+            let meta = super::cache::guard_meta(c);
             objects::is_cluster_of(meta, svc)
         })
         .collect()
 }
 
 fn guard_name<K: kube::Resource>(g: &DeserializeGuard<K>) -> String {
-    match &g.0 {
-        Ok(k) => k.meta().name.clone().unwrap_or_default(),
-        Err(e) => e.metadata.name.clone().unwrap_or_default(),
-    }
+    super::cache::guard_meta(g).name.clone().unwrap_or_default()
 }
 
 fn pods_by_cluster(
@@ -155,10 +149,7 @@ fn active_pods(stores: &Stores, svc: &RayService) -> Vec<PodRef> {
 pub fn releases(stores: &Stores, flag: Option<KubeRayVersion>) -> Releases {
     let clusters = stores.clusters.state();
     let stamps = clusters.iter().filter_map(|c| {
-        let meta = match &c.0 {
-            Ok(c) => &c.metadata,
-            Err(e) => &e.metadata,
-        };
+        let meta = super::cache::guard_meta(c);
         let stamp = meta.annotations.as_ref()?.get(ANNOTATION_KUBERAY_VERSION)?;
         Some((meta.namespace.as_deref()?, stamp.as_str()))
     });
@@ -407,18 +398,12 @@ fn h<T: Hash>(t: T) -> u64 {
 fn world_digest(stores: &Stores, generation: u64, overlay: &Overlay) -> WorldDigest {
     let mut rest = h(("generation", generation));
     for s in stores.services.state() {
-        let m = match &s.0 {
-            Ok(s) => &s.metadata,
-            Err(e) => &e.metadata,
-        };
+        let m = super::cache::guard_meta(&s);
         let changes = super::cache::service_changes(&s);
         rest = rest.wrapping_add(h(("svc", &m.namespace, &m.name, changes)));
     }
     for c in stores.clusters.state() {
-        let m = match &c.0 {
-            Ok(c) => &c.metadata,
-            Err(e) => &e.metadata,
-        };
+        let m = super::cache::guard_meta(&c);
         let stamp = m
             .annotations
             .as_ref()
