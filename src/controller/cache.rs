@@ -410,6 +410,14 @@ fn dra_event<K: DraObject>(
     }
 }
 
+/// A watch's first full list counts once towards the index being ready
+/// (a relist after a watch error does not count again).
+fn listed_once(listed: &mut bool, ready: &tokio::sync::watch::Sender<u8>) {
+    if !std::mem::replace(listed, true) {
+        ready.send_modify(|n| *n += 1);
+    }
+}
+
 fn pod_event(
     index: &mut CapacityIndex,
     ev: watcher::Event<PartialPod>,
@@ -424,9 +432,7 @@ fn pod_event(
         }
         watcher::Event::InitDone => {
             index.end_pod_relist();
-            if !std::mem::replace(listed, true) {
-                ready.send_modify(|n| *n += 1);
-            }
+            listed_once(listed, ready);
             None
         }
         watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
@@ -477,9 +483,7 @@ fn node_event(
         }
         watcher::Event::InitDone => {
             index.end_node_relist();
-            if !std::mem::replace(listed, true) {
-                ready.send_modify(|n| *n += 1);
-            }
+            listed_once(listed, ready);
             true
         }
         watcher::Event::Apply(mut n) | watcher::Event::InitApply(mut n) => {
