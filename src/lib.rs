@@ -27,6 +27,7 @@ pub mod podgroup;
 pub mod quantity;
 pub mod schedule;
 pub mod server;
+pub mod sync;
 pub mod telemetry;
 pub mod upgradeplan;
 

@@ -39,7 +39,7 @@
 //! bounded by the number of live plans.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 
 use prometheus::proto::MetricType;
 use prometheus::{
@@ -48,7 +48,8 @@ use prometheus::{
 };
 
 use crate::admission::Outcome;
-use crate::upgradeplan::Phase;
+use crate::sync::lock;
+use crate::upgradeplan::{Phase, PlanKey};
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -98,8 +99,6 @@ struct PlanSeries {
     rayservice: String,
     shortfall: BTreeSet<String>,
 }
-
-type PlanKey = (String, String);
 
 /// All raygate metric families on their own registry.
 pub struct Metrics {
@@ -164,12 +163,6 @@ fn register<C: prometheus::core::Collector + Clone + 'static>(
         families.insert(mf.name().to_string(), mf.get_field_type());
     }
     Ok(collector)
-}
-
-/// A poisoned lock only means another thread panicked mid-update of a label
-/// set; the set is still usable, and metrics must never take the process down.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn bool_gauge(b: bool) -> i64 {
@@ -452,9 +445,7 @@ impl Metrics {
     /// longer short are removed too.
     pub fn observe_plan(&self, p: &PlanObservation) {
         let mut plans = lock(&self.plans);
-        let tracked = plans
-            .entry((p.namespace.to_owned(), p.plan.to_owned()))
-            .or_default();
+        let tracked = plans.entry(PlanKey::new(p.namespace, p.plan)).or_default();
         if !tracked.rayservice.is_empty() && tracked.rayservice != p.rayservice {
             self.remove_plan_series(p.namespace, p.plan, &tracked.rayservice);
         }
@@ -534,8 +525,7 @@ impl Metrics {
     /// Removes every series of a deleted plan.
     pub fn forget_plan(&self, namespace: &str, plan: &str) {
         self.observe_capacity_request(namespace, plan, None);
-        let Some(tracked) = lock(&self.plans).remove(&(namespace.to_owned(), plan.to_owned()))
-        else {
+        let Some(tracked) = lock(&self.plans).remove(&PlanKey::new(namespace, plan)) else {
             // Never observed in this process (e.g. deleted before the first
             // reconcile); only the override counter may exist.
             let _ = self.overrides.remove_label_values(&[namespace, plan]);

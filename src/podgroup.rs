@@ -19,6 +19,60 @@ pub const LABEL_NODE_TYPE: &str = "ray.io/node-type";
 /// Pod label: the worker group name, `headgroup` for the head (`utils.RayNodeGroupLabelKey`).
 pub const LABEL_GROUP: &str = "ray.io/group";
 
+/// `ray.io/node-type` of a head pod.
+pub const HEAD: &str = "head";
+/// `ray.io/node-type` of a worker pod.
+pub const WORKER: &str = "worker";
+
+/// A Ray pod's place in its cluster, read from KubeRay's labels once for
+/// every reader: the ledger matching planned and existing pods, the surge
+/// budget per group, the capacity request's shapes.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PodRole {
+    Head,
+    /// A worker of the named group (`ray.io/group`).
+    Worker(String),
+}
+
+impl PodRole {
+    /// From the `ray.io/node-type` and `ray.io/group` label values: `None`
+    /// for a pod KubeRay did not label (or a worker without its group).
+    pub fn from_labels(node_type: Option<&str>, group: Option<&str>) -> Option<PodRole> {
+        match node_type? {
+            HEAD => Some(PodRole::Head),
+            WORKER => Some(PodRole::Worker(group?.to_string())),
+            _ => None,
+        }
+    }
+
+    /// The role of `pod` from its labels.
+    pub fn of(pod: &Pod) -> Option<PodRole> {
+        let labels = pod.metadata.labels.as_ref()?;
+        PodRole::from_labels(
+            labels.get(LABEL_NODE_TYPE).map(String::as_str),
+            labels.get(LABEL_GROUP).map(String::as_str),
+        )
+    }
+
+    /// `head`, or the worker group's name: how a surge budget names its group.
+    pub fn group(&self) -> &str {
+        match self {
+            PodRole::Head => HEAD,
+            PodRole::Worker(group) => group,
+        }
+    }
+}
+
+/// `head` or `worker-<group>`: a capacity request's shape key.
+impl std::fmt::Display for PodRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PodRole::Head => f.write_str(HEAD),
+            PodRole::Worker(group) => write!(f, "{WORKER}-{group}"),
+        }
+    }
+}
+
 /// Name for messages and keys: `metadata.name`, else `generateName`.
 pub fn pod_name(pod: &Pod) -> String {
     pod.metadata
@@ -122,6 +176,37 @@ pub fn count(groups: &[PodGroup]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn labelled(labels: &[(&str, &str)]) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        p
+    }
+
+    #[test]
+    fn a_pod_role_is_read_from_kuberays_labels() {
+        let head = labelled(&[(LABEL_NODE_TYPE, "head"), (LABEL_GROUP, "headgroup")]);
+        let worker = labelled(&[(LABEL_NODE_TYPE, "worker"), (LABEL_GROUP, "gpu")]);
+        assert_eq!(PodRole::of(&head), Some(PodRole::Head));
+        assert_eq!(PodRole::of(&worker), Some(PodRole::Worker("gpu".into())));
+        assert_eq!(PodRole::of(&labelled(&[(LABEL_NODE_TYPE, "worker")])), None);
+        assert_eq!(PodRole::of(&labelled(&[(LABEL_GROUP, "gpu")])), None);
+        assert_eq!(PodRole::of(&Pod::default()), None);
+    }
+
+    #[test]
+    fn a_pod_role_names_its_group_and_its_shape() {
+        assert_eq!(PodRole::Head.group(), "head");
+        assert_eq!(PodRole::Head.to_string(), "head");
+        let w = PodRole::Worker("gpu".into());
+        assert_eq!(w.group(), "gpu");
+        assert_eq!(w.to_string(), "worker-gpu");
+    }
 
     #[test]
     fn names_follow_the_index_and_survive_skipping() {

@@ -45,6 +45,7 @@ use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
 use crate::metrics::{self, Metrics};
+use crate::sync::lock;
 
 /// Process state the probes report, shared between the controller, the
 /// leader elector and the server. Plain atomics: probes must never wait on
@@ -234,8 +235,7 @@ impl MetricsAuth {
         };
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = Instant::now();
-        if let Ok(cache) = self.cache.lock()
-            && let Some((until, access)) = cache.get(&key)
+        if let Some((until, access)) = lock(&self.cache).get(&key)
             && *until > now
         {
             return access.clone();
@@ -248,7 +248,8 @@ impl MetricsAuth {
                 return Access::Unauthenticated(format!("token could not be checked: {e}"));
             }
         };
-        if let Ok(mut cache) = self.cache.lock() {
+        {
+            let mut cache = lock(&self.cache);
             if cache.len() >= AUTH_CACHE_MAX {
                 cache.retain(|_, (until, _)| *until > now);
                 if cache.len() >= AUTH_CACHE_MAX {

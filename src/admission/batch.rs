@@ -156,12 +156,12 @@ pub fn observe(
     let listed = |p: &[String]| p.iter().take(batching::MAX_LISTED_PATHS).cloned().collect();
     let Some(prev) = prev.filter(|p| !p.changes.is_empty()) else {
         return BatchStatus {
-            fingerprint: fingerprint.to_string(),
+            fingerprint: fingerprint.into(),
             change_count: 1,
             first_change_time: now,
             last_change_time: now,
             changes: vec![BatchedChange {
-                fingerprint: fingerprint.to_string(),
+                fingerprint: fingerprint.into(),
                 seen_time: now,
                 paths: listed(paths),
             }],
@@ -172,7 +172,7 @@ pub fn observe(
     if b.fingerprint == fingerprint {
         return b;
     }
-    b.fingerprint = fingerprint.to_string();
+    b.fingerprint = fingerprint.into();
     b.last_change_time = now;
     if let Some(i) = b.changes.iter().position(|c| c.fingerprint == fingerprint) {
         // Back to what the spec was after change i: the later ones drop out.
@@ -189,7 +189,7 @@ pub fn observe(
         .cloned()
         .collect();
     let change = BatchedChange {
-        fingerprint: fingerprint.to_string(),
+        fingerprint: fingerprint.into(),
         seen_time: now,
         paths: if fresh.is_empty() {
             listed(paths)

@@ -14,10 +14,7 @@ use super::ledger::{self, Candidate};
 use super::pass::Pass;
 use super::{ChangeFacts, Inputs, Settings};
 use crate::capacity::{self, CapacityIndex, ClusterState, FitReport, FitRequest, PodGroup};
-use crate::upgradeplan::Phase;
-
-/// A plan's `(namespace, name)`.
-pub type PlanKey = (String, String);
+use crate::upgradeplan::{Phase, PlanKey};
 
 /// Free capacity at one moment, to place pods on.
 pub trait Placement {
@@ -83,13 +80,13 @@ pub fn of_change(
     let key = inp.key();
     if waits_in_queue(inp) {
         let pass = cluster.pass(&|| run_pass(cluster))?;
-        if let Some(result) = pass.get(&key.0, &key.1) {
+        if let Some(result) = pass.get(&key.namespace, &key.name) {
             let mut report = match result {
                 Ok(r) => r.clone(),
                 // The pass keeps the error; each decision reports it as its own.
                 Err(e) => {
                     return Err(crate::Error::invalid(
-                        format!("UpgradePlan {}/{}", key.0, key.1),
+                        format!("UpgradePlan {}/{}", key.namespace, key.name),
                         e.to_string(),
                     ));
                 }
@@ -102,8 +99,8 @@ pub fn of_change(
     let ledger = cluster.ledger(Some(&key));
     let mut queue = cluster.waiting(Some(&key));
     queue.push(Candidate {
-        namespace: key.0.clone(),
-        name: key.1.clone(),
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
         priority: settings.priority,
         waiting_since: inp
             .prev()
@@ -114,7 +111,12 @@ pub fn of_change(
     });
     ledger::order(&mut queue);
     let place = cluster.capacity()?;
-    let reserved = ledger::reserved_with(|r| place.fit(r), &ledger, &queue, (&key.0, &key.1))?;
+    let reserved = ledger::reserved_with(
+        |r| place.fit(r),
+        &ledger,
+        &queue,
+        (&key.namespace, &key.name),
+    )?;
     place.fit(&FitRequest {
         pods: change.pods_to_fit().to_vec(),
         reserved,
@@ -210,7 +212,9 @@ mod tests {
         fn waiting(&self, except: Option<&PlanKey>) -> Vec<Candidate> {
             self.waiting
                 .iter()
-                .filter(|c| except.is_none_or(|k| (&k.0, &k.1) != (&c.namespace, &c.name)))
+                .filter(|c| {
+                    except.is_none_or(|k| (&k.namespace, &k.name) != (&c.namespace, &c.name))
+                })
                 .cloned()
                 .collect()
         }

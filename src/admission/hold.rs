@@ -8,7 +8,7 @@ use serde::ser::{Serialize, SerializeStruct, Serializer};
 
 use super::{Outcome, Settings, render};
 use crate::schedule;
-use crate::upgradeplan::{Phase, Policy, UpgradePlan, WindowsStatus};
+use crate::upgradeplan::{Fingerprint, Phase, Policy, UpgradePlan, WindowsStatus};
 
 /// One reason the controller would not admit a pending change however much
 /// capacity is free.
@@ -24,7 +24,7 @@ pub enum Hold {
         /// approves in the user's current namespace.
         namespace: String,
         /// The change that waits for approval.
-        fingerprint: String,
+        fingerprint: Fingerprint,
     },
     /// `spec.maintenanceWindows` are set and none is open now, or one of
     /// `spec.denyWindows` is open (deny wins).
@@ -159,7 +159,7 @@ pub fn holds(
             out.push(Hold::Approval {
                 plan: plan.metadata.name.clone().unwrap_or_default(),
                 namespace: plan.metadata.namespace.clone().unwrap_or_default(),
-                fingerprint: fingerprint.to_string(),
+                fingerprint: fingerprint.into(),
             })
         }
         Policy::Manual | Policy::Auto => {}

@@ -150,7 +150,7 @@ const UID: &str = "3f8a2c1e-5b7d-4c1a-9e0f-2d6b8a4c7e91";
 /// The fingerprint raygate gives the change of `svc`, as first seen.
 fn fingerprint_of(svc: &RayService) -> String {
     let d = decide_on(&plan(None), svc, &active(|_| {}));
-    d.status.pending_change.unwrap().fingerprint
+    d.status.pending_change.unwrap().fingerprint.to_string()
 }
 
 /// A status with change `fp` admitted `secs` ago from the fixture's

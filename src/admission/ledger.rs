@@ -9,12 +9,13 @@
 
 use std::collections::BTreeMap;
 
-use super::observed::{ObservedPod, kind_of};
+use super::observed::{ObservedPod, role_of};
 use jiff::Timestamp;
 
 #[cfg(test)]
 use crate::capacity::{ClusterState, fit};
 use crate::capacity::{FitRequest, PodGroup, ResourceList};
+use crate::podgroup::PodRole;
 
 /// A waiting upgrade competing for capacity.
 #[derive(Debug, Clone)]
@@ -88,16 +89,16 @@ pub fn reserved_with(
 /// yet. Real pod names carry random suffixes, so pods are matched by kind
 /// (head, or worker of a group) and counted.
 pub fn unbound<P: ObservedPod + ?Sized>(planned: &[PodGroup], existing: &[&P]) -> Vec<PodGroup> {
-    let mut bound: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut bound: BTreeMap<Option<PodRole>, usize> = BTreeMap::new();
     for p in existing {
         if p.is_bound() {
-            *bound.entry(kind_of(*p)).or_default() += 1;
+            *bound.entry(role_of(*p)).or_default() += 1;
         }
     }
     planned
         .iter()
         .filter_map(|g| {
-            let n = bound.get_mut(&kind_of(&g.template)).map_or(0, |n| {
+            let n = bound.get_mut(&role_of(&g.template)).map_or(0, |n| {
                 let take = (*n).min(g.count);
                 *n -= take;
                 take
@@ -110,6 +111,7 @@ pub fn unbound<P: ObservedPod + ?Sized>(planned: &[PodGroup], existing: &[&P]) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::observed::group_of;
     use k8s_openapi::api::core::v1::Pod;
     use serde_json::json;
 
@@ -246,7 +248,7 @@ mod tests {
         real.spec.as_mut().unwrap().node_name = Some("n1".into());
         let unbound_real = gpu_pod("c-gpu-worker-q9z1m", "gpu", 8);
         let left = unbound(&planned, &[&real, &unbound_real]);
-        let groups: Vec<_> = left.iter().map(|g| kind_of(&g.template).1).collect();
+        let groups: Vec<_> = left.iter().map(|g| group_of(&g.template)).collect();
         assert_eq!(groups, ["gpu", "cpu"]);
     }
 }

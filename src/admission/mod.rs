@@ -42,7 +42,7 @@ use jiff::Timestamp;
 
 use crate::kuberay::incremental;
 use crate::kuberay::{UpgradeType, Verdict};
-use crate::upgradeplan::{PlanUpgradeType, UpgradePlan, UpgradePlanStatus};
+use crate::upgradeplan::{Fingerprint, PlanKey, PlanUpgradeType, UpgradePlan, UpgradePlanStatus};
 
 pub use fit::Cluster;
 pub use hold::{Hold, batch_hold, gate_hold, holds};
@@ -184,7 +184,7 @@ pub enum Suspension {
 /// gate open).
 #[derive(Debug, Clone)]
 pub struct ChangeFacts {
-    pub fingerprint: String,
+    pub fingerprint: Fingerprint,
     pub triggering_paths: Vec<String>,
     /// The pods KubeRay will create for the new cluster, as groups.
     pub new_pods: Vec<crate::capacity::PodGroup>,
@@ -282,7 +282,7 @@ pub struct Inputs<'a> {
     pub pending_ready: bool,
     /// Fingerprint of the pending RayCluster's own spec, computed like the
     /// change's; `None` while it is not in the cache (or unreadable).
-    pub pending_fingerprint: Option<String>,
+    pub pending_fingerprint: Option<Fingerprint>,
     pub gate: GateFacts,
     /// This plan's admission was just written and the plan cache does not
     /// show it yet: its capacity is already held.
@@ -296,12 +296,9 @@ pub struct Inputs<'a> {
 }
 
 impl Inputs<'_> {
-    /// The plan's `(namespace, name)`.
-    pub fn key(&self) -> fit::PlanKey {
-        (
-            self.plan.metadata.namespace.clone().unwrap_or_default(),
-            self.plan.metadata.name.clone().unwrap_or_default(),
-        )
+    /// The plan's key.
+    pub fn key(&self) -> PlanKey {
+        self.plan.key()
     }
 
     /// The previous status, as recorded on the plan.

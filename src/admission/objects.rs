@@ -300,7 +300,7 @@ fn over_budget(svc: &RayService) -> Option<ChangeError> {
 /// The fingerprint a RayCluster's own spec has, computed as a change's is
 /// (muted fields and `suspend` left out, [`kuberay::classify::change_fingerprint`]),
 /// so it can be compared with an admitted one.
-fn cluster_fingerprint(c: &RayCluster, version: KubeRayVersion) -> Option<String> {
+fn cluster_fingerprint(c: &RayCluster, version: KubeRayVersion) -> Option<kuberay::Fingerprint> {
     // A spec over raygate's bounds was not kept: no fingerprint to give.
     kuberay::budget::check(&c.spec, "spec").ok()?;
     let spec = serde_json::to_value(&c.spec).ok()?;

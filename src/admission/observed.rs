@@ -13,10 +13,8 @@ use k8s_openapi::api::core::v1::{LimitRange, Pod};
 use kube::ResourceExt;
 
 use crate::capacity::{self, PODS, PodRecord, ResourceList};
-use crate::podgroup::{LABEL_GROUP, LABEL_NODE_TYPE};
-
-/// The node type label's value on a head pod.
-pub const HEAD: &str = "head";
+pub use crate::podgroup::HEAD;
+use crate::podgroup::{LABEL_GROUP, LABEL_NODE_TYPE, PodRole};
 
 /// A pod as the decision sees it.
 pub trait ObservedPod {
@@ -43,22 +41,18 @@ pub type DynPod = dyn ObservedPod + Send + Sync;
 /// A shared observed pod, as [`super::Inputs`] holds them.
 pub type PodRef = Arc<DynPod>;
 
-/// The pod's place in its cluster: [`HEAD`], or its worker group's name.
-pub fn group_of<P: ObservedPod + ?Sized>(p: &P) -> String {
-    if p.node_type() == Some(HEAD) {
-        HEAD.to_string()
-    } else {
-        p.group().unwrap_or_default().to_string()
-    }
+/// The pod's role ([`PodRole`]): how planned and existing pods are matched
+/// (real pod names carry random suffixes).
+pub fn role_of<P: ObservedPod + ?Sized>(p: &P) -> Option<PodRole> {
+    PodRole::from_labels(p.node_type(), p.group())
 }
 
-/// `(node type, group)`: how planned and existing pods are matched (real pod
-/// names carry random suffixes).
-pub fn kind_of<P: ObservedPod + ?Sized>(p: &P) -> (String, String) {
-    (
-        p.node_type().unwrap_or_default().to_string(),
-        p.group().unwrap_or_default().to_string(),
-    )
+/// The pod's place in its cluster: [`HEAD`], or its worker group's name
+/// (empty for a pod KubeRay did not label).
+pub fn group_of<P: ObservedPod + ?Sized>(p: &P) -> String {
+    role_of(p)
+        .map(|r| r.group().to_string())
+        .unwrap_or_default()
 }
 
 /// Total requests of an old cluster's pods that hold something (terminal pods
@@ -219,7 +213,7 @@ mod tests {
             assert_eq!(p.node_type(), r.node_type());
             assert_eq!(p.group(), r.group());
             assert_eq!(group_of(p), group_of(&r));
-            assert_eq!(kind_of(p), kind_of(&r));
+            assert_eq!(role_of(p), role_of(&r));
             assert_eq!(p.is_bound(), r.is_bound());
             assert_eq!(p.is_terminal(), r.is_terminal());
             assert_eq!(p.unschedulable_message(), r.unschedulable_message());

@@ -14,6 +14,7 @@ use super::ledger::Candidate;
 use crate::capacity::fit::Placer;
 use crate::capacity::node::Capacity;
 use crate::capacity::{ClusterState, FitOptions, FitReport, PodGroup, ResourceList};
+use crate::upgradeplan::PlanKey;
 
 /// The pass's answer per waiting plan, `(namespace, name)` → its fit (with
 /// reservations and the upgrades ahead placed), or why it could not be
@@ -21,12 +22,12 @@ use crate::capacity::{ClusterState, FitOptions, FitReport, PodGroup, ResourceLis
 /// skipped, the others are not held up by it).
 #[derive(Debug, Default)]
 pub struct Pass {
-    results: HashMap<(String, String), crate::Result<FitReport>>,
+    results: HashMap<PlanKey, crate::Result<FitReport>>,
 }
 
 impl Pass {
     pub fn get(&self, ns: &str, name: &str) -> Option<&crate::Result<FitReport>> {
-        self.results.get(&(ns.to_string(), name.to_string()))
+        self.results.get(&PlanKey::new(ns, name))
     }
 
     pub fn len(&self) -> usize {
@@ -69,7 +70,7 @@ pub(crate) fn run(
             Ok(n) => n,
             Err(e) => {
                 p.undo(mark);
-                results.insert((c.namespace.clone(), c.name.clone()), Err(e));
+                results.insert(PlanKey::new(c.namespace.clone(), c.name.clone()), Err(e));
                 continue;
             }
         };
@@ -95,7 +96,10 @@ pub(crate) fn run(
         } else {
             p.undo(mark);
         }
-        results.insert((c.namespace.clone(), c.name.clone()), Ok(report));
+        results.insert(
+            PlanKey::new(c.namespace.clone(), c.name.clone()),
+            Ok(report),
+        );
     }
     Ok(Pass { results })
 }

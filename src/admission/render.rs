@@ -209,7 +209,7 @@ impl<'a> Builder<'a> {
     pub fn kuberay_release(&mut self, r: &Release) {
         self.status.kube_ray_release = Some(KubeRayReleaseStatus {
             version: r.version.to_string(),
-            source: r.source.as_str().to_string(),
+            source: r.source,
         });
         match r.problem() {
             Some((problem, msg)) => {

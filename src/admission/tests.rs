@@ -273,7 +273,7 @@ impl Scenario {
             clusters,
             pods: self.pods,
             pending_ready: false,
-            pending_fingerprint: self.pending_fingerprint,
+            pending_fingerprint: self.pending_fingerprint.map(Into::into),
             gate: self.gate,
             admission_unseen: false,
             quota: None,

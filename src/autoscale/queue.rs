@@ -15,8 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 
-/// `(namespace, name)` of a plan.
-pub type PlanKey = (String, String);
+use crate::upgradeplan::PlanKey;
 
 /// A plan waiting for capacity with requests on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +30,7 @@ pub struct Want {
 
 impl Want {
     fn key(&self) -> PlanKey {
-        (self.namespace.clone(), self.name.clone())
+        PlanKey::new(self.namespace.clone(), self.name.clone())
     }
 }
 
@@ -104,7 +103,7 @@ mod tests {
     }
 
     fn key(n: &str) -> PlanKey {
-        ("ml".into(), n.into())
+        PlanKey::new("ml", n)
     }
 
     #[test]
@@ -152,7 +151,7 @@ mod tests {
         let first: Vec<_> = s
             .iter()
             .filter(|(_, v)| **v == Slot::Open)
-            .map(|(k, _)| k.1.clone())
+            .map(|(k, _)| k.name.clone())
             .collect();
         assert_eq!(first, [cands[0].name.clone()]);
         for (i, c) in cands.iter().enumerate().skip(1) {

@@ -215,7 +215,7 @@ fn clear(d: &mut Decision, prev: &UpgradePlanStatus) {
                 "change {}: the new cluster fits{since}; its CapacityBuffers are deleted before the gate opens",
                 p.fingerprint
             ),
-            change: Some(p.fingerprint.clone()),
+            change: Some(p.fingerprint.to_string()),
         });
     }
     d.status.capacity_request = None;
@@ -243,7 +243,7 @@ fn failed(
             warning: true,
             reason: EventReason::CapacityRequestFailed,
             note: format!("change {}: {why}", st.fingerprint),
-            change: Some(st.fingerprint.clone()),
+            change: Some(st.fingerprint.to_string()),
         });
     }
     suffix(d, "request failed");

@@ -32,6 +32,7 @@ use super::buffer::{CapacityBuffer, CapacityBufferSpec, LocalObjectRef};
 use super::{ANNOTATION_PLAN, LABEL_FINGERPRINT, LABEL_PLAN_UID, LABEL_SHAPE, MANAGED_BY};
 use crate::capacity::requests::admitted_container_requests;
 use crate::capacity::{PodGroup, ResourceList, is_extended_resource};
+use crate::podgroup::PodRole;
 use crate::quantity::Quantity;
 
 /// The image of containers without one (placeholder pods never run).
@@ -63,7 +64,8 @@ pub fn shapes(
     let mut out: Vec<Shape> = Vec::new();
     for (i, g) in groups.iter().enumerate().filter(|(_, g)| g.count > 0) {
         let requests = admitted_container_requests(&g.template, limit_ranges)?;
-        let mut key = group_key(&g.template).unwrap_or_else(|| format!("group-{i}"));
+        let mut key =
+            PodRole::of(&g.template).map_or_else(|| format!("group-{i}"), |r| r.to_string());
         if out.iter().any(|s| s.key == key) {
             key = format!("{key}-{i}");
         }
@@ -76,16 +78,6 @@ pub fn shapes(
     }
     out.extend(headroom_shape(headroom));
     Ok(out)
-}
-
-/// `head` or `worker-<group>` from KubeRay's pod labels.
-fn group_key(pod: &Pod) -> Option<String> {
-    let labels = pod.metadata.labels.as_ref()?;
-    match labels.get("ray.io/node-type").map(String::as_str) {
-        Some("head") => Some("head".to_string()),
-        Some("worker") => labels.get("ray.io/group").map(|g| format!("worker-{g}")),
-        _ => None,
-    }
 }
 
 /// What a placeholder pod of `pod` must carry to schedule as it will:

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::scheduling::{Wording, node_name, static_filter};
+use crate::sync::lock;
 
 /// One placement signature's static verdicts on every usable node: the
 /// reason it was filtered out (an index into `reasons`), and the nodes that
@@ -154,11 +155,7 @@ impl StaticsCache {
         nodes: &Layout,
         wording: Wording,
     ) -> Arc<Statics> {
-        let cached = self
-            .inner
-            .lock()
-            .ok()
-            .and_then(|inner| inner.get(&key).cloned());
+        let cached = lock(&self.inner).get(&key).cloned();
         let mut evaluated = 0;
         let (statics, pod) = match cached {
             Some(c) if Arc::ptr_eq(&c.nodes, nodes) => return c.statics,
@@ -180,7 +177,8 @@ impl StaticsCache {
         };
         self.evaluated
             .fetch_add(evaluated, std::sync::atomic::Ordering::Relaxed);
-        if let Ok(mut inner) = self.inner.lock() {
+        {
+            let mut inner = lock(&self.inner);
             if inner.len() >= Self::MAX && !inner.contains_key(&key) {
                 inner.clear();
             }
@@ -203,8 +201,6 @@ impl StaticsCache {
 
     /// Forgets every verdict: the next decision evaluates every node again.
     pub(crate) fn clear(&self) {
-        if let Ok(mut inner) = self.inner.lock() {
-            inner.clear();
-        }
+        lock(&self.inner).clear();
     }
 }

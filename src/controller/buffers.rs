@@ -30,16 +30,16 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
-use super::latency::plan_key;
-use super::{Context, cache, gate, guarded, lock, spawn_cache};
+use super::{Context, cache, gate, guarded, spawn_cache};
 use crate::admission::{Decision, Inputs};
 use crate::autoscale::buffer::CapacityBuffer;
-use crate::autoscale::queue::{self, PlanKey, Slot, Want};
+use crate::autoscale::queue::{self, Slot, Want};
 use crate::autoscale::report::{self, Facts};
 use crate::autoscale::shapes::{self, Objects, Owner};
 use crate::autoscale::{self, Defaults, LABEL_FINGERPRINT, LABEL_PLAN_UID};
 use crate::leader::Fence;
-use crate::upgradeplan::{CapacityRequestState, Phase, UpgradePlan};
+use crate::sync::lock;
+use crate::upgradeplan::{CapacityRequestState, Fingerprint, Phase, PlanKey, UpgradePlan};
 use crate::{Error, Result};
 
 /// The selector of every object raygate makes for a request.
@@ -208,19 +208,16 @@ impl Shell {
     ) -> BTreeSet<PlanKey> {
         let by_uid: BTreeMap<&str, PlanKey> = plans
             .iter()
-            .filter_map(|p| Some((p.metadata.uid.as_deref()?, plan_key(p))))
+            .filter_map(|p| Some((p.metadata.uid.as_deref()?, p.key())))
             .collect();
         let mut open = recent.clone();
         for b in self.buffers.iter().flat_map(|s| s.state()) {
             let Some(uid) = label(&b.metadata, LABEL_PLAN_UID) else {
                 continue;
             };
-            open.insert(
-                by_uid
-                    .get(uid)
-                    .cloned()
-                    .unwrap_or_else(|| (b.namespace().unwrap_or_default(), format!("uid:{uid}"))),
-            );
+            open.insert(by_uid.get(uid).cloned().unwrap_or_else(|| {
+                PlanKey::new(b.namespace().unwrap_or_default(), format!("uid:{uid}"))
+            }));
         }
         open
     }
@@ -231,7 +228,7 @@ impl Shell {
 pub enum Wanted {
     /// Keep these (one change's) and no other.
     Open {
-        fingerprint: String,
+        fingerprint: Fingerprint,
         objects: Vec<Objects>,
     },
     /// None.
@@ -258,7 +255,7 @@ fn recorded_want(p: &UpgradePlan, d: &Defaults) -> Option<Want> {
 pub fn settle(ctx: &Context, inputs: &Inputs<'_>, d: &mut Decision, now: Timestamp) -> Wanted {
     let shell = &ctx.buffers;
     let plan = inputs.plan;
-    let key = plan_key(plan);
+    let key = plan.key();
     let request = autoscale::resolve(plan, &shell.defaults).map_err(|e| e.to_string());
     let waiting = d.status.phase == Phase::WaitingForCapacity && d.status.admitted.is_none();
     let fingerprint = d
@@ -275,12 +272,12 @@ pub fn settle(ctx: &Context, inputs: &Inputs<'_>, d: &mut Decision, now: Timesta
     {
         let mut wants: Vec<Want> = plans
             .iter()
-            .filter(|p| plan_key(p) != key)
+            .filter(|p| p.key() != key)
             .filter_map(|p| recorded_want(p, &shell.defaults))
             .collect();
         wants.push(Want {
-            namespace: key.0.clone(),
-            name: key.1.clone(),
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
             priority: inputs.settings.as_ref().map(|s| s.priority).unwrap_or(0),
             since: d
                 .status
@@ -403,11 +400,11 @@ pub async fn act(ctx: &Context, plan: &UpgradePlan, wanted: &Wanted) {
     if shell.buffers.is_none() {
         return;
     }
-    let key = plan_key(plan);
+    let key = plan.key();
     let Some(uid) = plan.metadata.uid.clone() else {
         return;
     };
-    let ns = key.0.clone();
+    let ns = key.namespace.clone();
     let keep = match wanted {
         Wanted::Open {
             fingerprint,
@@ -416,11 +413,11 @@ pub async fn act(ctx: &Context, plan: &UpgradePlan, wanted: &Wanted) {
             match create(ctx, &ns, objects).await {
                 Ok(0) => {}
                 Ok(n) => {
-                    info!(plan = %key.1, namespace = %ns, change = %fingerprint, shapes = n,
+                    info!(plan = %key.name, namespace = %ns, change = %fingerprint, shapes = n,
                           "capacity requested from the node autoscaler");
                 }
                 Err(e) => {
-                    warn!(plan = %key.1, namespace = %ns, error = %e, "creating the capacity request");
+                    warn!(plan = %key.name, namespace = %ns, error = %e, "creating the capacity request");
                     lock(&shell.errors).insert(key.clone(), e.to_string());
                     // What was created shows in the cache; the reservation
                     // must not hold a slot for objects that do not exist.
@@ -439,10 +436,10 @@ pub async fn act(ctx: &Context, plan: &UpgradePlan, wanted: &Wanted) {
     match delete_stale(ctx, &ns, &uid, keep).await {
         Ok(0) => {}
         Ok(n) => {
-            info!(plan = %key.1, namespace = %ns, objects = n, "capacity request objects deleted")
+            info!(plan = %key.name, namespace = %ns, objects = n, "capacity request objects deleted")
         }
         Err(e) => {
-            warn!(plan = %key.1, namespace = %ns, error = %e, "deleting capacity request objects (retried)");
+            warn!(plan = %key.name, namespace = %ns, error = %e, "deleting capacity request objects (retried)");
             return;
         }
     }
@@ -603,10 +600,10 @@ async fn delete_named(
 /// A deleted plan: its objects go now (the garbage collector would too,
 /// through the owner reference, once the plan object is gone).
 pub async fn forget(ctx: &Context, plan: &UpgradePlan) -> Result<()> {
-    let key = plan_key(plan);
+    let key = plan.key();
     lock(&ctx.buffers.errors).remove(&key);
     if let Some(uid) = plan.metadata.uid.as_deref() {
-        delete_stale(ctx, &key.0, uid, None).await?;
+        delete_stale(ctx, &key.namespace, uid, None).await?;
     }
     lock(&ctx.buffers.recent).remove(&key);
     Ok(())
@@ -694,7 +691,7 @@ pub async fn sweep(ctx: &Context) {
         .collect();
     let live: BTreeMap<PlanKey, Option<String>> = plans
         .iter()
-        .map(|p| (plan_key(p), p.metadata.uid.clone()))
+        .map(|p| (p.key(), p.metadata.uid.clone()))
         .collect();
     lock(&shell.recent).retain(|k| {
         live.get(k)

@@ -410,6 +410,14 @@ fn dra_event<K: DraObject>(
     }
 }
 
+/// A watch's first full list counts once towards the index being ready
+/// (a relist after a watch error does not count again).
+fn listed_once(listed: &mut bool, ready: &tokio::sync::watch::Sender<u8>) {
+    if !std::mem::replace(listed, true) {
+        ready.send_modify(|n| *n += 1);
+    }
+}
+
 fn pod_event(
     index: &mut CapacityIndex,
     ev: watcher::Event<PartialPod>,
@@ -424,9 +432,7 @@ fn pod_event(
         }
         watcher::Event::InitDone => {
             index.end_pod_relist();
-            if !std::mem::replace(listed, true) {
-                ready.send_modify(|n| *n += 1);
-            }
+            listed_once(listed, ready);
             None
         }
         watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
@@ -477,9 +483,7 @@ fn node_event(
         }
         watcher::Event::InitDone => {
             index.end_node_relist();
-            if !std::mem::replace(listed, true) {
-                ready.send_modify(|n| *n += 1);
-            }
+            listed_once(listed, ready);
             true
         }
         watcher::Event::Apply(mut n) | watcher::Event::InitApply(mut n) => {
@@ -690,12 +694,18 @@ impl<K: kube::Resource + Clone> Merge<K> {
     }
 }
 
+/// The metadata of a cached object, read or not: an object that did not
+/// deserialise still has a name, labels and managed fields to act on.
+pub fn guard_meta<K: kube::Resource>(g: &DeserializeGuard<K>) -> &kube::api::ObjectMeta {
+    match &g.0 {
+        Ok(k) => k.meta(),
+        Err(e) => &e.metadata,
+    }
+}
+
 /// The RayService a RayCluster belongs to (KubeRay's origin label).
 pub fn cluster_service(c: &DeserializeGuard<RayCluster>) -> Option<(String, String)> {
-    let meta = match &c.0 {
-        Ok(c) => &c.metadata,
-        Err(e) => &e.metadata,
-    };
+    let meta = guard_meta(c);
     let svc = meta
         .labels
         .as_ref()?

@@ -71,15 +71,7 @@ pub fn is_gone(e: &kube::Error) -> bool {
 
 /// Set the gate. Only the one field is sent, so nothing else is touched.
 pub async fn apply(api: &Services, target: Target<'_>, gate: Gate) -> Result<(), kube::Error> {
-    let name = target.name;
-    let patch = body(target, Some(gate));
-    api.patch(
-        name,
-        &PatchParams::apply(FIELD_MANAGER),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map(|_| ())
+    write(api, target, Some(gate)).await
 }
 
 /// Give the field up whenever raygate stops gating the RayService (its plan
@@ -88,8 +80,14 @@ pub async fn apply(api: &Services, target: Target<'_>, gate: Gate) -> Result<(),
 /// raygate's ownership, and the field itself when nobody else owns it, so
 /// KubeRay falls back to its default behaviour.
 pub async fn release(api: &Services, target: Target<'_>) -> Result<(), kube::Error> {
+    write(api, target, None).await
+}
+
+/// raygate's one server-side apply of the RayService: the gate field, or
+/// (`None`) nothing, which gives the field up.
+async fn write(api: &Services, target: Target<'_>, gate: Option<Gate>) -> Result<(), kube::Error> {
     let name = target.name;
-    let patch = body(target, None);
+    let patch = body(target, gate);
     api.patch(
         name,
         &PatchParams::apply(FIELD_MANAGER),

@@ -21,18 +21,12 @@
 //! `raygate_admission_latency_seconds{cause}` the total.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 
 use jiff::Timestamp;
 
-/// (namespace, name) of a plan.
-pub type PlanKey = (String, String);
-
-/// A plan's key.
-pub fn plan_key(p: &crate::upgradeplan::UpgradePlan) -> PlanKey {
-    use kube::ResourceExt;
-    (p.namespace().unwrap_or_default(), p.name_any())
-}
+use crate::sync::lock;
+use crate::upgradeplan::PlanKey;
 
 /// Kinds of events that can let a held upgrade through; a label value of
 /// `raygate_admission_latency_seconds`.
@@ -175,13 +169,9 @@ pub struct Timed {
 }
 
 impl Causes {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// A watch received an event that can let an upgrade through.
     pub fn note(&self, cause: Cause) {
-        let mut inner = self.lock();
+        let mut inner = lock(&self.inner);
         if inner.log.len() >= KEEP {
             inner.log.pop_front();
         }
@@ -191,7 +181,7 @@ impl Causes {
     /// Plans were sent to the reconcile queue at `at`: kept if they were
     /// not queued already (the batch window only moves the start).
     pub fn queued<'a>(&self, plans: impl IntoIterator<Item = &'a PlanKey>, at: Timestamp) {
-        let mut inner = self.lock();
+        let mut inner = lock(&self.inner);
         for p in plans {
             inner
                 .live
@@ -204,13 +194,17 @@ impl Causes {
 
     /// `plan`'s reconcile started.
     pub fn started(&self, plan: &PlanKey, at: Timestamp) {
-        self.lock().live.entry(plan.clone()).or_default().started = Some(at);
+        lock(&self.inner)
+            .live
+            .entry(plan.clone())
+            .or_default()
+            .started = Some(at);
     }
 
     /// `plan` was decided at `at`, on a pass computed at `pass`: the stages
     /// so far are this decision's; wakes from now on queue the next one.
     pub fn decided(&self, plan: &PlanKey, at: Timestamp, pass: Option<Timestamp>) {
-        let mut inner = self.lock();
+        let mut inner = lock(&self.inner);
         let live = inner.live.entry(plan.clone()).or_default();
         let stages = Stages {
             queued: live.queued.take(),
@@ -224,7 +218,7 @@ impl Causes {
 
     /// The status of `plan`'s last decision was written at `at`.
     pub fn status_written(&self, plan: &PlanKey, at: Timestamp) {
-        if let Some(s) = self.lock().stages.get_mut(plan) {
+        if let Some(s) = lock(&self.inner).stages.get_mut(plan) {
             s.status = Some(at);
         }
     }
@@ -233,14 +227,14 @@ impl Causes {
     /// admission made before): events up to `at` did not let it through.
     /// `short`: what it lacks, if it waits for capacity.
     pub fn held(&self, plan: &PlanKey, at: Timestamp, short: Option<BTreeSet<String>>) {
-        self.lock().held.insert(plan.clone(), (at, short));
+        lock(&self.inner).held.insert(plan.clone(), (at, short));
     }
 
     /// `plan`'s gate was written at `gate` for an admission decided at its
     /// recorded `decided` stage: the cause and stages, if a cause is known
     /// (none when raygate started after it).
     pub fn admitted(&self, plan: &PlanKey, gate: Timestamp) -> Option<Timed> {
-        let mut inner = self.lock();
+        let mut inner = lock(&self.inner);
         let stages = inner.stages.get(plan).cloned().unwrap_or_default();
         let held = inner.held.remove(plan);
         let decided = stages.decided.unwrap_or(gate);
@@ -255,7 +249,7 @@ impl Causes {
 
     /// The plan is gone.
     pub fn forget(&self, plan: &PlanKey) {
-        let mut inner = self.lock();
+        let mut inner = lock(&self.inner);
         inner.held.remove(plan);
         inner.live.remove(plan);
         inner.stages.remove(plan);
@@ -286,7 +280,7 @@ mod tests {
     }
 
     fn key(n: &str) -> PlanKey {
-        ("ns".into(), n.into())
+        PlanKey::new("ns", n)
     }
 
     fn short(r: &[&str]) -> BTreeSet<String> {

@@ -45,7 +45,8 @@ use crate::kuberay::{KubeRayVersion, LABEL_ORIGINATED_FROM_CR_NAME, RayCluster, 
 use crate::leader::Fence;
 use crate::metrics::{Metrics, PlanObservation};
 use crate::server::Health;
-use crate::upgradeplan::{Phase, UpgradePlan, UpgradePlanStatus, condition};
+use crate::sync::lock;
+use crate::upgradeplan::{Fingerprint, Phase, PlanKey, UpgradePlan, UpgradePlanStatus, condition};
 use crate::{Error, Result};
 
 use observe::{Overlay, Stores, World};
@@ -121,13 +122,13 @@ pub struct Context {
 /// the cache still shows that same version, nothing has been observed since
 /// the write, and applying it again would be a request for nothing.
 #[derive(Default)]
-struct GatesWritten(HashMap<latency::PlanKey, (String, &'static str, String, Timestamp)>);
+struct GatesWritten(HashMap<PlanKey, (String, &'static str, String, Timestamp)>);
 
 impl GatesWritten {
     /// Entries older than this are dropped (a plan deleted meanwhile).
     const KEEP: Duration = Duration::from_secs(600);
 
-    fn unseen(&self, key: &latency::PlanKey, uid: &str, gate: &str, cached: &str) -> bool {
+    fn unseen(&self, key: &PlanKey, uid: &str, gate: &str, cached: &str) -> bool {
         self.0
             .get(key)
             .is_some_and(|(u, g, rv, _)| u == uid && *g == gate && rv == cached)
@@ -135,7 +136,7 @@ impl GatesWritten {
 
     fn written(
         &mut self,
-        key: latency::PlanKey,
+        key: PlanKey,
         uid: &str,
         gate: &'static str,
         cached: String,
@@ -161,18 +162,14 @@ fn plans_for(plans: &Store<UpgradePlan>, ns: &str, svc: &str) -> Vec<ObjectRef<U
         .collect()
 }
 
-fn ref_key(r: &ObjectRef<UpgradePlan>) -> latency::PlanKey {
-    (r.namespace.clone().unwrap_or_default(), r.name.clone())
-}
-
 /// A plan's `spec.approve` set or changed (after its first sighting) is an
 /// event that can let its upgrade through; any plan event queues it.
 fn note_plan(
     causes: &latency::Causes,
-    approvals: &mut HashMap<latency::PlanKey, Option<String>>,
+    approvals: &mut HashMap<PlanKey, Option<Fingerprint>>,
     plan: &UpgradePlan,
 ) {
-    let key = latency::plan_key(plan);
+    let key = plan.key();
     let now = Timestamp::now();
     causes.queued([&key], now);
     let approve = plan.spec.approve.clone().filter(|a| !a.is_empty());
@@ -180,7 +177,7 @@ fn note_plan(
     if let (Some(before), Some(a)) = (before, approve)
         && before.as_ref() != Some(&a)
     {
-        let object = format!("upgradeplan/{}/{}", key.0, key.1);
+        let object = format!("upgradeplan/{}/{}", key.namespace, key.name);
         info!(stage = "event received", cause = "approval", object = %object, fingerprint = %a, "plan approved");
         causes.note(latency::Cause {
             kind: latency::CauseKind::Approval,
@@ -204,11 +201,9 @@ fn note_service(
         return;
     };
     let now = Timestamp::now();
-    let keys: Vec<latency::PlanKey> = plans.iter().map(ref_key).collect();
+    let keys: Vec<PlanKey> = plans.iter().map(PlanKey::from).collect();
     causes.queued(&keys, now);
-    let Ok(mut generations) = generations.lock() else {
-        return;
-    };
+    let mut generations = lock(generations);
     let before = generations.insert((ns.clone(), name.clone()), meta.generation);
     if before.is_none() || before == Some(meta.generation) {
         return;
@@ -381,10 +376,7 @@ fn spawn_caches(
         {
             let (causes, generations) = (causes.clone(), std::sync::Mutex::new(HashMap::new()));
             move |s: &DeserializeGuard<RayService>| {
-                let meta = match &s.0 {
-                    Ok(s) => &s.metadata,
-                    Err(e) => &e.metadata,
-                };
+                let meta = cache::guard_meta(s);
                 let plans = match (&meta.namespace, &meta.name) {
                     (Some(ns), Some(n)) => plans_for(&p, ns, n),
                     _ => vec![],
@@ -427,7 +419,7 @@ fn spawn_caches(
                 .and_then(|c| cache::cluster_service(&c))
                 .map(|(ns, svc)| plans_for(&p, &ns, &svc))
                 .unwrap_or_default();
-            let keys: Vec<latency::PlanKey> = plans.iter().map(ref_key).collect();
+            let keys: Vec<PlanKey> = plans.iter().map(PlanKey::from).collect();
             queued_pods.queued(&keys, Timestamp::now());
             for r in plans {
                 let _ = tx_pods.unbounded_send(r);
@@ -435,7 +427,7 @@ fn spawn_caches(
         },
         move || {
             let plans = p_all.state();
-            let keys: Vec<latency::PlanKey> = plans.iter().map(|x| latency::plan_key(x)).collect();
+            let keys: Vec<PlanKey> = plans.iter().map(|x| x.key()).collect();
             queued_nodes.queued(&keys, Timestamp::now());
             for x in plans.iter() {
                 let _ = tx_nodes.unbounded_send(ObjectRef::from_obj(x.as_ref()));
@@ -634,10 +626,7 @@ async fn release_gate(ctx: &Context, ns: &str, name: &str) -> Result<()> {
         .stores
         .services
         .get(&ObjectRef::new(name).within(ns))
-        .and_then(|s| match &s.0 {
-            Ok(s) => s.metadata.uid.clone(),
-            Err(e) => e.metadata.uid.clone(),
-        })
+        .and_then(|s| cache::guard_meta(&s).uid.clone())
     else {
         return Ok(());
     };
@@ -666,10 +655,7 @@ async fn release_gate(ctx: &Context, ns: &str, name: &str) -> Result<()> {
 async fn sweep_orphans(ctx: &Context) {
     let plans = ctx.stores.plans.state();
     for svc in ctx.stores.services.state() {
-        let meta = match &svc.0 {
-            Ok(s) => &s.metadata,
-            Err(e) => &e.metadata,
-        };
+        let meta = cache::guard_meta(&svc);
         let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) else {
             continue;
         };
@@ -687,8 +673,8 @@ async fn sweep_orphans(ctx: &Context) {
 /// One reconcile, in a span naming the plan (every log line in it says
 /// which plan it is about).
 async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context>) -> Result<Action> {
-    let key = latency::plan_key(&plan);
-    let span = tracing::info_span!("reconcile", namespace = %key.0, plan = %key.1);
+    let key = plan.key();
+    let span = tracing::info_span!("reconcile", namespace = %key.namespace, plan = %key.name);
     let now = Timestamp::now();
     ctx.causes.started(&key, now);
     debug!(parent: &span, stage = "reconcile started", "reconcile started");
@@ -763,9 +749,9 @@ async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
         warn!(plan = %plan.name_any(), error = %e, "deleting the plan's quota reservation (the garbage collector and the sweep retry)");
     }
     ctx.metrics.forget_plan(&ns, &plan.name_any());
-    ctx.causes.forget(&(ns.clone(), plan.name_any()));
-    lock(&ctx.status_written).forget(&latency::plan_key(plan));
-    ctx.decisions.lock().await.remove(&(ns, plan.name_any()));
+    ctx.causes.forget(&plan.key());
+    lock(&ctx.status_written).forget(&plan.key());
+    ctx.decisions.lock().await.remove(&plan.key());
     Ok(Action::await_change())
 }
 
@@ -812,7 +798,10 @@ async fn hand_over(
 ) -> Result<Action> {
     give_back_gate(ctx, plans, plan).await?;
     let ns = plan.namespace().unwrap_or_default();
-    ctx.decisions.lock().await.remove(&(ns, plan.name_any()));
+    ctx.decisions
+        .lock()
+        .await
+        .remove(&PlanKey::new(ns, plan.name_any()));
     if write_status(ctx, plan, &govern::handed_over_status(plan, old)).await? {
         publish(
             ctx,
@@ -868,7 +857,7 @@ async fn record(
     now: Timestamp,
 ) -> Result<std::result::Result<Recorded, Action>> {
     let (ns, name) = (plan.namespace().unwrap_or_default(), plan.name_any());
-    let key = (ns.clone(), name.clone());
+    let key = PlanKey::new(ns.clone(), name.clone());
     let mut current = plan.clone();
     let mut attempts = 0;
     // Read once, before the lock: Kueue's Workload of the RayService after
@@ -977,7 +966,7 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
         return Ok(d.requeue);
     };
     let (ns, name) = (r.plan.namespace().unwrap_or_default(), r.plan.name_any());
-    let key = (ns.clone(), name.clone());
+    let key = PlanKey::new(ns.clone(), name.clone());
     if gate.is_set(r.seen.gate.value.as_ref()) && r.seen.gate.owned_by_us {
         return Ok(d.requeue);
     }
@@ -990,10 +979,7 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
         .stores
         .services
         .get(&ObjectRef::new(service).within(&ns))
-        .and_then(|s| match &s.0 {
-            Ok(s) => s.metadata.resource_version.clone(),
-            Err(e) => e.metadata.resource_version.clone(),
-        });
+        .and_then(|s| cache::guard_meta(&s).resource_version.clone());
     if let Some(rv) = &cached
         && lock(&ctx.gates_written).unseen(&key, uid, gate.strategy(), rv)
     {
@@ -1019,7 +1005,10 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
                 gate,
                 admission::Gate::Open | admission::Gate::OpenIncremental
             )
-            .then(|| ctx.causes.admitted(&(ns.clone(), name.clone()), at))
+            .then(|| {
+                ctx.causes
+                    .admitted(&PlanKey::new(ns.clone(), name.clone()), at)
+            })
             .flatten();
             match timed {
                 Some(t) => {
@@ -1053,12 +1042,6 @@ async fn set_gate(ctx: &Context, r: &Recorded) -> Result<Duration> {
         }
         Err(e) => Err(e.into()),
     }
-}
-
-/// A lock of the controller's bookkeeping: a panic elsewhere while it was
-/// held left it usable (each entry is written whole).
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Events and metrics of a recorded decision.
@@ -1122,8 +1105,8 @@ fn decide_now(
     let releases = observe::releases(&ctx.stores, ctx.settings.kuberay_version)
         .with_incremental_gate(ctx.settings.incremental_gate);
     let world = World::new(&ctx.stores, overlay, &releases, now);
-    let key = latency::plan_key(plan);
-    let release = releases.for_namespace(&key.0);
+    let key = plan.key();
+    let release = releases.for_namespace(&key.namespace);
     let mut inputs = observe::observe(
         &ctx.stores,
         plan,
@@ -1334,8 +1317,8 @@ mod reconcile_tests;
 mod tests {
     use super::*;
 
-    fn key(n: &str) -> latency::PlanKey {
-        ("ns".to_string(), n.to_string())
+    fn key(n: &str) -> PlanKey {
+        PlanKey::new("ns", n)
     }
 
     #[test]

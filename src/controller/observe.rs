@@ -18,8 +18,7 @@ use kube::ResourceExt;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::latency::plan_key;
-use crate::admission::fit::{OnIndex, Placement, PlanKey};
+use crate::admission::fit::{OnIndex, Placement};
 use crate::admission::ledger::{self, Candidate};
 use crate::admission::objects::{
     self, ClusterObject, incremental_of, new_cluster_pods, status_cluster, surge_of,
@@ -32,7 +31,8 @@ use crate::capacity::{ClusterState, PodGroup, PodRecord};
 use crate::kuberay::{
     self, ANNOTATION_KUBERAY_VERSION, KubeRayVersion, RayCluster, RayService, Release, Releases,
 };
-use crate::upgradeplan::{Admission, UpgradePlan};
+use crate::sync::lock;
+use crate::upgradeplan::{Admission, PlanKey, UpgradePlan};
 
 /// Everything the caches hold.
 #[derive(Clone)]
@@ -50,7 +50,7 @@ pub struct Stores {
 
 /// Admissions written but maybe not yet seen in the plan cache; the ledger
 /// must count them or a quick second decision could double-book capacity.
-pub type Overlay = HashMap<(String, String), Admission>;
+pub type Overlay = HashMap<PlanKey, Admission>;
 
 fn service(
     stores: &Stores,
@@ -73,20 +73,14 @@ fn clusters_of(stores: &Stores, svc: &RayService) -> Vec<Arc<DeserializeGuard<Ra
         .state()
         .into_iter()
         .filter(|c| {
-            let meta = match &c.0 {
-                Ok(c) => &c.metadata,
-                Err(e) => &e.metadata,
-            };
+            let meta = super::cache::guard_meta(c);
             objects::is_cluster_of(meta, svc)
         })
         .collect()
 }
 
 fn guard_name<K: kube::Resource>(g: &DeserializeGuard<K>) -> String {
-    match &g.0 {
-        Ok(k) => k.meta().name.clone().unwrap_or_default(),
-        Err(e) => e.metadata.name.clone().unwrap_or_default(),
-    }
+    super::cache::guard_meta(g).name.clone().unwrap_or_default()
 }
 
 fn pods_by_cluster(
@@ -155,10 +149,7 @@ fn active_pods(stores: &Stores, svc: &RayService) -> Vec<PodRef> {
 pub fn releases(stores: &Stores, flag: Option<KubeRayVersion>) -> Releases {
     let clusters = stores.clusters.state();
     let stamps = clusters.iter().filter_map(|c| {
-        let meta = match &c.0 {
-            Ok(c) => &c.metadata,
-            Err(e) => &e.metadata,
-        };
+        let meta = super::cache::guard_meta(c);
         let stamp = meta.annotations.as_ref()?.get(ANNOTATION_KUBERAY_VERSION)?;
         Some((meta.namespace.as_deref()?, stamp.as_str()))
     });
@@ -220,7 +211,7 @@ pub fn observe<'a>(
 
 /// The current admission of a plan: its status, or a just-written one.
 fn admission_of(plan: &UpgradePlan, overlay: &Overlay) -> Option<Admission> {
-    let key = plan_key(plan);
+    let key = plan.key();
     plan.status
         .as_ref()
         .and_then(|s| s.admitted.clone())
@@ -236,7 +227,7 @@ fn ledger_pods(
 ) -> Vec<PodGroup> {
     let mut out = vec![];
     for p in stores.plans.state() {
-        if except.is_some_and(|k| *k == plan_key(&p)) {
+        if except.is_some_and(|k| *k == p.key()) {
             continue;
         }
         let Some(adm) = admission_of(&p, overlay) else {
@@ -310,7 +301,7 @@ fn waiting_plans(
 ) -> Vec<Candidate> {
     let mut q = vec![];
     for p in stores.plans.state() {
-        if except.is_some_and(|k| *k == plan_key(&p)) {
+        if except.is_some_and(|k| *k == p.key()) {
             continue;
         }
         let Some(status) = p.status.as_ref() else {
@@ -407,18 +398,12 @@ fn h<T: Hash>(t: T) -> u64 {
 fn world_digest(stores: &Stores, generation: u64, overlay: &Overlay) -> WorldDigest {
     let mut rest = h(("generation", generation));
     for s in stores.services.state() {
-        let m = match &s.0 {
-            Ok(s) => &s.metadata,
-            Err(e) => &e.metadata,
-        };
+        let m = super::cache::guard_meta(&s);
         let changes = super::cache::service_changes(&s);
         rest = rest.wrapping_add(h(("svc", &m.namespace, &m.name, changes)));
     }
     for c in stores.clusters.state() {
-        let m = match &c.0 {
-            Ok(c) => &c.metadata,
-            Err(e) => &e.metadata,
-        };
+        let m = super::cache::guard_meta(&c);
         let stamp = m
             .annotations
             .as_ref()
@@ -439,7 +424,7 @@ fn world_digest(stores: &Stores, generation: u64, overlay: &Overlay) -> WorldDig
                 .and_then(|s| s.pending_change.as_ref())
                 .map(|c| c.detected_time),
         ));
-        plans.insert(plan_key(&p), (digest, admission.is_some()));
+        plans.insert(p.key(), (digest, admission.is_some()));
     }
     WorldDigest { rest, plans }
 }
@@ -454,7 +439,7 @@ impl CachedPass {
     fn holds_for(&self, now: &WorldDigest) -> bool {
         holds(&self.world, now, |k| {
             self.pass
-                .get(&k.0, &k.1)
+                .get(&k.namespace, &k.name)
                 .is_some_and(|r| r.as_ref().is_ok_and(|r| r.fits))
         })
     }
@@ -538,8 +523,7 @@ impl Cluster for World<'_> {
     fn pass(&self, run: &dyn Fn() -> crate::Result<Pass>) -> crate::Result<Arc<Pass>> {
         let generation = super::cache::read_index(&self.stores.capacity)?.generation();
         let world = world_digest(self.stores, generation, self.overlay);
-        if let Ok(cached) = self.stores.pass.lock()
-            && let Some(c) = cached.as_ref()
+        if let Some(c) = lock(&self.stores.pass).as_ref()
             && c.holds_for(&world)
         {
             self.pass_at.set(Some(c.at));
@@ -555,13 +539,11 @@ impl Cluster for World<'_> {
             "admission pass computed"
         );
         self.pass_at.set(Some(at));
-        if let Ok(mut cached) = self.stores.pass.lock() {
-            *cached = Some(CachedPass {
-                world,
-                pass: pass.clone(),
-                at,
-            });
-        }
+        *lock(&self.stores.pass) = Some(CachedPass {
+            world,
+            pass: pass.clone(),
+            at,
+        });
         Ok(pass)
     }
 }
@@ -631,7 +613,7 @@ mod tests {
         );
         let mut plan = waiting_plan(&svc);
         plan.spec.upgrade_type = PlanUpgradeType::NewClusterWithIncrementalUpgrade;
-        let key = plan_key(&plan);
+        let key = plan.key();
         let stores = stores(plan, svc);
         let mut index = stores.capacity.write().unwrap();
         for i in 0..2 {
@@ -708,7 +690,7 @@ mod tests {
     fn a_pass_holds_while_only_its_own_admissions_are_recorded() {
         let svc = rayservice();
         let plan = waiting_plan(&svc);
-        let key = plan_key(&plan);
+        let key = plan.key();
         let stores_now = stores(plan.clone(), svc);
         let none = Overlay::new();
         let then = world_digest(&stores_now, 7, &none);
@@ -869,7 +851,7 @@ mod tests {
     fn an_admission_the_cache_has_not_shown_is_in_the_ledger_and_not_in_the_queue() {
         let svc = rayservice();
         let plan = waiting_plan(&svc);
-        let key = plan_key(&plan);
+        let key = plan.key();
         let stores = stores(plan, svc);
         let now = Timestamp::now();
         let version = Releases::default();

@@ -213,7 +213,7 @@ impl Shell {
         };
         let cqs: Vec<ClusterQueue> = c.state().iter().map(|c| c.as_ref().clone()).collect();
         let now = Timestamp::now();
-        let mut released = super::lock(&self.released);
+        let mut released = crate::sync::lock(&self.released);
         for n in names {
             if let Some(r) = w
                 .get(&ObjectRef::new(n).within(ns))
@@ -230,7 +230,7 @@ impl Shell {
     fn cluster_queues_now(&self, cqs: &Store<ClusterQueue>) -> Vec<ClusterQueue> {
         let mut all: Vec<ClusterQueue> = cqs.state().iter().map(|c| c.as_ref().clone()).collect();
         let now = Timestamp::now();
-        let mut released = super::lock(&self.released);
+        let mut released = crate::sync::lock(&self.released);
         released.retain(|r| all.iter().any(|c| r.still_counted(c, now)));
         crate::kueue::quota::without_released(&mut all, &released, now);
         all
@@ -272,7 +272,7 @@ pub fn facts(
         workload: w.name_any(),
         fingerprint: label(&w.metadata, LABEL_FINGERPRINT)
             .unwrap_or_default()
-            .to_string(),
+            .into(),
         granted: w.quota_granted(),
     });
     let all = shell.cluster_queues_now(cqs);

@@ -23,8 +23,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::latency::{PlanKey, plan_key};
-use crate::upgradeplan::{UpgradePlan, UpgradePlanStatus};
+use crate::upgradeplan::{PlanKey, UpgradePlan, UpgradePlanStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 /// At most one progress-only status write per plan this often.
@@ -53,7 +52,7 @@ impl StatusWritten {
         self.0
             .retain(|_, e| at.duration_since(e.at).as_secs_f64() < keep);
         self.0.insert(
-            plan_key(before),
+            before.key(),
             Entry {
                 replaced: before.resource_version(),
                 written: Arc::new(written),
@@ -65,7 +64,7 @@ impl StatusWritten {
     /// The newest known copy of `cached`: what raygate wrote, while the
     /// cache still shows the version that write replaced; else `cached`.
     pub fn newest(&self, cached: Arc<UpgradePlan>) -> Arc<UpgradePlan> {
-        match self.0.get(&plan_key(&cached)) {
+        match self.0.get(&cached.key()) {
             Some(e)
                 if e.replaced.is_some()
                     && e.replaced == cached.resource_version()
@@ -218,7 +217,7 @@ mod tests {
     #[test]
     fn progress_waits_out_the_interval_after_the_last_write() {
         let mut w = StatusWritten::default();
-        let k = ("ns".to_string(), "svc".to_string());
+        let k = PlanKey::new("ns", "svc");
         let t0 = Timestamp::now();
         assert_eq!(w.progress_wait(&k, t0), None, "never written: at once");
         w.record(&plan("1"), plan("2"), t0);

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::{KubeArgs, PAUSED_POLICY_ANNOTATION, connect, get_plan, patch_plan};
 use crate::cli;
-use crate::upgradeplan::{Policy, UpgradePlan};
+use crate::upgradeplan::{Fingerprint, Policy, UpgradePlan};
 use crate::{Error, Result};
 
 pub(super) async fn approve(kube: &KubeArgs, name: &str, want: Option<&str>) -> Result<String> {
@@ -58,7 +58,7 @@ async fn reconciled_status(
 /// What `approve` will write and say; refused when nothing (or something
 /// else than `want`) is pending.
 struct Approval {
-    fingerprint: String,
+    fingerprint: Fingerprint,
     text: String,
 }
 

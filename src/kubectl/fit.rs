@@ -549,7 +549,8 @@ async fn live_quota(
                     .labels()
                     .get(crate::kueue::reservation::LABEL_FINGERPRINT)
                     .cloned()
-                    .unwrap_or_default(),
+                    .unwrap_or_default()
+                    .into(),
                 granted: w.quota_granted(),
             }),
         None => None,

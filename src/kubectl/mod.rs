@@ -119,7 +119,7 @@ pub enum Command {
         plan: String,
         /// Approve only if this is the pending fingerprint (the one you reviewed).
         #[arg(long, value_name = "FP")]
-        fingerprint: Option<String>,
+        fingerprint: Option<crate::upgradeplan::Fingerprint>,
         #[command(flatten)]
         kube: KubeArgs,
     },

@@ -16,7 +16,7 @@ use crate::admission::ledger::{self, Candidate};
 use crate::capacity::{ACCELERATORS, ResourceList, parse_status_map, sum_of};
 use crate::cli;
 use crate::quantity::Quantity;
-use crate::upgradeplan::{UpgradePlan, UpgradePlanStatus};
+use crate::upgradeplan::{Fingerprint, PlanKey, UpgradePlan, UpgradePlanStatus};
 
 /// One upgrade in the queue view; `None` fields are left out.
 #[skip_serializing_none]
@@ -43,7 +43,7 @@ pub struct QueueEntry {
     pub requested_priority: Option<i32>,
     /// Since when the change has waited (not admitted) or was admitted.
     pub since: Option<String>,
-    pub fingerprint: Option<String>,
+    pub fingerprint: Option<Fingerprint>,
     /// What the new cluster requests (an incremental upgrade's: its surge),
     /// as measured when it was last fitted.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -77,7 +77,7 @@ pub fn queue_entries(plans: &[UpgradePlan]) -> Vec<QueueEntry> {
     let mut by_key = BTreeMap::new();
     for p in plans {
         let Some(status) = &p.status else { continue };
-        let key = (p.namespace().unwrap_or_default(), p.name_any());
+        let key = p.key();
         let needs = status
             .capacity
             .as_ref()
@@ -99,8 +99,8 @@ pub fn queue_entries(plans: &[UpgradePlan]) -> Vec<QueueEntry> {
             continue;
         }
         let candidate = Candidate {
-            namespace: key.0.clone(),
-            name: key.1.clone(),
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
             priority: effective_priority(p, status),
             // The controller counts a queued plan without a recorded change
             // (never written so) as waiting since now: behind every other.
@@ -129,13 +129,13 @@ pub fn queue_entries(plans: &[UpgradePlan]) -> Vec<QueueEntry> {
     ledger::order(&mut held);
     let mut out = admitted;
     for (i, c) in queued.iter().enumerate() {
-        if let Some(mut e) = by_key.remove(&(c.namespace.clone(), c.name.clone())) {
+        if let Some(mut e) = by_key.remove(&PlanKey::new(c.namespace.clone(), c.name.clone())) {
             e.position = Some(i + 1);
             out.push(e);
         }
     }
     for c in &held {
-        out.extend(by_key.remove(&(c.namespace.clone(), c.name.clone())));
+        out.extend(by_key.remove(&PlanKey::new(c.namespace.clone(), c.name.clone())));
     }
     out
 }
@@ -318,7 +318,7 @@ pub fn render_queue(
             });
         }
         if wide {
-            r.push(e.fingerprint.clone().unwrap_or_else(|| "-".into()));
+            r.push(e.fingerprint.as_deref().unwrap_or("-").to_string());
         }
         rows.push(r);
     }

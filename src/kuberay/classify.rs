@@ -35,6 +35,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::diff::{self, Path};
+use super::fingerprint::Fingerprint;
 use super::normalize::{Normalized, normalize_cluster_spec};
 use super::types::{
     ANNOTATION_HASH, ANNOTATION_KUBERAY_VERSION, ANNOTATION_NUM_WORKER_GROUPS,
@@ -123,7 +124,7 @@ pub struct Classification {
     /// start without `replicas` (at `minReplicas`) and grow as traffic moves.
     pub incremental: bool,
     /// sha256 of the normalised, muted new `rayClusterConfig` (hex, 12 chars).
-    pub fingerprint: String,
+    pub fingerprint: Fingerprint,
     /// Short human explanation.
     pub reason: String,
     /// The change takes the serving cluster's pods away (an outage), and
@@ -193,12 +194,12 @@ pub fn fingerprint(v: &Value) -> String {
 /// whenever Kueue re-derives the RayService's Workload (raygate's refresh,
 /// path B), which made the same change read as another one made during the
 /// transition (a false `Batching` Event, measured with Kueue v0.19.0).
-pub fn change_fingerprint(muted: &Value) -> String {
+pub fn change_fingerprint(muted: &Value) -> Fingerprint {
     let mut v = crate::kueue::without_admission_writes(muted);
     if let Value::Object(m) = &mut v {
         m.remove("suspend");
     }
-    fingerprint(&v)
+    Fingerprint::from(fingerprint(&v))
 }
 
 fn truncate_groups(v: &Value, n: usize) -> Value {

@@ -5,7 +5,7 @@
 //! - [`normalize`]: a RayClusterSpec as KubeRay hashes it (Go JSON round trip, CRD defaults,
 //!   muted fields).
 //! - [`diff`]: structural diff with readable, name-keyed paths.
-//! - [`classify`]: what KubeRay will do with a RayService change.
+//! - [`classify`](mod@classify): what KubeRay will do with a RayService change.
 //! - [`pods`]: the pods KubeRay will create for a cluster spec.
 //! - [`release`]: which release runs, read from the RayClusters' `ray.io/kuberay-version`.
 //! - [`validate`]: the RayService validation that makes KubeRay reject a change.
@@ -14,6 +14,7 @@
 pub mod budget;
 pub mod classify;
 pub mod diff;
+pub mod fingerprint;
 pub mod incremental;
 pub mod normalize;
 pub mod over_budget;
@@ -25,6 +26,7 @@ pub mod validate;
 pub mod version;
 
 pub use classify::{Classification, ClassifyOptions, OldSide, Verdict, classify, classify_with};
+pub use fingerprint::Fingerprint;
 pub use pods::{
     PlanOptions, checked_cluster_config, desired_worker_pods, planned_groups, planned_groups_with,
     planned_pods, planned_pods_with,

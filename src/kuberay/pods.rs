@@ -36,7 +36,7 @@ use super::types::{
 };
 use super::valid::check_resources;
 use super::version::{KubeRayVersion, ReplicaClamp, Rules};
-use crate::podgroup::{MAX_PLANNED_PODS, PodGroup};
+use crate::podgroup::{HEAD, MAX_PLANNED_PODS, PodGroup, WORKER};
 
 /// Name of the injected autoscaler sidecar (`common.AutoscalerContainerName`).
 pub const AUTOSCALER_CONTAINER: &str = "autoscaler";
@@ -371,7 +371,7 @@ pub fn planned_groups_with(
         template,
         head_group_labels,
         cluster_name,
-        "head",
+        HEAD,
         HEAD_GROUP_LABEL_VALUE,
     );
     pods.push(PodGroup::from(make_pod(
@@ -427,7 +427,7 @@ pub fn planned_groups_with(
         } else {
             BTreeMap::new()
         };
-        let labels = pod_labels(template, group_level, cluster_name, "worker", name);
+        let labels = pod_labels(template, group_level, cluster_name, WORKER, name);
         let prefix = lower_prefix(&format!("{cluster_name}-{name}"));
         total = total.saturating_add(count);
         if total > MAX_PLANNED_PODS {

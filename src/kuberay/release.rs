@@ -20,8 +20,9 @@ use std::fmt;
 
 use super::version::{KubeRayVersion, SUPPORTED};
 
-/// Where a namespace's release was read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Where a namespace's release was read. Written to status and the metric
+/// as [`ReleaseSource::as_str`]'s word, the one place it is spelled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum ReleaseSource {
     /// Stamped on a RayCluster of the namespace.
     Namespace,
@@ -30,10 +31,18 @@ pub enum ReleaseSource {
     /// `--kuberay-version`: no RayCluster is stamped.
     Flag,
     /// Nothing says: the newest release raygate knows.
+    #[default]
     Default,
 }
 
 impl ReleaseSource {
+    pub const ALL: [ReleaseSource; 4] = [
+        ReleaseSource::Namespace,
+        ReleaseSource::Cluster,
+        ReleaseSource::Flag,
+        ReleaseSource::Default,
+    ];
+
     /// The word in status and in the metric's `source` label.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -42,6 +51,39 @@ impl ReleaseSource {
             ReleaseSource::Flag => "Flag",
             ReleaseSource::Default => "Default",
         }
+    }
+}
+
+impl serde::Serialize for ReleaseSource {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ReleaseSource {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ReleaseSource, D::Error> {
+        let word = String::deserialize(d)?;
+        ReleaseSource::ALL
+            .into_iter()
+            .find(|s| s.as_str() == word)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown release source {word:?}")))
+    }
+}
+
+/// A string of one of [`ReleaseSource::as_str`]'s words, so the apiserver
+/// refuses what raygate could not read back.
+impl schemars::JsonSchema for ReleaseSource {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ReleaseSource".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let words = ReleaseSource::ALL.map(ReleaseSource::as_str);
+        schemars::json_schema!({"type": "string", "enum": words})
     }
 }
 
@@ -288,6 +330,32 @@ impl Releases {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Status carries the word `as_str` spells, and reads it back; the schema
+    /// lists exactly those words.
+    #[test]
+    fn a_release_source_is_written_and_read_as_its_word() {
+        for s in ReleaseSource::ALL {
+            let v = serde_json::to_value(s).unwrap();
+            assert_eq!(v, serde_json::json!(s.as_str()));
+            assert_eq!(serde_json::from_value::<ReleaseSource>(v).unwrap(), s);
+        }
+        assert_eq!(
+            serde_json::to_value(ReleaseSource::Namespace).unwrap(),
+            "RayCluster"
+        );
+        assert!(serde_json::from_value::<ReleaseSource>(serde_json::json!("Namespace")).is_err());
+        let schema = schemars::schema_for!(ReleaseSource);
+        assert_eq!(
+            schema.get("enum"),
+            Some(&serde_json::json!([
+                "RayCluster",
+                "OtherNamespace",
+                "Flag",
+                "Default"
+            ]))
+        );
+    }
 
     fn ver(s: &str) -> KubeRayVersion {
         KubeRayVersion::parse(s).expect("known")

@@ -21,7 +21,7 @@ use kube::api::ObjectMeta;
 
 use super::LocalQueueName;
 use super::types::{PodSet, Workload, WorkloadSpec};
-use crate::podgroup::{LABEL_GROUP, LABEL_NODE_TYPE, PodGroup};
+use crate::podgroup::{HEAD, PodGroup, PodRole};
 
 /// Labels of a reservation: raygate made it, for which plan and change.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
@@ -57,17 +57,10 @@ pub fn workload(
     let mut seen = BTreeSet::new();
     let mut pod_sets = Vec::new();
     for g in groups.iter().filter(|g| g.count > 0) {
-        let labels = g.template.metadata.labels.as_ref();
-        let base = labels
-            .and_then(|l| l.get(LABEL_GROUP))
-            .filter(|_| {
-                labels
-                    .and_then(|l| l.get(LABEL_NODE_TYPE))
-                    .map(String::as_str)
-                    != Some("head")
-            })
-            .map(|s| dns_label(s))
-            .unwrap_or_else(|| "head".to_string());
+        let base = match PodRole::of(&g.template) {
+            Some(PodRole::Worker(group)) => dns_label(&group),
+            _ => HEAD.to_string(),
+        };
         let mut set_name = base.clone();
         let mut i = 1;
         while !seen.insert(set_name.clone()) {

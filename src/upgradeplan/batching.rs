@@ -11,7 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_with::skip_serializing_none;
 
-use super::DURATION_PATTERN;
+use super::{DURATION_PATTERN, Fingerprint};
 
 /// `spec.batching`: hold a change that needs a new cluster until the
 /// RayService's cluster spec has been quiet for `quietPeriod`, but never
@@ -56,7 +56,7 @@ pub const MAX_LISTED_PATHS: usize = 20;
 pub struct BatchStatus {
     /// The fingerprint that will be admitted: the cluster spec as it is now
     /// (the one `spec.approve` names under `policy: Manual`).
-    pub fingerprint: String,
+    pub fingerprint: Fingerprint,
     /// Changes gathered (a revert inside the batch takes its change out).
     // `int64` in the schema: the apiserver knows no `uint32` (see queuePosition).
     #[schemars(extend("format" = "int64"))]
@@ -87,7 +87,7 @@ pub struct BatchStatus {
 #[serde(rename_all = "camelCase")]
 pub struct BatchedChange {
     /// The cluster spec's fingerprint after this change.
-    pub fingerprint: String,
+    pub fingerprint: Fingerprint,
     #[schemars(with = "String", extend("format" = "date-time"))]
     pub seen_time: Timestamp,
     /// The paths this change touched that the batch had not touched before

@@ -70,7 +70,7 @@ use super::{
 };
 use crate::kuberay::ReleaseProblem;
 use crate::upgradeplan::{
-    Admission, PendingChange, Phase, Policy, TransitionOutcome, TransitionRecord,
+    Admission, Fingerprint, PendingChange, Phase, Policy, TransitionOutcome, TransitionRecord,
     UpgradePlanStatus, condition,
 };
 use condition::{Reason, Status};
@@ -192,7 +192,7 @@ impl Rules<'_> {
         self.inp.now
     }
 
-    fn change_fingerprint(&self) -> Option<String> {
+    fn change_fingerprint(&self) -> Option<Fingerprint> {
         self.inp
             .change
             .as_ref()

@@ -140,7 +140,7 @@ impl Rules<'_> {
                     ),
                 );
                 let unadmitted = Admission {
-                    fingerprint: fp.to_string(),
+                    fingerprint: fp.into(),
                     admitted_time: self.now(),
                     from_cluster: admitted.from_cluster.clone(),
                     to_cluster: Some(pending.to_string()),

@@ -112,7 +112,7 @@ impl Verdicts {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Result<bool, Undecided>>> {
         // A panic elsewhere while holding it cannot leave a wrong verdict behind: each
         // entry is written whole.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.0)
     }
 
     pub fn get(&self, key: u64) -> Option<Result<bool, Undecided>> {

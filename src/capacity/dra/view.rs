@@ -55,7 +55,7 @@ pub struct NodeDevices {
 impl NodeDevices {
     fn candidates(&self) -> MutexGuard<'_, NodeCandidates> {
         // Entries are pushed whole: a panic elsewhere cannot leave a half-written one.
-        self.candidates.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.candidates)
     }
 }
 
@@ -117,7 +117,7 @@ impl std::fmt::Debug for Views {
 impl Views {
     fn inner(&self) -> MutexGuard<'_, Inner> {
         // Every update below leaves `Inner` whole before anything can panic.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.0)
     }
 
     /// A slice of `pool`, or a claim holding one of its devices, changed.
