@@ -114,6 +114,7 @@ fn inputs<'a>(c: &'a Case, st: &'a ClusterState) -> Inputs<'a> {
         gate: GateFacts::default(),
         admission_unseen: false,
         quota: None,
+        capacity_request: None,
         cluster: Box::leak(Box::new(fit::Alone(st))),
     }
 }

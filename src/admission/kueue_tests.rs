@@ -103,7 +103,7 @@ fn decide_with_pods(
         name: "llm-7x9kq".into(),
         cluster: Ok(rc),
     }];
-    let mut inp = inputs(p, &release, now(), false, &alone, Ok(svc), &clusters, pods);
+    let mut inp = inputs(p, &Default::default(), &release, now(), false, &alone, Ok(svc), &clusters, pods);
     inp.quota = quota;
     decide(&inp)
 }
@@ -597,6 +597,7 @@ fn kueues_transient_suspend_during_the_workload_refresh_is_no_admission_mismatch
         let p = plan(Some(status.clone()));
         let inp = inputs(
             &p,
+            &Default::default(),
             &release,
             now(),
             false,
@@ -722,6 +723,7 @@ fn kueues_template_rewrite_at_the_workload_refresh_is_no_change_made_during_the_
         let p = plan(Some(status.clone()));
         let inp = inputs(
             &p,
+            &Default::default(),
             &release,
             now(),
             false,

@@ -122,6 +122,7 @@ fn run_built_from(
         gate: GateFacts::default(),
         admission_unseen: false,
         quota: None,
+        capacity_request: None,
         cluster: &fit::Alone(st),
     })
 }
@@ -1148,6 +1149,7 @@ fn gate_override_is_reported_not_fought() {
         },
         admission_unseen: false,
         quota: None,
+        capacity_request: None,
         cluster: &fit::Alone(&st),
     });
     let c = cond(&d.status, "GateOverridden");
@@ -1327,6 +1329,7 @@ fn decide_with_gate(
         gate,
         admission_unseen: false,
         quota: None,
+        capacity_request: None,
         cluster: &fit::Alone(st),
     })
 }
@@ -1478,6 +1481,7 @@ fn decide_with_release(p: &UpgradePlan, release: crate::kuberay::Release) -> Dec
         gate: GateFacts::default(),
         admission_unseen: false,
         quota: None,
+        capacity_request: None,
         cluster: &fit::Alone(&state(&[8, 8])),
     })
 }

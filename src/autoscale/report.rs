@@ -395,6 +395,7 @@ mod tests {
             requeue: Duration::from_secs(15),
             overridden_by: None,
             observed: Default::default(),
+            capacity_objects: Default::default(),
         }
     }
 

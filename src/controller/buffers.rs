@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use futures::channel::mpsc;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{LimitRange, PodTemplate};
+use k8s_openapi::api::core::v1::PodTemplate;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
@@ -32,11 +32,13 @@ use tracing::{info, warn};
 
 use super::latency::plan_key;
 use super::{Context, cache, gate, guarded, lock, spawn_cache};
-use crate::admission::{Decision, Inputs};
+use crate::admission::ledger::QueueKey;
+use crate::admission::settings::Operator;
+use crate::admission::{self, Decision, Inputs};
 use crate::autoscale::buffer::CapacityBuffer;
-use crate::autoscale::queue::{self, PlanKey, Slot, Want};
-use crate::autoscale::report::{self, Facts};
-use crate::autoscale::shapes::{self, Objects, Owner};
+use crate::autoscale::queue::PlanKey;
+use crate::autoscale::request;
+use crate::autoscale::shapes::Objects;
 use crate::autoscale::{self, Defaults, LABEL_FINGERPRINT, LABEL_PLAN_UID};
 use crate::leader::Fence;
 use crate::upgradeplan::{CapacityRequestState, Phase, UpgradePlan};
@@ -226,172 +228,84 @@ impl Shell {
     }
 }
 
-/// What a decision wants done with the plan's objects.
-#[derive(Debug)]
-pub enum Wanted {
-    /// Keep these (one change's) and no other.
-    Open {
-        fingerprint: String,
-        objects: Vec<Objects>,
-    },
-    /// None.
-    Close,
-}
+pub use crate::autoscale::request::Wanted;
 
 /// A plan that wants a request, as the cache records it.
-fn recorded_want(p: &UpgradePlan, d: &Defaults) -> Option<Want> {
+fn recorded_want(p: &UpgradePlan, d: &Defaults, operator: &Operator) -> Option<QueueKey> {
     let s = p.status.as_ref()?;
-    if s.phase != Phase::WaitingForCapacity || s.admitted.is_some() {
+    if s.phase != Phase::WaitingForCapacity || s.admitted.is_some() || s.pending_change.is_none()
+    {
         return None;
     }
     autoscale::resolve(p, d).ok()??;
-    Some(Want {
-        namespace: p.namespace().unwrap_or_default(),
-        name: p.name_any(),
-        priority: crate::admission::priority::of(p),
-        since: s.pending_change.as_ref()?.detected_time,
-    })
+    Some(QueueKey::of(p, operator.ceilings.of(p), Some(s), Timestamp::MAX))
 }
 
-/// Completes a fresh decision with the plan's capacity request
-/// ([`report::annotate`]) and says what its objects should be.
-pub fn settle(ctx: &Context, inputs: &Inputs<'_>, d: &mut Decision, now: Timestamp) -> Wanted {
+/// What a decision on `plan` reads about capacity requests, with `recent`
+/// (the plans this process reserved a slot for) counted as open.
+fn facts(
+    ctx: &Context,
+    plan: &UpgradePlan,
+    plans: &[Arc<UpgradePlan>],
+    recent: &BTreeSet<PlanKey>,
+) -> request::Facts {
     let shell = &ctx.buffers;
-    let plan = inputs.plan;
     let key = plan_key(plan);
-    let request = autoscale::resolve(plan, &shell.defaults).map_err(|e| e.to_string());
-    let waiting = d.status.phase == Phase::WaitingForCapacity && d.status.admitted.is_none();
-    let fingerprint = d
-        .status
-        .pending_change
-        .as_ref()
-        .map(|c| c.fingerprint.clone());
-    let plans = ctx.stores.plans.state();
-    let mut slot = None;
-    let mut objects = None;
-    let mut error = lock(&shell.errors).get(&key).cloned();
-    if let (true, Ok(Some(r)), Some(fp), true) =
-        (waiting, &request, &fingerprint, shell.defaults.enabled)
-    {
-        let mut wants: Vec<Want> = plans
+    let ns = key.0.as_str();
+    request::Facts {
+        defaults: shell.defaults.clone(),
+        others: plans
             .iter()
             .filter(|p| plan_key(p) != key)
-            .filter_map(|p| recorded_want(p, &shell.defaults))
-            .collect();
-        wants.push(Want {
-            namespace: key.0.clone(),
-            name: key.1.clone(),
-            priority: inputs.settings.as_ref().map(|s| s.priority).unwrap_or(0),
-            since: d
-                .status
-                .pending_change
-                .as_ref()
-                .map_or(now, |c| c.detected_time),
-        });
-        let slots = queue::slots(wants, shell.defaults.max_open);
-        // Deciding and reserving happen under one lock: two plans reconciled
-        // at once (before either's objects reach the cache) must not both
-        // take the last slot.
-        let mut recent = lock(&shell.recent);
-        let open_now = shell.open_now(&recent, &plans);
-        slot = slots.get(&key).copied();
-        if slot == Some(Slot::Open)
-            && !queue::may_open(&key, &slots, &open_now, shell.defaults.max_open)
-        {
-            // Ahead in the queue, but others still hold every request slot.
-            slot = Some(Slot::Queued { position: 1 });
-        }
-        if slot == Some(Slot::Open) {
-            match build(ctx, inputs, fp, r) {
-                Ok(o) => {
-                    recent.insert(key.clone());
-                    objects = Some(o);
-                }
-                Err(e) => error = Some(e.to_string()),
-            }
-        }
-        drop(recent);
-    }
-    let buffers = plan
-        .metadata
-        .uid
-        .as_deref()
-        .map(|uid| shell.buffers_of(uid))
-        .unwrap_or_default();
-    let facts = Facts {
-        enabled: shell.defaults.enabled,
-        request,
-        slot,
-        max_open: shell.defaults.max_open,
-        buffers: buffers.iter().map(AsRef::as_ref).collect(),
-        error,
-    };
-    report::annotate(d, plan, &facts, now);
-    let state = d.status.capacity_request.as_ref().map(|r| r.state);
-    let open = matches!(
-        state,
-        Some(CapacityRequestState::Requested | CapacityRequestState::NotDelivered)
-    );
-    // The last apply failed (the CRD missing, a 403) and the plan still has
-    // its slot: keep what was applied and try again, without deleting in
-    // between. Closing here made the status alternate Failed/Requested and
-    // the PodTemplates be applied and deleted on every reconcile, each write
-    // waking the plan again: a hot loop for as long as the fault lasted.
-    let retrying = state == Some(CapacityRequestState::Failed)
-        && objects.is_some()
-        && lock(&shell.errors).contains_key(&key);
-    match (open || retrying, objects, fingerprint) {
-        (true, Some(objects), Some(fingerprint)) => Wanted::Open {
-            fingerprint,
-            objects,
-        },
-        _ => Wanted::Close,
+            .filter_map(|p| recorded_want(p, &shell.defaults, &ctx.settings.operator))
+            .collect(),
+        open_now: shell.open_now(recent, plans),
+        buffers: plan
+            .metadata
+            .uid
+            .as_deref()
+            .map(|uid| shell.buffers_of(uid))
+            .unwrap_or_default(),
+        apply_error: lock(&shell.errors).get(&key).cloned(),
+        limit_ranges: ctx
+            .stores
+            .limit_ranges
+            .state()
+            .iter()
+            .filter(|l| l.metadata.namespace.as_deref() == Some(ns))
+            .map(|l| l.as_ref().clone())
+            .collect(),
     }
 }
 
-/// The objects of the plan's pending change.
-fn build(
-    ctx: &Context,
-    inputs: &Inputs<'_>,
-    fingerprint: &str,
-    r: &autoscale::Request,
-) -> Result<Vec<Objects>> {
-    let change = inputs
-        .change
-        .as_ref()
-        .ok()
-        .and_then(|c| c.as_ref())
-        .ok_or_else(|| Error::invalid("capacity request", "no pending change"))?;
-    let settings = inputs
-        .settings
-        .as_ref()
-        .map_err(|e| Error::invalid("capacity request", e.to_string()))?;
-    let ns = inputs.plan.namespace().unwrap_or_default();
-    let limit_ranges: Vec<LimitRange> = ctx
-        .stores
-        .limit_ranges
-        .state()
-        .iter()
-        .filter(|l| l.metadata.namespace.as_deref() == Some(ns.as_str()))
-        .map(|l| l.as_ref().clone())
-        .collect();
-    let shapes = shapes::shapes(change.pods_to_fit(), &settings.headroom, &limit_ranges)?;
-    let uid = inputs
-        .plan
-        .metadata
-        .uid
-        .as_deref()
-        .ok_or_else(|| Error::invalid("capacity request", "the plan has no uid yet"))?;
-    Ok(shapes::objects(
-        Owner {
-            namespace: &ns,
-            name: &inputs.plan.name_any(),
-            uid,
-        },
-        fingerprint,
-        &r.strategy,
-        &shapes,
-    ))
+/// Decides on `inputs` with what is observed of capacity requests, and
+/// reserves the slot the decision takes. Deciding and reserving are one
+/// step under the lock of `recent`: two plans reconciled at once (before
+/// either's objects reach the cache) must not both take the last slot. The
+/// decision is made on a copy of the open plans; if another plan reserved
+/// one since, it is made again under the lock, on what is open now.
+pub fn decide(ctx: &Context, inputs: &mut Inputs<'_>) -> Decision {
+    let shell = &ctx.buffers;
+    let plans = ctx.stores.plans.state();
+    let seen = facts(ctx, inputs.plan, &plans, &lock(&shell.recent));
+    let open_seen = seen.open_now.clone();
+    inputs.capacity_request = Some(seen);
+    let mut d = admission::decide(inputs);
+    if !d.capacity_objects.opens() {
+        return d;
+    }
+    let mut recent = lock(&shell.recent);
+    let open_now = shell.open_now(&recent, &plans);
+    if open_now != open_seen {
+        if let Some(f) = inputs.capacity_request.as_mut() {
+            f.open_now = open_now;
+        }
+        d = admission::decide(inputs);
+    }
+    if d.capacity_objects.opens() {
+        recent.insert(plan_key(inputs.plan));
+    }
+    d
 }
 
 /// Makes the plan's objects match `wanted`. Never an error of the

@@ -20,10 +20,9 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::latency::plan_key;
 use crate::admission::fit::{OnIndex, Placement, PlanKey};
-use crate::admission::ledger::{self, Candidate};
-use crate::admission::objects::{
-    self, ClusterObject, incremental_of, new_cluster_pods, status_cluster, surge_of,
-};
+use crate::admission::ledger::{self, Candidate, QueueKey};
+use crate::admission::objects::{self, ClusterObject, new_cluster_pods, status_cluster};
+use crate::admission::settings::Operator;
 use crate::admission::observed::{DynPod, PodRef};
 use crate::admission::pass::Pass;
 use crate::admission::surge;
@@ -116,25 +115,6 @@ fn pods_by_cluster(
     out
 }
 
-/// The pods a waiting plan needs to fit: its surge when incremental, else
-/// the whole new cluster.
-fn pods_to_fit(
-    stores: &Stores,
-    plan: &UpgradePlan,
-    svc: &RayService,
-    release: &Release,
-    limit_ranges: &[LimitRange],
-) -> crate::Result<Vec<PodGroup>> {
-    let full = new_cluster_pods(svc, release.version)?;
-    let Some(opts) = incremental_of(plan, svc, release) else {
-        return Ok(full);
-    };
-    let opts = opts.map_err(|p| crate::Error::invalid("RayService", p.to_string()))?;
-    let active = active_pods(stores, svc);
-    let refs: Vec<&DynPod> = active.iter().map(|p| p.as_ref()).collect();
-    Ok(surge_of(svc, &full, &refs, &opts, release.version, limit_ranges)?.pods)
-}
-
 /// The pods of the RayService's active cluster.
 fn active_pods(stores: &Stores, svc: &RayService) -> Vec<PodRef> {
     let ns = svc.namespace().unwrap_or_default();
@@ -167,10 +147,12 @@ pub fn releases(stores: &Stores, flag: Option<KubeRayVersion>) -> Releases {
 
 /// The inputs of one decision for `plan`, read from the caches; `cluster`
 /// answers the capacity questions if the decision asks them. `release` is
-/// the KubeRay release of the plan's namespace (see [`releases`]).
+/// the KubeRay release of the plan's namespace (see [`releases`]);
+/// `operator` the flags every plan's settings are read under.
 pub fn observe<'a>(
     stores: &Stores,
     plan: &'a UpgradePlan,
+    operator: &Operator,
     release: &Release,
     now: Timestamp,
     admission_unseen: bool,
@@ -181,6 +163,7 @@ pub fn observe<'a>(
     let decide_on = |service, clusters: &[ClusterObject<'_>], pods| {
         objects::inputs(
             plan,
+            operator,
             release,
             now,
             admission_unseen,
@@ -303,6 +286,7 @@ fn ledger_pods(
 /// would be reserved twice and hold back the plans behind it.
 fn waiting_plans(
     stores: &Stores,
+    operator: &Operator,
     except: Option<&PlanKey>,
     overlay: &Overlay,
     releases: &Releases,
@@ -319,7 +303,7 @@ fn waiting_plans(
         if !status.queued_for_capacity() || admission_of(&p, overlay).is_some() {
             continue;
         }
-        let Ok(settings) = Settings::of(&p) else {
+        let Ok(settings) = Settings::parse(&p, operator) else {
             continue;
         };
         let ns = p.namespace().unwrap_or_default();
@@ -335,17 +319,13 @@ fn waiting_plans(
             .map(|l| l.as_ref().clone())
             .collect();
         let release = releases.for_namespace(&ns);
-        let Ok(pods) = pods_to_fit(stores, &p, svc, &release, &limit_ranges) else {
+        let active = active_pods(stores, svc);
+        let active: Vec<&DynPod> = active.iter().map(|p| p.as_ref()).collect();
+        let Ok(pods) = objects::pods_to_fit(&p, svc, &release, &active, &limit_ranges) else {
             continue;
         };
         q.push(Candidate {
-            namespace: ns,
-            name: p.name_any(),
-            priority: settings.priority,
-            waiting_since: status
-                .pending_change
-                .as_ref()
-                .map_or(now, |c| c.detected_time),
+            key: QueueKey::of(&p, settings.priority, Some(status), now),
             pods,
             headroom: settings.headroom,
         });
@@ -482,6 +462,7 @@ pub struct World<'a> {
     stores: &'a Stores,
     overlay: &'a Overlay,
     releases: &'a Releases,
+    operator: &'a Operator,
     now: Timestamp,
     rules: OnceCell<ClusterState>,
     /// When the pass this decision read was computed.
@@ -493,12 +474,14 @@ impl<'a> World<'a> {
         stores: &'a Stores,
         overlay: &'a Overlay,
         releases: &'a Releases,
+        operator: &'a Operator,
         now: Timestamp,
     ) -> Self {
         World {
             stores,
             overlay,
             releases,
+            operator,
             now,
             rules: OnceCell::new(),
             pass_at: Default::default(),
@@ -529,7 +512,14 @@ impl Cluster for World<'_> {
     }
 
     fn waiting(&self, except: Option<&PlanKey>) -> Vec<Candidate> {
-        waiting_plans(self.stores, except, self.overlay, self.releases, self.now)
+        waiting_plans(
+            self.stores,
+            self.operator,
+            except,
+            self.overlay,
+            self.releases,
+            self.now,
+        )
     }
 
     /// Kept per digest of the world (see [`world_key`]). The index is not
@@ -664,7 +654,7 @@ mod tests {
         let releases = Releases::default().with_incremental_gate(Some(true));
         let none = Overlay::new();
         // minReplicas 2 + ceil(50 % × 2 running) = 3 workers (maxReplicas 4), and the head.
-        let q = waiting_plans(&stores, None, &none, &releases, now);
+        let q = waiting_plans(&stores, &Operator::default(), None, &none, &releases, now);
         assert_eq!(
             counts(&q[0].pods),
             vec![("head".into(), 1), ("gpu-a100".into(), 3)]
@@ -701,7 +691,7 @@ mod tests {
         // The gate off (v1.6 default): the plan is left out of the queue, its
         // own decision reports the error.
         let off = Releases::from_stamps([("ml-serving", "v1.6.2")], None);
-        assert!(waiting_plans(&stores, None, &none, &off, now).is_empty());
+        assert!(waiting_plans(&stores, &Operator::default(), None, &none, &off, now).is_empty());
     }
 
     #[test]
@@ -805,9 +795,18 @@ mod tests {
         let releases = Releases::default();
         let now = Timestamp::now();
         let overlay = Overlay::new();
-        let world = World::new(&stores, &overlay, &releases, now);
+        let operator = Operator::default();
+        let world = World::new(&stores, &overlay, &releases, &operator, now);
         let release = releases.for_namespace("ml-serving");
-        let inp = observe(&stores, &plan, &release, now, false, &world);
+        let inp = observe(
+            &stores,
+            &plan,
+            &operator,
+            &release,
+            now,
+            false,
+            &world,
+        );
         let d = crate::admission::decide(&inp);
         let msg = d.status.message.clone().unwrap_or_default();
         assert_eq!(d.status.phase, Phase::Error, "{msg}");
@@ -875,7 +874,7 @@ mod tests {
         let version = Releases::default();
 
         let none = Overlay::new();
-        assert_eq!(waiting_plans(&stores, None, &none, &version, now).len(), 1);
+        assert_eq!(waiting_plans(&stores, &Operator::default(), None, &none, &version, now).len(), 1);
         assert!(ledger_pods(&stores, None, &none, &version).is_empty());
 
         let admitted = Overlay::from([(
@@ -888,7 +887,7 @@ mod tests {
                 surge: vec![],
             },
         )]);
-        assert!(waiting_plans(&stores, None, &admitted, &version, now).is_empty());
+        assert!(waiting_plans(&stores, &Operator::default(), None, &admitted, &version, now).is_empty());
         let ledger = ledger_pods(&stores, None, &admitted, &version);
         assert!(
             !ledger.is_empty(),
