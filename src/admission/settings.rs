@@ -227,6 +227,26 @@ mod tests {
         }
     }
 
+    /// The operator's flags reach a plan's settings through `Operator`, not a
+    /// process-wide setting: two operators read the same plan differently.
+    #[test]
+    fn the_operators_ceilings_and_default_batching_apply() {
+        let mut p = plan(json!({"rayServiceRef": {"name": "llm"}, "priority": 10}));
+        p.metadata.namespace = Some("tenant".into());
+        let none = Settings::parse(&p, &Operator::default()).unwrap();
+        assert_eq!((none.priority, none.batching), (10, None));
+        let capped = Operator::parse(&["0".into(), "platform=100".into()], "10m", "1h").unwrap();
+        let s = Settings::parse(&p, &capped).unwrap();
+        assert_eq!(s.priority, 0);
+        let b = s.batching.unwrap();
+        assert_eq!(
+            (b.quiet_period, b.max_delay),
+            (Duration::from_secs(600), Duration::from_secs(3600))
+        );
+        let e = Operator::parse(&["high".into()], "", "6h").unwrap_err();
+        assert!(e.to_string().starts_with("--max-priority"), "{e}");
+    }
+
     #[test]
     fn every_bad_field_is_named_at_once() {
         let e = Settings::of(&plan(json!({

@@ -163,3 +163,256 @@ fn build(
         &shapes,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::time::Duration;
+
+    use jiff::Timestamp;
+    use serde_json::json;
+
+    use super::*;
+    use crate::admission::fit::Alone;
+    use crate::admission::ledger::tests::key;
+    use crate::admission::{
+        ChangeFacts, Gate, GateFacts, Outcome, ServiceFacts, Settings, decide,
+    };
+    use crate::capacity::{ClusterState, PodGroup};
+    use crate::upgradeplan::{
+        CapacityRequestMode, PendingChange, UpgradePlan, UpgradePlanSpec, UpgradePlanStatus,
+    };
+
+    const FP: &str = "07e0ddeed0e9";
+
+    fn now() -> Timestamp {
+        "2026-12-04T10:30:00Z".parse().unwrap()
+    }
+
+    /// `ml/<name>`, waiting for capacity since 10:<minute>.
+    fn plan(name: &str, minute: u32) -> UpgradePlan {
+        let spec: UpgradePlanSpec =
+            serde_json::from_value(json!({"rayServiceRef": {"name": name}})).unwrap();
+        let mut p = UpgradePlan::new(name, spec);
+        p.metadata.namespace = Some("ml".into());
+        p.metadata.uid = Some(format!("uid-{name}"));
+        p.metadata.generation = Some(1);
+        p.status = Some(waiting_status(minute));
+        p
+    }
+
+    fn waiting_status(minute: u32) -> UpgradePlanStatus {
+        UpgradePlanStatus {
+            phase: Phase::WaitingForCapacity,
+            waiting_for: Some("capacity: nvidia.com/gpu 8".into()),
+            message: Some("short by nvidia.com/gpu 8".into()),
+            pending_change: Some(PendingChange {
+                fingerprint: FP.into(),
+                triggering_paths: vec![],
+                detected_time: format!("2026-12-04T10:{minute:02}:00Z").parse().unwrap(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// The decision the rules made for `p`: held for capacity.
+    fn held(p: &UpgradePlan) -> Decision {
+        Decision {
+            status: p.status.clone().unwrap(),
+            gate: Some(Gate::Hold),
+            events: vec![],
+            outcome: Some(Outcome::HeldCapacity),
+            requeue: Duration::from_secs(15),
+            overridden_by: None,
+            observed: Default::default(),
+            capacity_objects: Wanted::Close,
+        }
+    }
+
+    fn gpu_worker() -> PodGroup {
+        PodGroup::from(
+            serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(json!({
+                "metadata": {"name": "llm-next-gpu-worker-0", "namespace": "ml",
+                    "labels": {"ray.io/node-type": "worker", "ray.io/group": "gpu"}},
+                "spec": {"containers": [{"name": "w", "resources": {
+                    "requests": {"cpu": "1", "nvidia.com/gpu": "8"},
+                    "limits": {"nvidia.com/gpu": "8"}}}]}
+            }))
+            .unwrap(),
+        )
+    }
+
+    /// Requests on, at most `max_open` plans with buffers at once.
+    fn facts(max_open: usize, others: Vec<QueueKey>, open: &[&str]) -> Facts {
+        Facts {
+            defaults: Defaults {
+                enabled: true,
+                mode: CapacityRequestMode::CapacityBuffer,
+                max_open,
+                ..Defaults::default()
+            },
+            others,
+            open_now: open
+                .iter()
+                .map(|n| ("ml".to_string(), n.to_string()))
+                .collect(),
+            ..Facts::default()
+        }
+    }
+
+    /// Settles `p`'s held decision with `f`.
+    fn settled(p: &UpgradePlan, f: &Facts) -> (Decision, Wanted) {
+        let state = ClusterState::default();
+        let alone = Alone(&state);
+        let inp = Inputs {
+            now: now(),
+            plan: p,
+            settings: Settings::of(p),
+            release: crate::kuberay::Release::assumed(crate::kuberay::KubeRayVersion::latest()),
+            service: Ok(ServiceFacts::default()),
+            change: Ok(Some(ChangeFacts {
+                fingerprint: FP.into(),
+                triggering_paths: vec![],
+                new_pods: vec![gpu_worker()],
+                surge: None,
+            })),
+            verdict: None,
+            incremental: None,
+            clusters: BTreeSet::new(),
+            pods: BTreeMap::new(),
+            pending_ready: false,
+            pending_fingerprint: None,
+            gate: GateFacts::default(),
+            admission_unseen: false,
+            quota: None,
+            capacity_request: Some(f.clone()),
+            cluster: &alone,
+        };
+        let mut d = held(p);
+        let w = settle(&inp, f, &mut d);
+        (d, w)
+    }
+
+    fn state(d: &Decision) -> Option<(CapacityRequestState, Option<u32>)> {
+        d.status
+            .capacity_request
+            .as_ref()
+            .map(|r| (r.state, r.queue_position))
+    }
+
+    #[test]
+    fn an_open_slot_wants_the_objects_of_the_pending_change() {
+        let me = plan("me", 5);
+        let (d, w) = settled(&me, &facts(1, vec![], &[]));
+        assert_eq!(state(&d), Some((CapacityRequestState::Requested, None)));
+        let Wanted::Open {
+            fingerprint,
+            objects,
+        } = w
+        else {
+            panic!("{w:?}")
+        };
+        assert_eq!(fingerprint, FP);
+        assert!(!objects.is_empty());
+        assert!(d.status.waiting_for.unwrap().ends_with("(requested)"));
+    }
+
+    /// Two plans waiting, one slot: the one waiting longer has it, the other
+    /// queues first in line and wants no objects.
+    #[test]
+    fn the_last_slot_goes_to_the_plan_that_waited_longer() {
+        let me = plan("me", 5);
+        let earlier = key("earlier", 0, "2026-12-04T10:01:00Z");
+        let (d, w) = settled(&me, &facts(1, vec![earlier], &[]));
+        assert_eq!(state(&d), Some((CapacityRequestState::Queued, Some(1))));
+        assert_eq!(w, Wanted::Close);
+        // Waiting longer than the other, it takes the slot.
+        let later = key("later", 0, "2026-12-04T10:09:00Z");
+        let (d, w) = settled(&me, &facts(1, vec![later], &[]));
+        assert_eq!(state(&d), Some((CapacityRequestState::Requested, None)));
+        assert!(w.opens());
+    }
+
+    #[test]
+    fn a_queued_plan_says_its_place_behind_the_open_ones() {
+        let me = plan("me", 5);
+        let others = vec![
+            key("a", 0, "2026-12-04T10:01:00Z"),
+            key("b", 0, "2026-12-04T10:02:00Z"),
+            key("c", 0, "2026-12-04T10:03:00Z"),
+            // Behind: waited less.
+            key("d", 0, "2026-12-04T10:09:00Z"),
+        ];
+        let (d, w) = settled(&me, &facts(2, others, &[]));
+        assert_eq!(state(&d), Some((CapacityRequestState::Queued, Some(2))));
+        assert_eq!(w, Wanted::Close);
+        assert!(
+            d.status.waiting_for.unwrap().ends_with("(request queued #2)"),
+            "the place shows in the column"
+        );
+    }
+
+    /// First in the queue, but the cap is taken by plans that still have
+    /// buffers (one ahead before it was overtaken, still closing): it waits.
+    #[test]
+    fn the_cap_holds_while_other_plans_still_have_buffers() {
+        let me = plan("me", 5);
+        let (d, w) = settled(&me, &facts(1, vec![], &["closing"]));
+        assert_eq!(state(&d), Some((CapacityRequestState::Queued, Some(1))));
+        assert_eq!(w, Wanted::Close);
+        // Its own buffers do not count against it.
+        let (_, w) = settled(&me, &facts(1, vec![], &["me"]));
+        assert!(w.opens());
+    }
+
+    /// The last apply failed (a 403, the CRD missing): the status says why,
+    /// and the objects are still wanted, so they are applied again without
+    /// being deleted in between.
+    #[test]
+    fn a_failed_apply_is_retried_without_closing() {
+        let me = plan("me", 5);
+        let mut f = facts(1, vec![], &["me"]);
+        f.apply_error = Some("raygate may not write CapacityBuffers here".into());
+        let (d, w) = settled(&me, &f);
+        assert_eq!(state(&d), Some((CapacityRequestState::Failed, None)));
+        assert!(w.opens(), "{w:?}");
+        // Queued, a failed plan has nothing to retry.
+        f.others = vec![key("earlier", 0, "2026-12-04T10:01:00Z")];
+        f.open_now.clear();
+        let (_, w) = settled(&me, &f);
+        assert_eq!(w, Wanted::Close);
+    }
+
+    /// The controller's decision runs the same step: no capacity facts (the
+    /// offline tools), no request status and no objects.
+    #[test]
+    fn decide_settles_the_request_only_with_capacity_facts() {
+        let me = plan("me", 5);
+        let (_, w) = settled(&me, &facts(1, vec![], &[]));
+        assert!(w.opens());
+        let state = ClusterState::default();
+        let alone = Alone(&state);
+        let f = facts(1, vec![], &[]);
+        let mut inp = crate::admission::objects::inputs(
+            &me,
+            &Default::default(),
+            &crate::kuberay::Release::assumed(crate::kuberay::KubeRayVersion::latest()),
+            now(),
+            false,
+            &alone,
+            Err(crate::admission::ServiceError::NotFound {
+                namespace: "ml".into(),
+                name: "me".into(),
+            }),
+            &[],
+            BTreeMap::new(),
+        );
+        let d = decide(&inp);
+        assert_eq!(d.capacity_objects, Wanted::Close);
+        inp.capacity_request = Some(f);
+        // No RayService: nothing waits for capacity, nothing is asked.
+        let d = decide(&inp);
+        assert_eq!(d.capacity_objects, Wanted::Close);
+        assert!(d.status.capacity_request.is_none());
+    }
+}
