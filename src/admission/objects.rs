@@ -25,7 +25,7 @@ use super::{
 use crate::capacity::PodGroup;
 use crate::kuberay::incremental;
 use crate::kuberay::{self, KubeRayVersion, RayCluster, RayService, Release, Verdict};
-use crate::upgradeplan::{PlanUpgradeType, UpgradePlan, ownership};
+use crate::upgradeplan::{Admission, PlanUpgradeType, UpgradePlan, ownership};
 
 /// One RayCluster of the service as read: its name, and its spec or why it
 /// could not be read.
@@ -267,6 +267,54 @@ fn surge_of(
     surge::plan(full, &bounds, &active, opts, limit_ranges)
 }
 
+/// The pending cluster of an admitted change: the one the RayService names,
+/// else the one the admission recorded.
+pub fn pending_cluster_of(svc: &RayService, adm: &Admission) -> Option<String> {
+    pending_cluster(svc).or(adm.to_cluster.clone())
+}
+
+/// The cluster the RayService's status names as pending.
+fn pending_cluster(svc: &RayService) -> Option<String> {
+    status_cluster(
+        svc.status
+            .as_ref()
+            .and_then(|s| s.pending_service_status.as_ref()),
+    )
+}
+
+/// The pods an admitted change still holds in the ledger: its new
+/// cluster's pods the scheduler has not bound (`existing` are the pending
+/// cluster's pods; `pending` is that cluster, planned from its own spec once
+/// it exists), or for an incremental transition its surge budget, held to
+/// the end next to the `active` cluster's pods.
+pub fn admitted_pods(
+    adm: &Admission,
+    svc: &RayService,
+    pending: Option<&RayCluster>,
+    existing: &[&DynPod],
+    active: &[&DynPod],
+    version: KubeRayVersion,
+) -> crate::Result<Vec<PodGroup>> {
+    let ns = svc.namespace().unwrap_or_default();
+    let planned = match pending {
+        Some(c) => kuberay::planned_groups(&c.name_any(), &ns, &c.spec, version)?,
+        None => new_cluster_pods(svc, version)?,
+    };
+    if adm.surge.is_empty() {
+        return Ok(super::ledger::unbound(&planned, existing));
+    }
+    let full = match pending {
+        Some(_) => new_cluster_pods(svc, version)?,
+        None => planned,
+    };
+    Ok(surge::held(
+        &full,
+        &adm.surge,
+        &surge::bound_by_group(active),
+        &surge::bound_by_group(existing),
+    ))
+}
+
 /// The pods KubeRay will create for the service's new cluster, named after
 /// `<service>-next` (the real name is random and not known yet).
 pub fn new_cluster_pods(svc: &RayService, version: KubeRayVersion) -> crate::Result<Vec<PodGroup>> {
@@ -316,7 +364,7 @@ fn service_facts(svc: &RayService) -> ServiceFacts {
         pending_traffic_percent: pending.and_then(|p| p.traffic_routed_percent),
         active_target_capacity: active.and_then(|a| a.target_capacity),
         active_cluster: status_cluster(active),
-        pending_cluster: status_cluster(pending),
+        pending_cluster: pending_cluster(svc),
         pending_apps: pending
             .and_then(|p| p.application_statuses.as_ref())
             .map(|apps| {

@@ -20,16 +20,15 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::latency::plan_key;
 use crate::admission::fit::{OnIndex, Placement, PlanKey};
-use crate::admission::ledger::{self, Candidate, QueueKey};
-use crate::admission::objects::{self, ClusterObject, new_cluster_pods, status_cluster};
+use crate::admission::ledger::{Candidate, QueueKey};
+use crate::admission::objects::{self, ClusterObject, status_cluster};
 use crate::admission::settings::Operator;
 use crate::admission::observed::{DynPod, PodRef};
 use crate::admission::pass::Pass;
-use crate::admission::surge;
 use crate::admission::{Cluster, Inputs, ServiceError, Settings};
 use crate::capacity::{ClusterState, PodGroup, PodRecord};
 use crate::kuberay::{
-    self, ANNOTATION_KUBERAY_VERSION, KubeRayVersion, RayCluster, RayService, Release, Releases,
+    ANNOTATION_KUBERAY_VERSION, KubeRayVersion, RayCluster, RayService, Release, Releases,
 };
 use crate::upgradeplan::{Admission, UpgradePlan};
 
@@ -230,51 +229,35 @@ fn ledger_pods(
             continue;
         };
         let Ok(svc) = &guard.0 else { continue };
-        let version = releases.for_namespace(&ns).version;
-        let pending = status_cluster(
-            svc.status
-                .as_ref()
-                .and_then(|s| s.pending_service_status.as_ref()),
-        )
-        .or(adm.to_cluster.clone());
+        let pending = objects::pending_cluster_of(svc, &adm);
         let clusters = clusters_of(stores, svc);
         let pending_cluster = pending
             .as_ref()
             .and_then(|n| clusters.iter().find(|c| &guard_name(c) == n))
             .and_then(|c| c.0.as_ref().ok());
-        let planned = match pending_cluster {
-            Some(c) => kuberay::planned_groups(&c.name_any(), &ns, &c.spec, version),
-            None => new_cluster_pods(svc, version),
-        };
-        let Ok(planned) = planned else { continue };
-        let existing: Vec<PodRef> = match &pending {
-            Some(n) => pods_by_cluster(stores, &ns, &BTreeSet::from([n.clone()]))
-                .remove(n)
-                .unwrap_or_default(),
-            None => vec![],
-        };
-        let refs: Vec<&DynPod> = existing.iter().map(|p| p.as_ref()).collect();
-        if !adm.surge.is_empty() {
-            // An incremental transition holds its surge budget to the end.
-            let Ok(full) = new_cluster_pods(svc, version) else {
-                continue;
-            };
-            let active: Vec<PodRef> = match &adm.from_cluster {
-                Some(a) => pods_by_cluster(stores, &ns, &BTreeSet::from([a.clone()]))
-                    .remove(a)
+        let pods_of = |name: &Option<String>| -> Vec<PodRef> {
+            match name {
+                Some(n) => pods_by_cluster(stores, &ns, &BTreeSet::from([n.clone()]))
+                    .remove(n)
                     .unwrap_or_default(),
                 None => vec![],
-            };
-            let active: Vec<&DynPod> = active.iter().map(|p| p.as_ref()).collect();
-            out.extend(surge::held(
-                &full,
-                &adm.surge,
-                &surge::bound_by_group(&active),
-                &surge::bound_by_group(&refs),
-            ));
-            continue;
+            }
+        };
+        let existing = pods_of(&pending);
+        // Only an incremental transition reads its active cluster's pods.
+        let active = if adm.surge.is_empty() {
+            vec![]
+        } else {
+            pods_of(&adm.from_cluster)
+        };
+        let existing: Vec<&DynPod> = existing.iter().map(|p| p.as_ref()).collect();
+        let active: Vec<&DynPod> = active.iter().map(|p| p.as_ref()).collect();
+        let version = releases.for_namespace(&ns).version;
+        if let Ok(held) =
+            objects::admitted_pods(&adm, svc, pending_cluster, &existing, &active, version)
+        {
+            out.extend(held);
         }
-        out.extend(ledger::unbound(&planned, &refs));
     }
     out
 }
@@ -559,7 +542,8 @@ impl Cluster for World<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kuberay::LABEL_ORIGINATED_FROM_CR_NAME;
+    use crate::admission::surge;
+    use crate::kuberay::{self, LABEL_ORIGINATED_FROM_CR_NAME};
     use crate::upgradeplan::{Phase, PlanUpgradeType};
     use kube::runtime::reflector;
     use kube::runtime::watcher::Event;
