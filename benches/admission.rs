@@ -125,8 +125,14 @@ fn main() {
     let cpu_start = common::cpu_ms();
     let mut agree = 0;
     for c in &queue {
-        let reserved = reserved_on(&index, &rules, &ledger, &queue, (&c.key.namespace, &c.key.name))
-            .unwrap_or_default();
+        let reserved = reserved_on(
+            &index,
+            &rules,
+            &ledger,
+            &queue,
+            (&c.key.namespace, &c.key.name),
+        )
+        .unwrap_or_default();
         let alone = index.fit(
             &rules,
             &FitRequest {

@@ -596,10 +596,7 @@ mod tests {
                 max_delay: Duration::from_secs(3600)
             })
         );
-        assert_eq!(
-            Batching::of(Some(&spec("0s", None)), on).unwrap(),
-            None
-        );
+        assert_eq!(Batching::of(Some(&spec("0s", None)), on).unwrap(), None);
         assert_eq!(Defaults::parse("", "6h").unwrap().batching, None);
         assert!(Defaults::parse("soon", "6h").is_err());
         let e = Batching::of(Some(&spec("1h", Some("30m"))), d)

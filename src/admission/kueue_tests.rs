@@ -103,7 +103,17 @@ fn decide_with_pods(
         name: "llm-7x9kq".into(),
         cluster: Ok(rc),
     }];
-    let mut inp = inputs(p, &Default::default(), &release, now(), false, &alone, Ok(svc), &clusters, pods);
+    let mut inp = inputs(
+        p,
+        &Default::default(),
+        &release,
+        now(),
+        false,
+        &alone,
+        Ok(svc),
+        &clusters,
+        pods,
+    );
     inp.quota = quota;
     decide(&inp)
 }

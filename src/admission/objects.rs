@@ -248,8 +248,7 @@ pub fn pods_to_fit(
     let opts = incremental_of(plan, svc, release)
         .transpose()
         .map_err(|p| crate::Error::invalid("RayService", p.to_string()))?;
-    let (new_pods, surge) =
-        change_pods(svc, opts.as_ref(), active, release.version, limit_ranges)?;
+    let (new_pods, surge) = change_pods(svc, opts.as_ref(), active, release.version, limit_ranges)?;
     Ok(super::fitted_pods(new_pods, surge))
 }
 

@@ -22,7 +22,7 @@ use super::shapes::{self, Objects, Owner};
 use super::{Defaults, Request};
 use crate::admission::ledger::QueueKey;
 use crate::admission::{Decision, Inputs};
-use crate::upgradeplan::{CapacityRequestState, Phase};
+use crate::upgradeplan::CapacityRequestState;
 
 /// What one decision reads about capacity requests.
 #[derive(Debug, Clone, Default)]
@@ -69,18 +69,11 @@ impl Wanted {
 pub fn settle(inp: &Inputs<'_>, f: &Facts, d: &mut Decision) -> Wanted {
     let plan = inp.plan;
     let request = super::resolve(plan, &f.defaults).map_err(|e| e.to_string());
-    let waiting = d.status.phase == Phase::WaitingForCapacity && d.status.admitted.is_none();
-    let fingerprint = d
-        .status
-        .pending_change
-        .as_ref()
-        .map(|c| c.fingerprint.clone());
+    let fingerprint = report::waiting_change(d);
     let mut slot = None;
     let mut objects = None;
     let mut error = f.apply_error.clone();
-    if let (true, Ok(Some(r)), Some(fp), true) =
-        (waiting, &request, &fingerprint, f.defaults.enabled)
-    {
+    if let (Ok(Some(r)), Some(fp), true) = (&request, &fingerprint, f.defaults.enabled) {
         let priority = inp.settings.as_ref().map(|s| s.priority).unwrap_or(0);
         let me = QueueKey::of(plan, priority, Some(&d.status), inp.now);
         slot = Some(queue::slot_of(
@@ -115,9 +108,8 @@ pub fn settle(inp: &Inputs<'_>, f: &Facts, d: &mut Decision) -> Wanted {
     // between. Closing here made the status alternate Failed/Requested and
     // the PodTemplates be applied and deleted on every reconcile, each write
     // waking the plan again: a hot loop for as long as the fault lasted.
-    let retrying = state == Some(CapacityRequestState::Failed)
-        && objects.is_some()
-        && f.apply_error.is_some();
+    let retrying =
+        state == Some(CapacityRequestState::Failed) && objects.is_some() && f.apply_error.is_some();
     match (open || retrying, objects, fingerprint) {
         (true, Some(objects), Some(fingerprint)) => Wanted::Open {
             fingerprint,
@@ -175,12 +167,10 @@ mod tests {
     use super::*;
     use crate::admission::fit::Alone;
     use crate::admission::ledger::tests::key;
-    use crate::admission::{
-        ChangeFacts, Gate, GateFacts, Outcome, ServiceFacts, Settings, decide,
-    };
+    use crate::admission::{ChangeFacts, Gate, GateFacts, Outcome, ServiceFacts, Settings, decide};
     use crate::capacity::{ClusterState, PodGroup};
     use crate::upgradeplan::{
-        CapacityRequestMode, PendingChange, UpgradePlan, UpgradePlanSpec, UpgradePlanStatus,
+        CapacityRequestMode, PendingChange, Phase, UpgradePlan, UpgradePlanSpec, UpgradePlanStatus,
     };
 
     const FP: &str = "07e0ddeed0e9";
@@ -347,7 +337,10 @@ mod tests {
         assert_eq!(state(&d), Some((CapacityRequestState::Queued, Some(2))));
         assert_eq!(w, Wanted::Close);
         assert!(
-            d.status.waiting_for.unwrap().ends_with("(request queued #2)"),
+            d.status
+                .waiting_for
+                .unwrap()
+                .ends_with("(request queued #2)"),
             "the place shows in the column"
         );
     }

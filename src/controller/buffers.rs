@@ -233,12 +233,16 @@ pub use crate::autoscale::request::Wanted;
 /// A plan that wants a request, as the cache records it.
 fn recorded_want(p: &UpgradePlan, d: &Defaults, operator: &Operator) -> Option<QueueKey> {
     let s = p.status.as_ref()?;
-    if s.phase != Phase::WaitingForCapacity || s.admitted.is_some() || s.pending_change.is_none()
-    {
+    if s.phase != Phase::WaitingForCapacity || s.admitted.is_some() || s.pending_change.is_none() {
         return None;
     }
     autoscale::resolve(p, d).ok()??;
-    Some(QueueKey::of(p, operator.ceilings.of(p), Some(s), Timestamp::MAX))
+    Some(QueueKey::of(
+        p,
+        operator.ceilings.of(p),
+        Some(s),
+        Timestamp::MAX,
+    ))
 }
 
 /// What a decision on `plan` reads about capacity requests, with `recent`
@@ -565,25 +569,13 @@ pub async fn sweep(ctx: &Context) {
             None => true,
         }
     };
-    let mut by_ns: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
-    for b in shell.buffers.iter().flat_map(|s| s.state()) {
-        if old(&b.metadata) && unwanted(&b.metadata) {
-            by_ns
-                .entry(b.namespace().unwrap_or_default())
-                .or_default()
-                .0
-                .push(b.name_any());
-        }
-    }
-    for t in shell.templates.iter().flat_map(|s| s.state()) {
-        if old(&t.metadata) && unwanted(&t.metadata) {
-            by_ns
-                .entry(t.namespace().unwrap_or_default())
-                .or_default()
-                .1
-                .push(t.name_any());
-        }
-    }
+    let stale = |m: &&kube::api::ObjectMeta| old(m) && unwanted(m);
+    let buffers: Vec<Arc<CapacityBuffer>> = shell.buffers.iter().flat_map(|s| s.state()).collect();
+    let templates: Vec<Arc<PodTemplate>> = shell.templates.iter().flat_map(|s| s.state()).collect();
+    let by_ns = by_namespace(
+        buffers.iter().map(|b| &b.metadata).filter(stale),
+        templates.iter().map(|t| &t.metadata).filter(stale),
+    );
     for (ns, (buffers, templates)) in by_ns {
         warn!(namespace = %ns, buffers = ?buffers, templates = ?templates,
               "capacity request objects no plan wants; deleting them");
@@ -615,6 +607,24 @@ pub async fn sweep(ctx: &Context) {
             .and_then(|u| u.as_ref())
             .is_some_and(|u| open.contains(u) || wanted.contains_key(u.as_str()))
     });
+}
+
+/// The names of buffers and of templates, per namespace.
+fn by_namespace<'m>(
+    buffers: impl Iterator<Item = &'m kube::api::ObjectMeta>,
+    templates: impl Iterator<Item = &'m kube::api::ObjectMeta>,
+) -> BTreeMap<String, (Vec<String>, Vec<String>)> {
+    let mut by_ns: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
+    let name = |m: &kube::api::ObjectMeta| m.name.clone().unwrap_or_default();
+    for m in buffers {
+        let ns = m.namespace.clone().unwrap_or_default();
+        by_ns.entry(ns).or_default().0.push(name(m));
+    }
+    for m in templates {
+        let ns = m.namespace.clone().unwrap_or_default();
+        by_ns.entry(ns).or_default().1.push(name(m));
+    }
+    by_ns
 }
 
 /// `raygate release`: deletes every PodTemplate and CapacityBuffer raygate
@@ -649,21 +659,10 @@ pub async fn release(
         Err(e) if absent(&e) => vec![],
         Err(e) => return Err(e.into()),
     };
-    let mut by_ns: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
-    for b in &buffers {
-        by_ns
-            .entry(b.namespace().unwrap_or_default())
-            .or_default()
-            .0
-            .push(b.name_any());
-    }
-    for t in &templates {
-        by_ns
-            .entry(t.namespace().unwrap_or_default())
-            .or_default()
-            .1
-            .push(t.name_any());
-    }
+    let by_ns = by_namespace(
+        buffers.iter().map(|b| &b.metadata),
+        templates.iter().map(|t| &t.metadata),
+    );
     let mut done = vec![];
     for (ns, (b, t)) in by_ns.into_iter().filter(|(ns, _)| covers(ns)) {
         delete_named(client, &fence, &ns, &b, &t).await?;

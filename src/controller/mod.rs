@@ -1130,7 +1130,6 @@ fn decide_now(
     let mut inputs = observe::observe(
         &ctx.stores,
         plan,
-        &ctx.settings.operator,
         &release,
         now,
         overlay.contains_key(&key),

@@ -22,9 +22,9 @@ use super::latency::plan_key;
 use crate::admission::fit::{OnIndex, Placement, PlanKey};
 use crate::admission::ledger::{Candidate, QueueKey};
 use crate::admission::objects::{self, ClusterObject, status_cluster};
-use crate::admission::settings::Operator;
 use crate::admission::observed::{DynPod, PodRef};
 use crate::admission::pass::Pass;
+use crate::admission::settings::Operator;
 use crate::admission::{Cluster, Inputs, ServiceError, Settings};
 use crate::capacity::{ClusterState, PodGroup, PodRecord};
 use crate::kuberay::{
@@ -144,29 +144,28 @@ pub fn releases(stores: &Stores, flag: Option<KubeRayVersion>) -> Releases {
     Releases::from_stamps(stamps, flag)
 }
 
-/// The inputs of one decision for `plan`, read from the caches; `cluster`
-/// answers the capacity questions if the decision asks them. `release` is
-/// the KubeRay release of the plan's namespace (see [`releases`]);
-/// `operator` the flags every plan's settings are read under.
+/// The inputs of one decision for `plan`, read from the caches; `world`
+/// answers the capacity questions if the decision asks them, and carries
+/// the operator's flags every plan's settings are read under. `release` is
+/// the KubeRay release of the plan's namespace (see [`releases`]).
 pub fn observe<'a>(
     stores: &Stores,
     plan: &'a UpgradePlan,
-    operator: &Operator,
     release: &Release,
     now: Timestamp,
     admission_unseen: bool,
-    cluster: &'a dyn Cluster,
+    world: &'a World<'_>,
 ) -> Inputs<'a> {
     let ns = plan.namespace().unwrap_or_default();
     let svc_name = &plan.spec.ray_service_ref.name;
     let decide_on = |service, clusters: &[ClusterObject<'_>], pods| {
         objects::inputs(
             plan,
-            operator,
+            world.operator,
             release,
             now,
             admission_unseen,
-            cluster,
+            world,
             service,
             clusters,
             pods,
@@ -782,15 +781,7 @@ mod tests {
         let operator = Operator::default();
         let world = World::new(&stores, &overlay, &releases, &operator, now);
         let release = releases.for_namespace("ml-serving");
-        let inp = observe(
-            &stores,
-            &plan,
-            &operator,
-            &release,
-            now,
-            false,
-            &world,
-        );
+        let inp = observe(&stores, &plan, &release, now, false, &world);
         let d = crate::admission::decide(&inp);
         let msg = d.status.message.clone().unwrap_or_default();
         assert_eq!(d.status.phase, Phase::Error, "{msg}");
@@ -858,7 +849,10 @@ mod tests {
         let version = Releases::default();
 
         let none = Overlay::new();
-        assert_eq!(waiting_plans(&stores, &Operator::default(), None, &none, &version, now).len(), 1);
+        assert_eq!(
+            waiting_plans(&stores, &Operator::default(), None, &none, &version, now).len(),
+            1
+        );
         assert!(ledger_pods(&stores, None, &none, &version).is_empty());
 
         let admitted = Overlay::from([(
@@ -871,7 +865,17 @@ mod tests {
                 surge: vec![],
             },
         )]);
-        assert!(waiting_plans(&stores, &Operator::default(), None, &admitted, &version, now).is_empty());
+        assert!(
+            waiting_plans(
+                &stores,
+                &Operator::default(),
+                None,
+                &admitted,
+                &version,
+                now
+            )
+            .is_empty()
+        );
         let ledger = ledger_pods(&stores, None, &admitted, &version);
         assert!(
             !ledger.is_empty(),

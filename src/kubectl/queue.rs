@@ -100,7 +100,12 @@ pub fn queue_entries(plans: &[UpgradePlan]) -> Vec<QueueEntry> {
         }
         // The controller counts a queued plan without a recorded change
         // (never written so) as waiting since now: behind every other.
-        let candidate = QueueKey::of(p, effective_priority(p, status), Some(status), Timestamp::MAX);
+        let candidate = QueueKey::of(
+            p,
+            effective_priority(p, status),
+            Some(status),
+            Timestamp::MAX,
+        );
         if status.queued_for_capacity() {
             queued.push(candidate);
         } else {
