@@ -358,7 +358,7 @@ fn truncate(s: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::admission::Gate;
     use crate::autoscale::buffer::CapacityBufferSpec;
@@ -381,7 +381,8 @@ mod tests {
         p
     }
 
-    fn waiting() -> Decision {
+    /// A decision held for capacity (also `request`'s tests').
+    pub(in crate::autoscale) fn waiting() -> Decision {
         Decision {
             status: UpgradePlanStatus {
                 phase: Phase::WaitingForCapacity,

@@ -158,8 +158,7 @@ fn build(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, BTreeSet};
-    use std::time::Duration;
+    use std::collections::BTreeMap;
 
     use jiff::Timestamp;
     use serde_json::json;
@@ -167,10 +166,10 @@ mod tests {
     use super::*;
     use crate::admission::fit::Alone;
     use crate::admission::ledger::tests::key;
-    use crate::admission::{ChangeFacts, Gate, GateFacts, Outcome, ServiceFacts, Settings, decide};
+    use crate::admission::{ChangeFacts, ServiceFacts, decide};
     use crate::capacity::{ClusterState, PodGroup};
     use crate::upgradeplan::{
-        CapacityRequestMode, PendingChange, Phase, UpgradePlan, UpgradePlanSpec, UpgradePlanStatus,
+        CapacityRequestMode, UpgradePlan, UpgradePlanSpec, UpgradePlanStatus,
     };
 
     const FP: &str = "07e0ddeed0e9";
@@ -191,32 +190,20 @@ mod tests {
         p
     }
 
+    /// Held for capacity since 10:<minute>.
     fn waiting_status(minute: u32) -> UpgradePlanStatus {
-        UpgradePlanStatus {
-            phase: Phase::WaitingForCapacity,
-            waiting_for: Some("capacity: nvidia.com/gpu 8".into()),
-            message: Some("short by nvidia.com/gpu 8".into()),
-            pending_change: Some(PendingChange {
-                fingerprint: FP.into(),
-                triggering_paths: vec![],
-                detected_time: format!("2026-12-04T10:{minute:02}:00Z").parse().unwrap(),
-            }),
-            ..Default::default()
+        let mut s = report::tests::waiting().status;
+        if let Some(c) = s.pending_change.as_mut() {
+            c.detected_time = format!("2026-12-04T10:{minute:02}:00Z").parse().unwrap();
         }
+        s
     }
 
     /// The decision the rules made for `p`: held for capacity.
     fn held(p: &UpgradePlan) -> Decision {
-        Decision {
-            status: p.status.clone().unwrap(),
-            gate: Some(Gate::Hold),
-            events: vec![],
-            outcome: Some(Outcome::HeldCapacity),
-            requeue: Duration::from_secs(15),
-            overridden_by: None,
-            observed: Default::default(),
-            capacity_objects: Wanted::Close,
-        }
+        let mut d = report::tests::waiting();
+        d.status = p.status.clone().unwrap();
+        d
     }
 
     fn gpu_worker() -> PodGroup {
@@ -254,33 +241,36 @@ mod tests {
     fn settled(p: &UpgradePlan, f: &Facts) -> (Decision, Wanted) {
         let state = ClusterState::default();
         let alone = Alone(&state);
-        let inp = Inputs {
-            now: now(),
-            plan: p,
-            settings: Settings::of(p),
-            release: crate::kuberay::Release::assumed(crate::kuberay::KubeRayVersion::latest()),
-            service: Ok(ServiceFacts::default()),
-            change: Ok(Some(ChangeFacts {
-                fingerprint: FP.into(),
-                triggering_paths: vec![],
-                new_pods: vec![gpu_worker()],
-                surge: None,
-            })),
-            verdict: None,
-            incremental: None,
-            clusters: BTreeSet::new(),
-            pods: BTreeMap::new(),
-            pending_ready: false,
-            pending_fingerprint: None,
-            gate: GateFacts::default(),
-            admission_unseen: false,
-            quota: None,
-            capacity_request: Some(f.clone()),
-            cluster: &alone,
-        };
+        let mut inp = no_service(p, &alone);
+        inp.service = Ok(ServiceFacts::default());
+        inp.change = Ok(Some(ChangeFacts {
+            fingerprint: FP.into(),
+            triggering_paths: vec![],
+            new_pods: vec![gpu_worker()],
+            surge: None,
+        }));
+        inp.capacity_request = Some(f.clone());
         let mut d = held(p);
         let w = settle(&inp, f, &mut d);
         (d, w)
+    }
+
+    /// The inputs of `p` whose RayService is missing.
+    fn no_service<'a>(p: &'a UpgradePlan, alone: &'a Alone<'a>) -> Inputs<'a> {
+        crate::admission::objects::inputs(
+            p,
+            &Default::default(),
+            &crate::kuberay::Release::assumed(crate::kuberay::KubeRayVersion::latest()),
+            now(),
+            false,
+            alone,
+            Err(crate::admission::ServiceError::NotFound {
+                namespace: "ml".into(),
+                name: "me".into(),
+            }),
+            &[],
+            BTreeMap::new(),
+        )
     }
 
     fn state(d: &Decision) -> Option<(CapacityRequestState, Option<u32>)> {
@@ -386,20 +376,7 @@ mod tests {
         let state = ClusterState::default();
         let alone = Alone(&state);
         let f = facts(1, vec![], &[]);
-        let mut inp = crate::admission::objects::inputs(
-            &me,
-            &Default::default(),
-            &crate::kuberay::Release::assumed(crate::kuberay::KubeRayVersion::latest()),
-            now(),
-            false,
-            &alone,
-            Err(crate::admission::ServiceError::NotFound {
-                namespace: "ml".into(),
-                name: "me".into(),
-            }),
-            &[],
-            BTreeMap::new(),
-        );
+        let mut inp = no_service(&me, &alone);
         let d = decide(&inp);
         assert_eq!(d.capacity_objects, Wanted::Close);
         inp.capacity_request = Some(f);

@@ -77,6 +77,22 @@ fn label<'a>(meta: &'a kube::api::ObjectMeta, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
+/// The plans an object raygate made wakes: its owner (by the uid label),
+/// and the plans `also` names.
+pub(super) fn plans_of(
+    plans: &Store<UpgradePlan>,
+    object: &kube::api::ObjectMeta,
+    also: impl Fn(&UpgradePlan) -> bool,
+) -> Vec<ObjectRef<UpgradePlan>> {
+    let uid = label(object, LABEL_PLAN_UID);
+    plans
+        .state()
+        .iter()
+        .filter(|p| uid.is_some() && p.metadata.uid.as_deref() == uid || also(p))
+        .map(|p| ObjectRef::from_obj(p.as_ref()))
+        .collect()
+}
+
 impl Shell {
     /// No requests: nothing is watched or written.
     pub fn off(defaults: Defaults) -> Shell {
@@ -112,19 +128,13 @@ impl Shell {
             |_| {},
             |_: &CapacityBuffer| None,
             move |b: &CapacityBuffer| {
-                let uid = label(&b.metadata, LABEL_PLAN_UID);
-                plans
-                    .state()
-                    .iter()
-                    .filter(|p| {
-                        p.metadata.uid.as_deref() == uid
-                            || p.status
-                                .as_ref()
-                                .and_then(|s| s.capacity_request.as_ref())
-                                .is_some_and(|r| r.state == CapacityRequestState::Queued)
-                    })
-                    .map(|p| ObjectRef::from_obj(p.as_ref()))
-                    .collect()
+                let queued = |p: &UpgradePlan| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.capacity_request.as_ref())
+                        .is_some_and(|r| r.state == CapacityRequestState::Queued)
+                };
+                plans_of(&plans, &b.metadata, queued)
             },
             tx.clone(),
         );
@@ -134,15 +144,7 @@ impl Shell {
             cache::scoped_watcher::<PodTemplate>(client, namespaces, wc),
             |t: &mut PodTemplate| t.template = None,
             |_: &PodTemplate| None,
-            move |t: &PodTemplate| {
-                let uid = label(&t.metadata, LABEL_PLAN_UID);
-                plans_of_template
-                    .state()
-                    .iter()
-                    .filter(|p| uid.is_some() && p.metadata.uid.as_deref() == uid)
-                    .map(|p| ObjectRef::from_obj(p.as_ref()))
-                    .collect()
-            },
+            move |t: &PodTemplate| plans_of(&plans_of_template, &t.metadata, |_| false),
             tx,
         );
         let ready = Arc::new(AtomicBool::new(false));
