@@ -359,12 +359,7 @@ pub(super) fn admitted(b: &mut Builder<'_>) -> String {
 /// to end: never a third cluster, nor a pending cluster KubeRay would
 /// prepare and drop. It is shown as the next batch (`status.batch` with
 /// `afterTransitionTo`), one Event when a change joins it.
-pub(super) fn during_transition(
-    b: &mut Builder<'_>,
-    inp: &Inputs<'_>,
-    to: Option<&str>,
-    admitted: &str,
-) {
+pub fn during_transition(b: &mut Builder<'_>, inp: &Inputs<'_>, to: Option<&str>, admitted: &str) {
     let change = match (&inp.change, to) {
         (Ok(Some(c)), Some(to)) if c.fingerprint != admitted => (c, to),
         _ => {

@@ -577,7 +577,7 @@ pub struct Observations {
     /// New clusters a batch admitted now saved (its changes but one):
     /// `raygate_recreations_avoided_total`.
     pub recreations_avoided: u32,
-    /// The plan's gauges ([`Observations::gauges`]).
+    /// The plan's gauges, read off the finished decision.
     pub phase: crate::upgradeplan::Phase,
     /// Since when the pending change has been held, while a phase holds it.
     pub waiting_since: Option<Timestamp>,

@@ -40,7 +40,7 @@ pub struct Stores {
     pub clusters: Store<DeserializeGuard<RayCluster>>,
     /// Nodes and pods, aggregated per node (see [`crate::capacity::index`]).
     pub capacity: super::cache::SharedIndex,
-    /// The last admission pass (see [`current_pass`]).
+    /// The last admission pass (see [`World`]'s `pass`).
     pub pass: PassCache,
     pub limit_ranges: Store<LimitRange>,
     pub runtime_classes: Store<RuntimeClass>,
@@ -504,7 +504,7 @@ impl Cluster for World<'_> {
         )
     }
 
-    /// Kept per digest of the world (see [`world_key`]). The index is not
+    /// Kept per digest of the world (see `world_digest`). The index is not
     /// held while `run` reads it again: a second read lock taken by the same
     /// thread waits behind a queued writer forever.
     fn pass(&self, run: &dyn Fn() -> crate::Result<Pass>) -> crate::Result<Arc<Pass>> {

@@ -498,7 +498,7 @@ pub fn reserved(workloads: &[Arc<Workload>]) -> BTreeMap<(String, String), f64> 
 }
 
 /// Deletes the reservations no plan's status names (a plan gone, a change
-/// over), older than [`SWEEP_GRACE`]; exports what the others hold.
+/// over), older than `SWEEP_GRACE`; exports what the others hold.
 pub async fn sweep(ctx: &Context) {
     let shell = &ctx.reservations;
     if shell.workloads.is_none() {
