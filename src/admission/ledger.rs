@@ -67,8 +67,9 @@ impl QueueKey {
         self.priority.0
     }
 
-    /// The plan's `(namespace, name)`.
-    pub fn plan(&self) -> super::fit::PlanKey {
+    /// The plan's `(namespace, name)` (`fit::PlanKey`; named so here, the
+    /// fit imports the ledger).
+    pub fn plan(&self) -> (String, String) {
         (self.namespace.clone(), self.name.clone())
     }
 

@@ -293,7 +293,8 @@ fn facts(
 pub fn decide(ctx: &Context, inputs: &mut Inputs<'_>) -> Decision {
     let shell = &ctx.buffers;
     let plans = ctx.stores.plans.state();
-    let seen = facts(ctx, inputs.plan, &plans, &lock(&shell.recent));
+    let recent = lock(&shell.recent).clone();
+    let seen = facts(ctx, inputs.plan, &plans, &recent);
     let open_seen = seen.open_now.clone();
     inputs.capacity_request = Some(seen);
     let mut d = admission::decide(inputs);
