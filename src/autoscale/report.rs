@@ -358,7 +358,7 @@ fn truncate(s: &str) -> String {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::admission::Gate;
     use crate::autoscale::buffer::CapacityBufferSpec;
@@ -381,8 +381,9 @@ pub(super) mod tests {
         p
     }
 
-    /// A decision held for capacity (also `request`'s tests').
-    pub(in crate::autoscale) fn waiting() -> Decision {
+    /// A decision held for capacity (also `request`'s and the controller's
+    /// tests').
+    pub(crate) fn waiting() -> Decision {
         Decision {
             status: UpgradePlanStatus {
                 phase: Phase::WaitingForCapacity,

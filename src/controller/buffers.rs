@@ -297,22 +297,44 @@ pub fn decide(ctx: &Context, inputs: &mut Inputs<'_>) -> Decision {
     let seen = facts(ctx, inputs.plan, &plans, &recent);
     let open_seen = seen.open_now.clone();
     inputs.capacity_request = Some(seen);
-    let mut d = admission::decide(inputs);
-    if !d.capacity_objects.opens() {
-        return d;
-    }
-    let mut recent = lock(&shell.recent);
-    let open_now = shell.open_now(&recent, &plans);
-    if open_now != open_seen {
+    let d = admission::decide(inputs);
+    let key = plan_key(inputs.plan);
+    shell.reserve(key, &plans, &open_seen, d, |open_now| {
         if let Some(f) = inputs.capacity_request.as_mut() {
             f.open_now = open_now;
         }
-        d = admission::decide(inputs);
+        admission::decide(inputs)
+    })
+}
+
+impl Shell {
+    /// Reserves `key`'s slot if `d`, decided on the open plans `seen`,
+    /// takes one. Under the lock of `recent`, on the plans open now: when
+    /// another plan reserved one since (or the cache moved), `again`
+    /// decides on what is open now, and only its answer is reserved.
+    fn reserve(
+        &self,
+        key: PlanKey,
+        plans: &[Arc<UpgradePlan>],
+        seen: &BTreeSet<PlanKey>,
+        d: Decision,
+        again: impl FnOnce(BTreeSet<PlanKey>) -> Decision,
+    ) -> Decision {
+        if !d.capacity_objects.opens() {
+            return d;
+        }
+        let mut recent = lock(&self.recent);
+        let open_now = self.open_now(&recent, plans);
+        let d = if open_now == *seen {
+            d
+        } else {
+            again(open_now)
+        };
+        if d.capacity_objects.opens() {
+            recent.insert(key);
+        }
+        d
     }
-    if d.capacity_objects.opens() {
-        recent.insert(plan_key(inputs.plan));
-    }
-    d
 }
 
 /// Makes the plan's objects match `wanted`. Never an error of the
@@ -690,6 +712,49 @@ mod tests {
                 replicas,
             },
         )
+    }
+
+    /// A decision that takes a request slot, or not.
+    fn decided(opens: bool) -> Decision {
+        let mut d = crate::autoscale::report::tests::waiting();
+        if opens {
+            d.capacity_objects = Wanted::Open {
+                fingerprint: "abc".into(),
+                objects: vec![],
+            };
+        }
+        d
+    }
+
+    /// Two plans decided at once, each on the plans open before either
+    /// reserved: the first to reserve takes the last slot, the second is
+    /// decided again on what is open now and reserves nothing.
+    #[test]
+    fn two_plans_decided_at_once_do_not_both_take_the_last_slot() {
+        let shell = Shell::off(Defaults {
+            enabled: true,
+            max_open: 1,
+            ..Defaults::default()
+        });
+        let key = |n: &str| ("ml".to_string(), n.to_string());
+        let seen = BTreeSet::new();
+        let d = shell.reserve(key("a"), &[], &seen, decided(true), |_| {
+            panic!("nothing moved: the decision stands")
+        });
+        assert!(d.capacity_objects.opens());
+        let mut asked = None;
+        let d = shell.reserve(key("b"), &[], &seen, decided(true), |open| {
+            asked = Some(open);
+            decided(false)
+        });
+        assert_eq!(asked, Some(BTreeSet::from([key("a")])));
+        assert!(!d.capacity_objects.opens());
+        assert_eq!(*lock(&shell.recent), BTreeSet::from([key("a")]));
+        // A decision that takes no slot reserves nothing and is not redone.
+        let d = shell.reserve(key("c"), &[], &seen, decided(false), |_| {
+            panic!("not asked")
+        });
+        assert!(!d.capacity_objects.opens());
     }
 
     #[test]
