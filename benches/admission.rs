@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::Instant;
 
-use raygate::admission::ledger::{Candidate, order};
+use raygate::admission::ledger::{Candidate, QueueKey, order};
 use raygate::admission::pass::run_on;
 use raygate::capacity::{CapacityIndex, ClusterState, FitRequest, PodGroup, ResourceList};
 use raygate::kuberay::{KubeRayVersion, RayService, planned_groups};
@@ -48,12 +48,14 @@ fn candidate(i: usize) -> Candidate {
         s.node_selector = None;
     }
     Candidate {
-        namespace: format!("team-{}", i % 40),
-        name: format!("svc-{i}"),
-        priority: (i % 3) as i32,
-        waiting_since: format!("2026-12-01T10:{:02}:{:02}Z", i / 60 % 60, i % 60)
-            .parse()
-            .unwrap_or_default(),
+        key: QueueKey::new(
+            format!("team-{}", i % 40),
+            format!("svc-{i}"),
+            (i % 3) as i32,
+            format!("2026-12-01T10:{:02}:{:02}Z", i / 60 % 60, i % 60)
+                .parse()
+                .unwrap_or_default(),
+        ),
         pods: vec![
             PodGroup::from(head),
             PodGroup::indexed(
@@ -112,7 +114,7 @@ fn main() {
     let admitted = queue
         .iter()
         .filter(|c| {
-            pass.get(&c.namespace, &c.name)
+            pass.get(&c.key.namespace, &c.key.name)
                 .and_then(|r| r.as_ref().ok())
                 .is_some_and(|r| r.fits)
         })
@@ -123,8 +125,14 @@ fn main() {
     let cpu_start = common::cpu_ms();
     let mut agree = 0;
     for c in &queue {
-        let reserved = reserved_on(&index, &rules, &ledger, &queue, (&c.namespace, &c.name))
-            .unwrap_or_default();
+        let reserved = reserved_on(
+            &index,
+            &rules,
+            &ledger,
+            &queue,
+            (&c.key.namespace, &c.key.name),
+        )
+        .unwrap_or_default();
         let alone = index.fit(
             &rules,
             &FitRequest {
@@ -136,7 +144,7 @@ fn main() {
         );
         let fits = alone.map(|r| r.fits).unwrap_or(false);
         let in_pass = pass
-            .get(&c.namespace, &c.name)
+            .get(&c.key.namespace, &c.key.name)
             .and_then(|r| r.as_ref().ok())
             .is_some_and(|r| r.fits);
         agree += usize::from(fits == in_pass);

@@ -477,13 +477,12 @@ async fn run(args: RunArgs) -> Result<()> {
             ),
         ));
     }
-    raygate::admission::priority::install(raygate::admission::priority::Ceilings::parse(
+    // Carried in the controller's settings into every plan's (no process-wide state).
+    let operator = raygate::admission::settings::Operator::parse(
         &args.max_priority,
-    )?);
-    raygate::admission::batch::install(raygate::admission::batch::Defaults::parse(
         &args.default_batching_quiet_period,
         &args.default_batching_max_delay,
-    )?);
+    )?;
     let config = config(&args.kube).await?;
     let metrics = Arc::new(Metrics::new()?);
     let health = Arc::new(Health::default());
@@ -552,6 +551,7 @@ async fn run(args: RunArgs) -> Result<()> {
         kuberay_version: args.kuberay_version,
         incremental_gate: args.kuberay_incremental_upgrades,
         instance: leader::default_identity(),
+        operator,
         capacity: raygate::autoscale::Defaults {
             enabled: args.capacity_requests,
             mode: match args.capacity_request_default {

@@ -20,7 +20,6 @@
 //!   at all, and the caller drops the batch;
 //! - the same fingerprint as before: nothing moves.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
@@ -42,11 +41,8 @@ pub struct Batching {
     pub max_delay: Duration,
 }
 
-/// The operator's default for plans without `spec.batching`
-/// (`--default-batching-quiet-period`, `--default-batching-max-delay`).
-static DEFAULT: OnceLock<Defaults> = OnceLock::new();
-
-/// The operator's batching flags.
+/// The operator's batching flags (`--default-batching-quiet-period`,
+/// `--default-batching-max-delay`), carried in [`super::settings::Operator`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Defaults {
     /// `None`: plans without `spec.batching` are not batched.
@@ -82,23 +78,10 @@ impl Defaults {
     }
 }
 
-/// Installs the operator's defaults (the first call wins).
-pub fn install(d: Defaults) {
-    let _ = DEFAULT.set(d);
-}
-
-fn defaults() -> Defaults {
-    DEFAULT.get().copied().unwrap_or_default()
-}
-
 impl Batching {
-    /// `spec.batching` (or the operator's default when unset); `None` when
-    /// the plan is not batched (`quietPeriod: 0s` turns a default off).
-    pub fn of(spec: Option<&BatchingSpec>) -> crate::Result<Option<Batching>> {
-        Batching::with_defaults(spec, defaults())
-    }
-
-    fn with_defaults(spec: Option<&BatchingSpec>, d: Defaults) -> crate::Result<Option<Batching>> {
+    /// `spec.batching` (or the operator's default `d` when unset); `None`
+    /// when the plan is not batched (`quietPeriod: 0s` turns a default off).
+    pub fn of(spec: Option<&BatchingSpec>, d: Defaults) -> crate::Result<Option<Batching>> {
         let Some(spec) = spec else {
             return Ok(d.batching);
         };
@@ -376,12 +359,7 @@ pub(super) fn admitted(b: &mut Builder<'_>) -> String {
 /// to end: never a third cluster, nor a pending cluster KubeRay would
 /// prepare and drop. It is shown as the next batch (`status.batch` with
 /// `afterTransitionTo`), one Event when a change joins it.
-pub(super) fn during_transition(
-    b: &mut Builder<'_>,
-    inp: &Inputs<'_>,
-    to: Option<&str>,
-    admitted: &str,
-) {
+pub fn during_transition(b: &mut Builder<'_>, inp: &Inputs<'_>, to: Option<&str>, admitted: &str) {
     let change = match (&inp.change, to) {
         (Ok(Some(c)), Some(to)) if c.fingerprint != admitted => (c, to),
         _ => {
@@ -595,38 +573,35 @@ mod tests {
             max_delay: m.map(Into::into),
         };
         let d = Defaults::default();
-        assert_eq!(Batching::with_defaults(None, d).unwrap(), None);
+        assert_eq!(Batching::of(None, d).unwrap(), None);
         assert_eq!(
-            Batching::with_defaults(Some(&spec("30m", Some("6h"))), d).unwrap(),
+            Batching::of(Some(&spec("30m", Some("6h"))), d).unwrap(),
             Some(policy())
         );
         assert_eq!(
-            Batching::with_defaults(Some(&spec("30m", None)), d).unwrap(),
+            Batching::of(Some(&spec("30m", None)), d).unwrap(),
             Some(policy())
         );
         // Off for this plan whatever the default.
         let on = Defaults::parse("10m", "1h").unwrap();
         assert_eq!(
-            Batching::with_defaults(None, on).unwrap(),
+            Batching::of(None, on).unwrap(),
             Some(Batching {
                 quiet_period: Duration::from_secs(600),
                 max_delay: Duration::from_secs(3600)
             })
         );
-        assert_eq!(
-            Batching::with_defaults(Some(&spec("0s", None)), on).unwrap(),
-            None
-        );
+        assert_eq!(Batching::of(Some(&spec("0s", None)), on).unwrap(), None);
         assert_eq!(Defaults::parse("", "6h").unwrap().batching, None);
         assert!(Defaults::parse("soon", "6h").is_err());
-        let e = Batching::with_defaults(Some(&spec("1h", Some("30m"))), d)
+        let e = Batching::of(Some(&spec("1h", Some("30m"))), d)
             .unwrap_err()
             .to_string();
         assert!(
             e.starts_with("spec.batching.maxDelay: 30m is less than"),
             "{e}"
         );
-        let e = Batching::with_defaults(Some(&spec("x", Some("y"))), d)
+        let e = Batching::of(Some(&spec("x", Some("y"))), d)
             .unwrap_err()
             .to_string();
         assert!(

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use super::ledger::{self, Candidate};
+use super::ledger::{self, Candidate, QueueKey};
 use super::pass::Pass;
 use super::{ChangeFacts, Inputs, Settings};
 use crate::capacity::{self, CapacityIndex, ClusterState, FitReport, FitRequest, PodGroup};
@@ -99,13 +99,7 @@ pub fn of_change(
     let ledger = cluster.ledger(Some(&key));
     let mut queue = cluster.waiting(Some(&key));
     queue.push(Candidate {
-        namespace: key.namespace.clone(),
-        name: key.name.clone(),
-        priority: settings.priority,
-        waiting_since: inp
-            .prev()
-            .and_then(|s| s.pending_change.as_ref())
-            .map_or(inp.now, |c| c.detected_time),
+        key: QueueKey::of(inp.plan, settings.priority, inp.prev(), inp.now),
         pods: change.pods_to_fit().to_vec(),
         headroom: settings.headroom.clone(),
     });
@@ -212,9 +206,7 @@ mod tests {
         fn waiting(&self, except: Option<&PlanKey>) -> Vec<Candidate> {
             self.waiting
                 .iter()
-                .filter(|c| {
-                    except.is_none_or(|k| (&k.namespace, &k.name) != (&c.namespace, &c.name))
-                })
+                .filter(|c| except.is_none_or(|k| *k != c.key.plan()))
                 .cloned()
                 .collect()
         }
@@ -234,10 +226,7 @@ mod tests {
 
     fn candidate(name: &str, priority: i32, gpus: u32) -> Candidate {
         Candidate {
-            namespace: "ml".into(),
-            name: name.into(),
-            priority,
-            waiting_since: "2026-12-02T11:00:00Z".parse().unwrap(),
+            key: ledger::tests::key(name, priority, "2026-12-02T11:00:00Z"),
             pods: vec![PodGroup::from(gpu_pod(&format!("{name}-w-0"), gpus))],
             headroom: ResourceList::new(),
         }
@@ -282,6 +271,7 @@ mod tests {
             gate: GateFacts::default(),
             admission_unseen: unseen,
             quota: None,
+            capacity_request: None,
             cluster,
         };
         let change = ChangeFacts {
@@ -319,7 +309,7 @@ mod tests {
     fn a_waiting_plan_reads_its_result_from_the_pass() {
         let state = one_node(16);
         let mut me = candidate("me", 0, 8);
-        me.waiting_since = "2026-12-02T10:00:00Z".parse().unwrap();
+        me.key.since = "2026-12-02T10:00:00Z".parse().unwrap();
         let c = Others {
             state: &state,
             ledger: vec![],

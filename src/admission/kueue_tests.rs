@@ -139,7 +139,17 @@ fn decide_over(
             cluster: Ok(*rc),
         })
         .collect();
-    let mut inp = inputs(p, &release, now(), false, &alone, Ok(svc), &clusters, pods);
+    let mut inp = inputs(
+        p,
+        &Default::default(),
+        &release,
+        now(),
+        false,
+        &alone,
+        Ok(svc),
+        &clusters,
+        pods,
+    );
     inp.quota = quota;
     decide(&inp)
 }

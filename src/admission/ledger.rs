@@ -7,60 +7,96 @@
 //! upgrade (the ledger), then the waiting upgrades ordered before this one
 //! (priority, then waiting time) that fit, and only then this one.
 
+use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
 use super::observed::{ObservedPod, role_of};
 use jiff::Timestamp;
 
-#[cfg(test)]
-use crate::capacity::{ClusterState, fit};
 use crate::capacity::{FitRequest, PodGroup, ResourceList};
 use crate::podgroup::PodRole;
+use crate::upgradeplan::{PlanKey, UpgradePlan, UpgradePlanStatus};
+
+/// A plan's place in the admission queue. The derived order is the queue's:
+/// higher priority first, then longer waiting, then namespace and name (so
+/// every replica and every restart computes the same order). The ledger, the
+/// capacity requests ([`crate::autoscale::queue`]) and `kubectl raygate
+/// queue` all sort by it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QueueKey {
+    /// Reversed, so the highest priority sorts first.
+    priority: Reverse<i32>,
+    /// When the pending change was first seen.
+    pub since: Timestamp,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl QueueKey {
+    /// The key of the plan `namespace/name` ranked at `priority`, waiting
+    /// since `since`.
+    pub fn new(namespace: String, name: String, priority: i32, since: Timestamp) -> QueueKey {
+        QueueKey {
+            priority: Reverse(priority),
+            since,
+            namespace,
+            name,
+        }
+    }
+
+    /// The key of `plan` ranked at `priority` (`spec.priority` after its
+    /// namespace's ceiling), waiting since the pending change `status`
+    /// records, else since `now` (behind every plan that waited before).
+    pub fn of(
+        plan: &UpgradePlan,
+        priority: i32,
+        status: Option<&UpgradePlanStatus>,
+        now: Timestamp,
+    ) -> QueueKey {
+        QueueKey::new(
+            plan.metadata.namespace.clone().unwrap_or_default(),
+            plan.metadata.name.clone().unwrap_or_default(),
+            priority,
+            status
+                .and_then(|s| s.pending_change.as_ref())
+                .map_or(now, |c| c.detected_time),
+        )
+    }
+
+    /// The priority the plan ranks at.
+    pub fn priority(&self) -> i32 {
+        self.priority.0
+    }
+
+    /// The plan this key ranks.
+    pub fn plan(&self) -> PlanKey {
+        PlanKey::new(self.namespace.clone(), self.name.clone())
+    }
+
+    fn is(&self, (ns, name): (&str, &str)) -> bool {
+        self.namespace == ns && self.name == name
+    }
+}
 
 /// A waiting upgrade competing for capacity.
 #[derive(Debug, Clone)]
 pub struct Candidate {
-    pub namespace: String,
-    pub name: String,
-    pub priority: i32,
-    pub waiting_since: Timestamp,
+    pub key: QueueKey,
     pub pods: Vec<PodGroup>,
     pub headroom: ResourceList,
 }
 
-impl Candidate {
-    fn key(&self) -> (&str, &str) {
-        (&self.namespace, &self.name)
-    }
-}
-
-/// Admission order: higher priority first, then longer waiting, then name
-/// (so every replica and every restart computes the same order).
+/// Admission order ([`QueueKey`]'s).
 pub fn order(queue: &mut [Candidate]) {
-    queue.sort_by(|a, b| {
-        b.priority
-            .cmp(&a.priority)
-            .then(a.waiting_since.cmp(&b.waiting_since))
-            .then(a.key().cmp(&b.key()))
-    });
+    queue.sort_by(|a, b| a.key.cmp(&b.key));
 }
 
 /// The pods to treat as already placed when deciding for `me`: the ledger
 /// (unbound pods of admitted upgrades) plus every candidate ahead of `me` in
 /// `queue` (already ordered) that fits on top of what came before it.
-/// Candidates ahead that do not fit do not block the ones behind them.
-#[cfg(test)]
-pub(crate) fn reserved_for(
-    state: &ClusterState,
-    ledger: &[PodGroup],
-    queue: &[Candidate],
-    me: (&str, &str),
-) -> crate::Result<Vec<PodGroup>> {
-    reserved_with(|r| fit(state, r), ledger, queue, me)
-}
-
-/// [`reserved_for`] with any way to fit (the controller's index, a state read
-/// whole, or a bench's baseline).
+/// Candidates ahead that do not fit do not block the ones behind them. Fits
+/// with any way to fit (the controller's index, a state read whole, or a
+/// bench's baseline).
 pub fn reserved_with(
     fit: impl Fn(&FitRequest) -> crate::Result<crate::capacity::FitReport>,
     ledger: &[PodGroup],
@@ -69,7 +105,7 @@ pub fn reserved_with(
 ) -> crate::Result<Vec<PodGroup>> {
     let mut reserved = ledger.to_vec();
     for c in queue {
-        if c.key() == me {
+        if c.key.is(me) {
             break;
         }
         let report = fit(&FitRequest {
@@ -109,11 +145,27 @@ pub fn unbound<P: ObservedPod + ?Sized>(planned: &[PodGroup], existing: &[&P]) -
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::admission::observed::group_of;
+    use crate::capacity::{ClusterState, fit};
     use k8s_openapi::api::core::v1::Pod;
     use serde_json::json;
+
+    /// [`reserved_with`] on a state read whole.
+    pub(crate) fn reserved_for(
+        state: &ClusterState,
+        ledger: &[PodGroup],
+        queue: &[Candidate],
+        me: (&str, &str),
+    ) -> crate::Result<Vec<PodGroup>> {
+        reserved_with(|r| fit(state, r), ledger, queue, me)
+    }
+
+    /// A queue key for tests: `ml/<name>`.
+    pub(crate) fn key(name: &str, priority: i32, since: &str) -> QueueKey {
+        QueueKey::new("ml".into(), name.into(), priority, since.parse().unwrap())
+    }
 
     fn gpu_pod(name: &str, group: &str, gpus: u32) -> Pod {
         serde_json::from_value(json!({
@@ -139,10 +191,7 @@ mod tests {
 
     fn cand(name: &str, priority: i32, since: &str, pods: Vec<Pod>) -> Candidate {
         Candidate {
-            namespace: "ml".into(),
-            name: name.into(),
-            priority,
-            waiting_since: since.parse().unwrap(),
+            key: key(name, priority, since),
             pods: pods.into_iter().map(PodGroup::from).collect(),
             headroom: ResourceList::new(),
         }
@@ -157,7 +206,7 @@ mod tests {
             cand("d", 0, "2026-12-01T09:00:00Z", vec![]),
         ];
         order(&mut q);
-        let names: Vec<_> = q.iter().map(|c| c.name.as_str()).collect();
+        let names: Vec<_> = q.iter().map(|c| c.key.name.as_str()).collect();
         assert_eq!(names, ["b", "d", "a", "c"]);
     }
 

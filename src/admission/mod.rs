@@ -193,10 +193,20 @@ pub struct ChangeFacts {
 }
 
 impl ChangeFacts {
-    /// The pods that must fit for the change to be admitted.
+    /// The pods that must fit for the change to be admitted: its surge when
+    /// incremental, else the whole new cluster.
     pub fn pods_to_fit(&self) -> &[crate::capacity::PodGroup] {
         self.surge.as_ref().map_or(&self.new_pods, |s| &s.pods)
     }
+}
+
+/// [`ChangeFacts::pods_to_fit`] of a change's pods taken apart (the pass's
+/// queue keeps only these).
+fn fitted_pods(
+    new_pods: Vec<crate::capacity::PodGroup>,
+    surge: Option<surge::Surge>,
+) -> Vec<crate::capacity::PodGroup> {
+    surge.map_or(new_pods, |s| s.pods)
 }
 
 /// The gate as observed on the RayService.
@@ -293,6 +303,10 @@ pub struct Inputs<'a> {
     /// Kueue's quota for a Kueue-managed RayService, when raygate's Kueue
     /// support is on (`--kueue`); `None`: quota is not a dimension.
     pub quota: Option<quota::QuotaFacts>,
+    /// The capacity requests to the node autoscaler, as the controller sees
+    /// them; `None` (the offline tools, the live fit): the decision leaves
+    /// `status.capacityRequest` as the rules rendered it and wants no objects.
+    pub capacity_request: Option<crate::autoscale::request::Facts>,
 }
 
 impl Inputs<'_> {
@@ -538,6 +552,10 @@ pub struct Decision {
     /// What the decision saw, as numbers: the controller exports these and
     /// never derives them again from the status it rendered.
     pub observed: Observations,
+    /// The plan's capacity request objects, as the decision wants them
+    /// ([`crate::autoscale::request`]); the controller only makes the
+    /// cluster match.
+    pub capacity_objects: crate::autoscale::request::Wanted,
 }
 
 /// What a decision observed, for metrics.
@@ -557,6 +575,17 @@ pub struct Observations {
     /// New clusters a batch admitted now saved (its changes but one):
     /// `raygate_recreations_avoided_total`.
     pub recreations_avoided: u32,
+    /// The plan's gauges, read off the finished decision.
+    pub phase: crate::upgradeplan::Phase,
+    /// Since when the pending change has been held, while a phase holds it.
+    pub waiting_since: Option<Timestamp>,
+    /// When the running transition was admitted, while one runs.
+    pub transition_since: Option<Timestamp>,
+    /// Another field manager keeps the gate.
+    pub gate_overridden: bool,
+    /// The `KubeRayRelease` condition is `False` for a release raygate
+    /// gates (a release too old to gate is reported, not a mismatch).
+    pub kuberay_release_mismatch: bool,
 }
 
 impl Observations {
@@ -564,6 +593,40 @@ impl Observations {
     pub fn fitted(&mut self, r: &crate::capacity::FitReport) {
         self.shortfall = as_numbers(&r.shortfall);
         self.free = as_numbers(&r.free);
+    }
+
+    /// The shortfall exported as a gauge: only while the plan waits for
+    /// capacity (a fit made for another reason is not a plan held short).
+    pub fn capacity_shortfall(&self) -> Option<&BTreeMap<String, f64>> {
+        (self.phase == crate::upgradeplan::Phase::WaitingForCapacity).then_some(&self.shortfall)
+    }
+
+    /// Records the gauges of the finished decision `d`.
+    fn gauges(d: &mut Decision) {
+        use crate::upgradeplan::{Phase, condition};
+        let s = &d.status;
+        let o = &mut d.observed;
+        o.phase = s.phase;
+        o.waiting_since = matches!(
+            s.phase,
+            Phase::Pending
+                | Phase::Batching
+                | Phase::WaitingForCapacity
+                | Phase::WaitingForApproval
+                | Phase::Paused
+        )
+        .then(|| s.pending_change.as_ref().map(|c| c.detected_time))
+        .flatten();
+        o.transition_since = s
+            .admitted
+            .as_ref()
+            .filter(|_| s.phase.is_in_flight())
+            .map(|a| a.admitted_time);
+        o.gate_overridden = d.overridden_by.is_some();
+        o.kuberay_release_mismatch = s.conditions.iter().any(|c| {
+            condition::is(c, condition::KUBERAY_RELEASE, condition::Status::False)
+                && c.reason != condition::Reason::NotGateable.as_str()
+        });
     }
 }
 
@@ -585,8 +648,10 @@ pub(crate) const REQUEUE_IDLE: Duration = Duration::from_secs(120);
 /// on its own.
 pub const ADMISSION_TTL: Duration = Duration::from_secs(120);
 
-/// Decide for one plan: the rules fill in the status, then an override of
-/// the gate by another field manager is reported.
+/// Decide for one plan, the whole decision: the rules fill in the status,
+/// an override of the gate by another field manager is reported, the
+/// capacity request is settled (its slot, its objects, its status), and the
+/// gauges are read off the result.
 pub fn decide(inp: &Inputs<'_>) -> Decision {
     let mut b = render::Builder::new(inp);
     rules::apply(&mut b, inp);
@@ -598,7 +663,12 @@ pub fn decide(inp: &Inputs<'_>) -> Decision {
             b.gate_overridden(owner, inp.gate.value.as_ref().map(UpgradeType::as_str));
     }
     b.observed.unschedulable_pods = pending_unschedulable(inp);
-    b.finish(overridden_by)
+    let mut d = b.finish(overridden_by);
+    if let Some(f) = &inp.capacity_request {
+        d.capacity_objects = crate::autoscale::request::settle(inp, f, &mut d);
+    }
+    Observations::gauges(&mut d);
+    d
 }
 
 /// Pods of the pending cluster the scheduler reported unschedulable.

@@ -16,6 +16,7 @@ use kube::ResourceExt;
 use kube::api::ObjectMeta;
 
 use super::observed::{DynPod, PodRef};
+use super::settings::Operator;
 use super::surge::{self, Surge};
 use super::{
     ChangeError, ChangeFacts, Cluster, GateFacts, Inputs, ServiceError, ServiceFacts, Settings,
@@ -24,7 +25,7 @@ use super::{
 use crate::capacity::PodGroup;
 use crate::kuberay::incremental;
 use crate::kuberay::{self, KubeRayVersion, RayCluster, RayService, Release, Verdict};
-use crate::upgradeplan::{PlanUpgradeType, UpgradePlan, ownership};
+use crate::upgradeplan::{Admission, PlanUpgradeType, UpgradePlan, ownership};
 
 /// One RayCluster of the service as read: its name, and its spec or why it
 /// could not be read.
@@ -57,10 +58,12 @@ pub fn is_cluster_of(meta: &ObjectMeta, svc: &RayService) -> bool {
 
 /// The inputs of one decision on `plan`: `service` is the RayService it
 /// names (or why there is none), `clusters` that service's RayClusters, and
-/// `pods` their pods per cluster name.
+/// `pods` their pods per cluster name; `operator` the flags every plan's
+/// settings are read under.
 #[allow(clippy::too_many_arguments)]
 pub fn inputs<'a>(
     plan: &'a UpgradePlan,
+    operator: &Operator,
     release: &Release,
     now: Timestamp,
     admission_unseen: bool,
@@ -75,7 +78,7 @@ pub fn inputs<'a>(
         now,
         plan,
         release: release.clone(),
-        settings: Settings::of(plan),
+        settings: Settings::parse(plan, operator),
         service: Err(ServiceError::NotFound {
             namespace: ns.clone(),
             name: plan.spec.ray_service_ref.name.clone(),
@@ -90,6 +93,7 @@ pub fn inputs<'a>(
         gate: GateFacts::default(),
         admission_unseen,
         quota: None,
+        capacity_request: None,
         cluster,
     };
     let svc = match service {
@@ -163,25 +167,26 @@ pub fn inputs<'a>(
     if let (Ok(None), Some(e)) = (&inp.change, over_budget(svc)) {
         (inp.change, inp.verdict) = (Err(e), None);
     }
-    // An incremental upgrade fits its surge next to the active cluster.
-    if let (Ok(Some(change)), Some(Ok(opts))) = (&mut inp.change, &inp.incremental) {
+    // What the change brings: an incremental upgrade fits its surge next to
+    // the active cluster.
+    if let Ok(Some(c)) = &inp.change {
         let active: Vec<&DynPod> = facts
             .active_cluster
             .as_ref()
             .and_then(|a| inp.pods.get(a))
             .map(|p| p.iter().map(AsRef::as_ref).collect())
             .unwrap_or_default();
-        match surge_of(
-            svc,
-            &change.new_pods,
-            &active,
-            opts,
-            version,
-            &cluster.rules().limit_ranges,
-        ) {
-            Ok(s) => change.surge = Some(s),
-            Err(e) => inp.change = Err(e.into()),
-        }
+        let opts = inp.incremental.as_ref().and_then(|o| o.as_ref().ok());
+        inp.change = change_pods(svc, opts, &active, version, &cluster.rules().limit_ranges)
+            .map(|(new_pods, surge)| {
+                Some(ChangeFacts {
+                    fingerprint: c.fingerprint.clone(),
+                    triggering_paths: c.triggering_paths.clone(),
+                    new_pods,
+                    surge,
+                })
+            })
+            .map_err(ChangeError::from);
     }
     inp.service = Ok(facts);
     inp
@@ -211,8 +216,44 @@ pub fn incremental_of(
         .then(|| incremental::validate(svc, &release.version.rules(), release.incremental_gate()))
 }
 
+/// What a plan's change brings, derived once for its own decision (the
+/// [`ChangeFacts`] of [`inputs`]) and for the admission pass's queue
+/// ([`pods_to_fit`]): the new cluster's pods and, for an incremental upgrade
+/// (`opts`), its surge next to the `active` cluster's pods.
+pub fn change_pods(
+    svc: &RayService,
+    opts: Option<&incremental::Options>,
+    active: &[&DynPod],
+    version: KubeRayVersion,
+    limit_ranges: &[LimitRange],
+) -> crate::Result<(Vec<PodGroup>, Option<Surge>)> {
+    let new_pods = new_cluster_pods(svc, version)?;
+    let surge = opts
+        .map(|o| surge_of(svc, &new_pods, active, o, version, limit_ranges))
+        .transpose()?;
+    Ok((new_pods, surge))
+}
+
+/// The pods a plan waiting in the queue must fit: its [`change_pods`], as
+/// [`ChangeFacts::pods_to_fit`] picks them for its own decision. An
+/// incremental upgrade whose options are invalid is an error (its own
+/// decision reports the problem).
+pub fn pods_to_fit(
+    plan: &UpgradePlan,
+    svc: &RayService,
+    release: &Release,
+    active: &[&DynPod],
+    limit_ranges: &[LimitRange],
+) -> crate::Result<Vec<PodGroup>> {
+    let opts = incremental_of(plan, svc, release)
+        .transpose()
+        .map_err(|p| crate::Error::invalid("RayService", p.to_string()))?;
+    let (new_pods, surge) = change_pods(svc, opts.as_ref(), active, release.version, limit_ranges)?;
+    Ok(super::fitted_pods(new_pods, surge))
+}
+
 /// The surge of `svc`'s new cluster next to its active cluster's pods.
-pub fn surge_of(
+fn surge_of(
     svc: &RayService,
     full: &[PodGroup],
     active: &[&DynPod],
@@ -223,6 +264,54 @@ pub fn surge_of(
     let bounds = incremental::group_bounds(svc, &version.rules());
     let active = surge::active_groups(active, limit_ranges)?;
     surge::plan(full, &bounds, &active, opts, limit_ranges)
+}
+
+/// The pending cluster of an admitted change: the one the RayService names,
+/// else the one the admission recorded.
+pub fn pending_cluster_of(svc: &RayService, adm: &Admission) -> Option<String> {
+    pending_cluster(svc).or(adm.to_cluster.clone())
+}
+
+/// The cluster the RayService's status names as pending.
+fn pending_cluster(svc: &RayService) -> Option<String> {
+    status_cluster(
+        svc.status
+            .as_ref()
+            .and_then(|s| s.pending_service_status.as_ref()),
+    )
+}
+
+/// The pods an admitted change still holds in the ledger: its new
+/// cluster's pods the scheduler has not bound (`existing` are the pending
+/// cluster's pods; `pending` is that cluster, planned from its own spec once
+/// it exists), or for an incremental transition its surge budget, held to
+/// the end next to the `active` cluster's pods.
+pub fn admitted_pods(
+    adm: &Admission,
+    svc: &RayService,
+    pending: Option<&RayCluster>,
+    existing: &[&DynPod],
+    active: &[&DynPod],
+    version: KubeRayVersion,
+) -> crate::Result<Vec<PodGroup>> {
+    let ns = svc.namespace().unwrap_or_default();
+    let planned = match pending {
+        Some(c) => kuberay::planned_groups(&c.name_any(), &ns, &c.spec, version)?,
+        None => new_cluster_pods(svc, version)?,
+    };
+    if adm.surge.is_empty() {
+        return Ok(super::ledger::unbound(&planned, existing));
+    }
+    let full = match pending {
+        Some(_) => new_cluster_pods(svc, version)?,
+        None => planned,
+    };
+    Ok(surge::held(
+        &full,
+        &adm.surge,
+        &surge::bound_by_group(active),
+        &surge::bound_by_group(existing),
+    ))
 }
 
 /// The pods KubeRay will create for the service's new cluster, named after
@@ -274,7 +363,7 @@ fn service_facts(svc: &RayService) -> ServiceFacts {
         pending_traffic_percent: pending.and_then(|p| p.traffic_routed_percent),
         active_target_capacity: active.and_then(|a| a.target_capacity),
         active_cluster: status_cluster(active),
-        pending_cluster: status_cluster(pending),
+        pending_cluster: pending_cluster(svc),
         pending_apps: pending
             .and_then(|p| p.application_statuses.as_ref())
             .map(|apps| {
@@ -357,15 +446,12 @@ fn change_against(
     if c.verdict != Verdict::NewCluster {
         return (Ok(None), Some(c.verdict), c.outage);
     }
-    let change = new_cluster_pods(svc, version)
-        .map(|pods| {
-            Some(ChangeFacts {
-                fingerprint: c.fingerprint.clone(),
-                triggering_paths: c.triggering_paths.clone(),
-                new_pods: pods,
-                surge: None,
-            })
-        })
-        .map_err(ChangeError::from);
-    (change, Some(c.verdict), None)
+    // Its pods are filled in by `inputs` ([`change_pods`]).
+    let change = ChangeFacts {
+        fingerprint: c.fingerprint.clone(),
+        triggering_paths: c.triggering_paths.clone(),
+        new_pods: vec![],
+        surge: None,
+    };
+    (Ok(Some(change)), Some(c.verdict), None)
 }

@@ -39,7 +39,7 @@ impl Pass {
     }
 }
 
-/// [`run`] on the controller's capacity index.
+/// `run` on the controller's capacity index.
 pub fn run_on(
     index: &crate::capacity::CapacityIndex,
     rules: &ClusterState,
@@ -70,7 +70,7 @@ pub(crate) fn run(
             Ok(n) => n,
             Err(e) => {
                 p.undo(mark);
-                results.insert(PlanKey::new(c.namespace.clone(), c.name.clone()), Err(e));
+                results.insert(c.key.plan(), Err(e));
                 continue;
             }
         };
@@ -96,10 +96,7 @@ pub(crate) fn run(
         } else {
             p.undo(mark);
         }
-        results.insert(
-            PlanKey::new(c.namespace.clone(), c.name.clone()),
-            Ok(report),
-        );
+        results.insert(c.key.plan(), Ok(report));
     }
     Ok(Pass { results })
 }
@@ -107,7 +104,7 @@ pub(crate) fn run(
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::admission::ledger::{self, reserved_for};
+    use crate::admission::ledger::{self, tests::reserved_for};
     use crate::capacity::node::capacity;
     use crate::capacity::{FitRequest, fit};
     use k8s_openapi::api::core::v1::Pod;
@@ -137,10 +134,7 @@ pub(super) mod tests {
 
     fn cand(name: &str, priority: i32, pods: Vec<(u32, usize)>) -> Candidate {
         Candidate {
-            namespace: "ml".into(),
-            name: name.into(),
-            priority,
-            waiting_since: "2026-12-01T10:00:00Z".parse().unwrap(),
+            key: ledger::tests::key(name, priority, "2026-12-01T10:00:00Z"),
             pods: pods
                 .into_iter()
                 .map(|(g, n)| {
@@ -168,7 +162,7 @@ pub(super) mod tests {
         assert_eq!(pass.len(), 5);
         let mut fits = vec![];
         for c in &q {
-            let reserved = reserved_for(&s, &ledger, &q, (&c.namespace, &c.name)).unwrap();
+            let reserved = reserved_for(&s, &ledger, &q, (&c.key.namespace, &c.key.name)).unwrap();
             let alone = fit(
                 &s,
                 &FitRequest {
@@ -179,11 +173,12 @@ pub(super) mod tests {
                 },
             )
             .unwrap();
-            let got = pass.get("ml", &c.name).unwrap().as_ref().unwrap();
-            assert_eq!(got.fits, alone.fits, "{}", c.name);
-            assert_eq!(got.shortfall, alone.shortfall, "{}", c.name);
-            assert_eq!(got.reserved, alone.reserved, "{}", c.name);
-            fits.push((c.name.as_str(), got.fits));
+            let name = &c.key.name;
+            let got = pass.get("ml", name).unwrap().as_ref().unwrap();
+            assert_eq!(got.fits, alone.fits, "{name}");
+            assert_eq!(got.shortfall, alone.shortfall, "{name}");
+            assert_eq!(got.reserved, alone.reserved, "{name}");
+            fits.push((name.as_str(), got.fits));
         }
         // 8+8+4+2 GPUs, 4 reserved (on the 4-GPU node): a takes 8, b 8; c
         // (2 × 2) finds 2 left and is undone, so e (2) gets them.

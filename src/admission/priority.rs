@@ -3,7 +3,6 @@
 //! cluster-wide queue by writing `priority: 1000`.
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
 
 use crate::upgradeplan::UpgradePlan;
 
@@ -49,23 +48,12 @@ impl Ceilings {
             None => wanted,
         }
     }
-}
 
-/// Set once at startup; a process-wide setting like the KubeRay version,
-/// kept here so the queue can read it without threading it through.
-static CEILINGS: OnceLock<Ceilings> = OnceLock::new();
-
-/// Installs the operator's ceilings (the first call wins).
-pub fn install(c: Ceilings) {
-    let _ = CEILINGS.set(c);
-}
-
-/// A plan's priority after its namespace's ceiling.
-pub fn of(plan: &UpgradePlan) -> i32 {
-    let ns = plan.metadata.namespace.as_deref().unwrap_or_default();
-    CEILINGS
-        .get()
-        .map_or(plan.spec.priority, |c| c.effective(ns, plan.spec.priority))
+    /// A plan's priority after its namespace's ceiling.
+    pub fn of(&self, plan: &UpgradePlan) -> i32 {
+        let ns = plan.metadata.namespace.as_deref().unwrap_or_default();
+        self.effective(ns, plan.spec.priority)
+    }
 }
 
 #[cfg(test)]

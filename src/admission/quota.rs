@@ -398,7 +398,7 @@ fn wait(b: &mut Builder<'_>, fp: &str, short: &str, long: &str, warn: bool) {
 /// in ~2 s). Waiting until its head pod exists and nothing of it is bound
 /// also means the switch cannot happen meanwhile: a cluster whose pods are
 /// all held by Kueue's gate is not ready.
-pub(super) fn refresh(b: &mut Builder<'_>, svc: &super::ServiceFacts, pods: PendingPods) {
+pub fn refresh(b: &mut Builder<'_>, svc: &super::ServiceFacts, pods: PendingPods) {
     let (Some(kueue), Some(pending), Some(q)) =
         (&svc.kueue, &svc.pending_cluster, b.status.quota.as_mut())
     else {

@@ -448,6 +448,7 @@ impl<'a> Builder<'a> {
             requeue: self.requeue,
             overridden_by,
             observed: self.observed,
+            capacity_objects: Default::default(),
         }
     }
 }

@@ -13,6 +13,32 @@ use crate::upgradeplan::UpgradePlan;
 /// The shortest `spec.stallAfter` (also the CRD's rule).
 pub const MIN_STALL_AFTER: Duration = Duration::from_secs(60);
 
+/// What the operator's flags set for every plan, read once at start-up and
+/// carried (in the controller's context, or `kubectl raygate fit`'s flags)
+/// into every [`Settings`]: no process-wide state, so a decision is a
+/// function of its inputs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Operator {
+    /// `--max-priority`: the namespaces' priority ceilings.
+    pub ceilings: super::priority::Ceilings,
+    /// `--default-batching-quiet-period`, `--default-batching-max-delay`.
+    pub batching: super::batch::Defaults,
+}
+
+impl Operator {
+    /// From the flags' values; an error names the flag.
+    pub fn parse(
+        max_priority: &[String],
+        batching_quiet_period: &str,
+        batching_max_delay: &str,
+    ) -> crate::Result<Operator> {
+        Ok(Operator {
+            ceilings: super::priority::Ceilings::parse(max_priority)?,
+            batching: super::batch::Defaults::parse(batching_quiet_period, batching_max_delay)?,
+        })
+    }
+}
+
 /// The typed spec of one plan.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -31,8 +57,9 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Parses `plan.spec`; the error names every offending field.
-    pub fn of(plan: &UpgradePlan) -> crate::Result<Settings> {
+    /// Parses `plan.spec` under the operator's flags; the error names every
+    /// offending field.
+    pub fn parse(plan: &UpgradePlan, operator: &Operator) -> crate::Result<Settings> {
         let spec = &plan.spec;
         let mut errors = vec![];
         let mut headroom = ResourceList::new();
@@ -88,7 +115,7 @@ impl Settings {
         let zone = schedule::Calendar::zone("spec.timeZone", spec.time_zone.as_deref())
             .map_err(|e| errors.push(e))
             .ok();
-        let batching = super::batch::Batching::of(spec.batching.as_ref())
+        let batching = super::batch::Batching::of(spec.batching.as_ref(), operator.batching)
             .map_err(|e| errors.push(e))
             .ok()
             .flatten();
@@ -96,7 +123,7 @@ impl Settings {
             return Err(e);
         }
         Ok(Settings {
-            priority: super::priority::of(plan),
+            priority: operator.ceilings.of(plan),
             headroom,
             stall_after: stall_after.unwrap_or_default(),
             calendar: {
@@ -120,6 +147,14 @@ mod tests {
     use super::*;
     use crate::upgradeplan::UpgradePlanSpec;
     use serde_json::json;
+
+    impl Settings {
+        /// Tests: `plan.spec` under no operator flags (no ceiling, no
+        /// default batching).
+        pub(crate) fn of(plan: &UpgradePlan) -> crate::Result<Settings> {
+            Settings::parse(plan, &Operator::default())
+        }
+    }
 
     fn plan(spec: serde_json::Value) -> UpgradePlan {
         let spec: UpgradePlanSpec = serde_json::from_value(spec).unwrap();
@@ -190,6 +225,26 @@ mod tests {
             let e = Settings::of(&plan(full)).unwrap_err().to_string();
             assert!(e.starts_with(field), "{field}: {e}");
         }
+    }
+
+    /// The operator's flags reach a plan's settings through `Operator`, not a
+    /// process-wide setting: two operators read the same plan differently.
+    #[test]
+    fn the_operators_ceilings_and_default_batching_apply() {
+        let mut p = plan(json!({"rayServiceRef": {"name": "llm"}, "priority": 10}));
+        p.metadata.namespace = Some("tenant".into());
+        let none = Settings::parse(&p, &Operator::default()).unwrap();
+        assert_eq!((none.priority, none.batching), (10, None));
+        let capped = Operator::parse(&["0".into(), "platform=100".into()], "10m", "1h").unwrap();
+        let s = Settings::parse(&p, &capped).unwrap();
+        assert_eq!(s.priority, 0);
+        let b = s.batching.unwrap();
+        assert_eq!(
+            (b.quiet_period, b.max_delay),
+            (Duration::from_secs(600), Duration::from_secs(3600))
+        );
+        let e = Operator::parse(&["high".into()], "", "6h").unwrap_err();
+        assert!(e.to_string().starts_with("--max-priority"), "{e}");
     }
 
     #[test]

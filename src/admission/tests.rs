@@ -277,6 +277,7 @@ impl Scenario {
             gate: self.gate,
             admission_unseen: false,
             quota: None,
+            capacity_request: None,
             cluster: &fit::Alone(&self.nodes),
         })
     }

@@ -17,13 +17,16 @@
 //! - [`queue`]: which waiting plans have a request open, in queue order and
 //!   under the cap (pure);
 //! - [`report`]: `status.capacityRequest`, its condition and Events, from
-//!   what is observed (pure).
+//!   what is observed (pure);
+//! - [`request`]: the three above as one step of the decision (pure:
+//!   [`crate::admission::decide`] runs it).
 //!
-//! The I/O (create, find again, delete) is `controller::buffers`.
+//! The I/O (reserve a slot, create, find again, delete) is `controller::buffers`.
 
 pub mod buffer;
 pub mod queue;
 pub mod report;
+pub mod request;
 pub mod shapes;
 
 use std::time::Duration;
@@ -44,7 +47,7 @@ pub const ANNOTATION_PLAN: &str = "raygate.io/upgradeplan";
 pub const ACTIVE_CAPACITY: &str = "buffer.x-k8s.io/active-capacity";
 
 /// The operator's defaults for plans that do not set `spec.capacity`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Defaults {
     /// `--capacity-requests`: raygate may create PodTemplates and
     /// CapacityBuffers at all (RBAC and the CRD are needed).

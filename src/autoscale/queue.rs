@@ -1,7 +1,7 @@
 //! Which waiting plans have a capacity request open. Pure.
 //!
 //! Requests follow the admission queue (priority, then waiting time, then
-//! name: [`crate::admission::ledger::order`]) and at most `max_open` plans
+//! name: [`QueueKey`]'s order) and at most `max_open` plans
 //! have buffers at once, so a GitOps sync that changes twenty RayServices
 //! does not buy twenty clusters' worth of nodes at once: the first
 //! `max_open` plans ask, the others are `Queued` and ask as those ahead are
@@ -13,26 +13,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use jiff::Timestamp;
+use crate::admission::ledger::QueueKey;
 
 use crate::upgradeplan::PlanKey;
-
-/// A plan waiting for capacity with requests on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Want {
-    pub namespace: String,
-    pub name: String,
-    /// `spec.priority` after the namespace's ceiling.
-    pub priority: i32,
-    /// When its pending change was first seen.
-    pub since: Timestamp,
-}
-
-impl Want {
-    fn key(&self) -> PlanKey {
-        PlanKey::new(self.namespace.clone(), self.name.clone())
-    }
-}
 
 /// A waiting plan's place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,14 +26,10 @@ pub enum Slot {
     Queued { position: u32 },
 }
 
-/// Every wanting plan's slot, in the admission queue's order.
-pub fn slots(mut wants: Vec<Want>, max_open: usize) -> BTreeMap<PlanKey, Slot> {
-    wants.sort_by(|a, b| {
-        b.priority
-            .cmp(&a.priority)
-            .then(a.since.cmp(&b.since))
-            .then((&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)))
-    });
+/// Every plan's slot, of the plans waiting for capacity with requests on,
+/// in the admission queue's order.
+pub fn slots(mut wants: Vec<QueueKey>, max_open: usize) -> BTreeMap<PlanKey, Slot> {
+    wants.sort();
     wants
         .iter()
         .enumerate()
@@ -62,7 +41,7 @@ pub fn slots(mut wants: Vec<Want>, max_open: usize) -> BTreeMap<PlanKey, Slot> {
                     position: u32::try_from(i - max_open + 1).unwrap_or(u32::MAX),
                 }
             };
-            (w.key(), slot)
+            (w.plan(), slot)
         })
         .collect()
 }
@@ -76,6 +55,29 @@ pub fn may_open(
     max_open: usize,
 ) -> bool {
     slots.get(me) == Some(&Slot::Open) && open_now.iter().filter(|k| *k != me).count() < max_open
+}
+
+/// The slot of `me` among `others` (the other plans that want a request):
+/// an open slot waits as the first queued one while `max_open` other plans
+/// still have buffers (one ahead still closing, or overtaken in the queue).
+pub fn slot_of(
+    me: &QueueKey,
+    others: &[QueueKey],
+    open_now: &BTreeSet<PlanKey>,
+    max_open: usize,
+) -> Slot {
+    let key = me.plan();
+    let mut wants: Vec<QueueKey> = others.iter().filter(|k| k.plan() != key).cloned().collect();
+    wants.push(me.clone());
+    let slots = slots(wants, max_open);
+    match slots.get(&key) {
+        Some(Slot::Open) if !may_open(&key, &slots, open_now, max_open) => {
+            Slot::Queued { position: 1 }
+        }
+        Some(slot) => *slot,
+        // Never: `me` is among the wants.
+        None => Slot::Queued { position: 1 },
+    }
 }
 
 /// Plans that have buffers but no open slot (admitted, withdrawn, gone,
@@ -93,13 +95,8 @@ mod tests {
     use super::*;
     use crate::admission::ledger::{self, Candidate};
 
-    fn want(name: &str, priority: i32, minute: u32) -> Want {
-        Want {
-            namespace: "ml".into(),
-            name: name.into(),
-            priority,
-            since: format!("2026-12-04T10:{minute:02}:00Z").parse().unwrap(),
-        }
+    fn want(name: &str, priority: i32, minute: u32) -> QueueKey {
+        ledger::tests::key(name, priority, &format!("2026-12-04T10:{minute:02}:00Z"))
     }
 
     fn key(n: &str) -> PlanKey {
@@ -138,10 +135,7 @@ mod tests {
         let mut cands: Vec<Candidate> = wants
             .iter()
             .map(|w| Candidate {
-                namespace: w.namespace.clone(),
-                name: w.name.clone(),
-                priority: w.priority,
-                waiting_since: w.since,
+                key: w.clone(),
                 pods: vec![],
                 headroom: Default::default(),
             })
@@ -153,9 +147,9 @@ mod tests {
             .filter(|(_, v)| **v == Slot::Open)
             .map(|(k, _)| k.name.clone())
             .collect();
-        assert_eq!(first, [cands[0].name.clone()]);
+        assert_eq!(first, [cands[0].key.name.clone()]);
         for (i, c) in cands.iter().enumerate().skip(1) {
-            assert_eq!(s[&key(&c.name)], Slot::Queued { position: i as u32 });
+            assert_eq!(s[&key(&c.key.name)], Slot::Queued { position: i as u32 });
         }
     }
 

@@ -18,7 +18,7 @@ use super::{LABEL_FINGERPRINT, LABEL_SHAPE};
 use crate::admission::stall::human_duration;
 use crate::admission::{Decision, EventNote, EventReason, Outcome};
 use crate::upgradeplan::{
-    BufferStatus, CapacityRequestState, CapacityRequestStatus, Phase, UpgradePlan,
+    BufferStatus, CapacityRequestState, CapacityRequestStatus, Fingerprint, Phase, UpgradePlan,
     UpgradePlanStatus, condition,
 };
 use condition::{Reason, Status};
@@ -41,18 +41,23 @@ pub struct Facts<'a> {
     pub error: Option<String>,
 }
 
+/// The fingerprint of the change `d` holds for capacity, if it does: only
+/// such a change may ask the node autoscaler.
+pub fn waiting_change(d: &Decision) -> Option<Fingerprint> {
+    let waiting = d.status.phase == Phase::WaitingForCapacity && d.status.admitted.is_none();
+    d.status
+        .pending_change
+        .as_ref()
+        .filter(|_| waiting)
+        .map(|c| c.fingerprint.clone())
+}
+
 /// Completes `d` (decided for `plan` at `now`) with the capacity request.
 pub fn annotate(d: &mut Decision, plan: &UpgradePlan, f: &Facts<'_>, now: Timestamp) {
     let prev = plan.status.clone().unwrap_or_default();
-    let waiting = d.status.phase == Phase::WaitingForCapacity && d.status.admitted.is_none();
-    let fingerprint = d
-        .status
-        .pending_change
-        .as_ref()
-        .map(|c| c.fingerprint.clone());
-    let (request, fingerprint) = match (&f.request, fingerprint) {
-        (Ok(Some(r)), Some(fp)) if waiting => (Ok(r), fp),
-        (Err(e), Some(fp)) if waiting => (Err(e.clone()), fp),
+    let (request, fingerprint) = match (&f.request, waiting_change(d)) {
+        (Ok(Some(r)), Some(fp)) => (Ok(r), fp),
+        (Err(e), Some(fp)) => (Err(e.clone()), fp),
         _ => return clear(d, &prev),
     };
     let mut st = CapacityRequestStatus {
@@ -353,7 +358,7 @@ fn truncate(s: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::admission::Gate;
     use crate::autoscale::buffer::CapacityBufferSpec;
@@ -376,7 +381,9 @@ mod tests {
         p
     }
 
-    fn waiting() -> Decision {
+    /// A decision held for capacity (also `request`'s and the controller's
+    /// tests').
+    pub(crate) fn waiting() -> Decision {
         Decision {
             status: UpgradePlanStatus {
                 phase: Phase::WaitingForCapacity,
@@ -395,6 +402,7 @@ mod tests {
             requeue: Duration::from_secs(15),
             overridden_by: None,
             observed: Default::default(),
+            capacity_objects: Default::default(),
         }
     }
 

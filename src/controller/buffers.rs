@@ -24,22 +24,23 @@ use std::time::Duration;
 
 use futures::channel::mpsc;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{LimitRange, PodTemplate};
+use k8s_openapi::api::core::v1::PodTemplate;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
 use super::{Context, cache, gate, guarded, spawn_cache};
-use crate::admission::{Decision, Inputs};
+use crate::admission::ledger::QueueKey;
+use crate::admission::settings::Operator;
+use crate::admission::{self, Decision, Inputs};
 use crate::autoscale::buffer::CapacityBuffer;
-use crate::autoscale::queue::{self, Slot, Want};
-use crate::autoscale::report::{self, Facts};
-use crate::autoscale::shapes::{self, Objects, Owner};
+use crate::autoscale::request;
+use crate::autoscale::shapes::Objects;
 use crate::autoscale::{self, Defaults, LABEL_FINGERPRINT, LABEL_PLAN_UID};
 use crate::leader::Fence;
 use crate::sync::lock;
-use crate::upgradeplan::{CapacityRequestState, Fingerprint, Phase, PlanKey, UpgradePlan};
+use crate::upgradeplan::{CapacityRequestState, Phase, PlanKey, UpgradePlan};
 use crate::{Error, Result};
 
 /// The selector of every object raygate makes for a request.
@@ -73,6 +74,22 @@ fn label<'a>(meta: &'a kube::api::ObjectMeta, key: &str) -> Option<&'a str> {
         .as_ref()
         .and_then(|l| l.get(key))
         .map(String::as_str)
+}
+
+/// The plans an object raygate made wakes: its owner (by the uid label),
+/// and the plans `also` names.
+pub(super) fn plans_of(
+    plans: &Store<UpgradePlan>,
+    object: &kube::api::ObjectMeta,
+    also: impl Fn(&UpgradePlan) -> bool,
+) -> Vec<ObjectRef<UpgradePlan>> {
+    let uid = label(object, LABEL_PLAN_UID);
+    plans
+        .state()
+        .iter()
+        .filter(|p| uid.is_some() && p.metadata.uid.as_deref() == uid || also(p))
+        .map(|p| ObjectRef::from_obj(p.as_ref()))
+        .collect()
 }
 
 impl Shell {
@@ -110,19 +127,13 @@ impl Shell {
             |_| {},
             |_: &CapacityBuffer| None,
             move |b: &CapacityBuffer| {
-                let uid = label(&b.metadata, LABEL_PLAN_UID);
-                plans
-                    .state()
-                    .iter()
-                    .filter(|p| {
-                        p.metadata.uid.as_deref() == uid
-                            || p.status
-                                .as_ref()
-                                .and_then(|s| s.capacity_request.as_ref())
-                                .is_some_and(|r| r.state == CapacityRequestState::Queued)
-                    })
-                    .map(|p| ObjectRef::from_obj(p.as_ref()))
-                    .collect()
+                let queued = |p: &UpgradePlan| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.capacity_request.as_ref())
+                        .is_some_and(|r| r.state == CapacityRequestState::Queued)
+                };
+                plans_of(&plans, &b.metadata, queued)
             },
             tx.clone(),
         );
@@ -132,15 +143,7 @@ impl Shell {
             cache::scoped_watcher::<PodTemplate>(client, namespaces, wc),
             |t: &mut PodTemplate| t.template = None,
             |_: &PodTemplate| None,
-            move |t: &PodTemplate| {
-                let uid = label(&t.metadata, LABEL_PLAN_UID);
-                plans_of_template
-                    .state()
-                    .iter()
-                    .filter(|p| uid.is_some() && p.metadata.uid.as_deref() == uid)
-                    .map(|p| ObjectRef::from_obj(p.as_ref()))
-                    .collect()
-            },
+            move |t: &PodTemplate| plans_of(&plans_of_template, &t.metadata, |_| false),
             tx,
         );
         let ready = Arc::new(AtomicBool::new(false));
@@ -223,172 +226,111 @@ impl Shell {
     }
 }
 
-/// What a decision wants done with the plan's objects.
-#[derive(Debug)]
-pub enum Wanted {
-    /// Keep these (one change's) and no other.
-    Open {
-        fingerprint: Fingerprint,
-        objects: Vec<Objects>,
-    },
-    /// None.
-    Close,
-}
+pub use crate::autoscale::request::Wanted;
 
 /// A plan that wants a request, as the cache records it.
-fn recorded_want(p: &UpgradePlan, d: &Defaults) -> Option<Want> {
+fn recorded_want(p: &UpgradePlan, d: &Defaults, operator: &Operator) -> Option<QueueKey> {
     let s = p.status.as_ref()?;
-    if s.phase != Phase::WaitingForCapacity || s.admitted.is_some() {
+    if s.phase != Phase::WaitingForCapacity || s.admitted.is_some() || s.pending_change.is_none() {
         return None;
     }
     autoscale::resolve(p, d).ok()??;
-    Some(Want {
-        namespace: p.namespace().unwrap_or_default(),
-        name: p.name_any(),
-        priority: crate::admission::priority::of(p),
-        since: s.pending_change.as_ref()?.detected_time,
+    Some(QueueKey::of(
+        p,
+        operator.ceilings.of(p),
+        Some(s),
+        Timestamp::MAX,
+    ))
+}
+
+/// What a decision on `plan` reads about capacity requests, with `recent`
+/// (the plans this process reserved a slot for) counted as open.
+fn facts(
+    ctx: &Context,
+    plan: &UpgradePlan,
+    plans: &[Arc<UpgradePlan>],
+    recent: &BTreeSet<PlanKey>,
+) -> request::Facts {
+    let shell = &ctx.buffers;
+    let key = plan.key();
+    let ns = key.namespace.as_str();
+    request::Facts {
+        defaults: shell.defaults.clone(),
+        others: plans
+            .iter()
+            .filter(|p| p.key() != key)
+            .filter_map(|p| recorded_want(p, &shell.defaults, &ctx.settings.operator))
+            .collect(),
+        open_now: shell.open_now(recent, plans),
+        buffers: plan
+            .metadata
+            .uid
+            .as_deref()
+            .map(|uid| shell.buffers_of(uid))
+            .unwrap_or_default(),
+        apply_error: lock(&shell.errors).get(&key).cloned(),
+        limit_ranges: ctx
+            .stores
+            .limit_ranges
+            .state()
+            .iter()
+            .filter(|l| l.metadata.namespace.as_deref() == Some(ns))
+            .map(|l| l.as_ref().clone())
+            .collect(),
+    }
+}
+
+/// Decides on `inputs` with what is observed of capacity requests, and
+/// reserves the slot the decision takes. Deciding and reserving are one
+/// step under the lock of `recent`: two plans reconciled at once (before
+/// either's objects reach the cache) must not both take the last slot. The
+/// decision is made on a copy of the open plans; if another plan reserved
+/// one since, it is made again under the lock, on what is open now.
+pub fn decide(ctx: &Context, inputs: &mut Inputs<'_>) -> Decision {
+    let shell = &ctx.buffers;
+    let plans = ctx.stores.plans.state();
+    let recent = lock(&shell.recent).clone();
+    let seen = facts(ctx, inputs.plan, &plans, &recent);
+    let open_seen = seen.open_now.clone();
+    inputs.capacity_request = Some(seen);
+    let d = admission::decide(inputs);
+    let key = inputs.plan.key();
+    shell.reserve(key, &plans, &open_seen, d, |open_now| {
+        if let Some(f) = inputs.capacity_request.as_mut() {
+            f.open_now = open_now;
+        }
+        admission::decide(inputs)
     })
 }
 
-/// Completes a fresh decision with the plan's capacity request
-/// ([`report::annotate`]) and says what its objects should be.
-pub fn settle(ctx: &Context, inputs: &Inputs<'_>, d: &mut Decision, now: Timestamp) -> Wanted {
-    let shell = &ctx.buffers;
-    let plan = inputs.plan;
-    let key = plan.key();
-    let request = autoscale::resolve(plan, &shell.defaults).map_err(|e| e.to_string());
-    let waiting = d.status.phase == Phase::WaitingForCapacity && d.status.admitted.is_none();
-    let fingerprint = d
-        .status
-        .pending_change
-        .as_ref()
-        .map(|c| c.fingerprint.clone());
-    let plans = ctx.stores.plans.state();
-    let mut slot = None;
-    let mut objects = None;
-    let mut error = lock(&shell.errors).get(&key).cloned();
-    if let (true, Ok(Some(r)), Some(fp), true) =
-        (waiting, &request, &fingerprint, shell.defaults.enabled)
-    {
-        let mut wants: Vec<Want> = plans
-            .iter()
-            .filter(|p| p.key() != key)
-            .filter_map(|p| recorded_want(p, &shell.defaults))
-            .collect();
-        wants.push(Want {
-            namespace: key.namespace.clone(),
-            name: key.name.clone(),
-            priority: inputs.settings.as_ref().map(|s| s.priority).unwrap_or(0),
-            since: d
-                .status
-                .pending_change
-                .as_ref()
-                .map_or(now, |c| c.detected_time),
-        });
-        let slots = queue::slots(wants, shell.defaults.max_open);
-        // Deciding and reserving happen under one lock: two plans reconciled
-        // at once (before either's objects reach the cache) must not both
-        // take the last slot.
-        let mut recent = lock(&shell.recent);
-        let open_now = shell.open_now(&recent, &plans);
-        slot = slots.get(&key).copied();
-        if slot == Some(Slot::Open)
-            && !queue::may_open(&key, &slots, &open_now, shell.defaults.max_open)
-        {
-            // Ahead in the queue, but others still hold every request slot.
-            slot = Some(Slot::Queued { position: 1 });
+impl Shell {
+    /// Reserves `key`'s slot if `d`, decided on the open plans `seen`,
+    /// takes one. Under the lock of `recent`, on the plans open now: when
+    /// another plan reserved one since (or the cache moved), `again`
+    /// decides on what is open now, and only its answer is reserved.
+    fn reserve(
+        &self,
+        key: PlanKey,
+        plans: &[Arc<UpgradePlan>],
+        seen: &BTreeSet<PlanKey>,
+        d: Decision,
+        again: impl FnOnce(BTreeSet<PlanKey>) -> Decision,
+    ) -> Decision {
+        if !d.capacity_objects.opens() {
+            return d;
         }
-        if slot == Some(Slot::Open) {
-            match build(ctx, inputs, fp, r) {
-                Ok(o) => {
-                    recent.insert(key.clone());
-                    objects = Some(o);
-                }
-                Err(e) => error = Some(e.to_string()),
-            }
+        let mut recent = lock(&self.recent);
+        let open_now = self.open_now(&recent, plans);
+        let d = if open_now == *seen {
+            d
+        } else {
+            again(open_now)
+        };
+        if d.capacity_objects.opens() {
+            recent.insert(key);
         }
-        drop(recent);
+        d
     }
-    let buffers = plan
-        .metadata
-        .uid
-        .as_deref()
-        .map(|uid| shell.buffers_of(uid))
-        .unwrap_or_default();
-    let facts = Facts {
-        enabled: shell.defaults.enabled,
-        request,
-        slot,
-        max_open: shell.defaults.max_open,
-        buffers: buffers.iter().map(AsRef::as_ref).collect(),
-        error,
-    };
-    report::annotate(d, plan, &facts, now);
-    let state = d.status.capacity_request.as_ref().map(|r| r.state);
-    let open = matches!(
-        state,
-        Some(CapacityRequestState::Requested | CapacityRequestState::NotDelivered)
-    );
-    // The last apply failed (the CRD missing, a 403) and the plan still has
-    // its slot: keep what was applied and try again, without deleting in
-    // between. Closing here made the status alternate Failed/Requested and
-    // the PodTemplates be applied and deleted on every reconcile, each write
-    // waking the plan again: a hot loop for as long as the fault lasted.
-    let retrying = state == Some(CapacityRequestState::Failed)
-        && objects.is_some()
-        && lock(&shell.errors).contains_key(&key);
-    match (open || retrying, objects, fingerprint) {
-        (true, Some(objects), Some(fingerprint)) => Wanted::Open {
-            fingerprint,
-            objects,
-        },
-        _ => Wanted::Close,
-    }
-}
-
-/// The objects of the plan's pending change.
-fn build(
-    ctx: &Context,
-    inputs: &Inputs<'_>,
-    fingerprint: &str,
-    r: &autoscale::Request,
-) -> Result<Vec<Objects>> {
-    let change = inputs
-        .change
-        .as_ref()
-        .ok()
-        .and_then(|c| c.as_ref())
-        .ok_or_else(|| Error::invalid("capacity request", "no pending change"))?;
-    let settings = inputs
-        .settings
-        .as_ref()
-        .map_err(|e| Error::invalid("capacity request", e.to_string()))?;
-    let ns = inputs.plan.namespace().unwrap_or_default();
-    let limit_ranges: Vec<LimitRange> = ctx
-        .stores
-        .limit_ranges
-        .state()
-        .iter()
-        .filter(|l| l.metadata.namespace.as_deref() == Some(ns.as_str()))
-        .map(|l| l.as_ref().clone())
-        .collect();
-    let shapes = shapes::shapes(change.pods_to_fit(), &settings.headroom, &limit_ranges)?;
-    let uid = inputs
-        .plan
-        .metadata
-        .uid
-        .as_deref()
-        .ok_or_else(|| Error::invalid("capacity request", "the plan has no uid yet"))?;
-    Ok(shapes::objects(
-        Owner {
-            namespace: &ns,
-            name: &inputs.plan.name_any(),
-            uid,
-        },
-        fingerprint,
-        &r.strategy,
-        &shapes,
-    ))
 }
 
 /// Makes the plan's objects match `wanted`. Never an error of the
@@ -611,7 +553,7 @@ pub async fn forget(ctx: &Context, plan: &UpgradePlan) -> Result<()> {
 
 /// Deletes the objects no plan wants: of a plan gone, of a change that is
 /// not its plan's recorded pending one, of a plan no longer waiting with an
-/// open request. Objects younger than [`SWEEP_GRACE`] are left to their
+/// open request. Objects younger than `SWEEP_GRACE` are left to their
 /// plan's reconcile.
 pub async fn sweep(ctx: &Context) {
     let shell = &ctx.buffers;
@@ -648,25 +590,13 @@ pub async fn sweep(ctx: &Context) {
             None => true,
         }
     };
-    let mut by_ns: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
-    for b in shell.buffers.iter().flat_map(|s| s.state()) {
-        if old(&b.metadata) && unwanted(&b.metadata) {
-            by_ns
-                .entry(b.namespace().unwrap_or_default())
-                .or_default()
-                .0
-                .push(b.name_any());
-        }
-    }
-    for t in shell.templates.iter().flat_map(|s| s.state()) {
-        if old(&t.metadata) && unwanted(&t.metadata) {
-            by_ns
-                .entry(t.namespace().unwrap_or_default())
-                .or_default()
-                .1
-                .push(t.name_any());
-        }
-    }
+    let stale = |m: &&kube::api::ObjectMeta| old(m) && unwanted(m);
+    let buffers: Vec<Arc<CapacityBuffer>> = shell.buffers.iter().flat_map(|s| s.state()).collect();
+    let templates: Vec<Arc<PodTemplate>> = shell.templates.iter().flat_map(|s| s.state()).collect();
+    let by_ns = by_namespace(
+        buffers.iter().map(|b| &b.metadata).filter(stale),
+        templates.iter().map(|t| &t.metadata).filter(stale),
+    );
     for (ns, (buffers, templates)) in by_ns {
         warn!(namespace = %ns, buffers = ?buffers, templates = ?templates,
               "capacity request objects no plan wants; deleting them");
@@ -698,6 +628,24 @@ pub async fn sweep(ctx: &Context) {
             .and_then(|u| u.as_ref())
             .is_some_and(|u| open.contains(u) || wanted.contains_key(u.as_str()))
     });
+}
+
+/// The names of buffers and of templates, per namespace.
+fn by_namespace<'m>(
+    buffers: impl Iterator<Item = &'m kube::api::ObjectMeta>,
+    templates: impl Iterator<Item = &'m kube::api::ObjectMeta>,
+) -> BTreeMap<String, (Vec<String>, Vec<String>)> {
+    let mut by_ns: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
+    let name = |m: &kube::api::ObjectMeta| m.name.clone().unwrap_or_default();
+    for m in buffers {
+        let ns = m.namespace.clone().unwrap_or_default();
+        by_ns.entry(ns).or_default().0.push(name(m));
+    }
+    for m in templates {
+        let ns = m.namespace.clone().unwrap_or_default();
+        by_ns.entry(ns).or_default().1.push(name(m));
+    }
+    by_ns
 }
 
 /// `raygate release`: deletes every PodTemplate and CapacityBuffer raygate
@@ -732,21 +680,10 @@ pub async fn release(
         Err(e) if absent(&e) => vec![],
         Err(e) => return Err(e.into()),
     };
-    let mut by_ns: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
-    for b in &buffers {
-        by_ns
-            .entry(b.namespace().unwrap_or_default())
-            .or_default()
-            .0
-            .push(b.name_any());
-    }
-    for t in &templates {
-        by_ns
-            .entry(t.namespace().unwrap_or_default())
-            .or_default()
-            .1
-            .push(t.name_any());
-    }
+    let by_ns = by_namespace(
+        buffers.iter().map(|b| &b.metadata),
+        templates.iter().map(|t| &t.metadata),
+    );
     let mut done = vec![];
     for (ns, (b, t)) in by_ns.into_iter().filter(|(ns, _)| covers(ns)) {
         delete_named(client, &fence, &ns, &b, &t).await?;
@@ -771,6 +708,49 @@ mod tests {
                 replicas,
             },
         )
+    }
+
+    /// A decision that takes a request slot, or not.
+    fn decided(opens: bool) -> Decision {
+        let mut d = crate::autoscale::report::tests::waiting();
+        if opens {
+            d.capacity_objects = Wanted::Open {
+                fingerprint: "abc".into(),
+                objects: vec![],
+            };
+        }
+        d
+    }
+
+    /// Two plans decided at once, each on the plans open before either
+    /// reserved: the first to reserve takes the last slot, the second is
+    /// decided again on what is open now and reserves nothing.
+    #[test]
+    fn two_plans_decided_at_once_do_not_both_take_the_last_slot() {
+        let shell = Shell::off(Defaults {
+            enabled: true,
+            max_open: 1,
+            ..Defaults::default()
+        });
+        let key = |n: &str| PlanKey::new("ml", n);
+        let seen = BTreeSet::new();
+        let d = shell.reserve(key("a"), &[], &seen, decided(true), |_| {
+            panic!("nothing moved: the decision stands")
+        });
+        assert!(d.capacity_objects.opens());
+        let mut asked = None;
+        let d = shell.reserve(key("b"), &[], &seen, decided(true), |open| {
+            asked = Some(open);
+            decided(false)
+        });
+        assert_eq!(asked, Some(BTreeSet::from([key("a")])));
+        assert!(!d.capacity_objects.opens());
+        assert_eq!(*lock(&shell.recent), BTreeSet::from([key("a")]));
+        // A decision that takes no slot reserves nothing and is not redone.
+        let d = shell.reserve(key("c"), &[], &seen, decided(false), |_| {
+            panic!("not asked")
+        });
+        assert!(!d.capacity_objects.opens());
     }
 
     #[test]

@@ -46,7 +46,7 @@ use crate::leader::Fence;
 use crate::metrics::{Metrics, PlanObservation};
 use crate::server::Health;
 use crate::sync::lock;
-use crate::upgradeplan::{Fingerprint, Phase, PlanKey, UpgradePlan, UpgradePlanStatus, condition};
+use crate::upgradeplan::{Fingerprint, Phase, PlanKey, UpgradePlan, UpgradePlanStatus};
 use crate::{Error, Result};
 
 use observe::{Overlay, Stores, World};
@@ -68,6 +68,9 @@ pub struct Settings {
     pub incremental_gate: Option<bool>,
     /// Identity in Events (`reportingInstance`).
     pub instance: String,
+    /// `--max-priority` and the default batching: read into every plan's
+    /// settings.
+    pub operator: crate::admission::settings::Operator,
     /// Capacity requests to the node autoscaler (`--capacity-requests` and
     /// the defaults of `spec.capacity`).
     pub capacity: crate::autoscale::Defaults,
@@ -1104,7 +1107,7 @@ fn decide_now(
 ) -> (Seen, Decision, Option<Timestamp>) {
     let releases = observe::releases(&ctx.stores, ctx.settings.kuberay_version)
         .with_incremental_gate(ctx.settings.incremental_gate);
-    let world = World::new(&ctx.stores, overlay, &releases, now);
+    let world = World::new(&ctx.stores, overlay, &releases, &ctx.settings.operator, now);
     let key = plan.key();
     let release = releases.for_namespace(&key.namespace);
     let mut inputs = observe::observe(
@@ -1116,8 +1119,8 @@ fn decide_now(
         &world,
     );
     inputs.quota = reservations::facts(ctx, &inputs, service_workload);
-    let mut decision = admission::decide(&inputs);
-    let wanted = buffers::settle(ctx, &inputs, &mut decision, now);
+    let decision = buffers::decide(ctx, &mut inputs);
+    let wanted = decision.capacity_objects.clone();
     let reservation = reservations::wanted(&inputs, &decision);
     let seen = Seen {
         gate: inputs.gate,
@@ -1261,52 +1264,27 @@ fn seconds_since(t: Timestamp, now: Timestamp) -> f64 {
 }
 
 fn observe_metrics(ctx: &Context, plan: &UpgradePlan, svc: &str, d: &Decision, now: Timestamp) {
-    let s = &d.status;
-    let waiting = matches!(
-        s.phase,
-        Phase::Pending
-            | Phase::Batching
-            | Phase::WaitingForCapacity
-            | Phase::WaitingForApproval
-            | Phase::Paused
-    )
-    .then(|| {
-        s.pending_change
-            .as_ref()
-            .map(|c| seconds_since(c.detected_time, now))
-    })
-    .flatten();
-    let transition = s
-        .admitted
-        .as_ref()
-        .filter(|_| s.phase.is_in_flight())
-        .map(|a| seconds_since(a.admitted_time, now));
+    // What the decision observed (`Decision::observed`), never the status
+    // read again.
+    let o = &d.observed;
     let none = std::collections::BTreeMap::new();
-    let shortfall = if s.phase == Phase::WaitingForCapacity {
-        &d.observed.shortfall
-    } else {
-        &none
-    };
     ctx.metrics.observe_plan(&PlanObservation {
         namespace: &plan.namespace().unwrap_or_default(),
         plan: &plan.name_any(),
         rayservice: svc,
-        phase: s.phase,
-        waiting_seconds: waiting,
-        transition_seconds: transition,
-        stalled: s.phase == Phase::Stalled,
-        gate_overridden: d.overridden_by.is_some(),
-        shortfall,
-        pods_pending_unschedulable: d.observed.unschedulable_pods,
-        kuberay_release_mismatch: s.conditions.iter().any(|c| {
-            condition::is(c, condition::KUBERAY_RELEASE, condition::Status::False)
-                && c.reason != condition::Reason::NotGateable.as_str()
-        }),
+        phase: o.phase,
+        waiting_seconds: o.waiting_since.map(|t| seconds_since(t, now)),
+        transition_seconds: o.transition_since.map(|t| seconds_since(t, now)),
+        stalled: o.phase == Phase::Stalled,
+        gate_overridden: o.gate_overridden,
+        shortfall: o.capacity_shortfall().unwrap_or(&none),
+        pods_pending_unschedulable: o.unschedulable_pods,
+        kuberay_release_mismatch: o.kuberay_release_mismatch,
     });
     // Only from a fit made now: a status carried over from an earlier
     // decision would export stale free capacity as current.
-    if !d.observed.free.is_empty() {
-        ctx.metrics.set_cluster_free(&d.observed.free);
+    if !o.free.is_empty() {
+        ctx.metrics.set_cluster_free(&o.free);
     }
 }
 

@@ -19,17 +19,15 @@ use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::admission::fit::{OnIndex, Placement};
-use crate::admission::ledger::{self, Candidate};
-use crate::admission::objects::{
-    self, ClusterObject, incremental_of, new_cluster_pods, status_cluster, surge_of,
-};
+use crate::admission::ledger::{Candidate, QueueKey};
+use crate::admission::objects::{self, ClusterObject, status_cluster};
 use crate::admission::observed::{DynPod, PodRef};
 use crate::admission::pass::Pass;
-use crate::admission::surge;
+use crate::admission::settings::Operator;
 use crate::admission::{Cluster, Inputs, ServiceError, Settings};
 use crate::capacity::{ClusterState, PodGroup, PodRecord};
 use crate::kuberay::{
-    self, ANNOTATION_KUBERAY_VERSION, KubeRayVersion, RayCluster, RayService, Release, Releases,
+    ANNOTATION_KUBERAY_VERSION, KubeRayVersion, RayCluster, RayService, Release, Releases,
 };
 use crate::sync::lock;
 use crate::upgradeplan::{Admission, PlanKey, UpgradePlan};
@@ -42,7 +40,7 @@ pub struct Stores {
     pub clusters: Store<DeserializeGuard<RayCluster>>,
     /// Nodes and pods, aggregated per node (see [`crate::capacity::index`]).
     pub capacity: super::cache::SharedIndex,
-    /// The last admission pass (see [`current_pass`]).
+    /// The last admission pass (see [`World`]'s `pass`).
     pub pass: PassCache,
     pub limit_ranges: Store<LimitRange>,
     pub runtime_classes: Store<RuntimeClass>,
@@ -110,25 +108,6 @@ fn pods_by_cluster(
     out
 }
 
-/// The pods a waiting plan needs to fit: its surge when incremental, else
-/// the whole new cluster.
-fn pods_to_fit(
-    stores: &Stores,
-    plan: &UpgradePlan,
-    svc: &RayService,
-    release: &Release,
-    limit_ranges: &[LimitRange],
-) -> crate::Result<Vec<PodGroup>> {
-    let full = new_cluster_pods(svc, release.version)?;
-    let Some(opts) = incremental_of(plan, svc, release) else {
-        return Ok(full);
-    };
-    let opts = opts.map_err(|p| crate::Error::invalid("RayService", p.to_string()))?;
-    let active = active_pods(stores, svc);
-    let refs: Vec<&DynPod> = active.iter().map(|p| p.as_ref()).collect();
-    Ok(surge_of(svc, &full, &refs, &opts, release.version, limit_ranges)?.pods)
-}
-
 /// The pods of the RayService's active cluster.
 fn active_pods(stores: &Stores, svc: &RayService) -> Vec<PodRef> {
     let ns = svc.namespace().unwrap_or_default();
@@ -156,8 +135,9 @@ pub fn releases(stores: &Stores, flag: Option<KubeRayVersion>) -> Releases {
     Releases::from_stamps(stamps, flag)
 }
 
-/// The inputs of one decision for `plan`, read from the caches; `cluster`
-/// answers the capacity questions if the decision asks them. `release` is
+/// The inputs of one decision for `plan`, read from the caches; `world`
+/// answers the capacity questions if the decision asks them, and carries
+/// the operator's flags every plan's settings are read under. `release` is
 /// the KubeRay release of the plan's namespace (see [`releases`]).
 pub fn observe<'a>(
     stores: &Stores,
@@ -165,17 +145,18 @@ pub fn observe<'a>(
     release: &Release,
     now: Timestamp,
     admission_unseen: bool,
-    cluster: &'a dyn Cluster,
+    world: &'a World<'_>,
 ) -> Inputs<'a> {
     let ns = plan.namespace().unwrap_or_default();
     let svc_name = &plan.spec.ray_service_ref.name;
     let decide_on = |service, clusters: &[ClusterObject<'_>], pods| {
         objects::inputs(
             plan,
+            world.operator,
             release,
             now,
             admission_unseen,
-            cluster,
+            world,
             service,
             clusters,
             pods,
@@ -238,51 +219,35 @@ fn ledger_pods(
             continue;
         };
         let Ok(svc) = &guard.0 else { continue };
-        let version = releases.for_namespace(&ns).version;
-        let pending = status_cluster(
-            svc.status
-                .as_ref()
-                .and_then(|s| s.pending_service_status.as_ref()),
-        )
-        .or(adm.to_cluster.clone());
+        let pending = objects::pending_cluster_of(svc, &adm);
         let clusters = clusters_of(stores, svc);
         let pending_cluster = pending
             .as_ref()
             .and_then(|n| clusters.iter().find(|c| &guard_name(c) == n))
             .and_then(|c| c.0.as_ref().ok());
-        let planned = match pending_cluster {
-            Some(c) => kuberay::planned_groups(&c.name_any(), &ns, &c.spec, version),
-            None => new_cluster_pods(svc, version),
-        };
-        let Ok(planned) = planned else { continue };
-        let existing: Vec<PodRef> = match &pending {
-            Some(n) => pods_by_cluster(stores, &ns, &BTreeSet::from([n.clone()]))
-                .remove(n)
-                .unwrap_or_default(),
-            None => vec![],
-        };
-        let refs: Vec<&DynPod> = existing.iter().map(|p| p.as_ref()).collect();
-        if !adm.surge.is_empty() {
-            // An incremental transition holds its surge budget to the end.
-            let Ok(full) = new_cluster_pods(svc, version) else {
-                continue;
-            };
-            let active: Vec<PodRef> = match &adm.from_cluster {
-                Some(a) => pods_by_cluster(stores, &ns, &BTreeSet::from([a.clone()]))
-                    .remove(a)
+        let pods_of = |name: &Option<String>| -> Vec<PodRef> {
+            match name {
+                Some(n) => pods_by_cluster(stores, &ns, &BTreeSet::from([n.clone()]))
+                    .remove(n)
                     .unwrap_or_default(),
                 None => vec![],
-            };
-            let active: Vec<&DynPod> = active.iter().map(|p| p.as_ref()).collect();
-            out.extend(surge::held(
-                &full,
-                &adm.surge,
-                &surge::bound_by_group(&active),
-                &surge::bound_by_group(&refs),
-            ));
-            continue;
+            }
+        };
+        let existing = pods_of(&pending);
+        // Only an incremental transition reads its active cluster's pods.
+        let active = if adm.surge.is_empty() {
+            vec![]
+        } else {
+            pods_of(&adm.from_cluster)
+        };
+        let existing: Vec<&DynPod> = existing.iter().map(|p| p.as_ref()).collect();
+        let active: Vec<&DynPod> = active.iter().map(|p| p.as_ref()).collect();
+        let version = releases.for_namespace(&ns).version;
+        if let Ok(held) =
+            objects::admitted_pods(&adm, svc, pending_cluster, &existing, &active, version)
+        {
+            out.extend(held);
         }
-        out.extend(ledger::unbound(&planned, &refs));
     }
     out
 }
@@ -294,6 +259,7 @@ fn ledger_pods(
 /// would be reserved twice and hold back the plans behind it.
 fn waiting_plans(
     stores: &Stores,
+    operator: &Operator,
     except: Option<&PlanKey>,
     overlay: &Overlay,
     releases: &Releases,
@@ -310,7 +276,7 @@ fn waiting_plans(
         if !status.queued_for_capacity() || admission_of(&p, overlay).is_some() {
             continue;
         }
-        let Ok(settings) = Settings::of(&p) else {
+        let Ok(settings) = Settings::parse(&p, operator) else {
             continue;
         };
         let ns = p.namespace().unwrap_or_default();
@@ -326,17 +292,13 @@ fn waiting_plans(
             .map(|l| l.as_ref().clone())
             .collect();
         let release = releases.for_namespace(&ns);
-        let Ok(pods) = pods_to_fit(stores, &p, svc, &release, &limit_ranges) else {
+        let active = active_pods(stores, svc);
+        let active: Vec<&DynPod> = active.iter().map(|p| p.as_ref()).collect();
+        let Ok(pods) = objects::pods_to_fit(&p, svc, &release, &active, &limit_ranges) else {
             continue;
         };
         q.push(Candidate {
-            namespace: ns,
-            name: p.name_any(),
-            priority: settings.priority,
-            waiting_since: status
-                .pending_change
-                .as_ref()
-                .map_or(now, |c| c.detected_time),
+            key: QueueKey::of(&p, settings.priority, Some(status), now),
             pods,
             headroom: settings.headroom,
         });
@@ -467,6 +429,7 @@ pub struct World<'a> {
     stores: &'a Stores,
     overlay: &'a Overlay,
     releases: &'a Releases,
+    operator: &'a Operator,
     now: Timestamp,
     rules: OnceCell<ClusterState>,
     /// When the pass this decision read was computed.
@@ -478,12 +441,14 @@ impl<'a> World<'a> {
         stores: &'a Stores,
         overlay: &'a Overlay,
         releases: &'a Releases,
+        operator: &'a Operator,
         now: Timestamp,
     ) -> Self {
         World {
             stores,
             overlay,
             releases,
+            operator,
             now,
             rules: OnceCell::new(),
             pass_at: Default::default(),
@@ -514,10 +479,17 @@ impl Cluster for World<'_> {
     }
 
     fn waiting(&self, except: Option<&PlanKey>) -> Vec<Candidate> {
-        waiting_plans(self.stores, except, self.overlay, self.releases, self.now)
+        waiting_plans(
+            self.stores,
+            self.operator,
+            except,
+            self.overlay,
+            self.releases,
+            self.now,
+        )
     }
 
-    /// Kept per digest of the world (see [`world_key`]). The index is not
+    /// Kept per digest of the world (see `world_digest`). The index is not
     /// held while `run` reads it again: a second read lock taken by the same
     /// thread waits behind a queued writer forever.
     fn pass(&self, run: &dyn Fn() -> crate::Result<Pass>) -> crate::Result<Arc<Pass>> {
@@ -551,7 +523,8 @@ impl Cluster for World<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kuberay::LABEL_ORIGINATED_FROM_CR_NAME;
+    use crate::admission::surge;
+    use crate::kuberay::{self, LABEL_ORIGINATED_FROM_CR_NAME};
     use crate::upgradeplan::{Phase, PlanUpgradeType};
     use kube::runtime::reflector;
     use kube::runtime::watcher::Event;
@@ -646,7 +619,7 @@ mod tests {
         let releases = Releases::default().with_incremental_gate(Some(true));
         let none = Overlay::new();
         // minReplicas 2 + ceil(50 % × 2 running) = 3 workers (maxReplicas 4), and the head.
-        let q = waiting_plans(&stores, None, &none, &releases, now);
+        let q = waiting_plans(&stores, &Operator::default(), None, &none, &releases, now);
         assert_eq!(
             counts(&q[0].pods),
             vec![("head".into(), 1), ("gpu-a100".into(), 3)]
@@ -683,7 +656,7 @@ mod tests {
         // The gate off (v1.6 default): the plan is left out of the queue, its
         // own decision reports the error.
         let off = Releases::from_stamps([("ml-serving", "v1.6.2")], None);
-        assert!(waiting_plans(&stores, None, &none, &off, now).is_empty());
+        assert!(waiting_plans(&stores, &Operator::default(), None, &none, &off, now).is_empty());
     }
 
     #[test]
@@ -787,7 +760,8 @@ mod tests {
         let releases = Releases::default();
         let now = Timestamp::now();
         let overlay = Overlay::new();
-        let world = World::new(&stores, &overlay, &releases, now);
+        let operator = Operator::default();
+        let world = World::new(&stores, &overlay, &releases, &operator, now);
         let release = releases.for_namespace("ml-serving");
         let inp = observe(&stores, &plan, &release, now, false, &world);
         let d = crate::admission::decide(&inp);
@@ -857,7 +831,10 @@ mod tests {
         let version = Releases::default();
 
         let none = Overlay::new();
-        assert_eq!(waiting_plans(&stores, None, &none, &version, now).len(), 1);
+        assert_eq!(
+            waiting_plans(&stores, &Operator::default(), None, &none, &version, now).len(),
+            1
+        );
         assert!(ledger_pods(&stores, None, &none, &version).is_empty());
 
         let admitted = Overlay::from([(
@@ -870,7 +847,17 @@ mod tests {
                 surge: vec![],
             },
         )]);
-        assert!(waiting_plans(&stores, None, &admitted, &version, now).is_empty());
+        assert!(
+            waiting_plans(
+                &stores,
+                &Operator::default(),
+                None,
+                &admitted,
+                &version,
+                now
+            )
+            .is_empty()
+        );
         let ledger = ledger_pods(&stores, None, &admitted, &version);
         assert!(
             !ledger.is_empty(),

@@ -67,6 +67,7 @@ fn context_with(
         kuberay_version: None,
         incremental_gate: None,
         instance: "test".into(),
+        operator: Default::default(),
         capacity: crate::autoscale::Defaults::default(),
         dra_plain_count: vec![],
         batch_window: std::time::Duration::ZERO,
@@ -285,6 +286,7 @@ async fn kueues_workload_of_the_service_is_deleted_once_per_pending_cluster_neve
         requeue: Duration::from_secs(5),
         overridden_by: None,
         observed: Default::default(),
+        capacity_objects: Default::default(),
     };
     let before = UpgradePlanStatus {
         quota: Some(quota(None)),

@@ -132,15 +132,7 @@ impl Shell {
             cache::scoped_watcher::<Workload>(client, namespaces, lists.config().labels(SELECTOR)),
             |_| {},
             |_: &Workload| None,
-            move |w: &Workload| {
-                let uid = label(&w.metadata, LABEL_PLAN_UID);
-                plans
-                    .state()
-                    .iter()
-                    .filter(|p| p.metadata.uid.as_deref() == uid)
-                    .map(|p| ObjectRef::from_obj(p.as_ref()))
-                    .collect()
-            },
+            move |w: &Workload| super::buffers::plans_of(&plans, &w.metadata, |_| false),
             tx,
         );
         Shell {
@@ -506,7 +498,7 @@ pub fn reserved(workloads: &[Arc<Workload>]) -> BTreeMap<(String, String), f64> 
 }
 
 /// Deletes the reservations no plan's status names (a plan gone, a change
-/// over), older than [`SWEEP_GRACE`]; exports what the others hold.
+/// over), older than `SWEEP_GRACE`; exports what the others hold.
 pub async fn sweep(ctx: &Context) {
     let shell = &ctx.reservations;
     if shell.workloads.is_none() {

@@ -16,6 +16,7 @@ use serde_json::json;
 use super::{KubeArgs, PAGE, connect, not_found, resources};
 use crate::admission::objects::ClusterObject;
 use crate::admission::observed::PodRef;
+use crate::admission::settings::Operator;
 use crate::admission::{Hold, Settings};
 use crate::capacity::record::Strings;
 use crate::capacity::slim;
@@ -251,7 +252,56 @@ fn created(
     Ok(s)
 }
 
-pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutcome> {
+/// The controller's flags that shape every plan's settings, with the
+/// controller's defaults and environment variables: the live fit reads the
+/// UpgradePlan as a controller started with the same flags does.
+#[derive(clap::Args, Debug, Clone)]
+pub struct OperatorFlags {
+    /// The controller's --max-priority (N, or NAMESPACE=N; repeat or
+    /// comma-separate): the ceiling on the UpgradePlan's spec.priority.
+    /// Default: no ceiling.
+    #[arg(
+        long,
+        env = "RAYGATE_MAX_PRIORITY",
+        value_delimiter = ',',
+        value_name = "[NS=]N"
+    )]
+    pub max_priority: Vec<String>,
+    /// The controller's --default-batching-quiet-period: the batching of an
+    /// UpgradePlan without spec.batching. Default: none.
+    #[arg(
+        long,
+        env = "RAYGATE_DEFAULT_BATCHING_QUIET_PERIOD",
+        default_value = "",
+        value_name = "DURATION"
+    )]
+    pub default_batching_quiet_period: String,
+    /// The controller's --default-batching-max-delay.
+    #[arg(
+        long,
+        env = "RAYGATE_DEFAULT_BATCHING_MAX_DELAY",
+        default_value = "6h",
+        value_name = "DURATION"
+    )]
+    pub default_batching_max_delay: String,
+}
+
+impl OperatorFlags {
+    /// The flags as the controller parses them.
+    fn operator(&self) -> Result<Operator> {
+        Operator::parse(
+            &self.max_priority,
+            &self.default_batching_quiet_period,
+            &self.default_batching_max_delay,
+        )
+    }
+}
+
+pub(super) async fn fit(
+    args: &FitArgs,
+    flags: &OperatorFlags,
+    kube: &KubeArgs,
+) -> Result<cli::FitOutcome> {
     if let Some(path) = &args.state {
         let mut o = cli::fit(args)?;
         o.warnings = o
@@ -261,6 +311,7 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
             .collect();
         return Ok(o);
     }
+    let operator = flags.operator()?;
     let (first, client, ns) =
         file_and_cluster(&args.new, args.kuberay_version.as_deref(), kube).await?;
     let name = first.name_any();
@@ -350,7 +401,7 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
     if let Some(plan) = plan {
         // The plan's spec as the controller reads it: a spec it refuses is
         // refused here, with the same field paths.
-        let settings = Settings::of(plan).map_err(|e| {
+        let settings = Settings::parse(plan, &operator).map_err(|e| {
             Error::invalid(
                 format!("UpgradePlan {ns}/{}", plan.name_any()),
                 e.to_string(),
@@ -384,7 +435,7 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
         .extend(args.dra_plain_count_class.iter().cloned());
     let decision = match (plan, &live_object) {
         (Some(plan), Some(live)) => {
-            let d = decide_live(&client, plan, live, &svc, &state, args).await?;
+            let d = decide_live(&client, plan, &operator, live, &svc, &state, args).await?;
             notes.push(("Decision:", d.line()));
             notes.extend(d.batch.as_ref().map(cli::batch_notes).unwrap_or_default());
             Some(d)
@@ -428,6 +479,7 @@ pub(super) async fn fit(args: &FitArgs, kube: &KubeArgs) -> Result<cli::FitOutco
 async fn decide_live(
     client: &Client,
     plan: &UpgradePlan,
+    operator: &Operator,
     live: &RayService,
     file: &RayService,
     state: &ClusterState,
@@ -500,6 +552,7 @@ async fn decide_live(
     let quota = live_quota(client, plan, live).await;
     let mut inputs = crate::admission::objects::inputs(
         plan,
+        operator,
         &release,
         Timestamp::now(),
         false,

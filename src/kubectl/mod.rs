@@ -41,6 +41,7 @@ use crate::upgradeplan::UpgradePlan;
 use crate::{Error, Result};
 
 use approve::{approve, pause, resume};
+pub use fit::OperatorFlags;
 use fit::{explain, fit};
 use queue::queue;
 
@@ -104,6 +105,8 @@ pub enum Command {
     Fit {
         #[command(flatten)]
         args: FitArgs,
+        #[command(flatten)]
+        operator: OperatorFlags,
         /// Exit 3 when the new cluster does not fit, or (live) when its
         /// UpgradePlan holds the change: either way the upgrade would not
         /// proceed now (for CI gates).
@@ -172,9 +175,10 @@ pub async fn run(command: Command, cli: clap::Command, bin: &str) -> ExitCode {
         Command::Explain { args, kube } => explain(&args, &kube).await.map(|t| (t, 0)),
         Command::Fit {
             args,
+            operator,
             fail_if_no_fit,
             kube,
-        } => fit(&args, &kube).await.map(|o| {
+        } => fit(&args, &operator, &kube).await.map(|o| {
             let code = if fail_if_no_fit && (!o.fits || o.held) {
                 EXIT_NO_FIT
             } else {

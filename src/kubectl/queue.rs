@@ -1,5 +1,5 @@
 //! `queue`: the upgrades raygate is running and those waiting for capacity,
-//! in the controller's admission order ([`crate::admission::ledger::order`]).
+//! in the controller's admission order ([`QueueKey`]'s).
 
 use std::collections::BTreeMap;
 
@@ -12,11 +12,11 @@ use serde_with::skip_serializing_none;
 
 use super::{Format, KubeArgs, connect, resources};
 use crate::Result;
-use crate::admission::ledger::{self, Candidate};
-use crate::capacity::{ACCELERATORS, ResourceList, parse_status_map, sum_of};
+use crate::admission::ledger::QueueKey;
+use crate::capacity::{ACCELERATORS, parse_status_map, sum_of};
 use crate::cli;
 use crate::quantity::Quantity;
-use crate::upgradeplan::{Fingerprint, PlanKey, UpgradePlan, UpgradePlanStatus};
+use crate::upgradeplan::{Fingerprint, UpgradePlan, UpgradePlanStatus};
 
 /// One upgrade in the queue view; `None` fields are left out.
 #[skip_serializing_none]
@@ -98,16 +98,14 @@ pub fn queue_entries(plans: &[UpgradePlan]) -> Vec<QueueEntry> {
         if !status.queued_for_capacity() && pending.is_none() {
             continue;
         }
-        let candidate = Candidate {
-            namespace: key.namespace.clone(),
-            name: key.name.clone(),
-            priority: effective_priority(p, status),
-            // The controller counts a queued plan without a recorded change
-            // (never written so) as waiting since now: behind every other.
-            waiting_since: pending.map_or(Timestamp::MAX, |c| c.detected_time),
-            pods: vec![],
-            headroom: ResourceList::new(),
-        };
+        // The controller counts a queued plan without a recorded change
+        // (never written so) as waiting since now: behind every other.
+        let candidate = QueueKey::of(
+            p,
+            effective_priority(p, status),
+            Some(status),
+            Timestamp::MAX,
+        );
         if status.queued_for_capacity() {
             queued.push(candidate);
         } else {
@@ -125,17 +123,17 @@ pub fn queue_entries(plans: &[UpgradePlan]) -> Vec<QueueEntry> {
     }
     admitted
         .sort_by(|a, b| (&a.since, &a.namespace, &a.name).cmp(&(&b.since, &b.namespace, &b.name)));
-    ledger::order(&mut queued);
-    ledger::order(&mut held);
+    queued.sort();
+    held.sort();
     let mut out = admitted;
     for (i, c) in queued.iter().enumerate() {
-        if let Some(mut e) = by_key.remove(&PlanKey::new(c.namespace.clone(), c.name.clone())) {
+        if let Some(mut e) = by_key.remove(&c.plan()) {
             e.position = Some(i + 1);
             out.push(e);
         }
     }
     for c in &held {
-        out.extend(by_key.remove(&PlanKey::new(c.namespace.clone(), c.name.clone())));
+        out.extend(by_key.remove(&c.plan()));
     }
     out
 }
