@@ -4,8 +4,11 @@
 //! ([`observe`]), asks [`crate::admission::decide`], then writes in a fixed
 //! order: the plan status first (it records the decision), the gate second.
 //! A crash between the two leaves a status that the next reconcile completes,
-//! never an open gate without a recorded admission.
-
+//! never an open gate without a recorded admission. The steps are listed,
+//! numbered, on `reconcile_plan`; the files below hold them: `start` (the
+//! caches and the plan watcher), `record` (decide and write the status),
+//! `overlay` (admissions written, not yet in the plan cache), `gating` (the
+//! gate's writes), `export` (Events and metrics).
 pub mod buffers;
 pub mod cache;
 pub mod coalesce;
@@ -17,6 +20,7 @@ pub mod kueue_probe;
 pub mod latency;
 pub mod lists;
 pub mod observe;
+mod overlay;
 pub mod patch;
 mod record;
 pub mod release;
@@ -266,8 +270,31 @@ async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context>) -> Result<Action> 
     reconcile_plan(plan, ctx).instrument(span).await
 }
 
+/// One reconcile of a plan, in steps (the `// N.` markers here and in
+/// [`apply`]):
+///
+/// 1. Fence: a replica without the Lease writes nothing; a plan outside
+///    the watched namespaces is left ([`leave`]: gate given back, finalizer
+///    dropped).
+/// 2. The plan as raygate last wrote it, if the cache has not delivered
+///    that write yet ([`written`]); the finalizer added, or on deletion the
+///    gate given back ([`cleanup`]).
+/// 3. Governance ([`govern`]): an edited reference hands the old gate back
+///    ([`hand_over`]); a second plan on one RayService is reported, nothing
+///    touched ([`report_conflict`]).
+/// 4. Observe, decide, record ([`record::record`]): the inputs from the
+///    caches ([`observe`]), [`admission::decide`] under the overlay lock
+///    ([`overlay`]), the status written first: it records the decision.
+/// 5. Capacity requests ([`buffers`]): an admitted plan's go before KubeRay
+///    creates the pods that will use their capacity.
+/// 6. The Kueue quota reservation ([`reservations`]): the gate opens only
+///    on a granted one, so it is made (or dropped) first.
+/// 7. The gate ([`gating::set_gate`]): `spec.upgradeStrategy.type` by
+///    server-side apply, never forced.
+/// 8. Events and metrics ([`export::report`]).
 async fn reconcile_plan(plan: Arc<UpgradePlan>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile_timer();
+    // 1. Fence and scope.
     ctx.fence.check()?;
     let ns = plan.namespace().unwrap_or_default();
     let api: Api<UpgradePlan> = Api::namespaced(ctx.client.clone(), &ns);
@@ -275,7 +302,8 @@ async fn reconcile_plan(plan: Arc<UpgradePlan>, ctx: Arc<Context>) -> Result<Act
         leave(&api, &plan, &ctx).await?;
         return Ok(Action::await_change());
     }
-    // Our own last status write, if the cache has not delivered it yet.
+    // 2. Our own last status write, if the cache has not delivered it yet;
+    // then the finalizer: steps 3-8 in `apply`, or `cleanup`.
     let plan = lock(&ctx.status_written).newest(plan);
     finalizer(&api, FINALIZER, plan, |event| async {
         match event {
@@ -336,31 +364,32 @@ async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     ctx.metrics.forget_plan(&ns, &plan.name_any());
     ctx.causes.forget(&(ns.clone(), plan.name_any()));
     lock(&ctx.status_written).forget(&latency::plan_key(plan));
-    ctx.decisions.lock().await.remove(&(ns, plan.name_any()));
+    overlay::forget(ctx, &(ns, plan.name_any())).await;
     Ok(Action::await_change())
 }
 
-/// One reconcile of a plan that raygate governs: observe, decide, record
-/// the decision, then act on it.
+/// One reconcile of a plan that raygate governs: steps 3 to 8 of
+/// [`reconcile_plan`].
 async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     let now = Timestamp::now();
     let plans = ctx.stores.plans.state();
-    // The reference was edited (an apiserver without CEL rules lets it):
-    // the gate of the RayService it named goes back first.
+    // 3. Governance. The reference was edited (an apiserver without CEL
+    // rules lets it): the gate of the RayService it named goes back first.
     if let Some(old) = govern::recorded_elsewhere(plan) {
         return hand_over(plan, ctx, &plans, &old).await;
     }
     if let Some(governor) = govern::conflict_with(&plans, plan) {
         return report_conflict(plan, ctx, &governor, now).await;
     }
+    // 4. Observe, decide, write the status.
     let r = match record(plan, ctx, now).await? {
         Ok(r) => r,
         Err(later) => return Ok(later),
     };
-    // Before the gate: an admitted plan's buffers go before KubeRay creates
-    // the pods that will use their capacity.
+    // 5. Before the gate: an admitted plan's buffers go before KubeRay
+    // creates the pods that will use their capacity.
     buffers::act(ctx, &r.plan, &r.seen.wanted).await;
-    // The gate opens only on a granted reservation: made (or dropped) first.
+    // 6. The gate opens only on a granted reservation: made (or dropped) first.
     reservations::act(
         ctx,
         &r.plan,
@@ -369,7 +398,9 @@ async fn apply(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     )
     .await;
     reservations::refresh(ctx, &r.plan, &r.prev, &r.decision).await;
+    // 7. The gate.
     let requeue = set_gate(ctx, &r).await?;
+    // 8. Events and metrics.
     report(ctx, &r, now).await;
     Ok(Action::requeue(requeue))
 }
@@ -383,7 +414,7 @@ async fn hand_over(
 ) -> Result<Action> {
     give_back_gate(ctx, plans, plan).await?;
     let ns = plan.namespace().unwrap_or_default();
-    ctx.decisions.lock().await.remove(&(ns, plan.name_any()));
+    overlay::forget(ctx, &(ns, plan.name_any())).await;
     if write_status(ctx, plan, &govern::handed_over_status(plan, old)).await? {
         publish(
             ctx,

@@ -7,14 +7,14 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 use tracing::{debug, info};
 
 use super::observe::{self, Overlay, World};
+use super::overlay;
 use super::{Context, buffers, gate, guarded, latency, lock, patch, reservations, written};
 use crate::Result;
 use crate::admission::{self, Decision, GateFacts};
-use crate::upgradeplan::{Phase, UpgradePlan, UpgradePlanStatus};
+use crate::upgradeplan::{UpgradePlan, UpgradePlanStatus};
 
 /// A decision whose status is on the plan.
 pub(super) struct Recorded {
@@ -27,7 +27,17 @@ pub(super) struct Recorded {
 }
 
 /// Decides and writes the status; `Err(action)` when it could not be
-/// written on current input (the plan keeps changing, or is gone).
+/// written on current input (the plan keeps changing, or is gone). In steps:
+///
+/// 1. Decide under the overlay lock and reserve the admission there
+///    ([`overlay::decide_reserving`]), so that a decision made while the
+///    status is written counts it; the lock is not held across the write.
+/// 2. Pace: a held plan whose figures alone moved is written later
+///    ([`paced`]).
+/// 3. Write the status, unless it is unchanged or paced ([`write_status`]).
+/// 4. Not written: the reservation goes back ([`overlay::unreserve`]); the
+///    plan is read again and decided again (twice at most), never a
+///    decision made on stale input re-applied.
 pub(super) async fn record(
     plan: &UpgradePlan,
     ctx: &Context,
@@ -41,55 +51,13 @@ pub(super) async fn record(
     // raygate had it derived again (an API call only in that state).
     let service_workload = reservations::service_workload(ctx, plan).await;
     loop {
-        // Decide under the lock and reserve the admission there, so that a
-        // decision made while the status is written counts it; the lock is
-        // not held across the write.
-        let (seen, mut decision, reserved_before) = {
-            let mut overlay = ctx.decisions.lock().await;
-            // The cache caught up with what we wrote: the entry is no longer
-            // needed. The cache's copy, not `current`: that may be our own
-            // write or a fresh read, which other plans' decisions do not see.
-            if ctx
-                .stores
-                .plans
-                .get(&ObjectRef::from_obj(plan))
-                .is_some_and(|p| p.status.as_ref().is_some_and(|s| s.admitted.is_some()))
-            {
-                overlay.remove(&key);
-            }
-            let decided = Timestamp::now();
-            let (seen, decision, pass_at) =
-                decide_now(ctx, &current, &overlay, now, service_workload.clone());
-            ctx.causes.decided(&key, decided, pass_at);
-            if decision.status.admitted.is_none() {
-                // Events up to here did not let it through.
-                let short = (decision.status.phase == Phase::WaitingForCapacity).then(|| {
-                    decision
-                        .status
-                        .capacity
-                        .as_ref()
-                        .map(|c| c.shortfall.keys().cloned().collect())
-                        .unwrap_or_default()
-                });
-                ctx.causes.held(&key, decided, short);
-            }
-            let before = match decision.status.admitted.clone() {
-                Some(admitted) => overlay.insert(key.clone(), admitted),
-                None => overlay.remove(&key),
-            };
-            (seen, decision, before)
-        };
+        // 1. Decide, the admission reserved in the overlay.
+        let (seen, mut decision, reserved_before) =
+            overlay::decide_reserving(ctx, plan, &current, now, service_workload.clone()).await;
         let prev = current.status.clone().unwrap_or_default();
-        // A held plan's figures moving (nodes arriving one by one) are
-        // written at most every PROGRESS_EVERY; the requeue writes them.
-        let pace = (decision.events.is_empty()
-            && !matches!(
-                decision.gate,
-                Some(admission::Gate::Open | admission::Gate::OpenIncremental)
-            )
-            && written::progress_only(&prev, &decision.status))
-        .then(|| lock(&ctx.status_written).progress_wait(&key, Timestamp::now()))
-        .flatten();
+        // 2. Pace the figures of a held plan.
+        let pace = paced(ctx, &key, &prev, &decision);
+        // 3. Write the status.
         let written = if decision.status == prev {
             Ok(true)
         } else if let Some(wait) = pace {
@@ -111,14 +79,8 @@ pub(super) async fn record(
                 prev,
             }));
         }
-        // Not written: the reservation goes back to what it was.
-        {
-            let mut overlay = ctx.decisions.lock().await;
-            match reserved_before {
-                Some(a) => overlay.insert(key.clone(), a),
-                None => overlay.remove(&key),
-            };
-        }
+        // 4. Not written: the reservation goes back to what it was.
+        overlay::unreserve(ctx, &key, reserved_before).await;
         written?;
         // Someone wrote the plan since the cache saw it: decide again on
         // what is there now, never re-apply a decision made on stale input.
@@ -134,6 +96,26 @@ pub(super) async fn record(
     }
 }
 
+/// How long a held plan's moving figures (nodes arriving one by one) wait:
+/// written at most every [`written::PROGRESS_EVERY`]; the requeue writes
+/// them. `None`: written now (an Event, an opening gate, or more than the
+/// figures changed).
+fn paced(
+    ctx: &Context,
+    key: &latency::PlanKey,
+    prev: &UpgradePlanStatus,
+    decision: &Decision,
+) -> Option<Duration> {
+    (decision.events.is_empty()
+        && !matches!(
+            decision.gate,
+            Some(admission::Gate::Open | admission::Gate::OpenIncremental)
+        )
+        && written::progress_only(prev, &decision.status))
+    .then(|| lock(&ctx.status_written).progress_wait(key, Timestamp::now()))
+    .flatten()
+}
+
 /// What the writes after a decision need from its observation.
 pub(super) struct Seen {
     pub(super) gate: GateFacts,
@@ -146,7 +128,7 @@ pub(super) struct Seen {
 
 /// Observe and decide without awaiting: the decision borrows caches and a
 /// lazily built cluster state that must not live across an await.
-fn decide_now(
+pub(super) fn decide_now(
     ctx: &Context,
     plan: &UpgradePlan,
     overlay: &Overlay,
