@@ -1,28 +1,27 @@
 //! The overlay's bookkeeping: admissions decided and written, not yet in
 //! the plan cache, so that the next decision counts them (see
-//! [`Overlay`](super::observe::Overlay)). Kept under one lock with the
+//! [`Overlay`]). Kept under one lock with the
 //! decision; never held across an API call.
 
 use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use super::record::{Seen, decide_now};
+use super::observe::Overlay;
 use super::{Context, latency};
 use crate::admission::Decision;
-use crate::admission::quota::ServiceWorkload;
 use crate::upgradeplan::{Admission, Phase, UpgradePlan};
 
-/// Decides `current` under the overlay lock and reserves its admission
-/// there (or drops the plan's entry when it is not admitted); the entry it
-/// replaced, for [`unreserve`]. `plan` is the plan as the cache showed it.
-pub(super) async fn decide_reserving(
+/// Decides under the overlay lock (`decide`: the observation and the
+/// decision made on the overlay, and when the admission pass it used was
+/// run) and reserves the admission there (or drops the plan's entry when
+/// it is not admitted); the entry it replaced, for [`unreserve`]. `plan` is
+/// the plan as the cache showed it.
+pub(super) async fn decide_reserving<T>(
     ctx: &Context,
     plan: &UpgradePlan,
-    current: &UpgradePlan,
-    now: Timestamp,
-    service_workload: Option<ServiceWorkload>,
-) -> (Seen, Decision, Option<Admission>) {
+    decide: impl FnOnce(&Overlay) -> (T, Decision, Option<Timestamp>),
+) -> (T, Decision, Option<Admission>) {
     let key = (plan.namespace().unwrap_or_default(), plan.name_any());
     let mut overlay = ctx.decisions.lock().await;
     // The cache caught up with what we wrote: the entry is no longer
@@ -37,7 +36,7 @@ pub(super) async fn decide_reserving(
         overlay.remove(&key);
     }
     let decided = Timestamp::now();
-    let (seen, decision, pass_at) = decide_now(ctx, current, &overlay, now, service_workload);
+    let (seen, decision, pass_at) = decide(&overlay);
     ctx.causes.decided(&key, decided, pass_at);
     if decision.status.admitted.is_none() {
         // Events up to here did not let it through.

@@ -52,8 +52,10 @@ pub(super) async fn record(
     let service_workload = reservations::service_workload(ctx, plan).await;
     loop {
         // 1. Decide, the admission reserved in the overlay.
-        let (seen, mut decision, reserved_before) =
-            overlay::decide_reserving(ctx, plan, &current, now, service_workload.clone()).await;
+        let (seen, mut decision, reserved_before) = overlay::decide_reserving(ctx, plan, |o| {
+            decide_now(ctx, &current, o, now, service_workload.clone())
+        })
+        .await;
         let prev = current.status.clone().unwrap_or_default();
         // 2. Pace the figures of a held plan.
         let pace = paced(ctx, &key, &prev, &decision);
@@ -128,7 +130,7 @@ pub(super) struct Seen {
 
 /// Observe and decide without awaiting: the decision borrows caches and a
 /// lazily built cluster state that must not live across an await.
-pub(super) fn decide_now(
+fn decide_now(
     ctx: &Context,
     plan: &UpgradePlan,
     overlay: &Overlay,
