@@ -58,7 +58,7 @@ pub(crate) fn reserved_for(
     reserved_with(|r| fit(state, r), ledger, queue, me)
 }
 
-/// [`reserved_for`] with any way to fit (the controller's index, a state read
+/// `reserved_for` with any way to fit (the controller's index, a state read
 /// whole, or a bench's baseline).
 pub fn reserved_with(
     fit: impl Fn(&FitRequest) -> crate::Result<crate::capacity::FitReport>,

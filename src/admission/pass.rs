@@ -38,7 +38,7 @@ impl Pass {
     }
 }
 
-/// [`run`] on the controller's capacity index.
+/// `run` on the controller's capacity index.
 pub fn run_on(
     index: &crate::capacity::CapacityIndex,
     rules: &ClusterState,

@@ -10,12 +10,12 @@
 //! 2. An admitted change is tracked: `Admitted` until KubeRay names the new
 //!    cluster (gate open), then `Upgrading` (gate closed again so a further
 //!    commit cannot start another cluster: such a commit is shown as the next
-//!    batch, [`super::batch::during_transition`]; an incremental upgrade's stays open
+//!    batch, `batch::during_transition`; an incremental upgrade's stays open
 //!    until the new cluster is promoted, as KubeRay moves traffic only under
 //!    that type), `Stalled` when [`super::stall`]
 //!    says so, `Completed` once the old cluster and its pods are gone. A
 //!    Kueue-managed new cluster whose re-derived Workload Kueue does not admit
-//!    ([`super::quota::refresh`], path B) stays suspended: `Upgrading` waiting
+//!    (`quota::refresh`, path B) stays suspended: `Upgrading` waiting
 //!    for `KueueWorkloadPending` (Kueue's reason, a Warning Event), `Stalled`
 //!    after `stallAfter`.
 //! 3. A serving cluster that is suspended, or that `rayClusterConfig.suspend:

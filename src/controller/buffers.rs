@@ -614,7 +614,7 @@ pub async fn forget(ctx: &Context, plan: &UpgradePlan) -> Result<()> {
 
 /// Deletes the objects no plan wants: of a plan gone, of a change that is
 /// not its plan's recorded pending one, of a plan no longer waiting with an
-/// open request. Objects younger than [`SWEEP_GRACE`] are left to their
+/// open request. Objects younger than `SWEEP_GRACE` are left to their
 /// plan's reconcile.
 pub async fn sweep(ctx: &Context) {
     let shell = &ctx.buffers;

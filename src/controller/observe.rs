@@ -42,7 +42,7 @@ pub struct Stores {
     pub clusters: Store<DeserializeGuard<RayCluster>>,
     /// Nodes and pods, aggregated per node (see [`crate::capacity::index`]).
     pub capacity: super::cache::SharedIndex,
-    /// The last admission pass (see [`current_pass`]).
+    /// The last admission pass (see `World::pass`).
     pub pass: PassCache,
     pub limit_ranges: Store<LimitRange>,
     pub runtime_classes: Store<RuntimeClass>,
@@ -532,7 +532,7 @@ impl Cluster for World<'_> {
         waiting_plans(self.stores, except, self.overlay, self.releases, self.now)
     }
 
-    /// Kept per digest of the world (see [`world_key`]). The index is not
+    /// Kept per digest of the world (see `world_digest`). The index is not
     /// held while `run` reads it again: a second read lock taken by the same
     /// thread waits behind a queued writer forever.
     fn pass(&self, run: &dyn Fn() -> crate::Result<Pass>) -> crate::Result<Arc<Pass>> {

@@ -506,7 +506,7 @@ pub fn reserved(workloads: &[Arc<Workload>]) -> BTreeMap<(String, String), f64> 
 }
 
 /// Deletes the reservations no plan's status names (a plan gone, a change
-/// over), older than [`SWEEP_GRACE`]; exports what the others hold.
+/// over), older than `SWEEP_GRACE`; exports what the others hold.
 pub async fn sweep(ctx: &Context) {
     let shell = &ctx.reservations;
     if shell.workloads.is_none() {
@@ -634,7 +634,7 @@ pub async fn service_workload(ctx: &Context, plan: &UpgradePlan) -> Option<Servi
 }
 
 /// The decision asked Kueue to derive the RayService's Workload again
-/// ([`crate::admission::quota::refresh`]: `status.quota.workloadRefreshedFor`
+/// (`admission::quota::refresh`: `status.quota.workloadRefreshedFor`
 /// newly set): its Workloads (not raygate's) are deleted, once per pending
 /// cluster; Kueue makes a new one from the spec at once. A failure is logged
 /// (the transition then waits, gated, as without it).

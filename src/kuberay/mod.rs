@@ -5,7 +5,7 @@
 //! - [`normalize`]: a RayClusterSpec as KubeRay hashes it (Go JSON round trip, CRD defaults,
 //!   muted fields).
 //! - [`diff`]: structural diff with readable, name-keyed paths.
-//! - [`classify`]: what KubeRay will do with a RayService change.
+//! - [`classify`](mod@classify): what KubeRay will do with a RayService change.
 //! - [`pods`]: the pods KubeRay will create for a cluster spec.
 //! - [`release`]: which release runs, read from the RayClusters' `ray.io/kuberay-version`.
 //! - [`validate`]: the RayService validation that makes KubeRay reject a change.

@@ -39,7 +39,7 @@ pub fn owned_by_us(managed: &[ManagedFieldsEntry]) -> bool {
         .any(|m| m.manager.as_deref() == Some(FIELD_MANAGER) && owns_gate(m))
 }
 
-/// Keep of each managedFields entry only what [`owns_gate`] reads (its
+/// Keep of each managedFields entry only what `owns_gate` reads (its
 /// `f:spec.f:upgradeStrategy`), and only the entries that have it: a tenant's
 /// 5,000-group RayService carries a field set as large as the object.
 pub fn slim_managed_fields(managed: &mut Option<Vec<ManagedFieldsEntry>>) {
