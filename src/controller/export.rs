@@ -51,6 +51,18 @@ pub(super) async fn report(ctx: &Context, r: &Recorded, now: Timestamp) {
     );
 }
 
+/// The `GateReleased` Event of a plan whose gate went back (`note` says
+/// which RayService and why), about the plan alone.
+pub(super) async fn gate_released(ctx: &Context, plan: &UpgradePlan, note: String) {
+    let note = admission::EventNote {
+        warning: false,
+        reason: admission::EventReason::GateReleased,
+        note,
+        change: None,
+    };
+    publish(ctx, plan, None, &note).await;
+}
+
 /// Each decision's Event, twice: regarding the plan (its RayService as
 /// `related`), for `kubectl describe upgradeplan`, and regarding the RayService
 /// (the plan as `related`), for `kubectl describe rayservice`, where a user

@@ -51,7 +51,7 @@ use crate::server::Health;
 use crate::upgradeplan::UpgradePlan;
 use crate::{Error, Result};
 
-use export::{publish, report};
+use export::{gate_released, publish, report};
 use gating::{GatesWritten, give_back_gate, set_gate, sweep_orphans};
 use observe::{Overlay, Stores};
 use record::{record, write_status};
@@ -340,18 +340,7 @@ fn error_policy(plan: Arc<UpgradePlan>, err: &Error, ctx: Arc<Context>) -> Actio
 async fn cleanup(plan: &UpgradePlan, ctx: &Context) -> Result<Action> {
     let ns = plan.namespace().unwrap_or_default();
     if let Some(name) = give_back_gate(ctx, &ctx.stores.plans.state(), plan).await? {
-        publish(
-            ctx,
-            plan,
-            None,
-            &admission::EventNote {
-                warning: false,
-                reason: admission::EventReason::GateReleased,
-                note: format!("raygate no longer gates {name}"),
-                change: None,
-            },
-        )
-        .await;
+        gate_released(ctx, plan, format!("raygate no longer gates {name}")).await;
     }
     // Its capacity request goes with it (the owner reference would let the
     // garbage collector do it too, once the plan object is gone).
@@ -416,16 +405,10 @@ async fn hand_over(
     let ns = plan.namespace().unwrap_or_default();
     overlay::forget(ctx, &(ns, plan.name_any())).await;
     if write_status(ctx, plan, &govern::handed_over_status(plan, old)).await? {
-        publish(
+        gate_released(
             ctx,
             plan,
-            None,
-            &admission::EventNote {
-                warning: false,
-                reason: admission::EventReason::GateReleased,
-                note: format!("rayServiceRef changed: raygate no longer gates {old}"),
-                change: None,
-            },
+            format!("rayServiceRef changed: raygate no longer gates {old}"),
         )
         .await;
     }
