@@ -1,5 +1,5 @@
 //! The gate's writes from the loop: set after the status, remembered until
-//! the cache shows them, given back when no plan governs it.
+//! the cache shows them, given back when no plan governs its RayService.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,8 +12,9 @@ use kube::runtime::reflector::ObjectRef;
 use tracing::{debug, info, warn};
 
 use super::record::Recorded;
-use super::{Context, admission, gate, govern, guarded, in_scope, latency, lock};
+use super::{Context, gate, govern, guarded, in_scope, latency, lock};
 use crate::Result;
+use crate::admission;
 use crate::upgradeplan::UpgradePlan;
 
 /// The gates raygate wrote, per plan: the RayService's uid, the value, and
