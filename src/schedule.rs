@@ -1,6 +1,6 @@
 //! Time rules of an UpgradePlan: Go-style durations (`stallAfter`) and
 //! cron-like maintenance windows, evaluated in UTC here and in the plan's
-//! time zone, with deny windows and the next change, in [`zoned`].
+//! time zone, with deny windows and the next change, in `zoned`.
 //!
 //! Kept pure (the caller passes "now") so admission decisions can be tested
 //! at any instant.

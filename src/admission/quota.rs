@@ -17,7 +17,7 @@
 //! - once KubeRay is building the new cluster of an elastic RayService
 //!   (`UpgradeInProgress`, a pending cluster), raygate has Kueue derive the
 //!   RayService's own Workload again from the spec, now the new cluster's
-//!   ([`refresh`]): measured on Kueue v0.19.0 with KubeRay v1.6.2, deleting
+//!   (`refresh`): measured on Kueue v0.19.0 with KubeRay v1.6.2, deleting
 //!   that Workload then suspends only the pending cluster for < 0.3 s (KubeRay
 //!   applies nothing to the active cluster while `UpgradeInProgress`), Kueue
 //!   admits the new Workload and the new cluster's pods are no longer held by
@@ -414,10 +414,10 @@ pub fn refresh(b: &mut Builder<'_>, svc: &super::ServiceFacts, pods: PendingPods
 }
 
 /// How long after its admission a transition's pending cluster is left to
-/// settle before the RayService's Workload is derived again (see [`refresh`]).
+/// settle before the RayService's Workload is derived again (see `refresh`).
 pub const REFRESH_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// What [`refresh`] needs to know of the pending cluster's pods.
+/// What `refresh` needs to know of the pending cluster's pods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PendingPods {
     /// Its head pod exists (KubeRay has built the cluster's pods).

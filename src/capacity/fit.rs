@@ -91,7 +91,7 @@ pub struct FitReport {
     pub skipped_nodes: Vec<SkippedNode>,
 }
 
-/// One group of identical pods to place (see [`super::group`]).
+/// One group of identical pods to place (see [`crate::podgroup::PodGroup`]).
 pub(crate) struct Entry<'a> {
     /// The first pod's key, for ordering.
     key: String,

@@ -7,9 +7,9 @@
 //! Every input error names the file it came from and, where it can, the
 //! field inside it: `new.yaml: RayService ml/llm spec.rayClusterConfig...`.
 //!
-//! - [`input`]: reading files (bounded in size), YAML/JSON, and errors that name the field.
-//! - [`explain`]: what KubeRay will do with a change, and its text.
-//! - [`fit`]: whether the new cluster fits, and its text.
+//! - `input`: reading files (bounded in size), YAML/JSON, and errors that name the field.
+//! - [`explain`](fn@explain): what KubeRay will do with a change, and its text.
+//! - [`fit`](fn@fit): whether the new cluster fits, and its text.
 //! - [`advice`]: advice on a change, never changing a verdict.
 
 pub mod advice;

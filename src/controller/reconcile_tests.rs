@@ -14,6 +14,7 @@ use kube::runtime::watcher::Event as WatchEvent;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::upgradeplan::UpgradePlanStatus;
 
 const NS: &str = "ml";
 

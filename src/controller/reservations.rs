@@ -626,7 +626,7 @@ pub async fn service_workload(ctx: &Context, plan: &UpgradePlan) -> Option<Servi
 }
 
 /// The decision asked Kueue to derive the RayService's Workload again
-/// ([`crate::admission::quota::refresh`]: `status.quota.workloadRefreshedFor`
+/// (`admission::quota::refresh`: `status.quota.workloadRefreshedFor`
 /// newly set): its Workloads (not raygate's) are deleted, once per pending
 /// cluster; Kueue makes a new one from the spec at once. A failure is logged
 /// (the transition then waits, gated, as without it).

@@ -12,7 +12,7 @@
 //!   image edit) and is not suspended it stops the job ("No matching
 //!   Workload", `jobframework/reconciler.go` `ensureOneWorkload`) — which
 //!   KubeRay v1.5.2–v1.6.2 applies in place to the serving cluster (see
-//!   [`crate::kuberay::classify`], rule 1b): an outage;
+//!   [`crate::kuberay::classify`](mod@crate::kuberay::classify), rule 1b): an outage;
 //! - except for an elastic job: annotation `kueue.x-k8s.io/elastic-job: "true"`
 //!   (`pkg/constants` `ElasticJobAnnotation`, matched on key and value by
 //!   `workloadslicing.Enabled`, feature gate `ElasticJobsViaWorkloadSlices`,

@@ -283,7 +283,7 @@ pub enum Closed {
 pub struct State {
     /// `Ok` when an upgrade may start now.
     pub verdict: Result<(), Closed>,
-    /// When the windows next let an upgrade start (none within [`HORIZON`]).
+    /// When the windows next let an upgrade start (none within `HORIZON`).
     pub next_open: Option<Timestamp>,
     /// When they next stop letting one start.
     pub next_close: Option<Timestamp>,
@@ -337,8 +337,8 @@ impl Calendar {
     }
 
     /// The verdict at `now` and when it next changes: the windows' starts
-    /// and ends are walked in time order, at most [`MAX_STEPS`] of them and
-    /// at most [`MAX_SEARCHES`] next-start searches.
+    /// and ends are walked in time order, at most `MAX_STEPS` of them and
+    /// at most `MAX_SEARCHES` next-start searches.
     ///
     /// Only whether the gate is open matters after `now`, so the walk keeps,
     /// per list (allow, deny) and per distinct schedule, the longest window

@@ -177,7 +177,7 @@ impl Certificates {
         Ok(Arc::new(cfg))
     }
 
-    /// Checks the directory every [`RELOAD_EVERY`] until the process ends.
+    /// Checks the directory every `RELOAD_EVERY` until the process ends.
     pub fn spawn_reloader(self: &Arc<Self>) {
         if self.dir.is_none() {
             return;
