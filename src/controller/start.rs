@@ -249,7 +249,7 @@ pub(super) fn spawn_caches(
         {
             let (causes, generations) = (causes.clone(), std::sync::Mutex::new(HashMap::new()));
             move |s: &DeserializeGuard<RayService>| {
-                let meta = cache::guard_meta(&s);
+                let meta = cache::guard_meta(s);
                 let plans = match (&meta.namespace, &meta.name) {
                     (Some(ns), Some(n)) => plans_for(&p, ns, n),
                     _ => vec![],
