@@ -415,7 +415,8 @@ async fn a_seeded_soak_with_karpenter_keeps_every_invariant() {
         "soak figures: seed {seed}, {} steps in {:?}, {} changes, {} withdrawn, {admissions} admitted \
          (new clusters), {} Karpenter restarts/outages, {} raygate kills, {} buffers deleted by hand; \
          {} NodeClaims bought for {} clusters ({SERVICES} first + {admissions} new), peak {peak} live; \
-         {samples} invariant samples; request objects left: 0",
+         {samples} invariant samples, empty nodes unconsolidated for at most {} s; request objects \
+         left: 0",
         tally.steps,
         start.elapsed(),
         tally.changes,
@@ -425,6 +426,7 @@ async fn a_seeded_soak_with_karpenter_keeps_every_invariant() {
         tally.buffers_deleted,
         tally.nodeclaims.len(),
         SERVICES + admissions,
+        inv.longest_excess_s(),
     );
     inv.assert_clean("karpenter soak");
     inv.stop().await;
