@@ -30,6 +30,7 @@
 
 pub mod alloc;
 pub mod demand;
+pub(crate) mod run;
 pub mod select;
 pub mod view;
 
