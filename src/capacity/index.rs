@@ -21,8 +21,8 @@ use k8s_openapi::api::core::v1::Node;
 use std::borrow::Cow;
 
 use super::node::{
-    Amounts, Bound, Capacity, Counted, Names, Rows, SkippedNode, add_amount, allocatable_of,
-    node_name, record_error, skip_reason,
+    Amounts, Bound, Capacity, Counted, Names, NodeId, ResourceId, Rows, SkippedNode, add_amount,
+    allocatable_of, node_name, record_error, skip_reason,
 };
 use super::record::{PartialPod, PodBody, PodRecord, ResName, Strings};
 use super::statics::{Layout, StaticsCache};
@@ -40,7 +40,7 @@ struct Slot {
     broken: usize,
     epoch: u32,
     /// Its row in [`CapacityIndex::rows`] while usable.
-    row: Option<usize>,
+    row: Option<NodeId>,
 }
 
 impl Default for Slot {
@@ -81,7 +81,7 @@ fn split_key(key: &str) -> (&str, &str) {
 pub struct CapacityIndex {
     names: Names,
     /// [`ResName`] → id in `names`.
-    local: Vec<usize>,
+    local: Vec<Option<ResourceId>>,
     strings: Strings,
     nodes: HashMap<Arc<str>, Slot>,
     /// Usable nodes, sorted by name; and the skipped ones with why.
@@ -136,21 +136,25 @@ impl CapacityIndex {
         pod.to_record(&mut self.strings)
     }
 
-    fn local(&mut self, r: ResName) -> usize {
+    fn local(&mut self, r: ResName) -> ResourceId {
         let i = r.index();
         if self.local.len() <= i {
-            self.local.resize(i + 1, usize::MAX);
+            self.local.resize(i + 1, None);
         }
-        if self.local[i] == usize::MAX {
-            self.local[i] = self.names.id(r.as_str());
+        match self.local[i] {
+            Some(id) => id,
+            None => {
+                let id = self.names.id(r.as_str());
+                self.local[i] = Some(id);
+                id
+            }
         }
-        self.local[i]
     }
 
     /// Adds (`sign` 1) or takes away (`sign` -1) a pod's share of its node.
     fn account(&mut self, body: &PodBody, sign: i128) {
         let Some(node) = body.holds() else { return };
-        let units: Vec<(usize, i128)> = match &body.requests {
+        let units: Vec<(ResourceId, i128)> = match &body.requests {
             Ok(u) => u
                 .iter()
                 .filter(|(r, _)| r.as_str() != PODS)
@@ -188,13 +192,13 @@ impl CapacityIndex {
             self.reorder();
         } else if let Some(row) = slot.row {
             self.rows.set_requested(row, &slot.requested, slot.pods);
-            if let Some(b) = self.broken_rows.get_mut(row) {
+            if let Some(b) = self.broken_rows.get_mut(row.index()) {
                 *b = slot.broken;
             }
         }
     }
 
-    fn local_pods(&mut self) -> usize {
+    fn local_pods(&mut self) -> ResourceId {
         self.names.id(PODS)
     }
 
@@ -364,7 +368,7 @@ impl CapacityIndex {
                     &none
                 }
             };
-            slot.row = Some(rows.len());
+            slot.row = Some(rows.len().into());
             rows.push(allocatable, &slot.requested, slot.pods);
             broken_rows.push(slot.broken);
             nodes.push(node);

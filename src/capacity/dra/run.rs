@@ -1,19 +1,72 @@
 //! The devices of the usable nodes while the fit places pods.
 
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
 use super::{DraView, PodDemand, Undecided, alloc::NodeRequest};
 use crate::capacity::dra;
-use crate::capacity::fit::Entry;
-use crate::capacity::node::{Capacity, Names, amount, node_name};
+use crate::capacity::node::{Capacity, Names, NodeId, ResourceId, Rows, amount, node_name};
+
+/// A pod's DRA requests on one node, or why raygate cannot decide them.
+pub(crate) type NodeRequests = Result<Rc<[NodeRequest]>, Undecided>;
+
+/// Per usable node, one pod's DRA requests there (the devices each may take), built on the
+/// first look at the node: they do not change while placing, only which devices are held
+/// does. Kept by the pod's entry, filled by [`DraRun`].
+#[derive(Default)]
+pub(crate) struct RequestsByNode(RefCell<Vec<Option<NodeRequests>>>);
+
+/// A usable node's devices while placing.
+struct DraNode<'a> {
+    name: &'a str,
+    /// A pool of the node is incomplete: the allocator refuses `allocationMode: All`.
+    incomplete: bool,
+    /// Per device, whether it is held (by the cluster's claims or a pod placed so far).
+    busy: Vec<bool>,
+}
+
+impl DraNode<'_> {
+    /// How many of `cands` are free; an unknown device counts as held.
+    fn free_among(&self, cands: &[usize]) -> usize {
+        free_among(&self.busy, cands)
+    }
+
+    /// Marks `devices` held (`busy`) or free.
+    fn set(&mut self, devices: &[usize], busy: bool) {
+        for &d in devices {
+            if let Some(u) = self.busy.get_mut(d) {
+                *u = busy;
+            }
+        }
+    }
+}
+
+/// How many of `cands` are free in `busy`; an unknown device counts as held.
+fn free_among(busy: &[bool], cands: &[usize]) -> usize {
+    cands
+        .iter()
+        .filter(|&&c| !busy.get(c).copied().unwrap_or(true))
+        .count()
+}
+
+/// What a device class adds to the fit's totals, credited once per resource.
+pub(crate) struct Credit {
+    pub(crate) resource: ResourceId,
+    /// Matching devices on every usable node.
+    pub(crate) allocatable: i128,
+    /// Of them, free before placing anything.
+    pub(crate) free_before: i128,
+    /// Of them, free now (after the pods placed so far).
+    pub(crate) free_now: i128,
+}
 
 /// The devices of the usable nodes while placing: which are held, by the cluster's claims
 /// and by pods placed so far.
 pub(crate) struct DraRun<'a> {
     pub(in crate::capacity) view: DraView<'a>,
-    /// Per usable node: its name, whether a pool is incomplete, and device busy flags.
-    nodes: Vec<(&'a str, bool, Vec<bool>)>,
+    /// Per usable node, in the order of [`Capacity::nodes`].
+    nodes: Vec<DraNode<'a>>,
     /// Totals already credited, by resource name.
     credited: std::collections::HashSet<String>,
 }
@@ -27,8 +80,16 @@ impl<'a> DraRun<'a> {
             .map(|&node| {
                 let name: &'a str = node_name(node);
                 match view.node(name) {
-                    Some(d) => (name, d.incomplete, d.used.clone()),
-                    None => (name, false, Vec::new()),
+                    Some(d) => DraNode {
+                        name,
+                        incomplete: d.incomplete,
+                        busy: d.used.clone(),
+                    },
+                    None => DraNode {
+                        name,
+                        incomplete: false,
+                        busy: Vec::new(),
+                    },
                 }
             })
             .collect();
@@ -39,46 +100,43 @@ impl<'a> DraRun<'a> {
         }
     }
 
-    pub(in crate::capacity) fn free_devices(&self, n: usize) -> i128 {
-        self.nodes.get(n).map_or(0, |(_, _, used)| {
-            used.iter().filter(|u| !**u).count() as i128
-        })
+    fn node(&self, n: NodeId) -> Option<&DraNode<'a>> {
+        self.nodes.get(n.index())
     }
 
-    pub(in crate::capacity) fn hold(&mut self, n: usize, devices: &[usize]) {
-        if let Some((_, _, used)) = self.nodes.get_mut(n) {
-            for &d in devices {
-                if let Some(u) = used.get_mut(d) {
-                    *u = true;
-                }
-            }
+    pub(in crate::capacity) fn free_devices(&self, n: NodeId) -> i128 {
+        self.node(n)
+            .map_or(0, |d| d.busy.iter().filter(|u| !**u).count() as i128)
+    }
+
+    pub(in crate::capacity) fn hold(&mut self, n: NodeId, devices: &[usize]) {
+        if let Some(d) = self.nodes.get_mut(n.index()) {
+            d.set(devices, true);
         }
     }
 
-    pub(in crate::capacity) fn release(&mut self, n: usize, devices: &[usize]) {
-        if let Some((_, _, used)) = self.nodes.get_mut(n) {
-            for &d in devices {
-                if let Some(u) = used.get_mut(d) {
-                    *u = false;
-                }
-            }
+    pub(in crate::capacity) fn release(&mut self, n: NodeId, devices: &[usize]) {
+        if let Some(d) = self.nodes.get_mut(n.index()) {
+            d.set(devices, false);
         }
     }
 
-    /// The requests of `d` (entry `e`) on node `n` and the devices they would take.
+    /// The requests of `d` (kept in `kept`) on node `n` and the devices they would take.
     pub(in crate::capacity) fn allocate(
         &mut self,
-        e: &Entry<'_>,
+        kept: &RequestsByNode,
         d: &PodDemand,
-        n: usize,
-        rows: &crate::capacity::node::Rows,
+        n: NodeId,
+        rows: &Rows,
         names: &Names,
     ) -> Result<Option<Vec<usize>>, Undecided> {
-        let Some(reqs) = self.requests_on(e, d, n, rows, names)? else {
+        let Some(reqs) = self.requests_on(kept, d, n, rows, names)? else {
             return Ok(None);
         };
-        let (_, incomplete, used) = &self.nodes[n];
-        dra::allocate(used, *incomplete, &reqs)
+        let Some(node) = self.node(n) else {
+            return Ok(None);
+        };
+        dra::allocate(&node.busy, node.incomplete, &reqs)
     }
 
     /// Whether node `n` answers `Ok(false)` to `d` whatever is held: one request (so no
@@ -86,13 +144,13 @@ impl<'a> DraRun<'a> {
     /// enough candidates.
     pub(in crate::capacity) fn never(
         &mut self,
-        e: &Entry<'_>,
+        kept: &RequestsByNode,
         d: &PodDemand,
-        n: usize,
-        rows: &crate::capacity::node::Rows,
+        n: NodeId,
+        rows: &Rows,
         names: &Names,
     ) -> bool {
-        match self.requests_on(e, d, n, rows, names) {
+        match self.requests_on(kept, d, n, rows, names) {
             Ok(None) => true,
             Ok(Some(reqs)) => match &reqs[..] {
                 [r] => r.alternatives.iter().all(|(mode, cands)| match mode {
@@ -109,31 +167,19 @@ impl<'a> DraRun<'a> {
     /// [`DraRun::can_allocate`]'s shortcut answers for it.
     pub(in crate::capacity) fn shortcut(
         &mut self,
-        e: &Entry<'_>,
+        kept: &RequestsByNode,
         d: &PodDemand,
-        n: usize,
-        rows: &crate::capacity::node::Rows,
+        n: NodeId,
+        rows: &Rows,
         names: &Names,
     ) -> Option<(u32, Arc<[usize]>)> {
-        let reqs = self.requests_on(e, d, n, rows, names).ok()??;
-        match &reqs[..] {
-            [r] => match &r.alternatives[..] {
-                [(dra::Mode::Count(k), cands)] if cands.len() <= dra::alloc::MAX_STEPS => {
-                    Some((*k, cands.clone()))
-                }
-                _ => None,
-            },
-            _ => None,
-        }
+        let reqs = self.requests_on(kept, d, n, rows, names).ok()??;
+        one_count(&reqs).map(|(k, cands)| (k, cands.clone()))
     }
 
     /// How many of `cands` are free on node `n` now.
-    pub(in crate::capacity) fn free_among(&self, n: usize, cands: &[usize]) -> usize {
-        let used = self.nodes.get(n).map_or(&[][..], |x| x.2.as_slice());
-        cands
-            .iter()
-            .filter(|&&c| !used.get(c).copied().unwrap_or(true))
-            .count()
+    pub(in crate::capacity) fn free_among(&self, n: NodeId, cands: &[usize]) -> usize {
+        self.node(n).map_or(0, |d| d.free_among(cands))
     }
 
     /// Whether [`DraRun::allocate`] finds devices. One request of a count (a mapped
@@ -142,65 +188,60 @@ impl<'a> DraRun<'a> {
     /// building the allocation.
     pub(in crate::capacity) fn can_allocate(
         &mut self,
-        e: &Entry<'_>,
+        kept: &RequestsByNode,
         d: &PodDemand,
-        n: usize,
-        rows: &crate::capacity::node::Rows,
+        n: NodeId,
+        rows: &Rows,
         names: &Names,
     ) -> Result<bool, Undecided> {
-        let Some(reqs) = self.requests_on(e, d, n, rows, names)? else {
+        let Some(reqs) = self.requests_on(kept, d, n, rows, names)? else {
             return Ok(false);
         };
-        let (_, incomplete, used) = &self.nodes[n];
-        if let [r] = &reqs[..]
-            && let [(dra::Mode::Count(k), cands)] = &r.alternatives[..]
-            && cands.len() <= dra::alloc::MAX_STEPS
-        {
-            let free = cands
-                .iter()
-                .filter(|&&c| !used.get(c).copied().unwrap_or(true))
-                .count();
-            return Ok(free >= *k as usize);
+        let Some(node) = self.node(n) else {
+            return Ok(false);
+        };
+        if let Some((k, cands)) = one_count(&reqs) {
+            return Ok(node.free_among(cands) >= k as usize);
         }
-        Ok(dra::allocate(used, *incomplete, &reqs)?.is_some())
+        Ok(dra::allocate(&node.busy, node.incomplete, &reqs)?.is_some())
     }
 
-    /// The requests of `d` on node `n` (`None`: none can be satisfied), kept in the entry.
-    pub(in crate::capacity) fn requests_on(
+    /// The requests of `d` on node `n` (`None`: none can be satisfied), kept in `kept`.
+    fn requests_on(
         &mut self,
-        e: &Entry<'_>,
+        kept: &RequestsByNode,
         d: &PodDemand,
-        n: usize,
-        rows: &crate::capacity::node::Rows,
+        n: NodeId,
+        rows: &Rows,
         names: &Names,
     ) -> Result<Option<Rc<[NodeRequest]>>, Undecided> {
         if let Some(u) = &d.undecided {
             return Err(u.clone());
         }
-        if d.impossible.is_some() || n >= self.nodes.len() {
+        if d.impossible.is_some() || n.index() >= self.nodes.len() {
             return Ok(None);
         }
-        let mut kept = e.dra_nodes.borrow_mut();
+        let mut kept = kept.0.borrow_mut();
         if kept.len() < self.nodes.len() {
             kept.resize(self.nodes.len(), None);
         }
-        if let Some(r) = &kept[n] {
+        if let Some(r) = &kept[n.index()] {
             return r.clone().map(Some);
         }
         let r = self.node_requests(d, n, rows, names).map(Rc::from);
-        kept[n] = Some(r.clone());
+        kept[n.index()] = Some(r.clone());
         r.map(Some)
     }
 
     /// The requests of `d` on node `n`: per alternative, the devices it may take.
-    pub(in crate::capacity) fn node_requests(
+    fn node_requests(
         &mut self,
         d: &PodDemand,
-        n: usize,
-        rows: &crate::capacity::node::Rows,
+        n: NodeId,
+        rows: &Rows,
         names: &Names,
     ) -> Result<Vec<NodeRequest>, Undecided> {
-        let node = self.nodes[n].0;
+        let node = self.nodes[n.index()].name;
         let mut reqs = Vec::with_capacity(d.claims.len() + d.mapped.len());
         for r in &d.claims {
             let mut alternatives = Vec::with_capacity(r.alternatives.len());
@@ -230,15 +271,15 @@ impl<'a> DraRun<'a> {
         Ok(reqs)
     }
 
-    /// Totals to credit for the classes `d` names, once each: (resource id, allocatable,
-    /// free before, free now). A class's own total is its matching devices on every usable
-    /// node; an extended resource it maps counts them where the node's allocatable has none.
+    /// Totals to credit for the classes `d` names, once each. A class's own total is its
+    /// matching devices on every usable node; an extended resource it maps counts them
+    /// where the node's allocatable has none.
     pub(in crate::capacity) fn credit(
         &mut self,
         d: &PodDemand,
-        rows: &crate::capacity::node::Rows,
+        rows: &Rows,
         names: &mut Names,
-    ) -> Vec<(usize, i128, i128, i128)> {
+    ) -> Vec<Credit> {
         let mut wanted: Vec<(String, String, Option<String>)> = Vec::new();
         for r in &d.claims {
             for x in &r.alternatives {
@@ -264,37 +305,49 @@ impl<'a> DraRun<'a> {
                 unmodeled: None,
             };
             let id = names.id(&name);
-            let (mut total, mut free, mut now) = (0i128, 0i128, 0i128);
-            for n in 0..self.nodes.len() {
-                let node = self.nodes[n].0;
+            let mut credit = Credit {
+                resource: id,
+                allocatable: 0,
+                free_before: 0,
+                free_now: 0,
+            };
+            for (n, node) in NodeId::all(self.nodes.len()).zip(&self.nodes) {
                 if mapped.is_some() && amount(rows.allocatable(n), id) > 0 {
                     continue;
                 }
                 // No device on the node: it adds nothing (whatever the request).
-                if self.nodes[n].2.is_empty() {
+                if node.busy.is_empty() {
                     continue;
                 }
-                let Ok(c) = self.view.candidates(node, &x) else {
+                let Ok(c) = self.view.candidates(node.name, &x) else {
                     continue;
                 };
                 let base = self
                     .view
-                    .node(node)
+                    .node(node.name)
                     .map(|d| d.used.as_slice())
                     .unwrap_or(&[]);
-                let busy = &self.nodes[n].2;
-                total += c.len() as i128;
-                free += c
-                    .iter()
-                    .filter(|&&i| !base.get(i).copied().unwrap_or(true))
-                    .count() as i128;
-                now += c
-                    .iter()
-                    .filter(|&&i| !busy.get(i).copied().unwrap_or(true))
-                    .count() as i128;
+                credit.allocatable += c.len() as i128;
+                credit.free_before += free_among(base, &c) as i128;
+                credit.free_now += node.free_among(&c) as i128;
             }
-            out.push((id, total, free, now));
+            out.push(credit);
         }
         out
+    }
+}
+
+/// The one request of `reqs` when it is a count with one alternative of few enough
+/// candidates: the allocator takes it first fit, so it fits exactly when `k` of them are
+/// free.
+fn one_count(reqs: &[NodeRequest]) -> Option<(u32, &Arc<[usize]>)> {
+    match reqs {
+        [r] => match &r.alternatives[..] {
+            [(dra::Mode::Count(k), cands)] if cands.len() <= dra::alloc::MAX_STEPS => {
+                Some((*k, cands))
+            }
+            _ => None,
+        },
+        _ => None,
     }
 }

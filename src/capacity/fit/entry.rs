@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::capacity::dra::{PodDemand, Undecided, alloc::NodeRequest};
-use crate::capacity::node::{Names, units_of};
+use crate::capacity::dra::{PodDemand, run::RequestsByNode};
+use crate::capacity::node::{Names, NodeId, ResourceId, units_of};
 use crate::capacity::requests::{pod_name, pod_requests_borrowed, runtime_class_overhead};
 use crate::capacity::{CPU, ClusterState, MEMORY, PODS, is_extended_resource};
 use crate::podgroup::PodGroup;
 
-/// One group of identical pods to place (see [`crate::capacity::group`]).
+/// One group of identical pods to place (see [`PodGroup`]).
 pub(crate) struct Entry<'a> {
     /// The first pod's key, for ordering.
     pub(in crate::capacity) key: String,
@@ -20,32 +20,27 @@ pub(crate) struct Entry<'a> {
     pub(in crate::capacity) keys: Vec<String>,
     pub(in crate::capacity) pod: &'a Pod,
     pub(in crate::capacity) reserved: bool,
-    pub(in crate::capacity) req: Vec<(usize, i128)>,
-    pub(in crate::capacity) dominant: usize,
+    pub(in crate::capacity) req: Vec<(ResourceId, i128)>,
+    pub(in crate::capacity) dominant: ResourceId,
     /// (accelerators, cpu, memory), compared descending.
     pub(in crate::capacity) size: (i128, i128, i128),
     /// What the pod asks of DRA; `None` on a cluster without DRA or a pod asking nothing.
     pub(in crate::capacity) dra: Option<Rc<PodDemand>>,
     /// Devices its claims ask, per class (`deviceclass.resource.kubernetes.io/<class>`),
     /// counted in the totals and the shortfall only.
-    pub(in crate::capacity) devices: Vec<(usize, i128)>,
-    /// Per usable node, its DRA requests there (the devices each may take), built on the
-    /// first look at the node: they do not change while placing, only which devices are
-    /// held does.
-    pub(in crate::capacity) dra_nodes: std::cell::RefCell<Vec<Option<NodeRequests>>>,
+    pub(in crate::capacity) devices: Vec<(ResourceId, i128)>,
+    /// Per usable node, its DRA requests there.
+    pub(in crate::capacity) dra_nodes: RequestsByNode,
     /// The ids of the extended resources a DeviceClass maps for it (`PodDemand::mapped`).
-    pub(in crate::capacity) dra_mapped: Vec<usize>,
+    pub(in crate::capacity) dra_mapped: Vec<ResourceId>,
     /// The static filters' feasible nodes less those whose devices can never serve it
     /// (one request, too few candidates whatever is held), built on its first scan.
     pub(in crate::capacity) dra_feasible: std::cell::RefCell<Option<Rc<[ScanNode]>>>,
 }
 
-/// A pod's DRA requests on one node, or why raygate cannot decide them.
-pub(in crate::capacity) type NodeRequests = Result<Rc<[NodeRequest]>, Undecided>;
-
 /// A node of a scan, with the pod's one request there when it is one count of some
 /// candidates (the allocator takes the first free ones: it finds them when enough are free).
-pub(super) type ScanNode = (usize, Option<(u32, Arc<[usize]>)>);
+pub(super) type ScanNode = (NodeId, Option<(u32, Arc<[usize]>)>);
 
 fn pod_key(pod: &Pod) -> String {
     match pod.metadata.namespace.as_deref().filter(|n| !n.is_empty()) {
@@ -56,8 +51,8 @@ fn pod_key(pod: &Pod) -> String {
 
 /// The resource whose leftover decides best fit: the largest accelerator
 /// request, else cpu, else memory, else pod slots.
-fn dominant(req: &[(usize, i128)], names: &Names) -> usize {
-    let name = |i: usize| names.names.get(i).map(String::as_str).unwrap_or("");
+fn dominant(req: &[(ResourceId, i128)], names: &Names) -> ResourceId {
+    let name = |r: ResourceId| names.name(r);
     let accel = req
         .iter()
         .filter(|(i, _)| is_extended_resource(name(*i)))
@@ -70,7 +65,7 @@ fn dominant(req: &[(usize, i128)], names: &Names) -> usize {
             return i;
         }
     }
-    names.get(PODS).unwrap_or(0)
+    names.get(PODS).unwrap_or(ResourceId::from(0))
 }
 
 fn entry<'a>(
@@ -86,7 +81,7 @@ fn entry<'a>(
             .or_insert(v);
     }
     let req = units_of(&req, names);
-    let name = |i: usize| names.names.get(i).map(String::as_str).unwrap_or("");
+    let name = |r: ResourceId| names.name(r);
     let of = |pred: &dyn Fn(&str) -> bool| -> i128 {
         req.iter()
             .filter(|(i, _)| pred(name(*i)))
@@ -204,7 +199,7 @@ mod tests {
         es.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.key.cmp(&b.key)));
         let keys: Vec<&str> = es.iter().map(|e| e.key.as_str()).collect();
         assert_eq!(keys, ["default/c-gpu4", "default/b-gpu2", "default/d-cpu8"]);
-        assert_eq!(names.names[es[0].dominant], "nvidia.com/gpu");
-        assert_eq!(names.names[es[2].dominant], "cpu");
+        assert_eq!(names.name(es[0].dominant), "nvidia.com/gpu");
+        assert_eq!(names.name(es[2].dominant), "cpu");
     }
 }

@@ -7,7 +7,7 @@ use super::overlay::Overlay;
 use crate::capacity::PODS;
 use crate::capacity::dra::Undecided;
 use crate::capacity::from_scheduler_units;
-use crate::capacity::node::{Amounts, Names, SkippedNode, amount};
+use crate::capacity::node::{Amounts, Names, NodeId, SkippedNode, amount};
 use crate::capacity::scheduling::{REASON_TOO_MANY_PODS, aggregate_message, insufficient};
 use crate::capacity::statics::Statics;
 
@@ -21,7 +21,7 @@ pub(super) fn explain(
     free: &Overlay<'_>,
     names: &Names,
     skipped: &[SkippedNode],
-    rows_fit: &dyn Fn(usize) -> bool,
+    rows_fit: &dyn Fn(NodeId) -> bool,
 ) -> String {
     if let Some(why) = e.dra.as_ref().and_then(|d| d.impossible.as_ref()) {
         return why.clone();
@@ -30,7 +30,7 @@ pub(super) fn explain(
     let (verdicts, reason_text) = (&statics.verdicts, &statics.reasons);
     let mut by_reason = vec![0usize; reason_text.len()];
     let mut by_resource = vec![0usize; names.names.len()];
-    for (n, verdict) in verdicts.iter().enumerate() {
+    for (n, verdict) in NodeId::all(verdicts.len()).zip(verdicts) {
         if let Some(id) = verdict {
             if let Some(c) = by_reason.get_mut(*id) {
                 *c += 1;
@@ -44,7 +44,7 @@ pub(super) fn explain(
         let f = free.get(n);
         for &(r, u) in &e.req {
             if amount(f, r) < u
-                && let Some(c) = by_resource.get_mut(r)
+                && let Some(c) = by_resource.get_mut(r.index())
             {
                 *c += 1;
             }
@@ -83,6 +83,7 @@ pub(super) fn undecided_reason(u: &Undecided) -> String {
          counts a class's devices as plain units)"
     )
 }
+
 /// A reason if placing `e` would take cluster-wide free below headroom.
 pub(super) fn headroom_violation(
     e: &Entry<'_>,
@@ -94,7 +95,7 @@ pub(super) fn headroom_violation(
         let h = amount(headroom, r);
         let after = amount(cluster_free, r) - u;
         if h > 0 && after < h {
-            let n = names.names.get(r).map(String::as_str).unwrap_or("");
+            let n = names.name(r);
             Some(format!(
                 "placing it would leave {} {n} free cluster-wide, below the headroom of {}",
                 from_scheduler_units(n, after.max(0)),

@@ -38,7 +38,6 @@ use super::scheduling::Wording;
 use crate::capacity::ClusterState;
 use crate::podgroup::PodGroup;
 
-pub(crate) use entry::Entry;
 pub use explain::REASON_DEVICES;
 pub(crate) use placer::Placer;
 

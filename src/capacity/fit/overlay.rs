@@ -1,6 +1,6 @@
 //! Free capacity as a delta over the base rows: what the placer writes to.
 
-use crate::capacity::node::Rows;
+use crate::capacity::node::{NodeId, ResourceId, Rows};
 
 /// Free capacity seen through an overlay, as cluster-autoscaler's delta
 /// snapshot: untouched nodes are read from the base rows in place, a node's
@@ -23,8 +23,8 @@ impl<'c> Overlay<'c> {
     }
 
     /// What is free on node `n` now.
-    pub(crate) fn get(&self, n: usize) -> &[i128] {
-        match self.copied.get(n) {
+    pub(crate) fn get(&self, n: NodeId) -> &[i128] {
+        match self.copied.get(n.index()) {
             Some(&at) if at != usize::MAX => &self.rows[at..at + self.base.width()],
             _ => self.base.free(n),
         }
@@ -32,16 +32,16 @@ impl<'c> Overlay<'c> {
 
     /// `free[n][r] += x`. Ids past the base's width are resources no node
     /// has: nothing is ever taken from them, so nothing is given back.
-    pub(crate) fn add(&mut self, n: usize, r: usize, x: i128) {
-        let w = self.base.width();
-        if r >= w || n >= self.copied.len() {
+    pub(crate) fn add(&mut self, n: NodeId, r: ResourceId, x: i128) {
+        let (w, row, r) = (self.base.width(), n.index(), r.index());
+        if r >= w || row >= self.copied.len() {
             return;
         }
-        if self.copied[n] == usize::MAX {
-            self.copied[n] = self.rows.len();
+        if self.copied[row] == usize::MAX {
+            self.copied[row] = self.rows.len();
             self.rows.extend_from_slice(self.base.free(n));
         }
-        let v = &mut self.rows[self.copied[n] + r];
+        let v = &mut self.rows[self.copied[row] + r];
         *v = v.saturating_add(x);
     }
 }
@@ -61,15 +61,15 @@ mod tests {
             for n in 0..6i128 {
                 rows.push(&[10 + n, 8, 3, 0], &[1, 2 * n, 0, 0], 1);
             }
-            let mut copy: Vec<Vec<i128>> = (0..6).map(|n| rows.free(n).to_vec()).collect();
+            let mut copy: Vec<Vec<i128>> = NodeId::all(6).map(|n| rows.free(n).to_vec()).collect();
             let mut o = Overlay::new(&rows);
             for (n, r, x) in ops {
-                o.add(n, r, x);
+                o.add(n.into(), r.into(), x);
                 if r < 4 {
                     copy[n][r] += x;
                 }
                 for (m, row) in copy.iter().enumerate() {
-                    proptest::prop_assert_eq!(o.get(m), &row[..]);
+                    proptest::prop_assert_eq!(o.get(m.into()), &row[..]);
                 }
             }
         }

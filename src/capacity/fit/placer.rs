@@ -11,7 +11,9 @@ use super::explain::{explain, headroom_violation, undecided_reason};
 use super::overlay::Overlay;
 use super::{FitOptions, FitReport, Unplaced};
 use crate::capacity::dra::{self, Undecided, run::DraRun};
-use crate::capacity::node::{Amounts, Capacity, Names, add_amount, amount, node_name, to_list};
+use crate::capacity::node::{
+    Amounts, Capacity, Names, NodeId, ResourceId, add_amount, amount, node_name, to_list,
+};
 use crate::capacity::requests::pod_requests_borrowed;
 use crate::capacity::scheduling::Wording;
 use crate::capacity::statics::Statics;
@@ -19,7 +21,7 @@ use crate::capacity::{ClusterState, ResourceList, scheduler_units, sum};
 use crate::podgroup::PodGroup;
 
 /// A pod's request in scheduler units, shared by the copies of a group.
-type Units = Rc<[(usize, i128)]>;
+type Units = Rc<[(ResourceId, i128)]>;
 
 /// Where the undo log stood; see [`Placer::undo`].
 pub(crate) struct Mark {
@@ -186,7 +188,7 @@ impl<'c, 'a> Placer<'c, 'a> {
     ) {
         let statics = self.statics_for(e.pod);
         let req: Units = e.req.clone().into();
-        let mut last: Option<usize> = None;
+        let mut last: Option<NodeId> = None;
         for (k, key) in e.keys.iter().enumerate() {
             let chosen = match last.map(|n| self.fits(e, n).map(|d| d.map(|d| (n, d)))) {
                 Some(Ok(Some(c))) => Ok(Some(c)),
@@ -219,7 +221,10 @@ impl<'c, 'a> Placer<'c, 'a> {
             }
             let Some(n) = chosen else { return };
             self.take(e, n, &req, devices);
-            placements.push((key.clone(), node_name(self.cap.nodes[n]).to_string()));
+            placements.push((
+                key.clone(),
+                node_name(self.cap.nodes[n.index()]).to_string(),
+            ));
             last = Some(n);
         }
     }
@@ -242,37 +247,39 @@ impl<'c, 'a> Placer<'c, 'a> {
     }
 
     /// Whether node `n` has room for one copy of `e` now: `Some(devices it takes)`.
-    fn fits(&mut self, e: &Entry<'_>, n: usize) -> Result<Option<Vec<usize>>, Undecided> {
+    fn fits(&mut self, e: &Entry<'_>, n: NodeId) -> Result<Option<Vec<usize>>, Undecided> {
         if !self.rows_fit(e, n) {
             return Ok(None);
         }
         match (&e.dra, self.dra.as_mut()) {
-            (Some(d), Some(run)) => run.allocate(e, d, n, &self.cap.rows, &self.names),
+            (Some(d), Some(run)) => run.allocate(&e.dra_nodes, d, n, &self.cap.rows, &self.names),
             _ => Ok(Some(Vec::new())),
         }
     }
 
     /// [`Placer::fits`] without the devices: what the scan of every node asks.
-    fn can_fit(&mut self, e: &Entry<'_>, n: usize) -> Result<bool, Undecided> {
+    fn can_fit(&mut self, e: &Entry<'_>, n: NodeId) -> Result<bool, Undecided> {
         if !self.rows_fit(e, n) {
             return Ok(false);
         }
         match (&e.dra, self.dra.as_mut()) {
-            (Some(d), Some(run)) => run.can_allocate(e, d, n, &self.cap.rows, &self.names),
+            (Some(d), Some(run)) => {
+                run.can_allocate(&e.dra_nodes, d, n, &self.cap.rows, &self.names)
+            }
             _ => Ok(true),
         }
     }
 
     /// The node's rows have room for `e`; an extended resource a DeviceClass maps does not
     /// count where the node's allocatable has none of it (DRA serves it there).
-    fn rows_fit(&self, e: &Entry<'_>, n: usize) -> bool {
+    fn rows_fit(&self, e: &Entry<'_>, n: NodeId) -> bool {
         let f = self.free.get(n);
         e.req
             .iter()
             .all(|&(r, u)| amount(f, r) >= u || self.served_by_dra(e, n, r))
     }
 
-    fn served_by_dra(&self, e: &Entry<'_>, n: usize, r: usize) -> bool {
+    fn served_by_dra(&self, e: &Entry<'_>, n: NodeId, r: ResourceId) -> bool {
         e.dra.is_some() && e.dra_mapped.contains(&r) && amount(self.cap.rows.allocatable(n), r) == 0
     }
 
@@ -281,7 +288,7 @@ impl<'c, 'a> Placer<'c, 'a> {
     /// with its one-count request when that is all it asks there ([`DraRun::shortcut`]).
     /// Kept in the order given, so the first node whose devices raygate cannot decide
     /// is still the first met.
-    fn scan_list(&mut self, e: &Entry<'_>, feasible: &[usize]) -> Option<Rc<[ScanNode]>> {
+    fn scan_list(&mut self, e: &Entry<'_>, feasible: &[NodeId]) -> Option<Rc<[ScanNode]>> {
         let (Some(d), Some(run)) = (&e.dra, self.dra.as_mut()) else {
             return None;
         };
@@ -292,10 +299,10 @@ impl<'c, 'a> Placer<'c, 'a> {
         let list: Rc<[ScanNode]> = feasible
             .iter()
             .copied()
-            .filter(|&n| !run.never(e, d, n, rows, names))
-            .collect::<Vec<usize>>()
+            .filter(|&n| !run.never(&e.dra_nodes, d, n, rows, names))
+            .collect::<Vec<NodeId>>()
             .into_iter()
-            .map(|n| (n, run.shortcut(e, d, n, rows, names)))
+            .map(|n| (n, run.shortcut(&e.dra_nodes, d, n, rows, names)))
             .collect();
         *e.dra_feasible.borrow_mut() = Some(list.clone());
         Some(list)
@@ -318,8 +325,8 @@ impl<'c, 'a> Placer<'c, 'a> {
     fn best_node(
         &mut self,
         e: &Entry<'_>,
-        feasible: &[usize],
-    ) -> Result<Option<(usize, Vec<usize>)>, Undecided> {
+        feasible: &[NodeId],
+    ) -> Result<Option<(NodeId, Vec<usize>)>, Undecided> {
         let dom_req = e
             .req
             .iter()
@@ -334,7 +341,7 @@ impl<'c, 'a> Placer<'c, 'a> {
                 &plain
             }
         };
-        let mut best: Option<(i128, usize)> = None;
+        let mut best: Option<(i128, NodeId)> = None;
         for node in nodes {
             let n = node.0;
             if !self.can_fit_scanned(e, node)? {
@@ -361,7 +368,7 @@ impl<'c, 'a> Placer<'c, 'a> {
     fn failure(
         &self,
         e: &Entry<'_>,
-        chosen: Option<usize>,
+        chosen: Option<NodeId>,
         statics: &Statics,
         headroom: &Amounts,
     ) -> Option<String> {
@@ -383,8 +390,8 @@ impl<'c, 'a> Placer<'c, 'a> {
 
     /// Takes one copy's request (and `devices`) from node `n`, in the undo log. Extended
     /// resources DRA serves on `n` leave the node's row alone but count cluster-wide.
-    fn take(&mut self, e: &Entry<'_>, n: usize, req: &Units, devices: Vec<usize>) {
-        let mut cluster_only: Vec<(usize, i128)> = e.devices.clone();
+    fn take(&mut self, e: &Entry<'_>, n: NodeId, req: &Units, devices: Vec<usize>) {
+        let mut cluster_only: Vec<(ResourceId, i128)> = e.devices.clone();
         let units: Units =
             if e.dra.is_some() && req.iter().any(|&(r, _)| self.served_by_dra(e, n, r)) {
                 let (dra, rows): (Vec<_>, Vec<_>) = req
@@ -441,10 +448,10 @@ impl<'c, 'a> Placer<'c, 'a> {
             }
         }
         let credit = run.credit(&d, &self.cap.rows, &mut self.names);
-        for (id, total, free, now) in credit {
-            add_amount(&mut self.allocatable, id, total);
-            add_amount(&mut self.free_before, id, free);
-            add_amount(&mut self.cluster_free, id, now);
+        for c in credit {
+            add_amount(&mut self.allocatable, c.resource, c.allocatable);
+            add_amount(&mut self.free_before, c.resource, c.free_before);
+            add_amount(&mut self.cluster_free, c.resource, c.free_now);
         }
         e.dra_mapped = d
             .mapped
@@ -469,12 +476,12 @@ impl<'c, 'a> Placer<'c, 'a> {
         let new_total = Self::total(new);
         // Only where there is a headroom: a device class's free count is an estimate (a
         // `firstAvailable` request counts its first alternative) and may go below zero.
-        let headroom_kept = (0..width).all(|r| {
+        let headroom_kept = ResourceId::all(width).all(|r| {
             let h = amount(headroom, r);
             h <= 0 || amount(&self.cluster_free, r) >= h
         });
         let mut shortfall = Amounts::new();
-        for r in 0..width {
+        for r in ResourceId::all(width) {
             let need = amount(&new_total, r)
                 .saturating_add(amount(reserved, r))
                 .saturating_add(amount(headroom, r))
@@ -501,7 +508,7 @@ impl<'c, 'a> Placer<'c, 'a> {
     }
 }
 
-fn add_amount_pair(v: &mut Vec<(usize, i128)>, id: usize, x: i128) {
+fn add_amount_pair(v: &mut Vec<(ResourceId, i128)>, id: ResourceId, x: i128) {
     match v.iter_mut().find(|(r, _)| *r == id) {
         Some(p) => p.1 = p.1.saturating_add(x),
         None => v.push((id, x)),
@@ -510,11 +517,11 @@ fn add_amount_pair(v: &mut Vec<(usize, i128)>, id: usize, x: i128) {
 
 /// One pod placed, for the undo log.
 struct Placed {
-    node: usize,
+    node: NodeId,
     /// Taken from the node's row and cluster-wide.
     units: Units,
     /// Taken cluster-wide only: devices, and extended resources DRA served.
-    cluster_only: Vec<(usize, i128)>,
+    cluster_only: Vec<(ResourceId, i128)>,
     /// Devices held on the node.
     devices: Vec<usize>,
 }
@@ -543,10 +550,10 @@ mod tests {
             .unwrap();
         let (placed, _) = p.place(&new, &Amounts::new());
         assert_eq!(placed.len(), 7);
-        assert_ne!(p.free.get(0), cap.free(0));
+        assert_ne!(p.free.get(0.into()), cap.free(0.into()));
         p.undo(mark);
-        for n in 0..cap.nodes.len() {
-            assert_eq!(p.free.get(n), cap.free(n), "node {n}");
+        for n in NodeId::all(cap.nodes.len()) {
+            assert_eq!(p.free.get(n), cap.free(n), "node {n:?}");
         }
         assert_eq!(p.cluster_free, p.free_before);
         // The same group again, after the undo, places as on a fresh placer.
