@@ -71,6 +71,14 @@ struct Entry {
     epoch: u32,
 }
 
+/// The keys of `map` a relist did not see (`seen` false): what it ended as gone.
+fn unseen<K: Clone, V>(map: &HashMap<K, V>, seen: impl Fn(&V) -> bool) -> Vec<K> {
+    map.iter()
+        .filter(|(_, v)| !seen(v))
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
 /// `namespace/name` back into its parts (names and namespaces have no `/`).
 fn split_key(key: &str) -> (&str, &str) {
     key.split_once('/').unwrap_or(("", key))
@@ -268,12 +276,7 @@ impl CapacityIndex {
     /// The relist is complete: pods it did not list are gone.
     pub fn end_pod_relist(&mut self) {
         let epoch = self.pod_epoch;
-        let gone: Vec<Box<str>> = self
-            .pods
-            .iter()
-            .filter(|(_, e)| e.epoch != epoch)
-            .map(|(k, _)| k.clone())
-            .collect();
+        let gone = unseen(&self.pods, |e| e.epoch == epoch);
         for key in gone {
             let (ns, name) = split_key(&key);
             self.delete_pod(ns, name);
@@ -325,12 +328,7 @@ impl CapacityIndex {
 
     pub fn end_node_relist(&mut self) {
         let epoch = self.node_epoch;
-        let gone: Vec<Arc<str>> = self
-            .nodes
-            .iter()
-            .filter(|(_, s)| s.node.is_some() && s.epoch != epoch)
-            .map(|(n, _)| n.clone())
-            .collect();
+        let gone = unseen(&self.nodes, |s| s.node.is_none() || s.epoch == epoch);
         for n in gone {
             self.delete_node(&n);
         }

@@ -448,34 +448,20 @@ impl DraState {
         fn gone<V>(m: &BTreeMap<String, V>, seen: &BTreeSet<String>) -> Vec<String> {
             m.keys().filter(|k| !seen.contains(*k)).cloned().collect()
         }
-        match kind {
-            DraKind::Slice => {
-                let gone = gone(&self.slices, seen);
-                for k in &gone {
-                    self.remove_slice(k);
-                }
-                !gone.is_empty()
-            }
-            DraKind::Class => {
-                let gone = gone(&self.classes, seen);
-                for k in &gone {
-                    self.delete_class(k);
-                }
-                !gone.is_empty()
-            }
-            DraKind::Claim => {
-                let gone = gone(&self.claims, seen);
-                for k in &gone {
-                    self.remove_claim(k);
-                }
-                !gone.is_empty()
-            }
+        let (gone, remove): (Vec<String>, fn(&mut Self, &str) -> bool) = match kind {
+            DraKind::Slice => (gone(&self.slices, seen), Self::remove_slice),
+            DraKind::Class => (gone(&self.classes, seen), Self::delete_class),
+            DraKind::Claim => (gone(&self.claims, seen), Self::remove_claim),
             DraKind::Template => {
                 let before = self.templates.len();
                 self.templates.retain(|k, _| seen.contains(k));
-                self.templates.len() != before
+                return self.templates.len() != before;
             }
+        };
+        for k in &gone {
+            remove(self, k);
         }
+        !gone.is_empty()
     }
 
     /// Every device some allocated claim holds.

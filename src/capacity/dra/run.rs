@@ -17,6 +17,16 @@ pub(crate) type NodeRequests = Result<Rc<[NodeRequest]>, Undecided>;
 #[derive(Default)]
 pub(crate) struct RequestsByNode(RefCell<Vec<Option<NodeRequests>>>);
 
+/// One pod's DRA demand as the run reads it on a node: what it asks, where its per-node
+/// requests are kept, and the rows and names that tell where a device plugin serves a
+/// mapped extended resource instead.
+pub(crate) struct Ask<'q> {
+    pub(crate) demand: &'q PodDemand,
+    pub(crate) kept: &'q RequestsByNode,
+    pub(crate) rows: &'q Rows,
+    pub(crate) names: &'q Names,
+}
+
 /// A usable node's devices while placing.
 struct DraNode<'a> {
     name: &'a str,
@@ -121,16 +131,13 @@ impl<'a> DraRun<'a> {
         }
     }
 
-    /// The requests of `d` (kept in `kept`) on node `n` and the devices they would take.
+    /// The requests of `ask` on node `n` and the devices they would take.
     pub(in crate::capacity) fn allocate(
         &mut self,
-        kept: &RequestsByNode,
-        d: &PodDemand,
+        ask: &Ask<'_>,
         n: NodeId,
-        rows: &Rows,
-        names: &Names,
     ) -> Result<Option<Vec<usize>>, Undecided> {
-        let Some(reqs) = self.requests_on(kept, d, n, rows, names)? else {
+        let Some(reqs) = self.requests_on(ask, n)? else {
             return Ok(None);
         };
         let Some(node) = self.node(n) else {
@@ -139,18 +146,11 @@ impl<'a> DraRun<'a> {
         dra::allocate(&node.busy, node.incomplete, &reqs)
     }
 
-    /// Whether node `n` answers `Ok(false)` to `d` whatever is held: one request (so no
+    /// Whether node `n` answers `Ok(false)` to `ask` whatever is held: one request (so no
     /// search before it can exceed the allocator's bound), none of whose alternatives has
     /// enough candidates.
-    pub(in crate::capacity) fn never(
-        &mut self,
-        kept: &RequestsByNode,
-        d: &PodDemand,
-        n: NodeId,
-        rows: &Rows,
-        names: &Names,
-    ) -> bool {
-        match self.requests_on(kept, d, n, rows, names) {
+    pub(in crate::capacity) fn never(&mut self, ask: &Ask<'_>, n: NodeId) -> bool {
+        match self.requests_on(ask, n) {
             Ok(None) => true,
             Ok(Some(reqs)) => match &reqs[..] {
                 [r] => r.alternatives.iter().all(|(mode, cands)| match mode {
@@ -163,17 +163,14 @@ impl<'a> DraRun<'a> {
         }
     }
 
-    /// The one-count request of `d` on node `n`, when that is all it asks there and
+    /// The one-count request of `ask` on node `n`, when that is all it asks there and
     /// [`DraRun::can_allocate`]'s shortcut answers for it.
     pub(in crate::capacity) fn shortcut(
         &mut self,
-        kept: &RequestsByNode,
-        d: &PodDemand,
+        ask: &Ask<'_>,
         n: NodeId,
-        rows: &Rows,
-        names: &Names,
     ) -> Option<(u32, Arc<[usize]>)> {
-        let reqs = self.requests_on(kept, d, n, rows, names).ok()??;
+        let reqs = self.requests_on(ask, n).ok()??;
         one_count(&reqs).map(|(k, cands)| (k, cands.clone()))
     }
 
@@ -188,13 +185,10 @@ impl<'a> DraRun<'a> {
     /// building the allocation.
     pub(in crate::capacity) fn can_allocate(
         &mut self,
-        kept: &RequestsByNode,
-        d: &PodDemand,
+        ask: &Ask<'_>,
         n: NodeId,
-        rows: &Rows,
-        names: &Names,
     ) -> Result<bool, Undecided> {
-        let Some(reqs) = self.requests_on(kept, d, n, rows, names)? else {
+        let Some(reqs) = self.requests_on(ask, n)? else {
             return Ok(false);
         };
         let Some(node) = self.node(n) else {
@@ -206,29 +200,27 @@ impl<'a> DraRun<'a> {
         Ok(dra::allocate(&node.busy, node.incomplete, &reqs)?.is_some())
     }
 
-    /// The requests of `d` on node `n` (`None`: none can be satisfied), kept in `kept`.
+    /// The requests of `ask` on node `n` (`None`: none can be satisfied), kept in `ask.kept`.
     fn requests_on(
         &mut self,
-        kept: &RequestsByNode,
-        d: &PodDemand,
+        ask: &Ask<'_>,
         n: NodeId,
-        rows: &Rows,
-        names: &Names,
     ) -> Result<Option<Rc<[NodeRequest]>>, Undecided> {
+        let d = ask.demand;
         if let Some(u) = &d.undecided {
             return Err(u.clone());
         }
         if d.impossible.is_some() || n.index() >= self.nodes.len() {
             return Ok(None);
         }
-        let mut kept = kept.0.borrow_mut();
+        let mut kept = ask.kept.0.borrow_mut();
         if kept.len() < self.nodes.len() {
             kept.resize(self.nodes.len(), None);
         }
         if let Some(r) = &kept[n.index()] {
             return r.clone().map(Some);
         }
-        let r = self.node_requests(d, n, rows, names).map(Rc::from);
+        let r = self.node_requests(d, n, ask.rows, ask.names).map(Rc::from);
         kept[n.index()] = Some(r.clone());
         r.map(Some)
     }

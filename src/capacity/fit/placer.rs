@@ -10,7 +10,8 @@ use super::entry::{Entry, ScanNode, group_entry, signature};
 use super::explain::{explain, headroom_violation, undecided_reason};
 use super::overlay::Overlay;
 use super::{FitOptions, FitReport, Unplaced};
-use crate::capacity::dra::{self, Undecided, run::DraRun};
+use crate::capacity::dra::run::{Ask, DraRun};
+use crate::capacity::dra::{self, Undecided};
 use crate::capacity::node::{
     Amounts, Capacity, Names, NodeId, ResourceId, add_amount, amount, node_name, to_list,
 };
@@ -246,14 +247,29 @@ impl<'c, 'a> Placer<'c, 'a> {
         s
     }
 
+    /// The DRA run and `e`'s demand as it reads it; `None` without DRA or for a pod asking
+    /// nothing of it.
+    fn dra_ask<'p>(&'p mut self, e: &'p Entry<'_>) -> Option<(&'p mut DraRun<'a>, Ask<'p>)> {
+        let (Some(demand), Some(run)) = (e.dra.as_deref(), self.dra.as_mut()) else {
+            return None;
+        };
+        let ask = Ask {
+            demand,
+            kept: &e.dra_nodes,
+            rows: &self.cap.rows,
+            names: &self.names,
+        };
+        Some((run, ask))
+    }
+
     /// Whether node `n` has room for one copy of `e` now: `Some(devices it takes)`.
     fn fits(&mut self, e: &Entry<'_>, n: NodeId) -> Result<Option<Vec<usize>>, Undecided> {
         if !self.rows_fit(e, n) {
             return Ok(None);
         }
-        match (&e.dra, self.dra.as_mut()) {
-            (Some(d), Some(run)) => run.allocate(&e.dra_nodes, d, n, &self.cap.rows, &self.names),
-            _ => Ok(Some(Vec::new())),
+        match self.dra_ask(e) {
+            Some((run, ask)) => run.allocate(&ask, n),
+            None => Ok(Some(Vec::new())),
         }
     }
 
@@ -262,11 +278,9 @@ impl<'c, 'a> Placer<'c, 'a> {
         if !self.rows_fit(e, n) {
             return Ok(false);
         }
-        match (&e.dra, self.dra.as_mut()) {
-            (Some(d), Some(run)) => {
-                run.can_allocate(&e.dra_nodes, d, n, &self.cap.rows, &self.names)
-            }
-            _ => Ok(true),
+        match self.dra_ask(e) {
+            Some((run, ask)) => run.can_allocate(&ask, n),
+            None => Ok(true),
         }
     }
 
@@ -289,20 +303,17 @@ impl<'c, 'a> Placer<'c, 'a> {
     /// Kept in the order given, so the first node whose devices raygate cannot decide
     /// is still the first met.
     fn scan_list(&mut self, e: &Entry<'_>, feasible: &[NodeId]) -> Option<Rc<[ScanNode]>> {
-        let (Some(d), Some(run)) = (&e.dra, self.dra.as_mut()) else {
-            return None;
-        };
+        let (run, ask) = self.dra_ask(e)?;
         if let Some(l) = e.dra_feasible.borrow().as_ref() {
             return Some(l.clone());
         }
-        let (rows, names) = (&self.cap.rows, &self.names);
         let list: Rc<[ScanNode]> = feasible
             .iter()
             .copied()
-            .filter(|&n| !run.never(&e.dra_nodes, d, n, rows, names))
+            .filter(|&n| !run.never(&ask, n))
             .collect::<Vec<NodeId>>()
             .into_iter()
-            .map(|n| (n, run.shortcut(&e.dra_nodes, d, n, rows, names)))
+            .map(|n| (n, run.shortcut(&ask, n)))
             .collect();
         *e.dra_feasible.borrow_mut() = Some(list.clone());
         Some(list)
