@@ -587,29 +587,42 @@ fn selectors_of(s: Option<&Vec<k8s_openapi::api::resource::v1::DeviceSelector>>)
 
 impl Exact {
     fn from_exact(e: &ExactDeviceRequest) -> Exact {
-        let (mode, mut unmodeled) = mode_of(e.allocation_mode.as_deref(), e.count);
-        if e.admin_access == Some(true) {
-            unmodeled = unmodeled.or(Some("admin access"));
-        }
-        if e.capacity.is_some() {
-            unmodeled = unmodeled.or(Some("a capacity request"));
-        }
-        Exact {
-            class: e.device_class_name.clone(),
-            selectors: selectors_of(e.selectors.as_ref()),
-            mode,
-            unmodeled,
-        }
+        let admin = (e.admin_access == Some(true)).then_some("admin access");
+        Exact::of(
+            &e.device_class_name,
+            e.selectors.as_ref(),
+            (e.allocation_mode.as_deref(), e.count),
+            admin,
+            e.capacity.is_some(),
+        )
     }
 
     fn from_sub(e: &DeviceSubRequest) -> Exact {
-        let (mode, mut unmodeled) = mode_of(e.allocation_mode.as_deref(), e.count);
-        if e.capacity.is_some() {
-            unmodeled = unmodeled.or(Some("a capacity request"));
-        }
+        Exact::of(
+            &e.device_class_name,
+            e.selectors.as_ref(),
+            (e.allocation_mode.as_deref(), e.count),
+            None,
+            e.capacity.is_some(),
+        )
+    }
+
+    /// The fields an exact request and a `firstAvailable` subrequest share; the first of
+    /// the mode's, `admin`'s and a capacity request's reasons is what cannot be modeled.
+    fn of(
+        class: &str,
+        selectors: Option<&Vec<k8s_openapi::api::resource::v1::DeviceSelector>>,
+        (allocation_mode, count): (Option<&str>, Option<i64>),
+        admin: Option<&'static str>,
+        capacity: bool,
+    ) -> Exact {
+        let (mode, unmodeled) = mode_of(allocation_mode, count);
+        let unmodeled = unmodeled
+            .or(admin)
+            .or(capacity.then_some("a capacity request"));
         Exact {
-            class: e.device_class_name.clone(),
-            selectors: selectors_of(e.selectors.as_ref()),
+            class: class.to_string(),
+            selectors: selectors_of(selectors),
             mode,
             unmodeled,
         }
