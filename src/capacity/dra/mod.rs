@@ -34,9 +34,6 @@ pub(crate) mod run;
 pub mod select;
 pub mod view;
 
-#[cfg(test)]
-mod fit_tests;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -448,7 +445,9 @@ impl DraState {
         fn gone<V>(m: &BTreeMap<String, V>, seen: &BTreeSet<String>) -> Vec<String> {
             m.keys().filter(|k| !seen.contains(*k)).cloned().collect()
         }
-        let (gone, remove): (Vec<String>, fn(&mut Self, &str) -> bool) = match kind {
+        /// Removes one object by key, with what it held.
+        type Remove = fn(&mut DraState, &str) -> bool;
+        let (gone, remove): (Vec<String>, Remove) = match kind {
             DraKind::Slice => (gone(&self.slices, seen), Self::remove_slice),
             DraKind::Class => (gone(&self.classes, seen), Self::delete_class),
             DraKind::Claim => (gone(&self.claims, seen), Self::remove_claim),
@@ -696,6 +695,9 @@ impl Claim {
         }
     }
 }
+
+#[cfg(test)]
+mod fit_tests;
 
 #[cfg(test)]
 pub(crate) mod tests {

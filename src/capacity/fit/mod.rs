@@ -25,8 +25,6 @@ mod entry;
 mod explain;
 mod overlay;
 mod placer;
-#[cfg(test)]
-mod tests;
 
 use std::collections::BTreeMap;
 
@@ -135,3 +133,6 @@ pub(crate) fn fit_on(
         &req.old_requests,
     ))
 }
+
+#[cfg(test)]
+mod tests;
