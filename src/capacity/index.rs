@@ -10,7 +10,7 @@
 //! A relist (the watch restarted) updates records in place and then drops
 //! those it did not see, so memory never holds two copies of the cluster.
 //!
-//! [`super::node::capacity`] computes the same from scratch; a property
+//! `node::capacity` computes the same from scratch; a property
 //! test checks the two agree on any sequence of events.
 
 use std::collections::{HashMap, HashSet};
@@ -475,7 +475,7 @@ impl CapacityIndex {
         })
     }
 
-    /// [`super::fit`] on this index's free capacity; `rules` gives the
+    /// [`super::fit()`] on this index's free capacity; `rules` gives the
     /// LimitRanges and RuntimeClasses new pods are admitted with.
     pub fn fit(
         &self,

@@ -5,7 +5,7 @@
 //! - [`state`]: the cluster as `kubectl get nodes,pods,limitranges,runtimeclasses -A -o yaml`.
 //! - [`node`]: which nodes are usable and what is free on each.
 //! - [`scheduling`]: node selector, required node affinity, taints.
-//! - [`fit`]: place the new cluster's pods by simulation and explain why not.
+//! - [`fit`](mod@fit): place the new cluster's pods by simulation and explain why not.
 //!
 //! Accounting unit: [`pod_requests`] is exact, but node and cluster amounts
 //! are kept the way kube-scheduler keeps them (`cpu` in whole millicores,

@@ -227,7 +227,7 @@ fn make_pod(
 }
 
 /// The first container of `spec` whose resources the apiserver would refuse
-/// ([`crate::capacity::valid`]), as `(field path, reason)` under `prefix`
+/// ([`crate::kuberay::valid`]), as `(field path, reason)` under `prefix`
 /// (`spec` for a RayCluster, `spec.rayClusterConfig` for a RayService).
 /// Every template is checked, also of groups at zero replicas: the
 /// autoscaler may scale them up.
