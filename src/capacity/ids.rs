@@ -2,8 +2,8 @@
 //! rows, so each gets its own type. Below `statics` and `node`, which both use them.
 
 /// A usable node of a [`Capacity`](super::node::Capacity): its position in `nodes` and in
-/// the [`Rows`](super::node::Rows). A type,
-/// not a bare `usize`, so a node and a resource cannot trade places in `free[n][r]`.
+/// the [`Rows`](super::node::Rows). A type, not a bare `usize`, so a node and a resource
+/// cannot trade places in `free[n][r]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(transparent)]
 pub(crate) struct NodeId(usize);
@@ -20,6 +20,7 @@ impl NodeId {
     }
 }
 
+/// The node at position `i` of a per-node vector (as `enumerate` gives it).
 impl From<usize> for NodeId {
     fn from(i: usize) -> Self {
         NodeId(i)
