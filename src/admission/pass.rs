@@ -90,7 +90,7 @@ pub(crate) fn run(
         );
         if report.fits {
             for (i, u) in Placer::total(&new).into_iter().enumerate() {
-                crate::capacity::node::add_amount(&mut reserved_total, i, u);
+                crate::capacity::node::add_amount(&mut reserved_total, i.into(), u);
             }
             base_placements.extend(placed);
         } else {

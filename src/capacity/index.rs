@@ -21,8 +21,8 @@ use k8s_openapi::api::core::v1::Node;
 use std::borrow::Cow;
 
 use super::node::{
-    Amounts, Bound, Capacity, Counted, Names, Rows, SkippedNode, add_amount, allocatable_of,
-    node_name, record_error, skip_reason,
+    Amounts, Bound, Capacity, Counted, Names, NodeId, ResourceId, Rows, SkippedNode, add_amount,
+    allocatable_of, node_name, record_error, skip_reason,
 };
 use super::record::{PartialPod, PodBody, PodRecord, ResName, Strings};
 use super::statics::{Layout, StaticsCache};
@@ -40,7 +40,7 @@ struct Slot {
     broken: usize,
     epoch: u32,
     /// Its row in [`CapacityIndex::rows`] while usable.
-    row: Option<usize>,
+    row: Option<NodeId>,
 }
 
 impl Default for Slot {
@@ -71,6 +71,14 @@ struct Entry {
     epoch: u32,
 }
 
+/// The keys of `map` a relist did not see (`seen` false): what it ended as gone.
+fn unseen<K: Clone, V>(map: &HashMap<K, V>, seen: impl Fn(&V) -> bool) -> Vec<K> {
+    map.iter()
+        .filter(|(_, v)| !seen(v))
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
 /// `namespace/name` back into its parts (names and namespaces have no `/`).
 fn split_key(key: &str) -> (&str, &str) {
     key.split_once('/').unwrap_or(("", key))
@@ -81,7 +89,7 @@ fn split_key(key: &str) -> (&str, &str) {
 pub struct CapacityIndex {
     names: Names,
     /// [`ResName`] → id in `names`.
-    local: Vec<usize>,
+    local: Vec<Option<ResourceId>>,
     strings: Strings,
     nodes: HashMap<Arc<str>, Slot>,
     /// Usable nodes, sorted by name; and the skipped ones with why.
@@ -136,21 +144,25 @@ impl CapacityIndex {
         pod.to_record(&mut self.strings)
     }
 
-    fn local(&mut self, r: ResName) -> usize {
+    fn local(&mut self, r: ResName) -> ResourceId {
         let i = r.index();
         if self.local.len() <= i {
-            self.local.resize(i + 1, usize::MAX);
+            self.local.resize(i + 1, None);
         }
-        if self.local[i] == usize::MAX {
-            self.local[i] = self.names.id(r.as_str());
+        match self.local[i] {
+            Some(id) => id,
+            None => {
+                let id = self.names.id(r.as_str());
+                self.local[i] = Some(id);
+                id
+            }
         }
-        self.local[i]
     }
 
     /// Adds (`sign` 1) or takes away (`sign` -1) a pod's share of its node.
     fn account(&mut self, body: &PodBody, sign: i128) {
         let Some(node) = body.holds() else { return };
-        let units: Vec<(usize, i128)> = match &body.requests {
+        let units: Vec<(ResourceId, i128)> = match &body.requests {
             Ok(u) => u
                 .iter()
                 .filter(|(r, _)| r.as_str() != PODS)
@@ -188,13 +200,13 @@ impl CapacityIndex {
             self.reorder();
         } else if let Some(row) = slot.row {
             self.rows.set_requested(row, &slot.requested, slot.pods);
-            if let Some(b) = self.broken_rows.get_mut(row) {
+            if let Some(b) = self.broken_rows.get_mut(row.index()) {
                 *b = slot.broken;
             }
         }
     }
 
-    fn local_pods(&mut self) -> usize {
+    fn local_pods(&mut self) -> ResourceId {
         self.names.id(PODS)
     }
 
@@ -264,12 +276,7 @@ impl CapacityIndex {
     /// The relist is complete: pods it did not list are gone.
     pub fn end_pod_relist(&mut self) {
         let epoch = self.pod_epoch;
-        let gone: Vec<Box<str>> = self
-            .pods
-            .iter()
-            .filter(|(_, e)| e.epoch != epoch)
-            .map(|(k, _)| k.clone())
-            .collect();
+        let gone = unseen(&self.pods, |e| e.epoch == epoch);
         for key in gone {
             let (ns, name) = split_key(&key);
             self.delete_pod(ns, name);
@@ -321,12 +328,7 @@ impl CapacityIndex {
 
     pub fn end_node_relist(&mut self) {
         let epoch = self.node_epoch;
-        let gone: Vec<Arc<str>> = self
-            .nodes
-            .iter()
-            .filter(|(_, s)| s.node.is_some() && s.epoch != epoch)
-            .map(|(n, _)| n.clone())
-            .collect();
+        let gone = unseen(&self.nodes, |s| s.node.is_none() || s.epoch == epoch);
         for n in gone {
             self.delete_node(&n);
         }
@@ -364,7 +366,7 @@ impl CapacityIndex {
                     &none
                 }
             };
-            slot.row = Some(rows.len());
+            slot.row = Some(rows.len().into());
             rows.push(allocatable, &slot.requested, slot.pods);
             broken_rows.push(slot.broken);
             nodes.push(node);
@@ -473,7 +475,7 @@ impl CapacityIndex {
         })
     }
 
-    /// [`super::fit`](fn@super::fit) on this index's free capacity; `rules` gives the
+    /// [`super::fit()`] on this index's free capacity; `rules` gives the
     /// LimitRanges and RuntimeClasses new pods are admitted with.
     pub fn fit(
         &self,

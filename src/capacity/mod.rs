@@ -14,6 +14,7 @@
 
 pub mod dra;
 pub mod fit;
+pub(crate) mod ids;
 pub mod index;
 pub mod node;
 pub mod record;

@@ -17,6 +17,8 @@ use super::requests::Req;
 use super::{PODS, ResourceList, from_scheduler_units, parse_resource_list_with, scheduler_units};
 use crate::capacity::ClusterState;
 
+pub(crate) use super::ids::{NodeId, ResourceId};
+
 /// A node left out of the capacity, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -95,18 +97,23 @@ pub(crate) struct Names {
 }
 
 impl Names {
-    pub(crate) fn id(&mut self, name: &str) -> usize {
+    pub(crate) fn id(&mut self, name: &str) -> ResourceId {
         if let Some(&i) = self.index.get(name) {
-            return i;
+            return ResourceId::from(i);
         }
         let i = self.names.len();
         self.names.push(name.to_string());
         self.index.insert(name.to_string(), i);
-        i
+        ResourceId::from(i)
     }
 
-    pub(crate) fn get(&self, name: &str) -> Option<usize> {
-        self.index.get(name).copied()
+    pub(crate) fn get(&self, name: &str) -> Option<ResourceId> {
+        self.index.get(name).copied().map(ResourceId::from)
+    }
+
+    /// The name of `r`; empty for an id this table did not hand out.
+    pub(crate) fn name(&self, r: ResourceId) -> &str {
+        self.names.get(r.index()).map(String::as_str).unwrap_or("")
     }
 }
 
@@ -114,11 +121,12 @@ impl Names {
 pub(crate) type Amounts = Vec<i128>;
 
 /// Amount `i`; ids past the end (a resource no node has) are 0.
-pub(crate) fn amount(v: &[i128], i: usize) -> i128 {
-    v.get(i).copied().unwrap_or(0)
+pub(crate) fn amount(v: &[i128], r: ResourceId) -> i128 {
+    v.get(r.index()).copied().unwrap_or(0)
 }
 
-pub(crate) fn add_amount(v: &mut Amounts, i: usize, x: i128) {
+pub(crate) fn add_amount(v: &mut Amounts, r: ResourceId, x: i128) {
+    let i = r.index();
     if v.len() <= i {
         v.resize(i + 1, 0);
     }
@@ -126,8 +134,8 @@ pub(crate) fn add_amount(v: &mut Amounts, i: usize, x: i128) {
 }
 
 /// A request in scheduler units, always including one pod slot.
-pub(crate) fn units_of(list: &Req<'_>, names: &mut Names) -> Vec<(usize, i128)> {
-    let mut out: Vec<(usize, i128)> = list
+pub(crate) fn units_of(list: &Req<'_>, names: &mut Names) -> Vec<(ResourceId, i128)> {
+    let mut out: Vec<(ResourceId, i128)> = list
         .iter()
         .filter(|(k, _)| **k != PODS)
         .map(|(k, q)| (names.id(k), scheduler_units(k, q)))
@@ -193,7 +201,7 @@ impl Bound<'_> {
 
 impl Capacity<'_> {
     /// What is free on node `n`, one amount per resource id (`width` of them).
-    pub(crate) fn free(&self, n: usize) -> &[i128] {
+    pub(crate) fn free(&self, n: NodeId) -> &[i128] {
         self.rows.free(n)
     }
 }
@@ -235,45 +243,46 @@ impl Rows {
     pub(crate) fn push(&mut self, allocatable: &[i128], requested: &[i128], pods: usize) {
         let w = self.width;
         self.allocatable
-            .extend((0..w).map(|i| amount(allocatable, i)));
-        self.requested.extend((0..w).map(|i| amount(requested, i)));
-        self.free.extend((0..w).map(|i| {
-            amount(allocatable, i)
-                .saturating_sub(amount(requested, i))
+            .extend(ResourceId::all(w).map(|r| amount(allocatable, r)));
+        self.requested
+            .extend(ResourceId::all(w).map(|r| amount(requested, r)));
+        self.free.extend(ResourceId::all(w).map(|r| {
+            amount(allocatable, r)
+                .saturating_sub(amount(requested, r))
                 .max(0)
         }));
         self.pods.push(pods);
     }
 
     /// Replaces row `n`'s requests (a pod came or went).
-    pub(crate) fn set_requested(&mut self, n: usize, requested: &[i128], pods: usize) {
-        let w = self.width;
+    pub(crate) fn set_requested(&mut self, n: NodeId, requested: &[i128], pods: usize) {
+        let (w, n) = (self.width, n.index());
         for i in 0..w {
-            let r = amount(requested, i);
+            let r = amount(requested, ResourceId::from(i));
             self.requested[n * w + i] = r;
             self.free[n * w + i] = self.allocatable[n * w + i].saturating_sub(r).max(0);
         }
         self.pods[n] = pods;
     }
 
-    fn row(v: &[i128], w: usize, n: usize) -> &[i128] {
-        v.get(n * w..(n + 1) * w).unwrap_or(&[])
+    fn row(v: &[i128], w: usize, n: NodeId) -> &[i128] {
+        v.get(n.index() * w..(n.index() + 1) * w).unwrap_or(&[])
     }
 
-    pub(crate) fn allocatable(&self, n: usize) -> &[i128] {
+    pub(crate) fn allocatable(&self, n: NodeId) -> &[i128] {
         Self::row(&self.allocatable, self.width, n)
     }
 
-    pub(crate) fn requested(&self, n: usize) -> &[i128] {
+    pub(crate) fn requested(&self, n: NodeId) -> &[i128] {
         Self::row(&self.requested, self.width, n)
     }
 
-    pub(crate) fn free(&self, n: usize) -> &[i128] {
+    pub(crate) fn free(&self, n: NodeId) -> &[i128] {
         Self::row(&self.free, self.width, n)
     }
 
-    pub(crate) fn pods(&self, n: usize) -> usize {
-        self.pods.get(n).copied().unwrap_or(0)
+    pub(crate) fn pods(&self, n: NodeId) -> usize {
+        self.pods.get(n.index()).copied().unwrap_or(0)
     }
 
     /// Column sums over every row of `v`.
@@ -388,9 +397,10 @@ pub fn node_free(state: &ClusterState) -> crate::Result<NodeSummary> {
 
 /// Per-node capacity from a computed [`Capacity`].
 pub(crate) fn summary(cap: &Capacity<'_>) -> crate::Result<NodeSummary> {
-    let usable = (0..cap.nodes.len())
-        .map(|n| NodeFree {
-            node: node_name(cap.nodes[n]).to_string(),
+    let usable = NodeId::all(cap.nodes.len())
+        .zip(&cap.nodes)
+        .map(|(n, node)| NodeFree {
+            node: node_name(node).to_string(),
             allocatable: to_list(cap.rows.allocatable(n), &cap.names),
             requested: to_list(cap.rows.requested(n), &cap.names),
             free: {
@@ -403,7 +413,10 @@ pub(crate) fn summary(cap: &Capacity<'_>) -> crate::Result<NodeSummary> {
                     .filter(|(_, a)| **a != 0)
                     .filter_map(|(i, _)| {
                         let name = cap.names.names.get(i)?;
-                        Some((name.clone(), from_scheduler_units(name, amount(free, i))))
+                        Some((
+                            name.clone(),
+                            from_scheduler_units(name, amount(free, i.into())),
+                        ))
                     })
                     .collect()
             },

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
+use super::ids::NodeId;
 use super::scheduling::{Wording, node_name, static_filter};
 use crate::sync::lock;
 
@@ -17,7 +18,7 @@ use crate::sync::lock;
 pub(crate) struct Statics {
     pub(super) verdicts: Vec<Option<usize>>,
     pub(super) reasons: Vec<String>,
-    pub(super) feasible: Vec<usize>,
+    pub(super) feasible: Vec<NodeId>,
 }
 
 impl Statics {
@@ -106,8 +107,10 @@ impl Reasons {
     /// Reasons no node has any more stay: `explain` counts nodes per
     /// reason and leaves out those with none.
     fn done(self, verdicts: Vec<Option<usize>>) -> Statics {
-        let feasible = (0..verdicts.len())
-            .filter(|&n| verdicts[n].is_none())
+        let feasible = NodeId::all(verdicts.len())
+            .zip(&verdicts)
+            .filter(|(_, v)| v.is_none())
+            .map(|(n, _)| n)
             .collect();
         Statics {
             verdicts,

@@ -227,7 +227,7 @@ fn make_pod(
 }
 
 /// The first container of `spec` whose resources the apiserver would refuse
-/// ([`super::valid`]), as `(field path, reason)` under `prefix`
+/// ([`crate::kuberay::valid`]), as `(field path, reason)` under `prefix`
 /// (`spec` for a RayCluster, `spec.rayClusterConfig` for a RayService).
 /// Every template is checked, also of groups at zero replicas: the
 /// autoscaler may scale them up.
@@ -644,20 +644,19 @@ mod tests {
             };
             list.insert("nvidia.com/gpu".into(), K8sQuantity(v.into()));
         };
-        let mut spec = multi().spec;
-        gpu(&mut spec, "limits", "1.5");
-        let err = planned_groups("t", "n", &spec, latest())
-            .unwrap_err()
-            .to_string();
+        let gpu_error = |kind: &str, v: &str| {
+            let mut spec = multi().spec;
+            gpu(&mut spec, kind, v);
+            planned_groups("t", "n", &spec, latest())
+                .unwrap_err()
+                .to_string()
+        };
+        let err = gpu_error("limits", "1.5");
         assert!(
             err.starts_with("RayCluster n/t: spec.workerGroupSpecs[0].template.spec.containers[0].resources.limits[nvidia.com/gpu]: 1.5 must be an integer"),
             "{err}"
         );
-        let mut spec = multi().spec;
-        gpu(&mut spec, "requests", "4");
-        let err = planned_groups("t", "n", &spec, latest())
-            .unwrap_err()
-            .to_string();
+        let err = gpu_error("requests", "4");
         assert!(
             err.contains("resources.requests[nvidia.com/gpu]: 4 must be equal to the nvidia.com/gpu limit of 8"),
             "{err}"

@@ -30,11 +30,9 @@
 
 pub mod alloc;
 pub mod demand;
+pub(crate) mod run;
 pub mod select;
 pub mod view;
-
-#[cfg(test)]
-mod fit_tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -447,34 +445,22 @@ impl DraState {
         fn gone<V>(m: &BTreeMap<String, V>, seen: &BTreeSet<String>) -> Vec<String> {
             m.keys().filter(|k| !seen.contains(*k)).cloned().collect()
         }
-        match kind {
-            DraKind::Slice => {
-                let gone = gone(&self.slices, seen);
-                for k in &gone {
-                    self.remove_slice(k);
-                }
-                !gone.is_empty()
-            }
-            DraKind::Class => {
-                let gone = gone(&self.classes, seen);
-                for k in &gone {
-                    self.delete_class(k);
-                }
-                !gone.is_empty()
-            }
-            DraKind::Claim => {
-                let gone = gone(&self.claims, seen);
-                for k in &gone {
-                    self.remove_claim(k);
-                }
-                !gone.is_empty()
-            }
+        /// Removes one object by key, with what it held.
+        type Remove = fn(&mut DraState, &str) -> bool;
+        let (gone, remove): (Vec<String>, Remove) = match kind {
+            DraKind::Slice => (gone(&self.slices, seen), Self::remove_slice),
+            DraKind::Class => (gone(&self.classes, seen), Self::delete_class),
+            DraKind::Claim => (gone(&self.claims, seen), Self::remove_claim),
             DraKind::Template => {
                 let before = self.templates.len();
                 self.templates.retain(|k, _| seen.contains(k));
-                self.templates.len() != before
+                return self.templates.len() != before;
             }
+        };
+        for k in &gone {
+            remove(self, k);
         }
+        !gone.is_empty()
     }
 
     /// Every device some allocated claim holds.
@@ -600,29 +586,42 @@ fn selectors_of(s: Option<&Vec<k8s_openapi::api::resource::v1::DeviceSelector>>)
 
 impl Exact {
     fn from_exact(e: &ExactDeviceRequest) -> Exact {
-        let (mode, mut unmodeled) = mode_of(e.allocation_mode.as_deref(), e.count);
-        if e.admin_access == Some(true) {
-            unmodeled = unmodeled.or(Some("admin access"));
-        }
-        if e.capacity.is_some() {
-            unmodeled = unmodeled.or(Some("a capacity request"));
-        }
-        Exact {
-            class: e.device_class_name.clone(),
-            selectors: selectors_of(e.selectors.as_ref()),
-            mode,
-            unmodeled,
-        }
+        let admin = (e.admin_access == Some(true)).then_some("admin access");
+        Exact::of(
+            &e.device_class_name,
+            e.selectors.as_ref(),
+            (e.allocation_mode.as_deref(), e.count),
+            admin,
+            e.capacity.is_some(),
+        )
     }
 
     fn from_sub(e: &DeviceSubRequest) -> Exact {
-        let (mode, mut unmodeled) = mode_of(e.allocation_mode.as_deref(), e.count);
-        if e.capacity.is_some() {
-            unmodeled = unmodeled.or(Some("a capacity request"));
-        }
+        Exact::of(
+            &e.device_class_name,
+            e.selectors.as_ref(),
+            (e.allocation_mode.as_deref(), e.count),
+            None,
+            e.capacity.is_some(),
+        )
+    }
+
+    /// The fields an exact request and a `firstAvailable` subrequest share; the first of
+    /// the mode's, `admin`'s and a capacity request's reasons is what cannot be modeled.
+    fn of(
+        class: &str,
+        selectors: Option<&Vec<k8s_openapi::api::resource::v1::DeviceSelector>>,
+        (allocation_mode, count): (Option<&str>, Option<i64>),
+        admin: Option<&'static str>,
+        capacity: bool,
+    ) -> Exact {
+        let (mode, unmodeled) = mode_of(allocation_mode, count);
+        let unmodeled = unmodeled
+            .or(admin)
+            .or(capacity.then_some("a capacity request"));
         Exact {
-            class: e.device_class_name.clone(),
-            selectors: selectors_of(e.selectors.as_ref()),
+            class: class.to_string(),
+            selectors: selectors_of(selectors),
             mode,
             unmodeled,
         }
@@ -696,6 +695,9 @@ impl Claim {
         }
     }
 }
+
+#[cfg(test)]
+mod fit_tests;
 
 #[cfg(test)]
 pub(crate) mod tests {
