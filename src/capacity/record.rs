@@ -322,31 +322,22 @@ pub struct PartialContainer {
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct PartialContainerStatus {
-    #[serde(default)]
     pub name: String,
-    #[serde(default)]
     pub resources: Option<ResourceRequirements>,
-    #[serde(default)]
     pub allocated_resources: Option<BTreeMap<String, K8sQuantity>>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct PartialStatus {
-    #[serde(default)]
     pub phase: Option<String>,
-    #[serde(default)]
     pub conditions: Option<Vec<PodCondition>>,
-    #[serde(default)]
     pub container_statuses: Option<Vec<PartialContainerStatus>>,
-    #[serde(default)]
     pub init_container_statuses: Option<Vec<PartialContainerStatus>>,
     /// Pod-level resources the kubelet reports after an in-place resize.
-    #[serde(default)]
     pub resources: Option<ResourceRequirements>,
-    #[serde(default)]
     pub allocated_resources: Option<BTreeMap<String, K8sQuantity>>,
 }
 

@@ -311,29 +311,23 @@ trait DraObject:
     fn apply(&self, d: &mut DraState) -> bool;
 }
 
-impl DraObject for ResourceSlice {
-    fn apply(&self, d: &mut DraState) -> bool {
-        d.apply_slice(self)
-    }
+/// Each kind's patch of the DRA state, one line each.
+macro_rules! dra_objects {
+    ($($kind:ty => $apply:ident),* $(,)?) => {
+        $(impl DraObject for $kind {
+            fn apply(&self, d: &mut DraState) -> bool {
+                d.$apply(self)
+            }
+        })*
+    };
 }
 
-impl DraObject for DeviceClass {
-    fn apply(&self, d: &mut DraState) -> bool {
-        d.apply_class(self)
-    }
-}
-
-impl DraObject for ResourceClaim {
-    fn apply(&self, d: &mut DraState) -> bool {
-        d.apply_claim(self)
-    }
-}
-
-impl DraObject for ResourceClaimTemplate {
-    fn apply(&self, d: &mut DraState) -> bool {
-        d.apply_template(self)
-    }
-}
+dra_objects!(
+    ResourceSlice => apply_slice,
+    DeviceClass => apply_class,
+    ResourceClaim => apply_claim,
+    ResourceClaimTemplate => apply_template,
+);
 
 /// Watches one DRA kind cluster-wide into the index; a change wakes every plan, as a
 /// node's does. On a cluster without resource.k8s.io/v1 the watch only logs and retries
@@ -521,6 +515,27 @@ fn node_event(
     }
 }
 
+/// A namespaced kind raygate watches (every bound a watcher and its store need).
+pub trait Watched:
+    kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType: Default>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType: Default>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static
+{
+}
+
 /// A watch of one kind in raygate's scope, with backoff: cluster-wide when
 /// `namespaces` is empty, else one watcher per namespace, merged
 /// ([`merge_namespaces`]), so that a namespaced install needs only Roles in
@@ -531,13 +546,7 @@ pub fn scoped_watcher<K>(
     wc: watcher::Config,
 ) -> BoxStream<'static, watcher::Result<watcher::Event<K>>>
 where
-    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + 'static,
-    K::DynamicType: Default,
+    K: Watched,
 {
     slimmed_watcher(client, namespaces, wc, |_| {})
 }
@@ -551,13 +560,7 @@ pub fn slimmed_watcher<K>(
     slim: fn(&mut K),
 ) -> BoxStream<'static, watcher::Result<watcher::Event<K>>>
 where
-    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + 'static,
-    K::DynamicType: Default,
+    K: Watched,
 {
     let watch =
         |api: Api<K>, wc: watcher::Config| watcher(api, wc).default_backoff().modify(slim).boxed();

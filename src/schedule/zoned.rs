@@ -393,19 +393,9 @@ impl Calendar {
         let end = crate::admission::batch::after(now, HORIZON);
         let mut state_ok = verdict.is_ok();
         for _ in 0..MAX_STEPS {
-            let Some(t) = open_until
-                .iter()
-                .chain(&next_start)
-                .flatten()
-                .copied()
-                .filter(|&x| x > now)
-                .min()
-            else {
+            let Some(t) = next_event(&open_until, &next_start, now, end) else {
                 break;
             };
-            if t > end {
-                break;
-            }
             for u in open_until.iter_mut() {
                 if *u == Some(t) {
                     *u = None;
@@ -475,19 +465,9 @@ impl Calendar {
         let end = crate::admission::batch::after(now, HORIZON);
         let mut state_ok = verdict.is_ok();
         for _ in 0..MAX_STEPS {
-            let Some(t) = open_until
-                .iter()
-                .chain(&next_start)
-                .flatten()
-                .copied()
-                .filter(|&x| x > now)
-                .min()
-            else {
+            let Some(t) = next_event(&open_until, &next_start, now, end) else {
                 break;
             };
-            if t > end {
-                break;
-            }
             for i in 0..windows.len() {
                 if open_until[i] == Some(t) {
                     open_until[i] = None;
@@ -543,6 +523,24 @@ impl Calendar {
             ),
         }
     }
+}
+
+/// The walk's next instant after `now` and up to `end` at which a window
+/// opens or closes.
+fn next_event(
+    open_until: &[Option<Timestamp>],
+    next_start: &[Option<Timestamp>],
+    now: Timestamp,
+    end: Timestamp,
+) -> Option<Timestamp> {
+    open_until
+        .iter()
+        .chain(next_start)
+        .flatten()
+        .copied()
+        .filter(|&x| x > now)
+        .min()
+        .filter(|&t| t <= end)
 }
 
 #[cfg(test)]
