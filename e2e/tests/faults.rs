@@ -1728,6 +1728,12 @@ async fn dra_pools_republished_or_withdrawn_admit_nothing_the_scheduler_cannot_p
                 describe(&p)
             );
             ensure!(gate(&client, &ns, "llm").await? == "None");
+            // Said as what it is, not as a resource name no node offers.
+            let msg = str_at(&p, &["status", "message"]);
+            ensure!(
+                msg.contains("republishing its pool on node dra-0") && !msg.contains("check the name"),
+                "the hold's message does not say the pool is being republished: {msg}"
+            );
             eprintln!("generation 2 incomplete: {}", describe(&p));
             create(&slices, dra::slice("dra-0-g2-b", "dra-0", 2, 2, 8..16)).await?;
             let done = wait_phase(&client, &ns, "llm", "Completed").await?;

@@ -288,9 +288,17 @@ impl<'a> Builder<'a> {
             ));
         }
         if !requested.is_empty() {
+            let updating = if r.dra_pools_updating.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", or once the DRA pool being republished on node {} is complete",
+                    r.dra_pools_updating.join(", node ")
+                )
+            };
             problems.push(format!(
                 "the new cluster requests {} that no schedulable node offers: it fits only once such a \
-                 node joins (a node autoscaler may add one)",
+                 node joins (a node autoscaler may add one){updating}",
                 requested.join(", ")
             ));
         }
@@ -656,6 +664,7 @@ mod tests {
             unplaced: vec![],
             placements: Default::default(),
             skipped_nodes: vec![],
+            dra_pools_updating: vec![],
         }
     }
 

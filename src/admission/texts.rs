@@ -128,8 +128,34 @@ pub fn shortfall_text(r: &FitReport) -> (String, String) {
     let needs_sentence = format!(
         "new cluster needs {needs} but only {avail} {free_word} ({after}); short by {short_t}"
     );
+    // A pool being republished counts nothing until its new generation is
+    // complete: say so, rather than suggest a misspelt name.
+    let updating = (!r.dra_pools_updating.is_empty()).then(|| {
+        format!(
+            "the DRA driver is republishing its pool on node {} (its newest generation's \
+             ResourceSlices are not all published yet, and the scheduler allocates none of that \
+             pool's devices until they are)",
+            r.dra_pools_updating.join(", node ")
+        )
+    });
     if missing.is_empty() {
-        return (format!("capacity: {short_t}"), needs_sentence);
+        let long = match &updating {
+            Some(u) => format!("{needs_sentence}; not counted while {u}"),
+            None => needs_sentence,
+        };
+        return (format!("capacity: {short_t}"), long);
+    }
+    if let Some(u) = updating {
+        let short = format!(
+            "no node offers {} while DRA pools are republished",
+            quoted(&missing)
+        );
+        let long = format!(
+            "no schedulable node offers {} now: {u}; raygate holds until the pool is complete; \
+             {needs_sentence}",
+            quoted(&missing)
+        );
+        return (short, long);
     }
     let mut short = format!("no node offers {}", quoted(&missing));
     if !offered_short.is_empty() {
@@ -179,6 +205,7 @@ mod tests {
             unplaced: vec![],
             placements: Default::default(),
             skipped_nodes: vec![],
+            dra_pools_updating: vec![],
         }
     }
 

@@ -810,6 +810,7 @@ mod tests {
                 .collect(),
             placements: Default::default(),
             skipped_nodes: vec![],
+            dra_pools_updating: vec![],
         }
     }
 

@@ -275,4 +275,32 @@ fn a_pool_with_two_generations_counts_the_newest() {
     );
     assert!(fit(&s, &request(vec![gpu_pod("w", 2)])).unwrap().fits);
     assert!(!fit(&s, &request(vec![gpu_pod("w", 3)])).unwrap().fits);
+    assert!(
+        fit(&s, &request(vec![gpu_pod("w", 2)]))
+            .unwrap()
+            .dra_pools_updating
+            .is_empty()
+    );
+}
+
+#[test]
+fn a_pool_republished_under_an_incomplete_generation_is_reported_as_updating() {
+    // Generation 2 of 2 slices has only one: the scheduler counts none of the pool.
+    let s = state(
+        vec![dra_node("a")],
+        &[
+            slice("a-1", "a", "a", 1, 8),
+            super::tests::slice_with("a-2-0", "a", "a", 2, 2, 8, "H100"),
+            mapping(),
+        ],
+    );
+    let r = fit(&s, &request(vec![gpu_pod("w", 2)])).unwrap();
+    assert!(!r.fits);
+    assert_eq!(r.dra_pools_updating, ["a"]);
+    let (short, long) = crate::admission::texts::shortfall_text(&r);
+    assert!(short.contains("republished"), "{short}");
+    assert!(
+        long.contains("republishing its pool on node a") && !long.contains("check the name"),
+        "{long}"
+    );
 }

@@ -82,6 +82,15 @@ pub(crate) struct DraRun<'a> {
 }
 
 impl<'a> DraRun<'a> {
+    /// The usable nodes whose pool's newest generation is incomplete.
+    pub(crate) fn updating_nodes(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|n| n.incomplete)
+            .map(|n| n.name.to_string())
+            .collect()
+    }
+
     pub(in crate::capacity) fn new(state: &'a dra::DraState, cap: &Capacity<'a>) -> DraRun<'a> {
         let view = DraView::new(state);
         let nodes = cap

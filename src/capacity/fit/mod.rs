@@ -85,6 +85,12 @@ pub struct FitReport {
     /// Pod → node, for reserved and new pods alike.
     pub placements: BTreeMap<String, String>,
     pub skipped_nodes: Vec<SkippedNode>,
+    /// Usable nodes whose DRA pool is being republished: its newest generation's
+    /// ResourceSlices are not all there yet, so the scheduler allocates none of that
+    /// pool's devices and neither does the fit. Said in the hold's message, where a
+    /// resource would otherwise look like a name no node offers.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dra_pools_updating: Vec<String>,
 }
 /// Knobs that do not change the answer, only how it is told.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

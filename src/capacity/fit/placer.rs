@@ -515,6 +515,11 @@ impl<'c, 'a> Placer<'c, 'a> {
             unplaced,
             placements,
             skipped_nodes: self.cap.skipped.to_vec(),
+            dra_pools_updating: self
+                .dra
+                .as_ref()
+                .map(DraRun::updating_nodes)
+                .unwrap_or_default(),
         }
     }
 }
