@@ -1731,7 +1731,8 @@ async fn dra_pools_republished_or_withdrawn_admit_nothing_the_scheduler_cannot_p
             // Said as what it is, not as a resource name no node offers.
             let msg = str_at(&p, &["status", "message"]);
             ensure!(
-                msg.contains("republishing its pool on node dra-0") && !msg.contains("check the name"),
+                msg.contains("republishing its pool on node dra-0")
+                    && !msg.contains("check the name"),
                 "the hold's message does not say the pool is being republished: {msg}"
             );
             eprintln!("generation 2 incomplete: {}", describe(&p));
