@@ -586,6 +586,9 @@ pub struct Observations {
     /// The `KubeRayRelease` condition is `False` for a release raygate
     /// gates (a release too old to gate is reported, not a mismatch).
     pub kuberay_release_mismatch: bool,
+    /// An open capacity request: when it was made, and whether it is past
+    /// its `maxWait` (`NotDelivered`).
+    pub capacity_request: Option<(Timestamp, bool)>,
 }
 
 impl Observations {
@@ -602,7 +605,7 @@ impl Observations {
     }
 
     /// Records the gauges of the finished decision `d`.
-    fn gauges(d: &mut Decision) {
+    pub(crate) fn gauges(d: &mut Decision) {
         use crate::upgradeplan::{Phase, condition};
         let s = &d.status;
         let o = &mut d.observed;
@@ -623,6 +626,15 @@ impl Observations {
             .filter(|_| s.phase.is_in_flight())
             .map(|a| a.admitted_time);
         o.gate_overridden = d.overridden_by.is_some();
+        o.capacity_request = s.capacity_request.as_ref().and_then(|c| {
+            use crate::upgradeplan::CapacityRequestState as S;
+            let overdue = match c.state {
+                S::Requested => false,
+                S::NotDelivered => true,
+                S::Queued | S::Failed => return None,
+            };
+            Some((c.requested_time?, overdue))
+        });
         o.kuberay_release_mismatch = s.conditions.iter().any(|c| {
             condition::is(c, condition::KUBERAY_RELEASE, condition::Status::False)
                 && c.reason != condition::Reason::NotGateable.as_str()

@@ -284,8 +284,15 @@ mod tests {
     #[test]
     fn an_open_slot_wants_the_objects_of_the_pending_change() {
         let me = plan("me", 5);
-        let (d, w) = settled(&me, &facts(1, vec![], &[]));
+        let (mut d, w) = settled(&me, &facts(1, vec![], &[]));
         assert_eq!(state(&d), Some((CapacityRequestState::Requested, None)));
+        // The request's gauge is read off the decision, as the others are.
+        crate::admission::Observations::gauges(&mut d);
+        assert!(
+            matches!(d.observed.capacity_request, Some((_, false))),
+            "{:?}",
+            d.observed.capacity_request
+        );
         let Wanted::Open {
             fingerprint,
             objects,

@@ -35,15 +35,10 @@ pub(super) async fn report(ctx: &Context, r: &Recorded, now: Timestamp) {
         ctx.metrics.admission(outcome);
     }
     observe_metrics(ctx, plan, service, d, now);
-    let open = d.status.capacity_request.as_ref().and_then(|c| {
-        use crate::upgradeplan::CapacityRequestState as S;
-        let overdue = match c.state {
-            S::Requested => false,
-            S::NotDelivered => true,
-            S::Queued | S::Failed => return None,
-        };
-        Some((seconds_since(c.requested_time?, now), overdue))
-    });
+    let open = d
+        .observed
+        .capacity_request
+        .map(|(since, overdue)| (seconds_since(since, now), overdue));
     ctx.metrics.observe_capacity_request(
         &plan.namespace().unwrap_or_default(),
         &plan.name_any(),
