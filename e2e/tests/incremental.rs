@@ -328,15 +328,16 @@ fn type_owners(svc: &Value) -> Vec<String> {
         .collect()
 }
 
-async fn condition(c: &Client, ns: &str, plan: &str, t: &str) -> Result<Value> {
-    let p = get(&plans(c, ns), plan).await?;
-    Ok(p["status"]["conditions"]
+/// The condition `t` of the plan `p` as read (one read for the status and its conditions:
+/// two reads could see two different writes).
+fn condition_of(p: &Value, t: &str) -> Value {
+    p["status"]["conditions"]
         .as_array()
         .into_iter()
         .flatten()
         .find(|x| str_at(x, &["type"]) == t)
         .cloned()
-        .unwrap_or(Value::Null))
+        .unwrap_or(Value::Null)
 }
 
 /// The RayService's creator sets `spec.upgradeStrategy.type` with the real kubectl (`create`
@@ -372,7 +373,7 @@ async fn a_creator_owned_gate_is_reported_not_claimed(cp: &ControlPlane, c: &Cli
         let want = format!("GateOverridden: {manager} keeps {value}");
         wait_for(&format!("{name}: {want}"), T, || async {
             let p = get(&plans(c, &ns), name).await?;
-            let cond = condition(c, &ns, name, "GateOverridden").await?;
+            let cond = condition_of(&p, "GateOverridden");
             Ok(
                 if str_at(&p, &["status", "waitingFor"]) == want
                     && str_at(&cond, &["status"]) == "True"
@@ -394,7 +395,7 @@ async fn a_creator_owned_gate_is_reported_not_claimed(cp: &ControlPlane, c: &Cli
     bump(c, &ns, "created", "rayproject/ray:2.10.0-gpu").await?;
     let p = wait_for("created: the change seen", T, || async {
         let p = get(&plans(c, &ns), "created").await?;
-        let cond = condition(c, &ns, "created", "UpgradeAdmitted").await?;
+        let cond = condition_of(&p, "UpgradeAdmitted");
         Ok(if str_at(&cond, &["reason"]) == "GateOverridden" {
             Check::Done(p)
         } else {

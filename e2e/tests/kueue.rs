@@ -620,6 +620,18 @@ impl Recorder {
         self.samples.lock().unwrap().clone()
     }
 
+    /// The first sample taken after now: what the cluster looks like once something just
+    /// observed (a plan's status) has happened. The last sample may predate it when the
+    /// sampler is slower than raygate (a loaded machine: each sample lists every kind).
+    async fn next_sample(&self) -> Sample {
+        let before = self.samples.lock().unwrap().len();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.samples.lock().unwrap().len() <= before && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.samples().last().cloned().unwrap_or_default()
+    }
+
     /// Stops sampling; writes and prints the timeline.
     async fn finish(mut self, e: &Env, case: &str) -> Vec<Sample> {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -1704,7 +1716,7 @@ async fn raygate_holds_for_quota_and_reserves_the_new_cluster_in_kueue() {
     let rec = Recorder::start(&e, "llm", "team");
     let (rec, old, held) = served_then_held_for_quota(&e, rec, "raygate-quota").await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let waiting = rec.samples().last().cloned().unwrap_or_default();
+    let waiting = rec.next_sample().await;
     rec.mark("the other team's Workload deleted");
     wls.delete("other-team", &DeleteParams::default())
         .await
@@ -2278,7 +2290,7 @@ async fn raygate_admits_when_a_job_finishes_and_a_restart_keeps_its_reservation(
     let mut rg = or_panic(raygate_with_plan(&e).await);
     let rec = Recorder::start(&e, "llm", "team");
     let (rec, old, held) = served_then_held_for_quota(&e, rec, "job-finishes").await;
-    let waiting = rec.samples().last().cloned().unwrap_or_default();
+    let waiting = rec.next_sample().await;
     rec.mark("the Job's pod let go");
     or_panic(release_job(&e, "train").await);
     let granted = wait_reservation(&e, "with its reservation granted", |p| {
@@ -2501,7 +2513,7 @@ async fn two_teams_in_a_cohort_and_nothing_of_raygates_left_in_kueue() {
             panic!("{err:#}");
         }
     };
-    let waiting = rec.samples().last().cloned().unwrap_or_default();
+    let waiting = rec.next_sample().await;
     rec.mark("team B's lendable Workload deleted");
     wls.delete("b-lent", &DeleteParams::default())
         .await

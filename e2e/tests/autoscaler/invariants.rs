@@ -5,7 +5,10 @@
 //!    (no deletion timestamp) do not exceed the GPU nodes something justified within the last
 //!    [`JUSTIFIED_FOR`]: one per 8-GPU worker of each RayCluster, plus one per worker replica
 //!    of each plan's open request as raygate's own status records it (so a buffer a user
-//!    scaled up by hand justifies nothing). Checked at purchases, not at every sample: a node
+//!    scaled up by hand justifies nothing), plus one per worker pod of a deleted cluster
+//!    still terminating on its node (raygate then rightly finds no room and asks, and the
+//!    node it asked for may come after the old one is free: one node per request, not a
+//!    second purchase for the same need). Checked at purchases, not at every sample: a node
 //!    a deleted cluster left empty stays until Karpenter consolidates it, which takes longer
 //!    than any window while Karpenter is restarted again and again (the 60-minute soak saw
 //!    empty nodes outlive their need by minutes, with no purchase); that lag is a figure
@@ -153,6 +156,29 @@ impl Sampler {
             .flatten()
             .map(|g| g["replicas"].as_i64().unwrap_or(0).max(0) as usize)
             .sum();
+        // And one per worker pod of a cluster already deleted that still holds its node
+        // (terminating): the scheduler, raygate and Karpenter all count it until it is gone.
+        let names: std::collections::BTreeSet<&str> = clusters
+            .iter()
+            .map(|c| str_at(c, &["metadata", "name"]))
+            .collect();
+        let workers = ListParams::default().labels("ray.io/node-type=worker");
+        let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        needed += tokio::time::timeout(CALL, pods_api.list_metadata(&workers))
+            .await??
+            .items
+            .iter()
+            .filter(|p| {
+                let cluster = p
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("ray.io/cluster"))
+                    .map(String::as_str)
+                    .unwrap_or_default();
+                !names.contains(cluster)
+            })
+            .count();
         // Wanted objects: uid → the open request's fingerprint.
         let mut wanted: BTreeMap<String, String> = BTreeMap::new();
         for p in &plans {
