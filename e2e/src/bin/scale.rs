@@ -104,7 +104,7 @@ struct Args {
 
 /// Whether GPU node `i` publishes its GPUs as a ResourceSlice (under `--dra`).
 fn is_dra_node(dra: bool, i: u32) -> bool {
-    dra && i % DRA_ONE_IN == 0
+    dra && i.is_multiple_of(DRA_ONE_IN)
 }
 
 fn ar(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
