@@ -3,8 +3,10 @@
 //! DeviceClass `gpu` that maps `nvidia.com/gpu` to them (DRAExtendedResource, on by default
 //! in v1.36).
 
+use anyhow::{Context, Result};
+use futures::{StreamExt, TryStreamExt, stream};
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
 
 /// The driver the slices name.
@@ -58,4 +60,38 @@ pub fn slices_api(client: &Client) -> Api<DynamicObject> {
 
 pub fn classes_api(client: &Client) -> Api<DynamicObject> {
     all(client, "DeviceClass", "deviceclasses")
+}
+
+/// ResourceClaims of every namespace (the scheduler makes one per pod whose extended
+/// resource it allocates from devices).
+pub fn claims_api(client: &Client) -> Api<DynamicObject> {
+    all(client, "ResourceClaim", "resourceclaims")
+}
+
+/// Publishes one pool per node of `nodes` as a driver would at start: a single
+/// ResourceSlice `<node>-gpus` (generation 1) of devices `gpu-0`..`gpu-<devices-1>`,
+/// `in_flight` creates at a time (thousands of nodes one by one would take minutes).
+/// Returns the slices created.
+pub async fn publish_pools(
+    client: &Client,
+    nodes: &[String],
+    devices: usize,
+    in_flight: usize,
+) -> Result<usize> {
+    let slices = slices_api(client);
+    stream::iter(nodes.iter().map(|node| {
+        let slices = slices.clone();
+        async move {
+            let obj = slice(&format!("{node}-gpus"), node, 1, 1, 0..devices);
+            slices
+                .create(&PostParams::default(), &serde_json::from_value(obj)?)
+                .await
+                .with_context(|| format!("create the ResourceSlice of node {node}"))?;
+            Ok::<_, anyhow::Error>(())
+        }
+    }))
+    .buffer_unordered(in_flight.max(1))
+    .try_collect::<Vec<_>>()
+    .await?;
+    Ok(nodes.len())
 }

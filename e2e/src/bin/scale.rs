@@ -16,6 +16,11 @@
 //! its own user (`raygate`, a token added to the control plane before the nodes), the only
 //! user the audit policy logs, one event per request (RequestReceived). Each run's figures
 //! are also written as JSON to `docs/scale-runs/` (`--out`).
+//!
+//! With `--dra` (issue 35) every fourth GPU node the services start on publishes its GPUs as
+//! a ResourceSlice instead of allocatable `nvidia.com/gpu`, behind the DeviceClass `gpu`
+//! (`extendedResourceName: nvidia.com/gpu`), so the figures are raygate's with its DRA
+//! watches and device views busy; the table and the JSON say so (`dra`, and the counts).
 
 // The figures' `json!` is larger than the default limit expands.
 #![recursion_limit = "256"]
@@ -30,6 +35,7 @@ use kube::api::{
 };
 use raygate_e2e::control_plane::Options;
 use raygate_e2e::control_plane::repo_root;
+use raygate_e2e::dra;
 use raygate_e2e::raygate::Spawn;
 use raygate_e2e::{
     Check, ControlPlane, FakeNode, GpuRayService, Raygate, create_namespace, wait_for,
@@ -45,6 +51,10 @@ use jiff::Timestamp;
 const GPUS_PER_NODE: u32 = 8;
 const WORKERS: u32 = 2;
 const FILLER_PER_REQUEST: usize = 64;
+/// Under `--dra`, one GPU node in this many is a DRA node (a quarter).
+const DRA_ONE_IN: u32 = 4;
+/// ResourceSlices created at a time, as many as nodes.
+const SLICES_IN_FLIGHT: usize = 32;
 
 #[derive(Parser, Debug)]
 #[command(about = "raygate at scale on the real control plane (see e2e/scale)")]
@@ -81,6 +91,20 @@ struct Args {
     /// A note on the machine, kept in the JSON (e.g. what else ran on it).
     #[arg(long, default_value = "")]
     note: String,
+    /// DRA GPUs: every fourth GPU node the services start on (gpu-0, gpu-4, ...) has no
+    /// `nvidia.com/gpu` in its allocatable and publishes its 8 GPUs as one ResourceSlice of
+    /// the driver gpu.example.com instead (one pool per node), and the DeviceClass `gpu`
+    /// (`extendedResourceName: nvidia.com/gpu`) maps the services' GPU requests to them: the
+    /// real scheduler allocates a ResourceClaim for each worker it puts there. The GPU nodes
+    /// added for the capacity change stay device-plugin nodes, so each admission is still
+    /// timed from the node it waited for. The JSON file's name ends in `-dra`.
+    #[arg(long)]
+    dra: bool,
+}
+
+/// Whether GPU node `i` publishes its GPUs as a ResourceSlice (under `--dra`).
+fn is_dra_node(dra: bool, i: u32) -> bool {
+    dra && i.is_multiple_of(DRA_ONE_IN)
 }
 
 fn ar(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
@@ -565,10 +589,20 @@ async fn main() -> Result<()> {
     let ray_pods = a.services * (1 + WORKERS);
     let fillers = a.pods.saturating_sub(ray_pods) as usize;
     let t_all = Instant::now();
+    let dra_nodes: Vec<String> = (0..gpu_nodes)
+        .filter(|i| is_dra_node(a.dra, *i))
+        .map(|i| format!("gpu-{i}"))
+        .collect();
     eprintln!(
         "scale: {} nodes ({gpu_nodes} GPU + {extra_gpu_nodes} added later, {cpu_nodes} CPU), {} pods ({ray_pods} Ray + {fillers} plain), {} services, {} waiting",
         a.nodes, a.pods, a.services, a.waiting
     );
+    if a.dra {
+        eprintln!(
+            "scale: DRA: {} of the {gpu_nodes} GPU nodes publish their GPUs as ResourceSlices",
+            dra_nodes.len()
+        );
+    }
 
     let load_start = loadavg();
     // The checkout as built (e2e/scale builds just before): later commits during the run
@@ -590,11 +624,16 @@ async fn main() -> Result<()> {
     let t = Instant::now();
     let mut nodes: Vec<FakeNode> = (0..gpu_nodes)
         .map(|i| {
-            FakeNode::new(format!("gpu-{i}"))
+            let node = FakeNode::new(format!("gpu-{i}"))
                 .cpu("96")
                 .memory("768Gi")
-                .gpu(GPUS_PER_NODE)
-                .label("raygate.io/pool", "gpu")
+                .label("raygate.io/pool", "gpu");
+            if is_dra_node(a.dra, i) {
+                // Its GPUs are its ResourceSlice's devices only, as with a DRA driver.
+                node.label("raygate.io/gpus", "dra")
+            } else {
+                node.gpu(GPUS_PER_NODE)
+            }
         })
         .collect();
     nodes.extend((0..cpu_nodes).map(|i| {
@@ -612,6 +651,34 @@ async fn main() -> Result<()> {
         nodes.len(),
         t.elapsed().as_secs_f64()
     );
+    // The DRA driver's view, before any GPU pod is scheduled: the class that maps
+    // `nvidia.com/gpu` to devices, and each DRA node's pool.
+    let dra_slices = if a.dra {
+        let t = Instant::now();
+        dra::classes_api(&client)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(dra::gpu_class(dra::EVERY_DEVICE))?,
+            )
+            .await
+            .context("create the DeviceClass gpu")?;
+        let n = dra::publish_pools(
+            &client,
+            &dra_nodes,
+            GPUS_PER_NODE as usize,
+            SLICES_IN_FLIGHT,
+        )
+        .await?;
+        eprintln!(
+            "scale: DeviceClass gpu and {n} ResourceSlices ({} devices) created in {:.1} s",
+            n * GPUS_PER_NODE as usize,
+            t.elapsed().as_secs_f64()
+        );
+        n
+    } else {
+        0
+    };
+    let dra_devices = dra_slices * GPUS_PER_NODE as usize;
 
     // raygate first, then the services: KubeRay brings them up while kwok has only their
     // pods to start (with 29,400 filler pods queued ahead, kwok's four pod workers kept the
@@ -763,6 +830,20 @@ async fn main() -> Result<()> {
         .await?
         .items
         .len();
+    // (in all, allocated): the claims the scheduler made for the workers on DRA nodes.
+    let dra_claims = if a.dra {
+        let claims = dra::claims_api(&client)
+            .list(&ListParams::default())
+            .await?
+            .items;
+        let allocated = claims
+            .iter()
+            .filter(|c| !c.data["status"]["allocation"].is_null())
+            .count();
+        Some((claims.len(), allocated))
+    } else {
+        None
+    };
     let q = |name: &str, p| {
         histogram_quantile(&metrics, name, p)
             .map(|s| format!("{:.0} ms", s * 1000.0))
@@ -904,6 +985,14 @@ async fn main() -> Result<()> {
         cp.kuberay_version().unwrap_or("none"),
         std::env::var("RAYGATE_KUBERAY_ARGS").unwrap_or_default()
     );
+    match dra_claims {
+        Some((claims, allocated)) => println!(
+            "| DRA | on: {} of {gpu_nodes} GPU nodes publish their GPUs as ResourceSlices instead of allocatable ({dra_slices} slices, one pool per node, {dra_devices} devices, driver {}), DeviceClass `gpu` with `extendedResourceName: nvidia.com/gpu`; the added GPU nodes are device-plugin nodes; ResourceClaims at the end: {claims} ({allocated} allocated) |",
+            dra_nodes.len(),
+            dra::DRIVER
+        ),
+        None => println!("| DRA | off: every GPU is allocatable `nvidia.com/gpu` |"),
+    }
     println!(
         "| machine | {} cores; load average at start {load_start}, at the end {} |",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -1002,7 +1091,7 @@ async fn main() -> Result<()> {
 
     if !a.out.is_empty() {
         let date = Timestamp::now();
-        let figures = json!({
+        let mut figures = json!({
             "date": date.to_string(),
             "commit": commit,
             "commit_dirty": dirty,
@@ -1063,10 +1152,19 @@ async fn main() -> Result<()> {
             "kwok_parallelism": std::env::var("RAYGATE_KWOK_PARALLELISM").unwrap_or_default(),
             "release_profile": release_profile(),
         });
+        // Set apart from the macro above, which is at the recursion limit.
+        figures["dra"] = json!(a.dra);
+        figures["dra_nodes"] = json!(dra_nodes.len());
+        figures["dra_resourceslices"] = json!(dra_slices);
+        figures["dra_devices"] = json!(dra_devices);
+        figures["dra_driver"] = json!(a.dra.then_some(dra::DRIVER));
+        figures["dra_resourceclaims_at_end"] = json!(dra_claims.map(|(n, _)| n));
+        figures["dra_resourceclaims_allocated_at_end"] = json!(dra_claims.map(|(_, n)| n));
         let dir = repo_root().join(&a.out);
         std::fs::create_dir_all(&dir)?;
         let stamp = date.strftime("%Y-%m-%dT%H%M%SZ");
-        let file = dir.join(format!("{stamp}-{}nodes.json", a.nodes));
+        let suffix = if a.dra { "-dra" } else { "" };
+        let file = dir.join(format!("{stamp}-{}nodes{suffix}.json", a.nodes));
         std::fs::write(&file, serde_json::to_string_pretty(&figures)? + "\n")?;
         eprintln!("scale: figures written to {}", file.display());
     }
@@ -1096,6 +1194,13 @@ async fn main() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quarter_of_the_gpu_nodes_are_dra_nodes_under_dra_only() {
+        let dra: Vec<u32> = (0..8).filter(|i| is_dra_node(true, *i)).collect();
+        assert_eq!(dra, [0, 4]);
+        assert!((0..8).all(|i| !is_dra_node(false, i)));
+    }
 
     #[test]
     fn a_histogram_quantile_sums_the_series_of_each_bound() {
