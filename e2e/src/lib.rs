@@ -12,6 +12,7 @@ pub mod fixtures;
 pub mod json;
 pub mod ray_head;
 pub mod raygate;
+pub mod seeded;
 pub mod wait;
 
 pub use bins::workspace_bin;

@@ -955,6 +955,15 @@ mod soak;
 use invariants::Invariants;
 
 impl Env {
+    /// Karpenter gives back a node 5 s after its last pod left (the NodePool says 30 s).
+    async fn consolidate_quickly(&self) -> Result<()> {
+        let patch = json!({"spec": {"disruption": {"consolidateAfter": "5s"}}});
+        self.nodepools()
+            .patch("gpu", &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
     fn templates(&self) -> Api<PodTemplate> {
         Api::namespaced(self.client.clone(), &self.ns)
     }
@@ -1068,17 +1077,7 @@ async fn faults_around_capacity_requests_keep_the_invariants() {
     let mut e = or_panic(env().await);
     eprintln!("control plane with Karpenter up in {:?}", t0.elapsed());
     // Empty nodes go 5 s after their last pod, so each scenario starts from one node.
-    or_panic(
-        e.nodepools()
-            .patch(
-                "gpu",
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"disruption": {"consolidateAfter": "5s"}}})),
-            )
-            .await
-            .map(|_| ())
-            .map_err(Into::into),
-    );
+    or_panic(e.consolidate_quickly().await);
     let inv = Invariants::start(e.client.clone(), &e.ns);
     let mut seen = BTreeSet::new();
     or_panic(service_with_plan(&e, "svc", 1, 0, json!({"request": "CapacityBuffer"})).await);

@@ -17,6 +17,7 @@ use kube::api::{
 };
 use raygate_e2e::control_plane::repo_root;
 use raygate_e2e::json::str_at;
+use raygate_e2e::seeded::{self, Rng};
 use raygate_e2e::{
     Check, ControlPlane, FakeNode, GpuRayService, Raygate, create_namespace, wait_for,
 };
@@ -26,34 +27,9 @@ use std::time::{Duration, Instant};
 const SERVICES: usize = 3;
 const T: Duration = Duration::from_secs(180);
 
-/// splitmix64: tiny, seedable, the same sequence on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in 0..n (n > 0).
-    fn below(&mut self, n: usize) -> usize {
-        usize::try_from(self.next() % u64::try_from(n).unwrap_or(1)).unwrap_or(0)
-    }
-}
-
 /// The soak edits priorities in -10..=10: a ceiling that lets them all rank (the chart's
 /// default, 0, would cap the positive ones).
 const SOAK_ARGS: &[&str] = &["--max-priority=10"];
-
-fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn dyn_api(client: &Client, ns: &str, group: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
     let (g, v) = group.split_once('/').unwrap_or((group, "v1"));
@@ -358,9 +334,9 @@ impl World {
 }
 
 async fn soak(seed: u64, rg: &mut Option<Raygate>, cp: &ControlPlane) -> Result<()> {
-    let mut rng = Rng(seed);
-    let steps = env_num("RAYGATE_SOAK_STEPS", 80);
-    let budget = Duration::from_secs(env_num("RAYGATE_SOAK_SECONDS", 240));
+    let mut rng = Rng::new(seed);
+    let steps = seeded::env_num("RAYGATE_SOAK_STEPS").unwrap_or(80);
+    let budget = seeded::budget(240);
     cp.install_crd_file(&repo_root().join("crds/raygate.io_upgradeplans.yaml"))?;
     let client = cp.client().await?;
     let ns = create_namespace(&client, "soak").await?;
@@ -426,15 +402,7 @@ async fn soak(seed: u64, rg: &mut Option<Raygate>, cp: &ControlPlane) -> Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seeded_random_soak_keeps_every_invariant() {
-    let seed = std::env::var("RAYGATE_SOAK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
+    let seed = seeded::seed();
     eprintln!("soak: RAYGATE_SOAK_SEED={seed}");
     let cp = ControlPlane::start()
         .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));

@@ -28,34 +28,14 @@
 use super::invariants::SWEEP_PERIOD;
 use super::*;
 use raygate_e2e::older_raygate;
+use raygate_e2e::seeded::{self, Rng};
 
 const SERVICES: usize = 2;
 /// Longer than `T`: a change that waited behind the other's request, then for Karpenter.
 const SETTLE: Duration = Duration::from_secs(420);
 
-/// splitmix64: tiny, seedable, the same sequence on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 fn svc(i: usize) -> String {
     format!("s{i}")
-}
-
-fn env_num(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
 /// What the soak did and saw, for its closing line.
@@ -222,7 +202,7 @@ impl Env {
 
     /// One random step; says what it did.
     async fn soak_step(&mut self, rng: &mut Rng, tally: &mut Tally) -> Result<String> {
-        let i = usize::try_from(rng.below(SERVICES as u64)).unwrap_or(0);
+        let i = rng.below(SERVICES);
         let s = svc(i);
         Ok(match rng.below(10) {
             0..=2 => {
@@ -249,7 +229,7 @@ impl Env {
             }
             6 => {
                 tally.karpenter_restarts += 1;
-                let down = Duration::from_secs(3 + rng.below(10));
+                let down = Duration::from_secs(3 + rng.below(10) as u64);
                 self.cp.stop("karpenter")?;
                 tokio::time::sleep(down).await;
                 self.cp.restart("karpenter")?;
@@ -269,7 +249,7 @@ impl Env {
                 if names.is_empty() {
                     "no CapacityBuffer of raygate to delete".to_string()
                 } else {
-                    let pick = &names[usize::try_from(rng.below(names.len() as u64)).unwrap_or(0)];
+                    let pick = &names[rng.below(names.len())];
                     // Gone already (the plan was admitted meanwhile) is fine.
                     let _ = self.buffers().delete(pick, &Default::default()).await;
                     tally.buffers_deleted += 1;
@@ -337,33 +317,15 @@ impl Env {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seeded_soak_with_karpenter_keeps_every_invariant() {
-    let seed = env_num("RAYGATE_SOAK_SEED").unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
-    });
-    let budget = match env_num("RAYGATE_SOAK_MINUTES") {
-        Some(m) => Duration::from_secs(m * 60),
-        None => Duration::from_secs(env_num("RAYGATE_SOAK_SECONDS").unwrap_or(100)),
-    };
+    let seed = seeded::seed();
+    let budget = seeded::budget(100);
     eprintln!("karpenter soak: RAYGATE_SOAK_SEED={seed}, {budget:?} of steps");
     let mut e = or_panic(env().await);
     // Empty nodes go 5 s after their last pod: a withdrawn change's node is given back
     // within the soak, so buying it again later is a new, justified purchase.
-    or_panic(
-        e.nodepools()
-            .patch(
-                "gpu",
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"disruption": {"consolidateAfter": "5s"}}})),
-            )
-            .await
-            .map(|_| ())
-            .map_err(Into::into),
-    );
+    or_panic(e.consolidate_quickly().await);
     let inv = Invariants::start(e.client.clone(), &e.ns);
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut tally = Tally::default();
     let start = Instant::now();
     let result: Result<()> = async {

@@ -146,14 +146,8 @@ async fn dra_check(client: &Client, ns: &str, calm: &Calm) -> Result<()> {
 }
 
 async fn dra_soak(seed: u64, cp: &ControlPlane, rg: &mut Option<Raygate>) -> Result<String> {
-    let mut rng = Rng(seed);
-    let budget = match std::env::var("RAYGATE_SOAK_MINUTES")
-        .ok()
-        .and_then(|m| m.parse::<u64>().ok())
-    {
-        Some(m) => Duration::from_secs(m * 60),
-        None => Duration::from_secs(env_num("RAYGATE_SOAK_SECONDS", 90)),
-    };
+    let mut rng = Rng::new(seed);
+    let budget = seeded::budget(90);
     cp.install_crd_file(&repo_root().join("crds/raygate.io_upgradeplans.yaml"))?;
     let client = cp.client().await?;
     let ns = create_namespace(&client, "dra-soak").await?;
@@ -225,12 +219,12 @@ async fn dra_soak(seed: u64, cp: &ControlPlane, rg: &mut Option<Raygate>) -> Res
     let stepped: Result<()> = async {
         while start.elapsed() < budget && !checker.is_finished() {
             steps += 1;
-            let n = usize::try_from(rng.next() % NODES as u64).unwrap_or(0);
+            let n = rng.below(NODES);
             let node = format!("dra-{n}");
-            let pause = Duration::from_secs(3 + rng.next() % 8);
-            let did = match rng.next() % 10 {
+            let pause = Duration::from_secs(3 + rng.below(8) as u64);
+            let did = match rng.below(10) {
                 0..=3 => {
-                    let s = dsvc(usize::try_from(rng.next() % DRA_SERVICES as u64).unwrap_or(0));
+                    let s = dsvc(rng.below(DRA_SERVICES));
                     image += 1;
                     changes += 1;
                     let img = format!("rayproject/ray:2.{image}.0-gpu");
@@ -249,7 +243,7 @@ async fn dra_soak(seed: u64, cp: &ControlPlane, rg: &mut Option<Raygate>) -> Res
                     disturbances += 1;
                     calm.disturb();
                     generation[n] += 1;
-                    let gap = Duration::from_millis(rng.next() % 6000);
+                    let gap = Duration::from_millis(rng.below(6000) as u64);
                     publish(&slices, &node, generation[n], gap).await?;
                     withdraw(&slices, &node, generation[n]).await?;
                     calm.settle();
@@ -366,15 +360,7 @@ async fn dra_soak(seed: u64, cp: &ControlPlane, rg: &mut Option<Raygate>) -> Res
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seeded_soak_on_dra_pools_keeps_every_invariant() {
-    let seed = std::env::var("RAYGATE_SOAK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
+    let seed = seeded::seed();
     eprintln!("dra soak: RAYGATE_SOAK_SEED={seed}");
     let cp = ControlPlane::start()
         .unwrap_or_else(|e| panic!("cannot start the e2e control plane: {e:#}"));
