@@ -92,17 +92,6 @@ impl Hold {
         }
     }
 
-    /// `status.waitingFor` while this hold is the one reported.
-    pub fn waiting_for(&self) -> &'static str {
-        match self {
-            Hold::Paused => "policy Paused",
-            Hold::Approval { .. } => "approval",
-            Hold::Window { .. } => "maintenance window",
-            Hold::Batching { .. } => "batch",
-            Hold::GateOverridden { .. } => "GateOverridden",
-        }
-    }
-
     /// What holds the change and what lifts the hold, as `status.message`
     /// says it.
     pub fn message(&self) -> String {
@@ -231,6 +220,7 @@ pub fn gate_hold(other_owner: Option<&str>, value: Option<&str>) -> Option<Hold>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::rules::WaitingFor;
     use crate::upgradeplan::UpgradePlanSpec;
     use serde_json::json;
 
@@ -339,7 +329,7 @@ mod tests {
         let h = gate_hold(Some("argocd-controller"), Some("NewCluster")).unwrap();
         assert_eq!(h.as_str(), "GateOverridden");
         assert_eq!(
-            (h.phase(), h.waiting_for()),
+            (h.phase(), WaitingFor::from(&h).to_string().as_str()),
             (Phase::Pending, "GateOverridden")
         );
         assert!(!h.is_policy());
@@ -370,7 +360,11 @@ mod tests {
             approval.message()
         );
         assert_eq!(
-            (approval.phase(), approval.outcome(), approval.waiting_for()),
+            (
+                approval.phase(),
+                approval.outcome(),
+                WaitingFor::from(&approval).to_string().as_str()
+            ),
             (Phase::WaitingForApproval, Outcome::HeldPolicy, "approval")
         );
         let window = Hold::Window {

@@ -146,21 +146,27 @@ mod tests {
         }
     }
 
-    /// Each hold names itself as `Hold::waiting_for` does.
+    /// Each hold is named with the phrase it had before `WaitingFor` (the status keeps it).
     #[test]
-    fn holds_are_named_as_they_name_themselves() {
+    fn holds_are_named_as_before() {
         let holds = [
-            Hold::Paused,
-            Hold::Window {
-                message: "closed".into(),
-            },
-            Hold::GateOverridden {
-                owner: "argocd".into(),
-                value: "None".into(),
-            },
+            (Hold::Paused, "policy Paused"),
+            (
+                Hold::Window {
+                    message: "closed".into(),
+                },
+                "maintenance window",
+            ),
+            (
+                Hold::GateOverridden {
+                    owner: "argocd".into(),
+                    value: "None".into(),
+                },
+                "GateOverridden",
+            ),
         ];
-        for h in holds {
-            assert_eq!(WaitingFor::from(&h).to_string(), h.waiting_for());
+        for (h, said) in holds {
+            assert_eq!(WaitingFor::from(&h).to_string(), said);
         }
     }
 }
