@@ -254,14 +254,8 @@ fn facts(
     let shell = &ctx.buffers;
     let key = plan.key();
     let ns = key.namespace.as_str();
-    request::Facts {
+    let mut f = request::Facts {
         defaults: shell.defaults.clone(),
-        others: plans
-            .iter()
-            .filter(|p| p.key() != key)
-            .filter_map(|p| recorded_want(p, &shell.defaults, &ctx.settings.operator))
-            .collect(),
-        open_now: shell.open_now(recent, plans),
         buffers: plan
             .metadata
             .uid
@@ -269,15 +263,28 @@ fn facts(
             .map(|uid| shell.buffers_of(uid))
             .unwrap_or_default(),
         apply_error: lock(&shell.errors).get(&key).cloned(),
-        limit_ranges: ctx
+        ..request::Facts::default()
+    };
+    // The queue, the open requests and the LimitRanges matter only to a plan
+    // that asks for capacity with requests on (`request::settle` reads them
+    // for no other): every other reconcile skips the scan of every plan.
+    if shell.defaults.enabled && matches!(autoscale::resolve(plan, &shell.defaults), Ok(Some(_))) {
+        f.others = plans
+            .iter()
+            .filter(|p| p.key() != key)
+            .filter_map(|p| recorded_want(p, &shell.defaults, &ctx.settings.operator))
+            .collect();
+        f.open_now = shell.open_now(recent, plans);
+        f.limit_ranges = ctx
             .stores
             .limit_ranges
             .state()
             .iter()
             .filter(|l| l.metadata.namespace.as_deref() == Some(ns))
             .map(|l| l.as_ref().clone())
-            .collect(),
+            .collect();
     }
+    f
 }
 
 /// Decides on `inputs` with what is observed of capacity requests, and
