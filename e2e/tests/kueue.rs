@@ -1171,15 +1171,22 @@ async fn case_b_a_held_gate_lets_kueues_stop_take_the_serving_cluster_down() {
         last.pending.is_empty(),
         "no new cluster under None: {last:?}"
     );
+    // What Kueue did to the serving cluster is in the samples after the bump, not only the last:
+    // on a loaded machine KubeRay drops Ready, Kueue makes the new spec's Workload and resumes the
+    // service in place within the 5 s above (seen in CI: suspended at 9.5 s, resumed at 13.5 s).
     assert!(
-        last.clusters
+        samples.iter().filter(|s| s.at >= t0).any(|s| s
+            .clusters
             .get(&old)
-            .is_some_and(|c| c.contains("suspend=true") && c.contains(NEW_IMAGE)),
+            .is_some_and(|c| c.contains("suspend=true") && c.contains(NEW_IMAGE))),
         "the serving cluster itself suspended and rewritten: {last:?}"
     );
     assert!(!cluster_pods_lost(&samples, &old).is_empty());
+    // Then, as in case a, Kueue either waits (no Workload, nothing reserved) or has resumed the
+    // rewritten cluster in place under a new Workload; never a second cluster.
     assert!(
-        last.workloads.is_empty() && last.cq_reserved == 0,
+        (last.workloads.is_empty() && last.cq_reserved == 0)
+            || (last.workloads.len() == 1 && !last.rs_suspend && last.cq_reserved == 8),
         "{last:?}"
     );
 }
