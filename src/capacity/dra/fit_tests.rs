@@ -304,3 +304,133 @@ fn a_pool_republished_under_an_incomplete_generation_is_reported_as_updating() {
         "{long}"
     );
 }
+
+/// The claim kube-scheduler makes for `pod`'s DRA-backed extended resources, allocated
+/// `devices` of pool `node` (its nodeSelector naming the node), or not yet allocated.
+fn extended_claim(pod: &str, node: &str, devices: &[&str]) -> Value {
+    let results: Vec<Value> = devices
+        .iter()
+        .map(|d| json!({"request": "container-0-request-0", "driver": "gpu.example.com", "pool": node, "device": d}))
+        .collect();
+    let status = if devices.is_empty() {
+        json!({})
+    } else {
+        json!({"allocation": {"devices": {"results": results},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}})
+    };
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": format!("{pod}-extended-resources-abcde"), "namespace": "default",
+            "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": format!("uid-{pod}"), "controller": true}]},
+        "spec": {"devices": {"requests": [{"name": "container-0-request-0",
+            "exactly": {"deviceClassName": "gpu", "count": devices.len().max(8)}}]}},
+        "status": status})
+}
+
+fn bound_gpu_pod(name: &str, gpus: u32, node: &str) -> Pod {
+    crate::capacity::node::tests::pod(
+        name,
+        json!({"cpu": "1", "nvidia.com/gpu": gpus.to_string()}),
+        Some(node),
+    )
+}
+
+fn with_pods(mut s: ClusterState, pods: &[Pod]) -> ClusterState {
+    s.pods = pods
+        .iter()
+        .map(crate::capacity::PodRecord::from_pod)
+        .collect();
+    s
+}
+
+const EIGHT: [&str; 8] = [
+    "gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7",
+];
+
+#[test]
+fn a_bound_pods_devices_are_held_before_its_claim_is_seen_allocated() {
+    // The DRA soak's fault (seed 1796650050817463273): the scheduler binds a pod after
+    // writing its extended-resource claim's allocation, and raygate saw the pod bound first.
+    let bound = bound_gpu_pod("old", 8, "a");
+    for objects in [
+        vec![slice("a", "a", "a", 1, 8), mapping()],
+        // The claim seen, its allocation not yet.
+        vec![
+            slice("a", "a", "a", 1, 8),
+            mapping(),
+            extended_claim("old", "a", &[]),
+        ],
+    ] {
+        let s = with_pods(
+            state(vec![dra_node("a")], &objects),
+            std::slice::from_ref(&bound),
+        );
+        let r = fit(&s, &request(vec![gpu_pod("new", 8)])).unwrap();
+        assert!(!r.fits, "the 8 devices are the bound pod's: {objects:?}");
+        assert_eq!(
+            canonical_map(&r.free).get("nvidia.com/gpu"),
+            None,
+            "none free"
+        );
+    }
+    // Seen allocated: held once, not twice (16 devices, 8 of them the bound pod's).
+    let s = with_pods(
+        state(
+            vec![dra_node("a")],
+            &[
+                slice("a", "a", "a", 1, 16),
+                mapping(),
+                extended_claim("old", "a", &EIGHT),
+            ],
+        ),
+        std::slice::from_ref(&bound),
+    );
+    let r = fit(&s, &request(vec![gpu_pod("new", 8)])).unwrap();
+    assert!(r.fits, "{:?}", r.unplaced);
+    assert_eq!(canonical_map(&r.free)["nvidia.com/gpu"], "8");
+}
+
+#[test]
+fn a_gone_pods_claim_does_not_cover_a_bound_pods_unseen_one() {
+    // `gone`'s claim is still allocated (its pod deleted, the claim not yet), `new` is bound
+    // on the other 8 devices with its claim not seen: all 16 are held, as the scheduler has
+    // them. Counting the gone pod's claim for the bound pod would leave 8 looking free.
+    let s = with_pods(
+        state(
+            vec![dra_node("a")],
+            &[
+                slice("a", "a", "a", 1, 16),
+                mapping(),
+                extended_claim("gone", "a", &EIGHT),
+            ],
+        ),
+        &[bound_gpu_pod("new", 8, "a")],
+    );
+    let r = fit(&s, &request(vec![gpu_pod("next", 8)])).unwrap();
+    assert!(
+        !r.fits,
+        "16 devices held: 8 by the claim, 8 by the bound pod"
+    );
+    assert_eq!(
+        canonical_map(&r.free).get("nvidia.com/gpu"),
+        None,
+        "none free"
+    );
+}
+
+#[test]
+fn bound_pods_on_device_plugin_nodes_hold_no_devices() {
+    // A device plugin serves nvidia.com/gpu on b: its pods count in allocatable there, and
+    // a's devices stay free.
+    let s = with_pods(
+        state(
+            vec![dra_node("a"), plugin_node("b", 8)],
+            &[slice("a", "a", "a", 1, 8), mapping()],
+        ),
+        &[bound_gpu_pod("p", 8, "b")],
+    );
+    let r = fit(&s, &request(vec![gpu_pod("new", 8)])).unwrap();
+    assert!(r.fits, "{:?}", r.unplaced);
+    assert_eq!(r.placements["default/new"], "a");
+}

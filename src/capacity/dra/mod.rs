@@ -29,6 +29,7 @@
 //! the scheduler and holds where the scheduler might place: the safe direction.
 
 pub mod alloc;
+pub(crate) mod assume;
 pub mod demand;
 pub(crate) mod run;
 pub mod select;
@@ -223,7 +224,18 @@ pub struct Claim {
     pub spec: ClaimSpec,
     /// Devices of `status.allocation` (admin-access results excluded: they hold nothing).
     pub allocated: Vec<DeviceId>,
+    /// The pod whose DRA-backed extended resources the scheduler made this claim for
+    /// (annotation [`EXTENDED_RESOURCE_CLAIM`], owner reference of kind Pod): how a bound
+    /// pod's devices are told apart from those of a pod that is gone ([`assume`]).
+    pub extended_for: Option<String>,
+    /// The node of the allocation (`status.allocation.nodeSelector`'s `metadata.name`
+    /// field), as the scheduler writes it for node-local devices.
+    pub node: Option<String>,
 }
+
+/// The annotation kube-scheduler puts on the claim it makes for a pod's DRA-backed
+/// extended resources (`resourceapi.ExtendedResourceClaimAnnotation`), value `"true"`.
+pub const EXTENDED_RESOURCE_CLAIM: &str = "resource.kubernetes.io/extended-resource-claim";
 
 /// Bounds that keep a tenant's objects from growing memory without end: the API's own
 /// limits (128 devices a slice, 32 requests a claim, 32 attributes a device) are far below.
@@ -244,6 +256,9 @@ pub struct DraState {
     pools: BTreeMap<PoolId, BTreeSet<String>>,
     /// Derived from `claims`: how many allocated claims hold each device.
     held: HashMap<DeviceId, u32>,
+    /// Derived from `claims`: the keys of the allocated claims made for a pod's
+    /// extended resources ([`Claim::extended_for`]).
+    extended: BTreeSet<String>,
     /// Classes counted as plain units (see the module docs), set by
     /// `--dra-plain-count-class`.
     pub plain_count: BTreeSet<String>,
@@ -373,6 +388,9 @@ impl DraState {
         }
         self.remove_claim(&key);
         self.index_claim(&c, true);
+        if c.extended_for.is_some() && !c.allocated.is_empty() {
+            self.extended.insert(key.clone());
+        }
         self.claims.insert(key, c);
         true
     }
@@ -381,10 +399,25 @@ impl DraState {
         match self.claims.remove(key) {
             Some(old) => {
                 self.index_claim(&old, false);
+                self.extended.remove(key);
                 true
             }
             None => false,
         }
+    }
+
+    /// The allocated claims made for pods' extended resources, by key.
+    pub fn extended_claims(&self) -> impl Iterator<Item = (&str, &Claim)> {
+        self.extended
+            .iter()
+            .filter_map(|k| Some((k.as_str(), self.claims.get(k)?)))
+    }
+
+    /// The node of a pool's slices (the first slice's `spec.nodeName`).
+    pub fn pool_node(&self, driver: &str, pool: &str) -> Option<&str> {
+        let keys = self.pools.get(&(driver.to_string(), pool.to_string()))?;
+        keys.iter()
+            .find_map(|k| self.slices.get(k).and_then(|s| s.node.as_deref()))
     }
 
     /// Each `apply_*` / `delete_*` says whether anything the fit reads changed.
@@ -689,9 +722,44 @@ impl Claim {
                 device: r.device.clone(),
             })
             .collect();
+        let extended = c
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(EXTENDED_RESOURCE_CLAIM))
+            .is_some_and(|v| v == "true");
+        let extended_for = extended
+            .then(|| {
+                c.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .find(|o| o.kind == "Pod" && o.api_version == "v1")
+                    .map(|o| o.name.clone())
+            })
+            .flatten();
+        let node = c
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.node_selector.as_ref())
+            .and_then(|ns| match &ns.node_selector_terms[..] {
+                [term] => match term.match_fields.as_deref() {
+                    Some([f]) if f.key == "metadata.name" && f.operator == "In" => {
+                        match f.values.as_deref() {
+                            Some([name]) => Some(name.clone()),
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                },
+                _ => None,
+            });
         Claim {
             spec: ClaimSpec::from_api(&c.spec),
             allocated,
+            extended_for,
+            node,
         }
     }
 }

@@ -32,8 +32,12 @@ struct DraNode<'a> {
     name: &'a str,
     /// A pool of the node is incomplete: the allocator refuses `allocationMode: All`.
     incomplete: bool,
-    /// Per device, whether it is held (by the cluster's claims or a pod placed so far).
+    /// Per device, whether it is held (by the cluster's claims, a bound pod whose claim
+    /// raygate has not seen allocated, or a pod placed so far).
     busy: Vec<bool>,
+    /// Held before placing anything, when bound pods hold devices no claim seen accounts
+    /// for ([`dra::assume`]); else the view's `used`.
+    before: Option<Vec<bool>>,
 }
 
 impl DraNode<'_> {
@@ -103,19 +107,57 @@ impl<'a> DraRun<'a> {
                         name,
                         incomplete: d.incomplete,
                         busy: d.used.clone(),
+                        before: None,
                     },
                     None => DraNode {
                         name,
                         incomplete: false,
                         busy: Vec::new(),
+                        before: None,
                     },
                 }
             })
             .collect();
-        DraRun {
+        let mut run = DraRun {
             view,
             nodes,
             credited: Default::default(),
+        };
+        run.hold_unseen(dra::assume::unseen(state, cap));
+        run
+    }
+
+    /// Holds, first fit among each class's free devices, what bound pods hold beyond the
+    /// claims seen ([`dra::assume`]).
+    fn hold_unseen(&mut self, unseen: dra::assume::Unseen) {
+        for (n, held) in unseen {
+            let Some(name) = self.node(n).map(|d| d.name) else {
+                continue;
+            };
+            for (class, count) in held {
+                let x = dra::Exact {
+                    class,
+                    selectors: Vec::new(),
+                    mode: dra::Mode::Count(1),
+                    unmodeled: None,
+                };
+                // A class raygate cannot evaluate here holds nothing more: its pods are
+                // not placed on the node anyway.
+                let Ok(cands) = self.view.candidates(name, &x) else {
+                    continue;
+                };
+                let Some(d) = self.nodes.get_mut(n.index()) else {
+                    continue;
+                };
+                let free: Vec<usize> = cands
+                    .iter()
+                    .copied()
+                    .filter(|&c| d.busy.get(c) == Some(&false))
+                    .take(count as usize)
+                    .collect();
+                d.set(&free, true);
+                d.before = Some(d.busy.clone());
+            }
         }
     }
 
@@ -323,11 +365,14 @@ impl<'a> DraRun<'a> {
                 let Ok(c) = self.view.candidates(node.name, &x) else {
                     continue;
                 };
-                let base = self
-                    .view
-                    .node(node.name)
-                    .map(|d| d.used.as_slice())
-                    .unwrap_or(&[]);
+                let base = match &node.before {
+                    Some(b) => b.as_slice(),
+                    None => self
+                        .view
+                        .node(node.name)
+                        .map(|d| d.used.as_slice())
+                        .unwrap_or(&[]),
+                };
                 credit.allocatable += c.len() as i128;
                 credit.free_before += free_among(base, &c) as i128;
                 credit.free_now += node.free_among(&c) as i128;
