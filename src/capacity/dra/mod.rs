@@ -226,7 +226,7 @@ pub struct Claim {
     pub allocated: Vec<DeviceId>,
     /// The pod whose DRA-backed extended resources the scheduler made this claim for
     /// (annotation [`EXTENDED_RESOURCE_CLAIM`], owner reference of kind Pod): how a bound
-    /// pod's devices are told apart from those of a pod that is gone ([`assume`]).
+    /// pod's devices are told apart from those of a pod that is gone (`dra::assume`).
     pub extended_for: Option<String>,
     /// The node of the allocation (`status.allocation.nodeSelector`'s `metadata.name`
     /// field), as the scheduler writes it for node-local devices.
