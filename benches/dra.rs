@@ -13,7 +13,7 @@ mod common;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use raygate::capacity::{CapacityIndex, ClusterState, FitRequest};
 use serde_json::json;
 
@@ -59,7 +59,40 @@ fn dra_index() -> CapacityIndex {
         let s = slice(i);
         index.update_dra(|d| d.apply_slice(&s));
     }
+    // The scheduler's claim for each bound pod's GPU, allocated on its node (as a real
+    // cluster has them: without them every bound pod's devices would be held as not yet
+    // seen, `capacity::dra::assume`).
+    let mut taken = std::collections::HashMap::<usize, usize>::new();
+    for i in 0..common::PODS {
+        let n = i % common::NODES;
+        if !(n.is_multiple_of(4) && i.is_multiple_of(9)) {
+            continue;
+        }
+        let d = taken.entry(n).or_insert(0);
+        let c = extended_claim(i, n, *d);
+        *d += 1;
+        index.update_dra(|s| s.apply_claim(&c));
+    }
     index
+}
+
+/// The claim kube-scheduler makes for pod `i`'s one GPU, allocated device `gpu-{d}` of
+/// node `n`.
+fn extended_claim(i: usize, n: usize, d: usize) -> ResourceClaim {
+    let node = format!("node-{n:05}");
+    let pod = format!("svc-{}-worker-{i:06}", i % 500);
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("{pod}-extended-resources-x"), "namespace": format!("team-{}", i % 40),
+            "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": format!("uid-{i}"), "controller": true}]},
+        "spec": {"devices": {"requests": [{"name": "container-0-request-0",
+            "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}]}},
+        "status": {"allocation": {
+            "devices": {"results": [{"request": "container-0-request-0", "driver": "gpu.nvidia.com",
+                "pool": node, "device": format!("gpu-{d}")}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}}))
+    .unwrap_or_default()
 }
 
 fn bench(c: &mut Criterion) {

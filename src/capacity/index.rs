@@ -112,6 +112,8 @@ pub struct CapacityIndex {
     generation: u64,
     /// ResourceSlices, DeviceClasses, ResourceClaims and ResourceClaimTemplates.
     dra: super::dra::DraState,
+    /// Devices bound pods hold that no claim seen accounts for, per generation.
+    unseen: super::dra::assume::UnseenCache,
     pod_epoch: u32,
     node_epoch: u32,
 }
@@ -472,6 +474,7 @@ impl CapacityIndex {
             bound: Bound::Index(self),
             statics: Some((&self.statics, &self.usable)),
             dra: (!self.dra.is_empty()).then_some(&self.dra),
+            unseen: Some((&self.unseen, self.generation)),
         })
     }
 

@@ -173,6 +173,8 @@ pub(crate) struct Capacity<'a> {
     pub(crate) statics: Option<(&'a super::statics::StaticsCache, &'a super::statics::Layout)>,
     /// The cluster's DRA objects, when it has any (see [`super::dra`]).
     pub(crate) dra: Option<&'a super::dra::DraState>,
+    /// The index's kept `dra::assume::unseen` and its generation; none from scratch.
+    pub(crate) unseen: Option<(&'a super::dra::assume::UnseenCache, u64)>,
 }
 
 /// Which pods are bound to a usable node and counted there.
@@ -387,6 +389,7 @@ pub(crate) fn capacity(state: &ClusterState) -> crate::Result<Capacity<'_>> {
         bound: Bound::Set(bound),
         statics: None,
         dra: (!state.dra.is_empty()).then_some(&state.dra),
+        unseen: None,
     })
 }
 

@@ -19,6 +19,7 @@
 //! same way, so the window is the same one watch event.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use super::{DraState, Mode, class_for_resource};
 use crate::capacity::node::{Capacity, NodeId, amount, node_name};
@@ -102,4 +103,24 @@ pub(crate) fn unseen(state: &DraState, cap: &Capacity<'_>) -> Unseen {
         v.sort();
     }
     out
+}
+
+/// [`unseen`] kept for the index generation it was computed on: every decision of a pass
+/// runs on the same generation (and any pod, node or DRA change bumps it), so the claims
+/// are walked once per change, not once per decision.
+#[derive(Debug, Default)]
+pub(crate) struct UnseenCache(Mutex<Option<(u64, Arc<Unseen>)>>);
+
+impl UnseenCache {
+    /// [`unseen`] of `cap`, from the cache when `generation` is the one it was kept for.
+    pub(crate) fn get(&self, generation: u64, state: &DraState, cap: &Capacity<'_>) -> Arc<Unseen> {
+        if let Some((g, u)) = &*crate::sync::lock(&self.0)
+            && *g == generation
+        {
+            return u.clone();
+        }
+        let u = Arc::new(unseen(state, cap));
+        *crate::sync::lock(&self.0) = Some((generation, u.clone()));
+        u
+    }
 }

@@ -434,3 +434,52 @@ fn bound_pods_on_device_plugin_nodes_hold_no_devices() {
     assert!(r.fits, "{:?}", r.unplaced);
     assert_eq!(r.placements["default/new"], "a");
 }
+
+#[test]
+fn the_index_keeps_unseen_holds_per_generation_and_a_bound_pod_moves_it() {
+    // The index keeps what bound pods hold beyond the claims seen for its generation: a pod
+    // bound between two decisions must still take its devices out of the free count, and
+    // its claim seen allocated must not take them twice.
+    let mut index = crate::capacity::CapacityIndex::new();
+    index.apply_node(dra_node("a"));
+    index.update_dra(|d| {
+        let s = slice("a", "a", "a", 1, 16);
+        let c = mapping();
+        d.apply_slice(&serde_json::from_value(s).unwrap())
+            | d.apply_class(&serde_json::from_value(c).unwrap())
+    });
+    let (rules, req) = (ClusterState::default(), request(vec![gpu_pod("new", 8)]));
+    let free = |index: &crate::capacity::CapacityIndex| {
+        let r = index.fit(&rules, &req).unwrap();
+        let free = canonical_map(&r.free)
+            .get("nvidia.com/gpu")
+            .cloned()
+            .unwrap_or_else(|| "0".to_string());
+        (r.fits, free)
+    };
+    assert_eq!(free(&index), (true, "16".to_string()));
+    index.apply_pod(crate::capacity::PodRecord::from_pod(&bound_gpu_pod(
+        "old", 8, "a",
+    )));
+    assert_eq!(
+        free(&index),
+        (true, "8".to_string()),
+        "bound, claim not seen"
+    );
+    assert_eq!(
+        free(&index),
+        (true, "8".to_string()),
+        "the same generation again"
+    );
+    let claim = extended_claim("old", "a", &EIGHT);
+    index.update_dra(|d| d.apply_claim(&serde_json::from_value(claim).unwrap()));
+    assert_eq!(
+        free(&index),
+        (true, "8".to_string()),
+        "claim seen: held once"
+    );
+    index.apply_pod(crate::capacity::PodRecord::from_pod(&bound_gpu_pod(
+        "older", 8, "a",
+    )));
+    assert_eq!(free(&index), (false, "0".to_string()), "all 16 held");
+}

@@ -123,20 +123,24 @@ impl<'a> DraRun<'a> {
             nodes,
             credited: Default::default(),
         };
-        run.hold_unseen(dra::assume::unseen(state, cap));
+        let unseen = match cap.unseen {
+            Some((cache, generation)) => cache.get(generation, state, cap),
+            None => Arc::new(dra::assume::unseen(state, cap)),
+        };
+        run.hold_unseen(&unseen);
         run
     }
 
     /// Holds, first fit among each class's free devices, what bound pods hold beyond the
     /// claims seen ([`dra::assume`]).
-    fn hold_unseen(&mut self, unseen: dra::assume::Unseen) {
-        for (n, held) in unseen {
+    fn hold_unseen(&mut self, unseen: &dra::assume::Unseen) {
+        for (&n, held) in unseen {
             let Some(name) = self.node(n).map(|d| d.name) else {
                 continue;
             };
             for (class, count) in held {
                 let x = dra::Exact {
-                    class,
+                    class: class.clone(),
                     selectors: Vec::new(),
                     mode: dra::Mode::Count(1),
                     unmodeled: None,
@@ -153,7 +157,7 @@ impl<'a> DraRun<'a> {
                     .iter()
                     .copied()
                     .filter(|&c| d.busy.get(c) == Some(&false))
-                    .take(count as usize)
+                    .take(*count as usize)
                     .collect();
                 d.set(&free, true);
                 d.before = Some(d.busy.clone());
