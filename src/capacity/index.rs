@@ -110,6 +110,9 @@ pub struct CapacityIndex {
     /// (namespace, `ray.io/cluster`) → keys of its pods.
     by_cluster: HashMap<ClusterKey, HashSet<Box<str>>>,
     generation: u64,
+    /// Bumped with `generation` by pod and node changes only: what
+    /// `dra::assume::unseen` reads of the cluster besides the DRA objects.
+    cluster_generation: u64,
     /// ResourceSlices, DeviceClasses, ResourceClaims and ResourceClaimTemplates.
     dra: super::dra::DraState,
     /// Devices bound pods hold that no claim seen accounts for, per generation.
@@ -135,6 +138,12 @@ impl CapacityIndex {
     /// Changes with every event that changes capacity or a Ray pod.
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// A pod or node change: a new generation of the cluster.
+    fn bump_cluster(&mut self) {
+        self.generation += 1;
+        self.cluster_generation += 1;
     }
 
     pub fn pod_count(&self) -> usize {
@@ -236,7 +245,7 @@ impl CapacityIndex {
             e.epoch = self.pod_epoch;
             return Some(e.body.clone());
         }
-        self.generation += 1;
+        self.bump_cluster();
         let old = self.pods.remove(&key);
         if let Some(o) = &old {
             self.account(&o.body, -1);
@@ -263,7 +272,7 @@ impl CapacityIndex {
     pub fn delete_pod(&mut self, ns: &str, name: &str) -> Option<PodBody> {
         let key = flat_key(ns, name);
         let old = self.pods.remove(&key)?;
-        self.generation += 1;
+        self.bump_cluster();
         self.account(&old.body, -1);
         let ns = self.strings.get(ns);
         self.unlink(&key, &old.body, &ns);
@@ -296,7 +305,7 @@ impl CapacityIndex {
             slot.epoch = self.node_epoch;
             return;
         }
-        self.generation += 1;
+        self.bump_cluster();
         let skip = skip_reason(&node);
         let allocatable = allocatable_of(&node, &mut self.names).map_err(|e| e.to_string());
         let slot = self.nodes.entry(name).or_default();
@@ -310,7 +319,7 @@ impl CapacityIndex {
     /// A node was deleted. Its pods stay counted under its name, as they
     /// are until their own delete events arrive.
     pub fn delete_node(&mut self, name: &str) {
-        self.generation += 1;
+        self.bump_cluster();
         let mut drop_slot = false;
         if let Some(slot) = self.nodes.get_mut(name) {
             slot.node = None;
@@ -474,7 +483,7 @@ impl CapacityIndex {
             bound: Bound::Index(self),
             statics: Some((&self.statics, &self.usable)),
             dra: (!self.dra.is_empty()).then_some(&self.dra),
-            unseen: Some((&self.unseen, self.generation)),
+            unseen: Some((&self.unseen, self.cluster_generation)),
         })
     }
 

@@ -31,6 +31,11 @@ pub(crate) type Unseen = HashMap<NodeId, Vec<(String, u32)>>;
 /// What the bound pods of each usable node hold through DRA-backed extended resources
 /// beyond the allocated claims raygate has seen for them (see the module docs).
 pub(crate) fn unseen(state: &DraState, cap: &Capacity<'_>) -> Unseen {
+    unseen_reading(state, cap, &mut false)
+}
+
+/// [`unseen`], setting `read_slices` when a claim's node came from its pool's slices.
+fn unseen_reading(state: &DraState, cap: &Capacity<'_>, read_slices: &mut bool) -> Unseen {
     // 1. The extended resources a DeviceClass maps, among those some pod requests.
     let mapped: Vec<(crate::capacity::node::ResourceId, &str)> = cap
         .names
@@ -66,7 +71,10 @@ pub(crate) fn unseen(state: &DraState, cap: &Capacity<'_>) -> Unseen {
         };
         let node = match &claim.node {
             Some(n) => Some(n.as_str()),
-            None => state.pool_node(&first.driver, &first.pool),
+            None => {
+                *read_slices = true;
+                state.pool_node(&first.driver, &first.pool)
+            }
         };
         let Some(node) = node else {
             continue;
@@ -105,22 +113,31 @@ pub(crate) fn unseen(state: &DraState, cap: &Capacity<'_>) -> Unseen {
     out
 }
 
-/// [`unseen`] kept for the index generation it was computed on: every decision of a pass
-/// runs on the same generation (and any pod, node or DRA change bumps it), so the claims
-/// are walked once per change, not once per decision.
+/// [`unseen`] kept for what it read: the pods and nodes (the index's cluster generation),
+/// the claims and classes, and the slices only when a claim named no node (its node then
+/// comes from its pool's slices). Every decision of a pass reads the same, and a
+/// ResourceSlice event (a driver republishing) moves neither pods nor claims, so the claims
+/// are walked once per change of what they depend on.
 #[derive(Debug, Default)]
-pub(crate) struct UnseenCache(Mutex<Option<(u64, Arc<Unseen>)>>);
+pub(crate) struct UnseenCache(Mutex<Option<(Key, Arc<Unseen>)>>);
+
+/// (cluster generation, claims version, slices version when read).
+type Key = (u64, u64, Option<u64>);
 
 impl UnseenCache {
-    /// [`unseen`] of `cap`, from the cache when `generation` is the one it was kept for.
-    pub(crate) fn get(&self, generation: u64, state: &DraState, cap: &Capacity<'_>) -> Arc<Unseen> {
-        if let Some((g, u)) = &*crate::sync::lock(&self.0)
-            && *g == generation
+    /// [`unseen`] of `cap`, from the cache when nothing it read has changed.
+    pub(crate) fn get(&self, cluster: u64, state: &DraState, cap: &Capacity<'_>) -> Arc<Unseen> {
+        let (claims, slices) = state.versions();
+        if let Some(((c, k, s), u)) = &*crate::sync::lock(&self.0)
+            && (*c, *k) == (cluster, claims)
+            && s.is_none_or(|s| s == slices)
         {
             return u.clone();
         }
-        let u = Arc::new(unseen(state, cap));
-        *crate::sync::lock(&self.0) = Some((generation, u.clone()));
+        let mut read_slices = false;
+        let u = Arc::new(unseen_reading(state, cap, &mut read_slices));
+        *crate::sync::lock(&self.0) =
+            Some(((cluster, claims, read_slices.then_some(slices)), u.clone()));
         u
     }
 }

@@ -482,4 +482,11 @@ fn the_index_keeps_unseen_holds_per_generation_and_a_bound_pod_moves_it() {
         "older", 8, "a",
     )));
     assert_eq!(free(&index), (false, "0".to_string()), "all 16 held");
+    // The driver republishes the pool with 24 devices: no pod or claim moved, so the kept
+    // holds still apply, now on the new views.
+    index.update_dra(|d| {
+        let s = slice("a", "a", "a", 2, 24);
+        d.apply_slice(&serde_json::from_value(s).unwrap())
+    });
+    assert_eq!(free(&index), (true, "8".to_string()), "24 devices, 16 held");
 }

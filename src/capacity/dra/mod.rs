@@ -259,6 +259,11 @@ pub struct DraState {
     /// Derived from `claims`: the keys of the allocated claims made for a pod's
     /// extended resources ([`Claim::extended_for`]).
     extended: BTreeSet<String>,
+    /// Bumped by every change of a claim or a class (what `assume::unseen` reads of the
+    /// DRA objects, with the slices only when a claim names no node).
+    claims_version: Version,
+    /// Bumped by every change of a slice.
+    slices_version: Version,
     /// Classes counted as plain units (see the module docs), set by
     /// `--dra-plain-count-class`.
     pub plain_count: BTreeSet<String>,
@@ -266,6 +271,23 @@ pub struct DraState {
     pub verdicts: Verdicts,
     /// Per node, the devices the allocator considers, kept from one decision to the next.
     pub views: Views,
+}
+
+/// A count of changes, history rather than state: two states with the same objects are
+/// equal whatever their versions.
+#[derive(Clone, Copy, Debug, Default)]
+struct Version(u64);
+
+impl Version {
+    fn bump(&mut self) {
+        self.0 = self.0.wrapping_add(1);
+    }
+}
+
+impl PartialEq for Version {
+    fn eq(&self, _: &Version) -> bool {
+        true
+    }
 }
 
 /// A pool: (driver, pool name).
@@ -367,6 +389,7 @@ impl DraState {
             return false;
         }
         self.remove_slice(&key);
+        self.slices_version.bump();
         self.index_slice(&key, &s, true);
         self.slices.insert(key, s);
         true
@@ -375,6 +398,7 @@ impl DraState {
     fn remove_slice(&mut self, key: &str) -> bool {
         match self.slices.remove(key) {
             Some(old) => {
+                self.slices_version.bump();
                 self.index_slice(key, &old, false);
                 true
             }
@@ -387,6 +411,7 @@ impl DraState {
             return false;
         }
         self.remove_claim(&key);
+        self.claims_version.bump();
         self.index_claim(&c, true);
         if c.extended_for.is_some() && !c.allocated.is_empty() {
             self.extended.insert(key.clone());
@@ -398,12 +423,18 @@ impl DraState {
     fn remove_claim(&mut self, key: &str) -> bool {
         match self.claims.remove(key) {
             Some(old) => {
+                self.claims_version.bump();
                 self.index_claim(&old, false);
                 self.extended.remove(key);
                 true
             }
             None => false,
         }
+    }
+
+    /// (claims and classes, slices) versions: see `assume::UnseenCache`.
+    pub(crate) fn versions(&self) -> (u64, u64) {
+        (self.claims_version.0, self.slices_version.0)
     }
 
     /// The allocated claims made for pods' extended resources, by key.
@@ -437,6 +468,7 @@ impl DraState {
         );
         if changed {
             self.views.classes_changed();
+            self.claims_version.bump();
         }
         changed
     }
@@ -445,6 +477,7 @@ impl DraState {
         let changed = self.classes.remove(name).is_some();
         if changed {
             self.views.classes_changed();
+            self.claims_version.bump();
         }
         changed
     }
