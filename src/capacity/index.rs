@@ -116,7 +116,7 @@ pub struct CapacityIndex {
     /// ResourceSlices, DeviceClasses, ResourceClaims and ResourceClaimTemplates.
     dra: super::dra::DraState,
     /// Devices bound pods hold that no claim seen accounts for, per generation.
-    unseen: super::dra::assume::UnseenCache,
+    unseen: super::dra::unseen::UnseenCache,
     pod_epoch: u32,
     node_epoch: u32,
 }

@@ -173,8 +173,9 @@ pub(crate) struct Capacity<'a> {
     pub(crate) statics: Option<(&'a super::statics::StaticsCache, &'a super::statics::Layout)>,
     /// The cluster's DRA objects, when it has any (see [`super::dra`]).
     pub(crate) dra: Option<&'a super::dra::DraState>,
-    /// The index's kept `dra::assume::unseen` and its generation; none from scratch.
-    pub(crate) unseen: Option<(&'a super::dra::assume::UnseenCache, u64)>,
+    /// The index's kept `dra::assume::unseen` and its pod-and-node generation; none from
+    /// scratch.
+    pub(crate) unseen: Option<(&'a super::dra::unseen::UnseenCache, u64)>,
 }
 
 /// Which pods are bound to a usable node and counted there.

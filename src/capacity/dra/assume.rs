@@ -19,14 +19,11 @@
 //! same way, so the window is the same one watch event.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+pub(crate) use super::unseen::{Unseen, UnseenCache};
 use super::{DraState, Mode, class_for_resource};
 use crate::capacity::node::{Capacity, NodeId, amount, node_name};
-
-/// Per node (by index in [`Capacity::nodes`]), (class, devices) the node's bound pods hold
-/// that no allocated claim seen yet accounts for.
-pub(crate) type Unseen = HashMap<NodeId, Vec<(String, u32)>>;
 
 /// What the bound pods of each usable node hold through DRA-backed extended resources
 /// beyond the allocated claims raygate has seen for them (see the module docs).
@@ -113,31 +110,20 @@ fn unseen_reading(state: &DraState, cap: &Capacity<'_>, read_slices: &mut bool) 
     out
 }
 
-/// [`unseen`] kept for what it read: the pods and nodes (the index's cluster generation),
-/// the claims and classes, and the slices only when a claim named no node (its node then
-/// comes from its pool's slices). Every decision of a pass reads the same, and a
-/// ResourceSlice event (a driver republishing) moves neither pods nor claims, so the claims
-/// are walked once per change of what they depend on.
-#[derive(Debug, Default)]
-pub(crate) struct UnseenCache(Mutex<Option<(Key, Arc<Unseen>)>>);
-
-/// (cluster generation, claims version, slices version when read).
-type Key = (u64, u64, Option<u64>);
-
-impl UnseenCache {
-    /// [`unseen`] of `cap`, from the cache when nothing it read has changed.
-    pub(crate) fn get(&self, cluster: u64, state: &DraState, cap: &Capacity<'_>) -> Arc<Unseen> {
-        let (claims, slices) = state.versions();
-        if let Some(((c, k, s), u)) = &*crate::sync::lock(&self.0)
-            && (*c, *k) == (cluster, claims)
-            && s.is_none_or(|s| s == slices)
-        {
-            return u.clone();
-        }
-        let mut read_slices = false;
-        let u = Arc::new(unseen_reading(state, cap, &mut read_slices));
-        *crate::sync::lock(&self.0) =
-            Some(((cluster, claims, read_slices.then_some(slices)), u.clone()));
-        u
-    }
+/// [`unseen`] of `cap`, from `cache` when nothing it read has changed: the pods and nodes
+/// (`cluster`, the index's pod-and-node generation), the claims and classes, and the slices
+/// only when a claim named no node (its node then comes from its pool's slices). Every
+/// decision of a pass reads the same, and a ResourceSlice event (a driver republishing)
+/// moves neither pods nor claims, so the claims are walked once per change of what they
+/// depend on.
+pub(crate) fn kept(
+    cache: &UnseenCache,
+    cluster: u64,
+    state: &DraState,
+    cap: &Capacity<'_>,
+) -> Arc<Unseen> {
+    let (claims, slices) = state.versions();
+    cache.get_or(cluster, claims, slices, |read_slices| {
+        unseen_reading(state, cap, read_slices)
+    })
 }

@@ -33,6 +33,7 @@ pub(crate) mod assume;
 pub mod demand;
 pub(crate) mod run;
 pub mod select;
+pub(crate) mod unseen;
 pub mod view;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -124,7 +124,7 @@ impl<'a> DraRun<'a> {
             credited: Default::default(),
         };
         let unseen = match cap.unseen {
-            Some((cache, generation)) => cache.get(generation, state, cap),
+            Some((cache, cluster)) => dra::assume::kept(cache, cluster, state, cap),
             None => Arc::new(dra::assume::unseen(state, cap)),
         };
         run.hold_unseen(&unseen);
