@@ -139,12 +139,7 @@ impl<'a> DraRun<'a> {
                 continue;
             };
             for (class, count) in held {
-                let x = dra::Exact {
-                    class: class.clone(),
-                    selectors: Vec::new(),
-                    mode: dra::Mode::Count(1),
-                    unmodeled: None,
-                };
+                let x = one_of(class.clone());
                 // A class raygate cannot evaluate here holds nothing more: its pods are
                 // not placed on the node anyway.
                 let Ok(cands) = self.view.candidates(name, &x) else {
@@ -345,12 +340,7 @@ impl<'a> DraRun<'a> {
             if !self.credited.insert(name.clone()) {
                 continue;
             }
-            let x = dra::Exact {
-                class,
-                selectors: Vec::new(),
-                mode: dra::Mode::Count(1),
-                unmodeled: None,
-            };
+            let x = one_of(class);
             let id = names.id(&name);
             let mut credit = Credit {
                 resource: id,
@@ -384,6 +374,17 @@ impl<'a> DraRun<'a> {
             out.push(credit);
         }
         out
+    }
+}
+
+/// One device of `class`, no selectors of its own: the devices the class offers, as the
+/// fit's totals and the holds of bound pods count them.
+fn one_of(class: String) -> dra::Exact {
+    dra::Exact {
+        class,
+        selectors: Vec::new(),
+        mode: dra::Mode::Count(1),
+        unmodeled: None,
     }
 }
 
