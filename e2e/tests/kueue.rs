@@ -1704,9 +1704,11 @@ async fn wait_plan(e: &Env, what: &str, pred: impl Fn(&Value) -> bool) -> Result
 /// `WaitingForQuota` while the nodes have room (24 GPUs free), no new cluster; when the other
 /// Workload goes, raygate admits it and its reservation Workload (owned by the plan, marked
 /// PodsReady) is admitted by Kueue, so the ClusterQueue counts both clusters while both exist
-/// — never more than its 16. The new cluster's pods get going either by raygate's refresh of
-/// the service's Workload (kueue-core) or, failing that, by the test removing the elastic-job
-/// gate as measured in (ii); the switch completes within 2 min and the reservation is deleted.
+/// — never more than its 16. The new cluster's pods get going by raygate's refresh of the
+/// service's Workload; KubeRay is down across that refresh (a fault), misses Kueue's stop and
+/// restart, and leaves the new cluster stamped with the deleted Workload, whose pods Kueue would
+/// keep gated for good: raygate has KubeRay build it again. The switch completes within 2 min
+/// and the reservation is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raygate_holds_for_quota_and_reserves_the_new_cluster_in_kueue() {
     let e = or_panic(env(4).await);
@@ -1737,11 +1739,36 @@ async fn raygate_holds_for_quota_and_reserves_the_new_cluster_in_kueue() {
     })
     .await;
     // Nobody but raygate helps the new cluster past Kueue's elastic-job gate: once its pods
-    // are made and held, raygate has Kueue derive the RayService's Workload again.
+    // are made and held, raygate has Kueue derive the RayService's Workload again. KubeRay is
+    // down meanwhile (a fault: measured in CI under load, KubeRay reconciling 3 s apart missed
+    // Kueue's 0.35 s stop and restart), so it never sees Kueue's suspend toggle and the new
+    // cluster keeps the deleted Workload's slice stamp: Kueue would keep its pods gated for
+    // good. raygate has KubeRay build the new cluster again.
+    let missed = match &gated {
+        Ok(s) => {
+            let before: BTreeSet<String> = s.workloads.keys().cloned().collect();
+            or_panic(e.cp.stop("kuberay-operator"));
+            rec.mark("KubeRay stopped");
+            let restarted = wait_sample(&rec, "Kueue's restart of the RayService", T, |s| {
+                !s.rs_suspend
+                    && s.workloads.iter().any(|(n, w)| {
+                        n.starts_with("rayservice-")
+                            && !before.contains(n)
+                            && w.contains("Admitted")
+                    })
+            })
+            .await;
+            or_panic(e.cp.restart("kuberay-operator"));
+            rec.mark("KubeRay started again");
+            restarted.map(|_| ())
+        }
+        Err(_) => Ok(()),
+    };
     let completed = wait_plan(&e, "Completed", |p| {
         str_at(p, &["status", "phase"]) == "Completed"
     })
     .await;
+    let rebuilt = events_of(&e, "Upgrading").await;
     // (Kueue may keep a Finished Workload of the service beside the current one.)
     let released = wait_sample(&rec, "the reservation deleted", T, |s| {
         s.workloads.keys().all(|n| n.starts_with("rayservice-")) && s.cq_reserved == 8
@@ -1752,8 +1779,21 @@ async fn raygate_holds_for_quota_and_reserves_the_new_cluster_in_kueue() {
     let held_status = &held["status"];
     or_panic(admitted_plan.map(|_| ()));
     or_panic(gated.map(|_| ()));
+    or_panic(missed);
     or_panic(completed.map(|_| ()));
     or_panic(released.map(|_| ()));
+    assert!(
+        rebuilt
+            .iter()
+            .any(|(_, note)| note.contains("builds the new cluster again")),
+        "raygate had KubeRay build the stale new cluster again: {rebuilt:?}"
+    );
+    let clusters: BTreeSet<&String> = samples.iter().flat_map(|s| s.clusters.keys()).collect();
+    assert_eq!(
+        clusters.len(),
+        3,
+        "the serving cluster, the stale new one and the one built again: {clusters:?}"
+    );
     assert_eq!(
         str_at(held_status, &["quota", "gpusNeeded"]),
         "8",
@@ -2413,20 +2453,31 @@ async fn raygate_admits_when_a_job_finishes_and_a_restart_keeps_its_reservation(
 
 /// (type, message) of the Events of `reason` on UpgradePlans in the test's namespace (raygate
 /// records each on the plan and on its RayService).
+/// raygate posts an Event after the status write that decided it (Events are off the critical
+/// path), so the list is polled, up to 15 s, until one is there; then read once more 1 s later,
+/// so a duplicate would show.
 async fn events_of(e: &Env, reason: &str) -> Vec<(String, String)> {
     let events: Api<Event> = Api::namespaced(e.client.clone(), &e.ns);
-    events
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|ev| {
-            ev.reason.as_deref() == Some(reason)
-                && ev.involved_object.kind.as_deref() == Some("UpgradePlan")
-        })
-        .map(|ev| (ev.type_.unwrap_or_default(), ev.message.unwrap_or_default()))
-        .collect()
+    let read = || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|ev| {
+                ev.reason.as_deref() == Some(reason)
+                    && ev.involved_object.kind.as_deref() == Some("UpgradePlan")
+            })
+            .map(|ev| (ev.type_.unwrap_or_default(), ev.message.unwrap_or_default()))
+            .collect::<Vec<_>>()
+    };
+    let until = Instant::now() + Duration::from_secs(15);
+    while read().await.is_empty() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    read().await
 }
 
 /// LocalQueue `name`'s `spec.stopPolicy` (`Hold`: Kueue admits nothing new from it, what it

@@ -268,6 +268,7 @@ mod tests {
             pods: BTreeMap::new(),
             pending_ready: false,
             pending_fingerprint: None,
+            pending_stamp: Default::default(),
             gate: GateFacts::default(),
             admission_unseen: unseen,
             quota: None,

@@ -293,6 +293,9 @@ pub struct Inputs<'a> {
     /// Fingerprint of the pending RayCluster's own spec, computed like the
     /// change's; `None` while it is not in the cache (or unreadable).
     pub pending_fingerprint: Option<Fingerprint>,
+    /// Kueue's slice stamps of the RayService's cluster spec and of the
+    /// pending RayCluster (`quota::rebuild`).
+    pub pending_stamp: quota::PendingStamp,
     pub gate: GateFacts,
     /// This plan's admission was just written and the plan cache does not
     /// show it yet: its capacity is already held.

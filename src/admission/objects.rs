@@ -90,6 +90,7 @@ pub fn inputs<'a>(
         pods: BTreeMap::new(),
         pending_ready: false,
         pending_fingerprint: None,
+        pending_stamp: Default::default(),
         gate: GateFacts::default(),
         admission_unseen,
         quota: None,
@@ -120,6 +121,11 @@ pub fn inputs<'a>(
         .and_then(|s| s.state.as_deref())
         == Some("ready");
     inp.pending_fingerprint = pending.and_then(|c| cluster_fingerprint(c, version));
+    inp.pending_stamp = crate::admission::quota::PendingStamp {
+        service: svc.spec.ray_cluster_config.as_ref().and_then(slice_stamp),
+        pending: pending.and_then(|c| slice_stamp(&c.spec)),
+        pending_suspended: pending.is_some_and(|c| c.spec.suspend == Some(true)),
+    };
 
     // KubeRay compares the spec with the pending cluster when there is one.
     let base = pending_cluster.or_else(|| find(&facts.active_cluster));
@@ -389,6 +395,21 @@ fn over_budget(svc: &RayService) -> Option<ChangeError> {
 /// The fingerprint a RayCluster's own spec has, computed as a change's is
 /// (muted fields and `suspend` left out, [`kuberay::classify::change_fingerprint`]),
 /// so it can be compared with an admitted one.
+/// Kueue's slice stamp ([`crate::kueue::slice_stamp`]) of a cluster spec's
+/// pod templates, the head group's first.
+fn slice_stamp(spec: &kuberay::types::RayClusterSpec) -> Option<String> {
+    let head = spec
+        .head_group_spec
+        .iter()
+        .filter_map(|h| h.template.as_ref());
+    let workers = spec
+        .worker_group_specs
+        .iter()
+        .flatten()
+        .filter_map(|g| g.template.as_ref());
+    crate::kueue::slice_stamp(head.chain(workers))
+}
+
 fn cluster_fingerprint(c: &RayCluster, version: KubeRayVersion) -> Option<kuberay::Fingerprint> {
     // A spec over raygate's bounds was not kept: no fingerprint to give.
     kuberay::budget::check(&c.spec, "spec").ok()?;

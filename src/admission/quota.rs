@@ -97,17 +97,16 @@ impl ServiceWorkload {
 }
 
 /// The RayService's Workload that Kueue has not admitted after raygate had
-/// it derived again for `pending` (the deletion done: the previous decision
-/// recorded it), so `pending` stays suspended, and has said why
-/// (`QuotaReserved=False`: a Workload Kueue has not looked at yet is new,
-/// not held; measured, Kueue admits one it can within 0.1 s). `None`
+/// it derived again in this transition (the deletion done: the previous
+/// decision recorded it), so the new cluster stays suspended, and has said
+/// why (`QuotaReserved=False`: a Workload Kueue has not looked at yet is
+/// new, not held; measured, Kueue admits one it can within 0.1 s). `None`
 /// otherwise.
 pub(super) fn blocked<'f>(
     prev: Option<&QuotaStatus>,
     facts: Option<&'f QuotaFacts>,
-    pending: &str,
 ) -> Option<&'f ServiceWorkload> {
-    let refreshed = prev.and_then(|q| q.workload_refreshed_for.as_deref()) == Some(pending);
+    let refreshed = prev.is_some_and(|q| q.workload_refreshed_for.is_some());
     let w = facts?.service_workload.as_ref()?;
     (refreshed && !w.admitted && w.why.is_some()).then_some(w)
 }
@@ -408,9 +407,59 @@ pub fn refresh(b: &mut Builder<'_>, svc: &super::ServiceFacts, pods: PendingPods
     if !kueue.elastic || !granted || !svc.upgrade_in_progress || !pods.settled() {
         return;
     }
-    if q.workload_refreshed_for.as_deref() != Some(pending.as_str()) {
+    // Once per transition: a pending cluster KubeRay built again (`rebuild`)
+    // carries the re-derived Workload's stamp, which Kueue's ungater honours.
+    if q.workload_refreshed_for.is_none() {
         q.workload_refreshed_for = Some(pending.clone());
     }
+}
+
+/// Kueue's slice stamps ([`crate::kueue::slice_stamp`]) of the RayService's
+/// cluster spec and of its pending RayCluster.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PendingStamp {
+    pub service: Option<String>,
+    pub pending: Option<String>,
+    /// The pending RayCluster has `spec.suspend: true`.
+    pub pending_suspended: bool,
+}
+
+/// After the refresh, KubeRay missed Kueue's stop and restart of the
+/// RayService: the pending cluster still carries the deleted Workload's
+/// slice stamp while the RayService carries the re-derived one's, and
+/// neither is suspended. KubeRay carries Kueue's writes to a pending cluster
+/// only with a `suspend` toggle (v1.6.2 `shouldUpdateCluster`); measured
+/// under CI load, Kueue stopped and restarted the RayService within 0.35 s
+/// and KubeRay, reconciling 3 s apart, saw neither. Kueue's ungater
+/// releases pods only by their own stamp, so that cluster's pods stay gated
+/// for good. The remedy (the message, for the Event): the gate opens, and
+/// KubeRay, whose hash of the spec now differs from the pending cluster's in
+/// more than its worker groups, builds the new cluster again from the spec
+/// (`shouldPrepareNewCluster`), stamped as Kueue admitted it; the stale one
+/// is dangling and KubeRay deletes it. Harmless if KubeRay caught up
+/// meanwhile: with equal hashes it builds nothing. The caller makes sure no
+/// further change waits (it would go with it).
+pub fn rebuild(
+    q: Option<&QuotaStatus>,
+    svc: &super::ServiceFacts,
+    stamp: &PendingStamp,
+    pods: PendingPods,
+) -> Option<String> {
+    let elastic = svc.kueue.as_ref().is_some_and(|k| k.elastic);
+    let refreshed = q.is_some_and(|q| q.workload_refreshed_for.is_some());
+    let pending = svc.pending_cluster.as_deref()?;
+    let (Some(now), Some(stale)) = (&stamp.service, &stamp.pending) else {
+        return None;
+    };
+    let missed = now != stale && !svc.kueue_stopped && !stamp.pending_suspended;
+    (elastic && refreshed && missed && !pods.any_bound).then(|| {
+        format!(
+            "KubeRay did not carry Kueue's restart of the RayService to new cluster {pending}: its pods \
+             are stamped with Workload slice {stale}, which Kueue no longer admits (the RayService \
+             names {now}), so Kueue would keep them gated; the gate opens so KubeRay builds the new \
+             cluster again from the spec, and closes once it has"
+        )
+    })
 }
 
 /// How long after its admission a transition's pending cluster is left to

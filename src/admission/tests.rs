@@ -274,6 +274,7 @@ impl Scenario {
             pods: self.pods,
             pending_ready: false,
             pending_fingerprint: self.pending_fingerprint.map(Into::into),
+            pending_stamp: Default::default(),
             gate: self.gate,
             admission_unseen: false,
             quota: None,

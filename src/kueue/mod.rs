@@ -234,6 +234,24 @@ pub fn without_admission_writes(spec: &serde_json::Value) -> serde_json::Value {
     v
 }
 
+/// The name of the Workload slice whose admission Kueue last wrote into a
+/// job's pod templates (`kueue.x-k8s.io/workload-slice-name`, else
+/// `kueue.x-k8s.io/workload`; the first template, in the job's order, that
+/// has one). Kueue's ungater releases an elastic job's pods only by the
+/// slice their template carried, so a pending RayCluster still stamped with
+/// a Workload the RayService no longer names keeps its pods gated for good
+/// (`admission::quota::rebuild`).
+pub fn slice_stamp<'a>(
+    templates: impl IntoIterator<Item = &'a k8s_openapi::api::core::v1::PodTemplateSpec>,
+) -> Option<String> {
+    templates.into_iter().find_map(|t| {
+        let a = t.metadata.as_ref()?.annotations.as_ref()?;
+        a.get(ADMISSION_ANNOTATIONS[1])
+            .or_else(|| a.get(ADMISSION_ANNOTATIONS[0]))
+            .cloned()
+    })
+}
+
 /// The remedy for a change Kueue would turn into a suspension.
 /// Kueue v0.19's webhook makes `kueue.x-k8s.io/elastic-job` immutable
 /// (measured: "field is immutable"), so it is set when the RayService is
@@ -281,5 +299,31 @@ mod tests {
             .unwrap();
             assert_eq!(m.elastic, elastic, "{v}");
         }
+    }
+
+    #[test]
+    fn the_slice_stamp_is_the_slice_name_else_the_workload_first_template_first() {
+        let t = |a: serde_json::Value| {
+            serde_json::from_value::<k8s_openapi::api::core::v1::PodTemplateSpec>(
+                serde_json::json!({"metadata": {"annotations": a}}),
+            )
+            .unwrap()
+        };
+        let both = t(
+            serde_json::json!({"kueue.x-k8s.io/workload": "rayservice-llm-f18c1",
+                                        "kueue.x-k8s.io/workload-slice-name": "rayservice-llm-afd38"}),
+        );
+        let wl = t(serde_json::json!({"kueue.x-k8s.io/workload": "rayservice-llm-f18c1"}));
+        let none = t(serde_json::json!({"a": "b"}));
+        assert_eq!(
+            slice_stamp([&both, &wl]).as_deref(),
+            Some("rayservice-llm-afd38"),
+            "the slice name: the chain Kueue's ungater lists pods by"
+        );
+        assert_eq!(
+            slice_stamp([&none, &wl]).as_deref(),
+            Some("rayservice-llm-f18c1")
+        );
+        assert_eq!(slice_stamp([&none]), None);
     }
 }

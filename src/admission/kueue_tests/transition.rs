@@ -327,15 +327,16 @@ fn a_blocked_workload_refresh_is_reported_as_kueue_workload_pending_then_stalled
         ("True", "KueueWorkloadPending")
     );
     assert!(d.events.iter().any(|e| e.reason == EventReason::Stalled));
-    // Admitted, not looked at by Kueue yet, or no refresh done yet for this
-    // pending cluster: progressing.
+    // Admitted, not looked at by Kueue yet, or no refresh done yet in this
+    // transition: progressing. (Done for a pending cluster KubeRay has built
+    // again since, `rebuild`, it still holds: the refresh is once per
+    // transition.)
     let fresh = quota::ServiceWorkload::of(&[wl("rayservice-llm-new", false, None)]).unwrap();
     assert_eq!((fresh.admitted, fresh.why.as_deref()), (false, None));
     for (refreshed, w) in [
         (Some("llm-next1"), &admitted),
         (Some("llm-next1"), &fresh),
         (None, &pending),
-        (Some("llm-older"), &pending),
     ] {
         let d = decide_for(status(refreshed, 30, Some("new cluster")), w);
         assert_eq!(
@@ -346,4 +347,133 @@ fn a_blocked_workload_refresh_is_reported_as_kueue_workload_pending_then_stalled
         let c = cond(&d, condition::STALLED).unwrap();
         assert_eq!(c.reason, "Progressing");
     }
+}
+
+#[test]
+fn a_pending_cluster_kuberay_left_with_the_deleted_workloads_stamp_is_built_again() {
+    // Measured in CI (Kueue v0.19.0, KubeRay v1.6.2, under load): after
+    // raygate's refresh Kueue stopped and restarted the RayService within
+    // 0.35 s; KubeRay, reconciling 3 s apart, saw neither, so the pending
+    // cluster kept the deleted Workload's slice stamp and Kueue's ungater
+    // never released its pods (the transition timed out). The gate opens so
+    // KubeRay builds the new cluster again, stamped as Kueue admitted it.
+    let stamp = |v: &mut Value, wl: &str| {
+        for ptr in [
+            "/spec/rayClusterConfig/headGroupSpec/template",
+            "/spec/rayClusterConfig/workerGroupSpecs/0/template",
+        ] {
+            let t = v.pointer_mut(ptr).unwrap();
+            t["metadata"]["annotations"]["kueue.x-k8s.io/workload"] = json!(wl);
+            t["metadata"]["annotations"]["kueue.x-k8s.io/workload-slice-name"] = json!(wl);
+        }
+    };
+    let svc_with = |wl: &str, extra: &dyn Fn(&mut Value)| {
+        service(|v| {
+            kueue(v, true);
+            worker_image(v);
+            stamp(v, wl);
+            extra(v);
+            upgrade_in_progress(v);
+            // raygate closed the gate once KubeRay built the new cluster.
+            v["spec"]["upgradeStrategy"]["type"] = json!("None");
+        })
+    };
+    let built = svc_with("rayservice-llm-afd38", &|_| {});
+    let fp = fingerprint_of(&service(|v| {
+        kueue(v, true);
+        worker_image(v);
+        stamp(v, "rayservice-llm-afd38");
+    }));
+    let refreshed = UpgradePlanStatus {
+        quota: Some(crate::upgradeplan::QuotaStatus {
+            workload_refreshed_for: Some("llm-next1".into()),
+            ..granted(&fp)
+        }),
+        ..admitted(Phase::Upgrading, &fp, 30, Some("llm-next1"))
+    };
+    let stale = pending_cluster(&built);
+    let decide = |st: &UpgradePlanStatus, svc: &RayService, pending: &RayCluster| {
+        let d = decide_in_transition(&plan(Some(st.clone())), svc, pending);
+        assert_eq!(d.status.phase, Phase::Upgrading, "{:?}", d.status.message);
+        let rebuilt = d.events.iter().any(|e| {
+            e.reason == EventReason::Upgrading && e.note.contains("builds the new cluster again")
+        });
+        (d.gate, rebuilt)
+    };
+    let restarted = svc_with("rayservice-llm-f18c1", &|_| {});
+    assert_eq!(
+        decide(&refreshed, &restarted, &stale),
+        (Some(Gate::Open), true),
+        "KubeRay missed the restart: built again"
+    );
+    // Not before the refresh, not while Kueue has the RayService stopped or
+    // KubeRay carried the stop to the pending cluster (its restart follows),
+    // not once the stamps agree, and not with a further change waiting.
+    let before = UpgradePlanStatus {
+        quota: Some(granted(&fp)),
+        ..refreshed.clone()
+    };
+    let mut caught = stale.clone();
+    caught.spec.suspend = Some(true);
+    let edited = svc_with("rayservice-llm-f18c1", &|v| {
+        v["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+            ["image"] = json!("rayproject/ray:2.11.0-gpu");
+    });
+    for (what, st, svc, pending) in [
+        ("before the refresh", &before, &restarted, &stale),
+        ("suspended by KubeRay", &refreshed, &restarted, &caught),
+        ("stamps agree", &refreshed, &built, &stale),
+        ("a further change", &refreshed, &edited, &stale),
+    ] {
+        assert_eq!(
+            decide(st, svc, pending),
+            (Some(Gate::Hold), false),
+            "{what}"
+        );
+    }
+    let stopped = svc_with("rayservice-llm-f18c1", &|v| suspend(v));
+    assert!(!decide(&refreshed, &stopped, &stale).1, "Kueue's stop");
+    // KubeRay built it again (a new name, the new stamp): the gate closes,
+    // and the Workload is not derived again (once per transition).
+    let mut again = serde_json::to_value(pending_cluster(&restarted)).unwrap();
+    again["metadata"]["name"] = json!("llm-next2");
+    let again: RayCluster = serde_json::from_value(again).unwrap();
+    let mut svc2 = serde_json::to_value(&restarted).unwrap();
+    svc2["status"]["pendingServiceStatus"] = json!({"rayClusterName": "llm-next2"});
+    let svc2: RayService = serde_json::from_value(svc2).unwrap();
+    let rc = active(|_| {});
+    let d = decide_over(
+        &plan(Some(refreshed.clone())),
+        &svc2,
+        &[
+            ("llm-7x9kq", &rc),
+            ("llm-next1", &stale),
+            ("llm-next2", &again),
+        ],
+        None,
+        BTreeMap::new(),
+    );
+    assert_eq!(d.gate, Some(Gate::Hold), "{:?}", d.status.message);
+    assert_eq!(
+        d.status
+            .admitted
+            .as_ref()
+            .and_then(|a| a.to_cluster.as_deref()),
+        Some("llm-next2")
+    );
+    assert_eq!(
+        d.status
+            .quota
+            .as_ref()
+            .and_then(|q| q.workload_refreshed_for.as_deref()),
+        Some("llm-next1"),
+        "derived again once per transition"
+    );
+    assert!(
+        d.events.iter().all(
+            |e| e.reason != EventReason::AdmissionMismatch && e.reason != EventReason::Batching
+        ),
+        "{:?}",
+        d.events
+    );
 }

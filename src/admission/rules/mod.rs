@@ -20,7 +20,10 @@
 //!    Kueue-managed new cluster whose re-derived Workload Kueue does not admit
 //!    (`quota::refresh`, path B) stays suspended: `Upgrading` waiting
 //!    for `KueueWorkloadPending` (Kueue's reason, a Warning Event), `Stalled`
-//!    after `stallAfter`.
+//!    after `stallAfter`. One KubeRay left stamped with the deleted Workload
+//!    (it missed Kueue's stop and restart, so Kueue would keep its pods
+//!    gated) has the gate opened until KubeRay builds it again
+//!    (`quota::rebuild`), unless a further change waits.
 //! 3. A serving cluster that is suspended, or that `rayClusterConfig.suspend:
 //!    true` is about to suspend in place (KubeRay v1.5.2–v1.6.2), is
 //!    `Suspended` (condition `ServiceSuspended`, a Warning Event), never `Idle`:

@@ -30,6 +30,7 @@ impl Rules<'_> {
             .as_deref()
             .or(admitted.to_cluster.as_deref());
         crate::admission::batch::during_transition(b, self.inp, to, &admitted.fingerprint);
+        self.rebuild(b, &admitted);
         match (&svc.pending_cluster, &admitted.to_cluster) {
             (None, None) if svc.active_cluster == admitted.from_cluster => {
                 self.awaiting_kuberay(b, admitted)
@@ -57,6 +58,29 @@ impl Rules<'_> {
             }
             // Promoted (or never named and the active cluster changed under us).
             _ => self.promoted(b, admitted),
+        }
+    }
+
+    /// KubeRay missed Kueue's restart of the RayService after the refresh
+    /// (`quota::rebuild`): the gate opens so KubeRay builds the new cluster
+    /// again, stamped as Kueue admitted it. Not for an incremental upgrade
+    /// (its gate is open anyway), nor while a further change waits as the
+    /// next batch or the spec cannot be read: it would go with it.
+    fn rebuild(&self, b: &mut Builder<'_>, admitted: &Admission) {
+        if !admitted.surge.is_empty() || b.status.batch.is_some() || self.inp.change.is_err() {
+            return;
+        }
+        let Some(note) = crate::admission::quota::rebuild(
+            b.status.quota.as_ref(),
+            self.svc,
+            &self.inp.pending_stamp,
+            self.pending_pods(admitted),
+        ) else {
+            return;
+        };
+        b.gate = Some(Gate::Open);
+        if !Gate::Open.is_set(self.inp.gate.value.as_ref()) {
+            b.change_event(false, EventReason::Upgrading, &admitted.fingerprint, note);
         }
     }
 
@@ -208,12 +232,9 @@ impl Rules<'_> {
             .get(pending)
             .map(|p| p.iter().map(AsRef::as_ref).collect())
             .unwrap_or_default();
-        let blocked = crate::admission::quota::blocked(
-            b.prev.quota.as_ref(),
-            self.inp.quota.as_ref(),
-            pending,
-        )
-        .filter(|_| !self.inp.pending_ready);
+        let blocked =
+            crate::admission::quota::blocked(b.prev.quota.as_ref(), self.inp.quota.as_ref())
+                .filter(|_| !self.inp.pending_ready);
         let stall_after = self.settings.stall_after;
         let ruling = match blocked {
             // Path B blocked: Kueue has not admitted the Workload it derived
