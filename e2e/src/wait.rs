@@ -11,6 +11,9 @@ pub enum Check<T> {
     NotYet(String),
 }
 
+/// The longest one probe of [`wait_for`] may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Polls `probe` every 250 ms until it reports `Done`, or fails after `timeout` with the
 /// last observed state. Errors from `probe` count as "not yet" (the apiserver may be busy).
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> anyhow::Result<T>
@@ -21,10 +24,13 @@ where
     let start = Instant::now();
     let mut last: String;
     loop {
-        match probe().await {
-            Ok(Check::Done(v)) => return Ok(v),
-            Ok(Check::NotYet(s)) => last = s,
-            Err(e) => last = format!("error: {e:#}"),
+        // One probe is bounded too: kube's client has no read timeout, and an
+        // API call that never returns would hang the test past any deadline.
+        match tokio::time::timeout(PROBE_TIMEOUT, probe()).await {
+            Ok(Ok(Check::Done(v))) => return Ok(v),
+            Ok(Ok(Check::NotYet(s))) => last = s,
+            Ok(Err(e)) => last = format!("error: {e:#}"),
+            Err(_) => last = format!("a probe took over {PROBE_TIMEOUT:?}"),
         }
         if start.elapsed() >= timeout {
             anyhow::bail!("timed out after {timeout:?} waiting for {what}; last observed: {last}");

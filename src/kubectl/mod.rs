@@ -303,9 +303,18 @@ pub async fn kube_config(kubeconfig: Option<&Path>, context: Option<&str>) -> Re
     })
 }
 
-/// A client as kubectl would build it, and the namespace to use.
+/// How long one API call of the plugin may take: kube's client has no read
+/// timeout of its own, and a plugin that hangs on a stalled apiserver is
+/// worse than one that says so.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A client as kubectl would build it (every call bounded by
+/// [`REQUEST_TIMEOUT`]), and the namespace to use.
 pub async fn connect(args: &KubeArgs) -> Result<(Client, String)> {
-    let config = kube_config(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+    let mut config = kube_config(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+    config.connect_timeout = Some(REQUEST_TIMEOUT);
+    config.read_timeout = Some(REQUEST_TIMEOUT);
+    config.write_timeout = Some(REQUEST_TIMEOUT);
     let ns = args
         .namespace
         .clone()
