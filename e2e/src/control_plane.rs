@@ -409,7 +409,13 @@ impl ControlPlane {
     pub async fn client(&self) -> Result<Client> {
         let kc = Kubeconfig::read_from(&self.kubeconfig)
             .with_context(|| format!("read {}", self.kubeconfig.display()))?;
-        let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+        let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+        // kube's client has no timeouts of its own: a call that never returns would hang a
+        // test past every deadline. Reads are bounded just above a watch's 290 s, so watches
+        // are not cut; `wait_for` bounds each of its probes more tightly.
+        config.connect_timeout = Some(std::time::Duration::from_secs(30));
+        config.read_timeout = Some(std::time::Duration::from_secs(295));
+        config.write_timeout = Some(std::time::Duration::from_secs(30));
         Ok(Client::try_from(config)?)
     }
 
