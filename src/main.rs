@@ -485,7 +485,7 @@ async fn run(args: RunArgs) -> Result<()> {
     )?;
     let config = config(&args.kube).await?;
     let metrics = Arc::new(Metrics::new()?);
-    let health = Arc::new(Health::default());
+    let health = Arc::new(Health::starting(args.leader_elect));
 
     let (listener, addr) = server::bind(args.metrics_addr).await?;
     let (health_listener, health_addr) = server::bind(args.health_addr).await?;

@@ -126,6 +126,17 @@ impl Health {
         Health::default()
     }
 
+    /// The state a process starts in. Without leader election it is the
+    /// leader from its first probe: `/readyz` must then fail until its caches
+    /// sync, not answer "standby" in the moment before the controller starts
+    /// (measured: a restart at 5,000 nodes reported ready in 0.1 s, its
+    /// caches synced 55 s later).
+    pub fn starting(leader_election: bool) -> Health {
+        let h = Health::default();
+        h.set_leader(!leader_election);
+        h
+    }
+
     /// The API server answered just now.
     pub fn touch(&self) {
         let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -529,6 +540,21 @@ mod tests {
             PROBE_AFTER + PROBE_TIMEOUT < STALE_AFTER,
             "a probe answers before unready"
         );
+    }
+
+    /// Without leader election a starting process is not ready until its
+    /// caches sync (it is no standby); with it, it is a standby until it
+    /// takes the Lease.
+    #[test]
+    fn a_process_without_leader_election_is_not_ready_before_its_caches_sync() {
+        let h = Health::starting(false);
+        h.touch();
+        assert_eq!(h.readiness(), Err("caches not synced yet"));
+        h.set_ready(true);
+        assert_eq!(h.readiness(), Ok("ok"));
+        let h = Health::starting(true);
+        h.touch();
+        assert_eq!(h.readiness(), Ok("ok: standby, waiting for leadership"));
     }
 
     /// `/readyz` with a client that cannot reach any API server: ready

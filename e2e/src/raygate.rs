@@ -136,7 +136,7 @@ impl Raygate {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        while rg.get("/readyz").ok().map(|(code, _)| code) != Some(200) {
+        while !opts.unready && rg.get("/readyz").ok().map(|(code, _)| code) != Some(200) {
             if !rg.is_running() || start.elapsed() > Duration::from_secs(60) {
                 bail!("raygate never became ready; log:\n{}", rg.logs());
             }
@@ -323,6 +323,9 @@ pub struct Spawn<'a> {
     /// An older raygate binary to start instead of this checkout's ([`older_raygate`]): the
     /// defaults for flags added since (`--max-priority`, `--kueue`) are not given to it.
     pub binary: Option<&'a Path>,
+    /// Return once raygate serves its probes, without waiting for `/readyz`: for a test that
+    /// watches readiness itself (one started where its caches cannot sync yet).
+    pub unready: bool,
 }
 
 impl<'a> Spawn<'a> {

@@ -1893,12 +1893,13 @@ async fn raygates_kueue_probe_follows_the_api_and_the_shipped_rbac() {
                 kubeconfig: Some(&kc),
                 env: &[],
                 args: &args,
+                // `true` without the access is not ready: the test looks at /readyz itself.
+                unready: true,
                 ..Default::default()
             },
         )
     };
-    // The probe line comes after /readyz first answers (a process is a ready standby
-    // until it leads): poll the log for it.
+    // The probe line may come after the probes are served: poll the log for it.
     let line = |rg: &raygate_e2e::Raygate, what: &str| -> String {
         let start = Instant::now();
         loop {

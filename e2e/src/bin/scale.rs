@@ -774,7 +774,20 @@ async fn main() -> Result<()> {
     }
     let t = Instant::now();
     let restarted_at = Timestamp::now();
-    let mut rg = Raygate::spawn_with(&cp, &spawn)?;
+    // Ready is /readyz 200: every cache synced (the harness's own wait stops at 60 s).
+    let mut rg = Raygate::spawn_with(
+        &cp,
+        &Spawn {
+            unready: true,
+            ..spawn
+        },
+    )?;
+    while rg.get("/readyz").ok().map(|(code, _)| code) != Some(200) {
+        if !rg.is_running() || t.elapsed() > Duration::from_secs(900) {
+            bail!("raygate was not ready 900 s after its restart");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let ready_s = t.elapsed().as_secs_f64();
     eprintln!("scale: raygate restarted, ready in {ready_s:.1} s");
     let (_, peak_after_lists) = rss_mib(rg.pid())?;
