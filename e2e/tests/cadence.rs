@@ -14,7 +14,7 @@ use kube::Client;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use raygate_e2e::control_plane::repo_root;
 use raygate_e2e::json::str_at;
 use raygate_e2e::{
@@ -131,7 +131,10 @@ async fn gate(e: &Env) -> Result<String> {
 /// Every RayCluster name the namespace ever had, from a watch started now.
 fn watch_creations(e: &Env) -> Arc<Mutex<BTreeSet<String>>> {
     let seen = Arc::new(Mutex::new(BTreeSet::new()));
-    let stream = watcher(clusters(e), watcher::Config::default());
+    // With a backoff: once the test ends and its control plane is gone, a watcher without one
+    // retries in a loop that never yields (loopback refuses at once), and the runtime's shutdown
+    // then waits for it forever (seen in CI: cadence@v1.5.2 hung at the end of a passed test).
+    let stream = watcher(clusters(e), watcher::Config::default()).default_backoff();
     let into = seen.clone();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
