@@ -12,7 +12,7 @@ use tracing::{error, info};
 use raygate::controller::lists::{self, InitialLists, InitialListsArg};
 use raygate::controller::release::Scope;
 use raygate::controller::{self, Settings};
-use raygate::kubectl::{self, say};
+use raygate::kubectl::{self, bounded_client, say};
 use raygate::kuberay::KubeRayVersion;
 use raygate::leader::{self, Fence, LeaderConfig};
 use raygate::metrics::Metrics;
@@ -396,13 +396,6 @@ async fn kueue_support(config: &kube::Config, args: &RunArgs, health: &Health) -
     }
     health.set_kueue_missing(outcome.not_ready.is_some());
     Ok(outcome.enabled)
-}
-
-fn bounded_client(mut config: kube::Config, timeout: Duration) -> Result<kube::Client> {
-    config.connect_timeout = Some(timeout);
-    config.read_timeout = Some(timeout);
-    config.write_timeout = Some(timeout);
-    Ok(kube::Client::try_from(config)?)
 }
 
 async fn release(args: &ReleaseArgs) -> Result<String> {

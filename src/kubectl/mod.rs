@@ -308,18 +308,24 @@ pub async fn kube_config(kubeconfig: Option<&Path>, context: Option<&str>) -> Re
 /// worse than one that says so.
 pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// A client whose every call (connect, each read, each write) is bounded by
+/// `timeout`: kube's client has none of its own.
+pub fn bounded_client(mut config: kube::Config, timeout: std::time::Duration) -> Result<Client> {
+    config.connect_timeout = Some(timeout);
+    config.read_timeout = Some(timeout);
+    config.write_timeout = Some(timeout);
+    Ok(Client::try_from(config)?)
+}
+
 /// A client as kubectl would build it (every call bounded by
 /// [`REQUEST_TIMEOUT`]), and the namespace to use.
 pub async fn connect(args: &KubeArgs) -> Result<(Client, String)> {
-    let mut config = kube_config(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
-    config.connect_timeout = Some(REQUEST_TIMEOUT);
-    config.read_timeout = Some(REQUEST_TIMEOUT);
-    config.write_timeout = Some(REQUEST_TIMEOUT);
+    let config = kube_config(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
     let ns = args
         .namespace
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
-    Ok((Client::try_from(config)?, ns))
+    Ok((bounded_client(config, REQUEST_TIMEOUT)?, ns))
 }
 
 fn not_found(e: kube::Error, what: String) -> Error {
