@@ -136,13 +136,22 @@ impl Raygate {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        while !opts.unready && rg.get("/readyz").ok().map(|(code, _)| code) != Some(200) {
-            if !rg.is_running() || start.elapsed() > Duration::from_secs(60) {
-                bail!("raygate never became ready; log:\n{}", rg.logs());
+        if !opts.unready {
+            rg.wait_ready(Duration::from_secs(60).saturating_sub(start.elapsed()))?;
+        }
+        Ok(rg)
+    }
+
+    /// Waits up to `within` for `/readyz` to answer 200 (every cache synced).
+    pub fn wait_ready(&mut self, within: Duration) -> Result<()> {
+        let start = Instant::now();
+        while self.get("/readyz").ok().map(|(code, _)| code) != Some(200) {
+            if !self.is_running() || start.elapsed() > within {
+                bail!("raygate never became ready; log:\n{}", self.logs());
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        Ok(rg)
+        Ok(())
     }
 
     /// Where /metrics is served (`127.0.0.1:PORT`).

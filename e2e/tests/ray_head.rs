@@ -100,7 +100,6 @@ impl Drop for RayHead {
     }
 }
 
-/// One request through the proxy, as Go's transport writes it: absolute-form request line.
 /// Polls the Serve proxy's health `url` through `proxy` until it answers `code`.
 async fn health_is(proxy: &str, url: &str, code: u16) -> Result<()> {
     wait_for(&format!("{url} answers {code}"), T, || async {
@@ -114,6 +113,7 @@ async fn health_is(proxy: &str, url: &str, code: u16) -> Result<()> {
     .await
 }
 
+/// One request through the proxy, as Go's transport writes it: absolute-form request line.
 async fn via_proxy(
     proxy: &str,
     method: &str,

@@ -392,9 +392,6 @@ fn over_budget(svc: &RayService) -> Option<ChangeError> {
     })
 }
 
-/// The fingerprint a RayCluster's own spec has, computed as a change's is
-/// (muted fields and `suspend` left out, [`kuberay::classify::change_fingerprint`]),
-/// so it can be compared with an admitted one.
 /// Kueue's slice stamp ([`crate::kueue::slice_stamp`]) of a cluster spec's
 /// pod templates, the head group's first.
 fn slice_stamp(spec: &kuberay::types::RayClusterSpec) -> Option<String> {
@@ -410,6 +407,9 @@ fn slice_stamp(spec: &kuberay::types::RayClusterSpec) -> Option<String> {
     crate::kueue::slice_stamp(head.chain(workers))
 }
 
+/// The fingerprint a RayCluster's own spec has, computed as a change's is
+/// (muted fields and `suspend` left out, [`kuberay::classify::change_fingerprint`]),
+/// so it can be compared with an admitted one.
 fn cluster_fingerprint(c: &RayCluster, version: KubeRayVersion) -> Option<kuberay::Fingerprint> {
     // A spec over raygate's bounds was not kept: no fingerprint to give.
     kuberay::budget::check(&c.spec, "spec").ok()?;

@@ -782,12 +782,7 @@ async fn main() -> Result<()> {
             ..spawn
         },
     )?;
-    while rg.get("/readyz").ok().map(|(code, _)| code) != Some(200) {
-        if !rg.is_running() || t.elapsed() > Duration::from_secs(900) {
-            bail!("raygate was not ready 900 s after its restart");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    rg.wait_ready(Duration::from_secs(900))?;
     let ready_s = t.elapsed().as_secs_f64();
     eprintln!("scale: raygate restarted, ready in {ready_s:.1} s");
     let (_, peak_after_lists) = rss_mib(rg.pid())?;
