@@ -139,15 +139,10 @@ fn kueues_template_rewrite_at_the_workload_refresh_is_no_change_made_during_the_
     // before, raygate read a change "made while the transition runs" (a
     // false Batching Event). It is the admitted change: no Event.
     let writes = |v: &mut Value, wl: &str| {
-        for ptr in [
-            "/spec/rayClusterConfig/headGroupSpec/template",
-            "/spec/rayClusterConfig/workerGroupSpecs/0/template",
-        ] {
-            let t = v.pointer_mut(ptr).unwrap();
-            t["metadata"]["annotations"]["kueue.x-k8s.io/workload"] = json!(wl);
-            t["metadata"]["annotations"]["kueue.x-k8s.io/workload-slice-name"] = json!(wl);
-            t["metadata"]["labels"]["kueue.x-k8s.io/podset"] = json!("p");
-        }
+        stamp(v, wl);
+        templates(v, |t| {
+            t["metadata"]["labels"]["kueue.x-k8s.io/podset"] = json!("p")
+        });
         // The ResourceFlavor's node labels, written at admission too.
         v["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"]
             ["pool.example/flavor"] = json!("a100");
@@ -357,16 +352,6 @@ fn a_pending_cluster_kuberay_left_with_the_deleted_workloads_stamp_is_built_agai
     // cluster kept the deleted Workload's slice stamp and Kueue's ungater
     // never released its pods (the transition timed out). The gate opens so
     // KubeRay builds the new cluster again, stamped as Kueue admitted it.
-    let stamp = |v: &mut Value, wl: &str| {
-        for ptr in [
-            "/spec/rayClusterConfig/headGroupSpec/template",
-            "/spec/rayClusterConfig/workerGroupSpecs/0/template",
-        ] {
-            let t = v.pointer_mut(ptr).unwrap();
-            t["metadata"]["annotations"]["kueue.x-k8s.io/workload"] = json!(wl);
-            t["metadata"]["annotations"]["kueue.x-k8s.io/workload-slice-name"] = json!(wl);
-        }
-    };
     let svc_with = |wl: &str, extra: &dyn Fn(&mut Value)| {
         service(|v| {
             kueue(v, true);
@@ -476,4 +461,24 @@ fn a_pending_cluster_kuberay_left_with_the_deleted_workloads_stamp_is_built_agai
         "{:?}",
         d.events
     );
+}
+
+/// Calls `f` on the fixture's head and worker pod templates.
+fn templates(v: &mut Value, mut f: impl FnMut(&mut Value)) {
+    for ptr in [
+        "/spec/rayClusterConfig/headGroupSpec/template",
+        "/spec/rayClusterConfig/workerGroupSpecs/0/template",
+    ] {
+        f(v.pointer_mut(ptr).unwrap());
+    }
+}
+
+/// Kueue's admission stamp of Workload `wl` on the fixture's templates
+/// (`kueue.x-k8s.io/workload` and `…/workload-slice-name`, as its start
+/// writes them).
+fn stamp(v: &mut Value, wl: &str) {
+    templates(v, |t| {
+        t["metadata"]["annotations"]["kueue.x-k8s.io/workload"] = json!(wl);
+        t["metadata"]["annotations"]["kueue.x-k8s.io/workload-slice-name"] = json!(wl);
+    });
 }
