@@ -23,14 +23,15 @@ impl Rules<'_> {
         b.status.capacity = b.prev.capacity.clone();
         b.status.quota = b.prev.quota.clone();
         b.status.incremental = b.prev.incremental.clone();
-        crate::admission::quota::refresh(b, self.svc, self.pending_pods(&admitted));
+        let pods = self.pending_pods(&admitted);
+        crate::admission::quota::refresh(b, self.svc, pods);
         let svc = self.svc;
         let to = svc
             .pending_cluster
             .as_deref()
             .or(admitted.to_cluster.as_deref());
         crate::admission::batch::during_transition(b, self.inp, to, &admitted.fingerprint);
-        self.rebuild(b, &admitted);
+        self.rebuild(b, &admitted, pods);
         match (&svc.pending_cluster, &admitted.to_cluster) {
             (None, None) if svc.active_cluster == admitted.from_cluster => {
                 self.awaiting_kuberay(b, admitted)
@@ -66,7 +67,12 @@ impl Rules<'_> {
     /// again, stamped as Kueue admitted it. Not for an incremental upgrade
     /// (its gate is open anyway), nor while a further change waits as the
     /// next batch or the spec cannot be read: it would go with it.
-    fn rebuild(&self, b: &mut Builder<'_>, admitted: &Admission) {
+    fn rebuild(
+        &self,
+        b: &mut Builder<'_>,
+        admitted: &Admission,
+        pods: crate::admission::quota::PendingPods,
+    ) {
         if !admitted.surge.is_empty() || b.status.batch.is_some() || self.inp.change.is_err() {
             return;
         }
@@ -74,7 +80,7 @@ impl Rules<'_> {
             b.status.quota.as_ref(),
             self.svc,
             &self.inp.pending_stamp,
-            self.pending_pods(admitted),
+            pods,
         ) else {
             return;
         };
