@@ -62,6 +62,7 @@ pub(super) async fn record(
         let pace = paced(ctx, &key, &prev, &decision);
         // 3. Write the status.
         let written = if decision.status == prev {
+            lock(&ctx.status_written).settled(&key);
             Ok(true)
         } else if let Some(wait) = pace {
             debug!(plan = %name, namespace = %ns, wait = ?wait, "only the figures moved: written later");
@@ -100,8 +101,8 @@ pub(super) async fn record(
 }
 
 /// How long a held plan's moving figures (nodes arriving one by one) wait:
-/// written at most every [`written::PROGRESS_EVERY`]; the requeue writes
-/// them. `None`: written now (an Event, an opening gate, or more than the
+/// [`written::PROGRESS_EVERY`] from when first seen unwritten and after the
+/// last write; the requeue writes them. `None`: written now (an Event, an opening gate, or more than the
 /// figures changed).
 fn paced(
     ctx: &Context,
