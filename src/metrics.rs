@@ -100,6 +100,33 @@ struct PlanSeries {
     shortfall: BTreeSet<String>,
 }
 
+/// Why an Event was not recorded: `raygate_events_dropped_total{reason}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventDrop {
+    /// The queue of Events to send was full.
+    QueueFull,
+    /// The replica lost its Lease before sending it.
+    NotLeader,
+    /// The apiserver refused it or did not answer in time.
+    Failed,
+}
+
+impl EventDrop {
+    pub const ALL: [EventDrop; 3] = [
+        EventDrop::QueueFull,
+        EventDrop::NotLeader,
+        EventDrop::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventDrop::QueueFull => "queue_full",
+            EventDrop::NotLeader => "not_leader",
+            EventDrop::Failed => "failed",
+        }
+    }
+}
+
 /// All raygate metric families on their own registry.
 pub struct Metrics {
     registry: Registry,
@@ -123,6 +150,7 @@ pub struct Metrics {
     reconcile_duration: Histogram,
     admission_latency: HistogramVec,
     reconcile_errors: IntCounterVec,
+    events_dropped: IntCounterVec,
     /// Which label values exist per plan; prometheus' vectors cannot list them.
     plans: Mutex<HashMap<PlanKey, PlanSeries>>,
     /// Resources currently exported in `raygate_capacity_free`.
@@ -365,6 +393,19 @@ impl Metrics {
                 &["reason"],
             )?,
         )?;
+        let events_dropped = register(
+            r,
+            IntCounterVec::new(
+                Opts::new(
+                    "raygate_events_dropped_total",
+                    "Events raygate did not record, by reason: queue_full, not_leader, failed.",
+                ),
+                &["reason"],
+            )?,
+        )?;
+        for why in EventDrop::ALL {
+            events_dropped.with_label_values(&[why.as_str()]);
+        }
         let build_info = register(
             r,
             IntGaugeVec::new(
@@ -400,6 +441,7 @@ impl Metrics {
             reconcile_duration,
             admission_latency,
             reconcile_errors,
+            events_dropped,
             plans: Mutex::default(),
             free_resources: Mutex::default(),
         })
@@ -594,6 +636,11 @@ impl Metrics {
     /// an error message (that would explode cardinality).
     pub fn reconcile_error(&self, reason: &str) {
         self.reconcile_errors.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts an Event not recorded (see [`crate::controller::events`]).
+    pub fn event_dropped(&self, why: EventDrop) {
+        self.events_dropped.with_label_values(&[why.as_str()]).inc();
     }
 
     /// Counts the recreations a batch admitted in `namespace` saved. The

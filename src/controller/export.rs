@@ -1,10 +1,10 @@
 //! What a recorded decision tells the world: Events and metrics.
 
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use tracing::warn;
 
 use super::Context;
 use super::record::Recorded;
@@ -62,9 +62,9 @@ pub(super) async fn gate_released(ctx: &Context, plan: &UpgradePlan, note: Strin
 /// `related`), for `kubectl describe upgradeplan`, and regarding the RayService
 /// (the plan as `related`), for `kubectl describe rayservice`, where a user
 /// looks first when an upgrade does not happen (issue 32: raygate was
-/// invisible there; `describe` lists only Events *regarding* the object). Two
-/// requests per Event, sent together; Events come after the status and gate
-/// writes, so they add nothing to an admission's latency.
+/// invisible there; `describe` lists only Events *regarding* the object).
+/// Queued, not awaited ([`super::events`]): in a burst they trail the status
+/// and gate writes instead of competing with them in the apiserver.
 pub(super) async fn publish(
     ctx: &Context,
     plan: &UpgradePlan,
@@ -79,7 +79,11 @@ pub(super) async fn publish(
             .get(&ObjectRef::new(svc_name).within(&ns))?;
         svc.0.as_ref().ok().map(|svc| svc.object_ref(&()))
     });
-    let ev = Event {
+    if ctx.fence.check().is_err() {
+        return;
+    }
+    let plan_ref = plan.object_ref(&());
+    let event = |secondary: Option<ObjectReference>| Event {
         type_: if note.warning {
             EventType::Warning
         } else {
@@ -88,42 +92,12 @@ pub(super) async fn publish(
         reason: note.reason.as_str().to_string(),
         note: Some(truncate(note.note.clone(), 1000)),
         action: note.action(),
-        secondary: related,
+        secondary,
     };
-    if ctx.fence.check().is_err() {
-        return;
+    ctx.events.send(event(related.clone()), plan_ref.clone());
+    if let Some(svc) = related {
+        ctx.events.send(event(Some(plan_ref)), svc);
     }
-    let bound = ctx.fence.api_timeout();
-    let plan_ref = plan.object_ref(&());
-    // `Event` is not `Clone`: the same fields, the objects swapped.
-    let on_service = ev.secondary.clone().map(|svc| {
-        let ev = Event {
-            type_: ev.type_,
-            reason: ev.reason.clone(),
-            note: ev.note.clone(),
-            action: ev.action.clone(),
-            secondary: Some(plan_ref.clone()),
-        };
-        (ev, svc)
-    });
-    let on_plan = async {
-        match tokio::time::timeout(bound, ctx.recorder.publish(&ev, &plan_ref)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(error = %e, "failed to record event on plan"),
-            Err(_) => warn!(timeout = ?bound, "recording an event on the plan timed out"),
-        }
-    };
-    let on_svc = async {
-        let Some((ev, svc)) = &on_service else {
-            return;
-        };
-        match tokio::time::timeout(bound, ctx.recorder.publish(ev, svc)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(error = %e, "failed to record event on the RayService"),
-            Err(_) => warn!(timeout = ?bound, "recording an event on the RayService timed out"),
-        }
-    };
-    tokio::join!(on_plan, on_svc);
 }
 
 fn truncate(mut s: String, max: usize) -> String {

@@ -8,10 +8,12 @@
 //! numbered, on `reconcile_plan`; the files below hold them: `start` (the
 //! caches and the plan watcher), `record` (decide and write the status),
 //! `overlay` (admissions written, not yet in the plan cache), `gating` (the
-//! gate's writes), `export` (Events and metrics).
+//! gate's writes), `export` (Events and metrics), `events` (the queue that
+//! sends Events in the background).
 pub mod buffers;
 pub mod cache;
 pub mod coalesce;
+pub mod events;
 mod export;
 pub mod gate;
 mod gating;
@@ -107,7 +109,8 @@ pub struct Context {
     pub fence: Arc<Fence>,
     pub stores: Stores,
     pub metrics: Arc<Metrics>,
-    pub recorder: Recorder,
+    /// Events, sent in the background ([`events`]).
+    pub events: events::EventQueue,
     pub settings: Settings,
     /// Decisions run one at a time so each sees the admissions before it;
     /// the overlay holds admissions not yet seen in the plan cache (reserved
@@ -147,7 +150,11 @@ impl Context {
             instance: Some(settings.instance.clone()),
         };
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: events::EventQueue::start(
+                Recorder::new(client.clone(), reporter),
+                fence.clone(),
+                metrics.clone(),
+            ),
             client,
             fence,
             stores,

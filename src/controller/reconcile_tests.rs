@@ -370,6 +370,7 @@ async fn an_event_is_recorded_on_the_plan_and_on_the_rayservice() {
         change: Some("abc123def456".into()),
     };
     publish(&ctx, &plan(), Some("llm"), &note).await;
+    ctx.events.drained().await;
     task.abort();
     let seen = seen.lock().unwrap().clone();
     let events: Vec<&Value> = seen
