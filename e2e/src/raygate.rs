@@ -83,7 +83,14 @@ impl Raygate {
         std::fs::create_dir_all(&dir)?;
         let log = dir.join(format!("raygate-{n}.log"));
         let file = std::fs::File::create(&log)?;
-        let mut cmd = Command::new(&bin);
+        let mut cmd = match opts.wrapper.split_first() {
+            Some((w, wargs)) => {
+                let mut c = Command::new(w);
+                c.args(wargs).arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
         // The harness's own settings (RAYGATE_KUBERAY_VERSION chooses the operator it
         // runs, RAYGATE_E2E_DIR, ...) share raygate's RAYGATE_ prefix: none may reach
         // raygate, which a deployment never gives them.
@@ -335,6 +342,9 @@ pub struct Spawn<'a> {
     /// Return once raygate serves its probes, without waiting for `/readyz`: for a test that
     /// watches readiness itself (one started where its caches cannot sync yet).
     pub unready: bool,
+    /// A command raygate runs under (`["heaptrack", "-o", FILE]`: the scale run's heap
+    /// profile); empty: none. [`Raygate::pid`] is then the wrapper's.
+    pub wrapper: &'a [&'a str],
 }
 
 impl<'a> Spawn<'a> {

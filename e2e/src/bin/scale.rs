@@ -100,6 +100,12 @@ struct Args {
     /// timed from the node it waited for. The JSON file's name ends in `-dra`.
     #[arg(long)]
     dra: bool,
+    /// Run the restarted raygate (the one whose memory and latency are measured) under
+    /// `heaptrack -o FILE`: a heap profile of the run (`heaptrack_print FILE.zst`). Its
+    /// allocations then cost more, so the run's latencies are not comparable; the RSS figures
+    /// are raygate's own (its process under the wrapper) and include heaptrack's library.
+    #[arg(long, default_value = "")]
+    heap_profile: String,
 }
 
 /// Whether GPU node `i` publishes its GPUs as a ResourceSlice (under `--dra`).
@@ -181,7 +187,31 @@ fn histogram_quantile(metrics: &str, name: &str, p: f64) -> Option<f64> {
 }
 
 /// Resident set size now and at its peak, in MiB, from /proc.
+/// `pid`, or under a wrapper (`--heap-profile`) the raygate process it started.
+fn raygate_pid(pid: u32) -> u32 {
+    let comm = |p: u32| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        if comm(p).trim() == "raygate" {
+            return p;
+        }
+        let tasks = std::fs::read_dir(format!("/proc/{p}/task"))
+            .into_iter()
+            .flatten();
+        for t in tasks.flatten() {
+            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            todo.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok()),
+            );
+        }
+    }
+    pid
+}
+
 fn rss_mib(pid: u32) -> Result<(f64, f64)> {
+    let pid = raygate_pid(pid);
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kib = |key: &str| -> Option<f64> {
         status
@@ -772,6 +802,11 @@ async fn main() -> Result<()> {
     if rg.wait_exit(Duration::from_secs(30)).is_none() {
         rg.kill();
     }
+    let heap_wrapper: Vec<&str> = if a.heap_profile.is_empty() {
+        vec![]
+    } else {
+        vec!["heaptrack", "-o", a.heap_profile.as_str()]
+    };
     let t = Instant::now();
     let restarted_at = Timestamp::now();
     // Ready is /readyz 200: every cache synced (the harness's own wait stops at 60 s).
@@ -779,6 +814,7 @@ async fn main() -> Result<()> {
         &cp,
         &Spawn {
             unready: true,
+            wrapper: &heap_wrapper,
             ..spawn
         },
     )?;
@@ -1168,6 +1204,7 @@ async fn main() -> Result<()> {
         figures["dra_driver"] = json!(a.dra.then_some(dra::DRIVER));
         figures["dra_resourceclaims_at_end"] = json!(dra_claims.map(|(n, _)| n));
         figures["dra_resourceclaims_allocated_at_end"] = json!(dra_claims.map(|(_, n)| n));
+        figures["heap_profile"] = json!((!a.heap_profile.is_empty()).then_some(&a.heap_profile));
         let dir = repo_root().join(&a.out);
         std::fs::create_dir_all(&dir)?;
         let stamp = date.strftime("%Y-%m-%dT%H%M%SZ");
@@ -1194,6 +1231,17 @@ async fn main() -> Result<()> {
             "scale: raygate's logs and the audit log kept in {}",
             dir.display()
         );
+    }
+    if !a.heap_profile.is_empty() {
+        // raygate itself, not the wrapper: heaptrack writes its profile once raygate exits.
+        let own = raygate_pid(rg.pid());
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &own.to_string()])
+            .status();
+        if rg.wait_exit(Duration::from_secs(120)).is_none() {
+            eprintln!("scale: heaptrack did not finish within 120 s");
+        }
+        eprintln!("scale: heap profile in {}*", a.heap_profile);
     }
     rg.kill();
     Ok(())
