@@ -832,11 +832,14 @@ mod tests {
         } else {
             format!("{cpu}m")
         };
-        let mut p = pod(
-            &name,
-            json!({"cpu": cpu, "nvidia.com/gpu": gpu.to_string()}),
-            node.as_deref(),
-        );
+        let mut requests = json!({"cpu": cpu, "nvidia.com/gpu": gpu.to_string()});
+        if ray && gpu > 0 {
+            // The class's mapped resource: bound on a node that publishes devices, the pod
+            // holds some until its claim is seen (`dra::assume`), per decision, beside the
+            // totals the index keeps across decisions.
+            requests["example.com/gpu"] = json!(gpu.to_string());
+        }
+        let mut p = pod(&name, requests, node.as_deref());
         p.metadata.namespace = Some(if i.is_multiple_of(2) { "a" } else { "b" }.to_string());
         if ray {
             p.metadata.labels = Some(BTreeMap::from([
@@ -860,9 +863,15 @@ mod tests {
         tainted: bool,
     ) -> Node {
         let cpu = if bad { "x" } else { "4" };
+        let mut allocatable = json!({"cpu": cpu, "nvidia.com/gpu": gpu.to_string(), "pods": "5"});
+        if gpu == 7 {
+            // A device plugin serves the class's mapped resource here: the node leaves the
+            // class's kept totals (the layout changes with it).
+            allocatable["example.com/gpu"] = json!("1");
+        }
         let mut n = node(
             &format!("n{i}"),
-            json!({"cpu": cpu, "nvidia.com/gpu": gpu.to_string(), "pods": "5"}),
+            allocatable,
             json!({"pool": if pool { "gpu" } else { "cpu" }}),
         );
         if tainted {

@@ -437,9 +437,10 @@ fn bound_pods_on_device_plugin_nodes_hold_no_devices() {
 
 #[test]
 fn the_index_keeps_unseen_holds_per_generation_and_a_bound_pod_moves_it() {
-    // The index keeps what bound pods hold beyond the claims seen for its generation: a pod
-    // bound between two decisions must still take its devices out of the free count, and
-    // its claim seen allocated must not take them twice.
+    // The index keeps what bound pods hold beyond the claims seen for its generation, and
+    // the class totals across decisions (they read the DRA objects and the nodes only): a
+    // pod bound between two decisions must still take its devices out of the free count,
+    // and its claim seen allocated must not take them twice.
     let mut index = crate::capacity::CapacityIndex::new();
     index.apply_node(dra_node("a"));
     index.update_dra(|d| {

@@ -4,6 +4,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use super::view::{ScanNode, Total, Usable};
 use super::{DraView, PodDemand, Undecided, alloc::NodeRequest};
 use crate::capacity::dra;
 use crate::capacity::node::{Capacity, Names, NodeId, ResourceId, Rows, amount, node_name};
@@ -35,22 +36,48 @@ struct DraNode<'a> {
     /// Per device, whether it is held (by the cluster's claims, a bound pod whose claim
     /// raygate has not seen allocated, or a pod placed so far).
     busy: Vec<bool>,
-    /// Held before placing anything, when bound pods hold devices no claim seen accounts
-    /// for ([`dra::assume`]); else the view's `used`.
-    before: Option<Vec<bool>>,
+    /// How many of `busy` are free, kept as devices are held and released.
+    free: usize,
+    /// The devices held for bound pods whose claims raygate has not seen allocated
+    /// ([`dra::assume`]), ascending: before placing anything, `busy` is the view's `used`
+    /// and these.
+    unseen: Vec<usize>,
 }
 
 impl DraNode<'_> {
+    fn new(name: &str, incomplete: bool, busy: Vec<bool>) -> DraNode<'_> {
+        let free = busy.iter().filter(|u| !**u).count();
+        DraNode {
+            name,
+            incomplete,
+            busy,
+            free,
+            unseen: Vec::new(),
+        }
+    }
+
     /// How many of `cands` are free; an unknown device counts as held.
     fn free_among(&self, cands: &[usize]) -> usize {
+        // Candidates are distinct device indices, in order: as many as the devices are all
+        // of them.
+        if cands.len() == self.busy.len() {
+            return self.free;
+        }
         free_among(&self.busy, cands)
     }
 
     /// Marks `devices` held (`busy`) or free.
     fn set(&mut self, devices: &[usize], busy: bool) {
         for &d in devices {
-            if let Some(u) = self.busy.get_mut(d) {
+            if let Some(u) = self.busy.get_mut(d)
+                && *u != busy
+            {
                 *u = busy;
+                if busy {
+                    self.free = self.free.saturating_sub(1);
+                } else {
+                    self.free = self.free.saturating_add(1);
+                }
             }
         }
     }
@@ -81,6 +108,14 @@ pub(crate) struct DraRun<'a> {
     pub(in crate::capacity) view: DraView<'a>,
     /// Per usable node, in the order of [`Capacity::nodes`].
     nodes: Vec<DraNode<'a>>,
+    /// The views of the usable nodes and the class totals on them, kept by the index.
+    usable: Arc<Usable>,
+    /// A pod placed held or released a device: free counts differ from those before
+    /// placing (the views' less [`DraNode::unseen`]).
+    moved: bool,
+    /// Nodes (by index) with [`DraNode::unseen`] devices held this decision: they depend
+    /// on the pods, so the totals kept across decisions do not count them.
+    unseen_nodes: Vec<usize>,
     /// Totals already credited, by resource name.
     credited: std::collections::HashSet<String>,
 }
@@ -97,30 +132,25 @@ impl<'a> DraRun<'a> {
 
     pub(in crate::capacity) fn new(state: &'a dra::DraState, cap: &Capacity<'a>) -> DraRun<'a> {
         let view = DraView::new(state);
+        let usable = view.usable(cap.statics.map(|(_, layout)| layout), &cap.nodes);
         let nodes = cap
             .nodes
             .iter()
-            .map(|&node| {
+            .zip(&usable.nodes)
+            .map(|(&node, devs)| {
                 let name: &'a str = node_name(node);
-                match view.node(name) {
-                    Some(d) => DraNode {
-                        name,
-                        incomplete: d.incomplete,
-                        busy: d.used.clone(),
-                        before: None,
-                    },
-                    None => DraNode {
-                        name,
-                        incomplete: false,
-                        busy: Vec::new(),
-                        before: None,
-                    },
+                match devs {
+                    Some(d) => DraNode::new(name, d.incomplete, d.used.clone()),
+                    None => DraNode::new(name, false, Vec::new()),
                 }
             })
             .collect();
         let mut run = DraRun {
             view,
             nodes,
+            usable,
+            moved: false,
+            unseen_nodes: Vec::new(),
             credited: Default::default(),
         };
         let unseen = match cap.unseen {
@@ -135,14 +165,12 @@ impl<'a> DraRun<'a> {
     /// claims seen ([`dra::assume`]).
     fn hold_unseen(&mut self, unseen: &dra::assume::Unseen) {
         for (&n, held) in unseen {
-            let Some(name) = self.node(n).map(|d| d.name) else {
-                continue;
-            };
+            let devs = self.usable.nodes.get(n.index()).cloned().flatten();
             for (class, count) in held {
                 let x = one_of(class.clone());
                 // A class raygate cannot evaluate here holds nothing more: its pods are
                 // not placed on the node anyway.
-                let Ok(cands) = self.view.candidates(name, &x) else {
+                let Ok(cands) = self.view.candidates_in(devs.as_ref(), &x) else {
                     continue;
                 };
                 let Some(d) = self.nodes.get_mut(n.index()) else {
@@ -155,9 +183,16 @@ impl<'a> DraRun<'a> {
                     .take(*count as usize)
                     .collect();
                 d.set(&free, true);
-                d.before = Some(d.busy.clone());
+                d.unseen.extend(free);
+            }
+            if let Some(d) = self.nodes.get_mut(n.index())
+                && !d.unseen.is_empty()
+            {
+                d.unseen.sort_unstable();
+                self.unseen_nodes.push(n.index());
             }
         }
+        self.unseen_nodes.sort_unstable();
     }
 
     fn node(&self, n: NodeId) -> Option<&DraNode<'a>> {
@@ -165,17 +200,18 @@ impl<'a> DraRun<'a> {
     }
 
     pub(in crate::capacity) fn free_devices(&self, n: NodeId) -> i128 {
-        self.node(n)
-            .map_or(0, |d| d.busy.iter().filter(|u| !**u).count() as i128)
+        self.node(n).map_or(0, |d| d.free as i128)
     }
 
     pub(in crate::capacity) fn hold(&mut self, n: NodeId, devices: &[usize]) {
+        self.moved = true;
         if let Some(d) = self.nodes.get_mut(n.index()) {
             d.set(devices, true);
         }
     }
 
     pub(in crate::capacity) fn release(&mut self, n: NodeId, devices: &[usize]) {
+        self.moved = true;
         if let Some(d) = self.nodes.get_mut(n.index()) {
             d.set(devices, false);
         }
@@ -222,6 +258,25 @@ impl<'a> DraRun<'a> {
     ) -> Option<(u32, Arc<[usize]>)> {
         let reqs = self.requests_on(ask, n).ok()??;
         one_count(&reqs).map(|(k, cands)| (k, cands.clone()))
+    }
+
+    /// The scan list kept for `demand` on `feasible` (see [`Usable::scan`]).
+    pub(in crate::capacity) fn scan(
+        &self,
+        demand: &PodDemand,
+        feasible: &[NodeId],
+    ) -> Option<Arc<[ScanNode]>> {
+        self.usable.scan(demand, feasible)
+    }
+
+    /// Keeps `list` for `demand` on `feasible` as long as the usable nodes' views.
+    pub(in crate::capacity) fn keep_scan(
+        &self,
+        demand: &PodDemand,
+        feasible: &[NodeId],
+        list: Arc<[ScanNode]>,
+    ) {
+        self.usable.keep_scan(demand, feasible, list);
     }
 
     /// How many of `cands` are free on node `n` now.
@@ -283,12 +338,13 @@ impl<'a> DraRun<'a> {
         rows: &Rows,
         names: &Names,
     ) -> Result<Vec<NodeRequest>, Undecided> {
-        let node = self.nodes[n.index()].name;
+        let devs = self.usable.nodes.get(n.index()).cloned().flatten();
+        let devs = devs.as_ref();
         let mut reqs = Vec::with_capacity(d.claims.len() + d.mapped.len());
         for r in &d.claims {
             let mut alternatives = Vec::with_capacity(r.alternatives.len());
             for x in &r.alternatives {
-                alternatives.push((x.mode, self.view.candidates(node, x)?));
+                alternatives.push((x.mode, self.view.candidates_in(devs, x)?));
             }
             reqs.push(NodeRequest { alternatives });
         }
@@ -305,7 +361,7 @@ impl<'a> DraRun<'a> {
                 mode: dra::Mode::Count(*count),
                 unmodeled: None,
             };
-            let c = self.view.candidates(node, &x)?;
+            let c = self.view.candidates_in(devs, &x)?;
             reqs.push(NodeRequest {
                 alternatives: vec![(x.mode, c)],
             });
@@ -340,37 +396,24 @@ impl<'a> DraRun<'a> {
             if !self.credited.insert(name.clone()) {
                 continue;
             }
-            let x = one_of(class);
             let id = names.id(&name);
-            let mut credit = Credit {
-                resource: id,
-                allocatable: 0,
-                free_before: 0,
-                free_now: 0,
+            let total = self.total(name, class, mapped.is_some(), rows, id);
+            let free_before = total.free_before - self.unseen_among(&total);
+            let free_now = if self.moved {
+                total
+                    .nodes
+                    .iter()
+                    .map(|(i, c)| self.nodes.get(*i).map_or(0, |d| d.free_among(c)) as i128)
+                    .sum()
+            } else {
+                free_before
             };
-            for (n, node) in NodeId::all(self.nodes.len()).zip(&self.nodes) {
-                if mapped.is_some() && amount(rows.allocatable(n), id) > 0 {
-                    continue;
-                }
-                // No device on the node: it adds nothing (whatever the request).
-                if node.busy.is_empty() {
-                    continue;
-                }
-                let Ok(c) = self.view.candidates(node.name, &x) else {
-                    continue;
-                };
-                let base = match &node.before {
-                    Some(b) => b.as_slice(),
-                    None => self
-                        .view
-                        .node(node.name)
-                        .map(|d| d.used.as_slice())
-                        .unwrap_or(&[]),
-                };
-                credit.allocatable += c.len() as i128;
-                credit.free_before += free_among(base, &c) as i128;
-                credit.free_now += node.free_among(&c) as i128;
-            }
+            let credit = Credit {
+                resource: id,
+                allocatable: total.allocatable,
+                free_before,
+                free_now,
+            };
             out.push(credit);
         }
         out
@@ -385,6 +428,73 @@ fn one_of(class: String) -> dra::Exact {
         selectors: Vec::new(),
         mode: dra::Mode::Count(1),
         unmodeled: None,
+    }
+}
+
+impl DraRun<'_> {
+    /// How many of `total`'s devices [`DraRun::hold_unseen`] held this decision: a kept
+    /// total counts them free, as they were in the views (both lists ascending, so a
+    /// binary search finds each).
+    fn unseen_among(&self, total: &Total) -> i128 {
+        let mut held = 0;
+        for &i in &self.unseen_nodes {
+            let Ok(at) = total.nodes.binary_search_by_key(&i, |(n, _)| *n) else {
+                continue;
+            };
+            let (Some(d), Some((_, cands))) = (self.nodes.get(i), total.nodes.get(at)) else {
+                continue;
+            };
+            held += d
+                .unseen
+                .iter()
+                .filter(|u| cands.binary_search(u).is_ok())
+                .count() as i128;
+        }
+        held
+    }
+
+    /// The matching devices of `class` on the usable nodes (where the node's allocatable
+    /// has none of `id`, for an extended resource it maps), kept with the usable nodes'
+    /// views across decisions.
+    fn total(
+        &mut self,
+        name: String,
+        class: String,
+        mapped: bool,
+        rows: &Rows,
+        id: ResourceId,
+    ) -> Arc<Total> {
+        let key = (name, class, mapped);
+        if let Some(t) = self.usable.total(&key) {
+            return t;
+        }
+        let x = one_of(key.1.clone());
+        let mut t = Total {
+            allocatable: 0,
+            free_before: 0,
+            nodes: Vec::new(),
+        };
+        let usable = self.usable.clone();
+        for (n, devs) in NodeId::all(usable.nodes.len()).zip(&usable.nodes) {
+            // No device on the node: it adds nothing (whatever the request).
+            let Some(devs) = devs.as_ref().filter(|d| !d.devices.is_empty()) else {
+                continue;
+            };
+            if mapped && amount(rows.allocatable(n), id) > 0 {
+                continue;
+            }
+            let Ok(c) = self.view.candidates_in(Some(devs), &x) else {
+                continue;
+            };
+            t.allocatable += c.len() as i128;
+            t.free_before += free_among(&devs.used, &c) as i128;
+            if !c.is_empty() {
+                t.nodes.push((n.index(), c));
+            }
+        }
+        let t = Arc::new(t);
+        usable.keep_total(key, t.clone());
+        t
     }
 }
 

@@ -16,8 +16,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::PodDemand;
 use super::select::Selectors;
 use super::{Device, DeviceId, DraState, Exact, PoolId, Undecided};
+use crate::capacity::node::{NodeId, node_name};
+use crate::capacity::statics::Layout;
+use k8s_openapi::api::core::v1::Node;
 
 /// One device on a node.
 #[derive(Debug, Clone)]
@@ -82,6 +86,88 @@ struct Inner {
     epoch: u64,
     /// The plain-count classes the epoch is for.
     plain: BTreeSet<String>,
+    /// Bumped whenever `built` is built or patched.
+    version: u64,
+    /// The views of the index's usable nodes as of `built` and `epoch`, kept until the
+    /// nodes, the views or the classes change.
+    usable: Option<Arc<Usable>>,
+}
+
+/// What one class adds to the fit's totals on the usable nodes (see
+/// [`super::run::DraRun::credit`]), before anything is placed.
+#[derive(Debug)]
+pub(crate) struct Total {
+    /// Matching devices on every usable node.
+    pub(crate) allocatable: i128,
+    /// Of them, free before placing anything.
+    pub(crate) free_before: i128,
+    /// Per usable node with matching devices (its index in the layout), those devices.
+    pub(crate) nodes: Vec<(usize, Arc<[usize]>)>,
+}
+
+/// (credited resource name, class, whether it is an extended resource the class maps).
+type TotalKey = (String, String, bool);
+
+/// The usable nodes' views in the order of the capacity's nodes, and the class totals on
+/// them: what every decision would otherwise map (a hash lookup per node) and sum again.
+#[derive(Debug)]
+pub(crate) struct Usable {
+    /// The index's layout they are for (`None`: a from-scratch capacity, never kept).
+    layout: Option<Layout>,
+    /// (`Inner::version`, `Inner::epoch`) they are for.
+    key: (u64, u64),
+    /// Per usable node, its devices, if any pool publishes on it.
+    pub(crate) nodes: Vec<Option<Arc<NodeDevices>>>,
+    totals: Mutex<Vec<(TotalKey, Arc<Total>)>>,
+    /// Scan lists by (demand, the static filters' feasible nodes).
+    scans: Mutex<Vec<Scan>>,
+}
+
+/// A node of a scan, with the pod's one request there when it is one count of some
+/// candidates (the allocator takes the first free ones: it finds them when enough are free).
+pub(crate) type ScanNode = (NodeId, Option<(u32, Arc<[usize]>)>);
+
+/// A scan list kept: it reads only the demand, the feasible nodes and the nodes' devices
+/// and allocatable, which the usable views are kept for.
+type Scan = (PodDemand, Arc<[NodeId]>, Arc<[ScanNode]>);
+
+impl Usable {
+    /// The total kept for `key`, if any.
+    pub(crate) fn total(&self, key: &TotalKey) -> Option<Arc<Total>> {
+        crate::sync::lock(&self.totals)
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, t)| t.clone())
+    }
+
+    /// Scan lists kept at most; past it they start again (a handful of pod shapes ask
+    /// DRA devices at once).
+    const MAX_SCANS: usize = 16;
+
+    /// The scan list kept for `demand` on `feasible`, if any.
+    pub(crate) fn scan(&self, demand: &PodDemand, feasible: &[NodeId]) -> Option<Arc<[ScanNode]>> {
+        crate::sync::lock(&self.scans)
+            .iter()
+            .find(|(d, f, _)| d == demand && **f == *feasible)
+            .map(|(.., l)| l.clone())
+    }
+
+    /// Keeps `list` for `demand` on `feasible`.
+    pub(crate) fn keep_scan(&self, demand: &PodDemand, feasible: &[NodeId], list: Arc<[ScanNode]>) {
+        let mut s = crate::sync::lock(&self.scans);
+        if s.len() >= Self::MAX_SCANS {
+            s.clear();
+        }
+        s.push((demand.clone(), Arc::from(feasible), list));
+    }
+
+    /// Keeps `total` for `key`.
+    pub(crate) fn keep_total(&self, key: TotalKey, total: Arc<Total>) {
+        let mut t = crate::sync::lock(&self.totals);
+        if !t.iter().any(|(k, _)| *k == key) {
+            t.push((key, total));
+        }
+    }
 }
 
 /// The node views a state keeps across decisions. A cache, not state: two states with the
@@ -139,19 +225,55 @@ impl Views {
         *self.inner() = Inner::default();
     }
 
-    /// The views as of `state`, patched for the pools changed since the last call, and
-    /// the class epoch their candidates are for.
-    fn current(&self, state: &DraState) -> (Arc<Built>, u64) {
+    /// The views of `nodes` (the capacity's usable nodes; `layout`, the index's, when it
+    /// has one) as of `built` and `key`: kept across decisions for the index's layout.
+    fn usable(
+        &self,
+        built: &Built,
+        key: (u64, u64),
+        layout: Option<&Layout>,
+        nodes: &[&Node],
+    ) -> Arc<Usable> {
+        let mut i = self.inner();
+        if let (Some(u), Some(l)) = (&i.usable, layout)
+            && u.key == key
+            && u.layout.as_ref().is_some_and(|k| Arc::ptr_eq(k, l))
+        {
+            return u.clone();
+        }
+        let u = Arc::new(Usable {
+            layout: layout.cloned(),
+            key,
+            nodes: nodes
+                .iter()
+                .map(|n| built.nodes.get(node_name(n)).cloned())
+                .collect(),
+            totals: Mutex::default(),
+            scans: Mutex::default(),
+        });
+        if layout.is_some() {
+            i.usable = Some(u.clone());
+        }
+        u
+    }
+
+    /// The views as of `state`, patched for the pools changed since the last call, the
+    /// class epoch their candidates are for, and the views' version.
+    fn current(&self, state: &DraState) -> (Arc<Built>, u64, u64) {
         let mut i = self.inner();
         if i.plain != state.plain_count {
             i.plain = state.plain_count.clone();
             i.epoch += 1;
         }
         let built = match i.built.take() {
-            None => Arc::new(build_all(state)),
+            None => {
+                i.version += 1;
+                Arc::new(build_all(state))
+            }
             Some(mut b) => {
                 let changed = std::mem::take(&mut i.changed);
                 if !changed.is_empty() {
+                    i.version += 1;
                     patch(Arc::make_mut(&mut b), state, &changed);
                 }
                 b
@@ -159,7 +281,7 @@ impl Views {
         };
         i.changed.clear();
         i.built = Some(built.clone());
-        (built, i.epoch)
+        (built, i.epoch, i.version)
     }
 }
 
@@ -292,12 +414,13 @@ pub struct DraView<'a> {
     pub state: &'a DraState,
     built: Arc<Built>,
     epoch: u64,
+    version: u64,
     selectors: Selectors,
 }
 
 impl<'a> DraView<'a> {
     pub fn new(state: &'a DraState) -> DraView<'a> {
-        let (built, epoch) = state.views.current(state);
+        let (built, epoch, version) = state.views.current(state);
         // Verdicts on every device for each selector, and as many again for devices and
         // selectors gone since: past that, start over.
         let selectors: usize = state.classes().values().map(|c| c.selectors.len()).sum();
@@ -308,8 +431,17 @@ impl<'a> DraView<'a> {
             state,
             built,
             epoch,
+            version,
             selectors: Selectors::with(state.verdicts.clone()),
         }
+    }
+
+    /// The views of the capacity's usable nodes `nodes`, in their order; kept across
+    /// decisions for the index's `layout`.
+    pub(crate) fn usable(&self, layout: Option<&Layout>, nodes: &[&Node]) -> Arc<Usable> {
+        self.state
+            .views
+            .usable(&self.built, (self.version, self.epoch), layout, nodes)
     }
 
     /// The devices of `node`, if any pool publishes on it.
@@ -320,8 +452,18 @@ impl<'a> DraView<'a> {
     /// The devices of `node` (indices into its `devices`) that `req` may take, in order,
     /// whether in use or not: the class's selectors and the request's.
     pub fn candidates(&mut self, node: &str, req: &Exact) -> Result<Arc<[usize]>, Undecided> {
+        let devs = self.built.nodes.get(node).cloned();
+        self.candidates_in(devs.as_ref(), req)
+    }
+
+    /// [`DraView::candidates`] on a node's devices found already (`None`: it has none).
+    pub(crate) fn candidates_in(
+        &mut self,
+        devs: Option<&Arc<NodeDevices>>,
+        req: &Exact,
+    ) -> Result<Arc<[usize]>, Undecided> {
         // Nodes without devices have no entry of their own and are answered at once.
-        let Some(devs) = self.built.nodes.get(node).cloned() else {
+        let Some(devs) = devs else {
             return self.compute(&NodeDevices::default(), req).map(Arc::from);
         };
         let epoch = self.epoch;
@@ -337,7 +479,7 @@ impl<'a> DraView<'a> {
         {
             return c.clone();
         }
-        let c = self.compute(&devs, req).map(Arc::from);
+        let c = self.compute(devs, req).map(Arc::from);
         let mut kept = devs.candidates();
         kept.retain(|(e, ..)| *e == epoch);
         kept.push((

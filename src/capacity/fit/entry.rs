@@ -7,7 +7,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::capacity::dra::{PodDemand, run::RequestsByNode};
-use crate::capacity::node::{Names, NodeId, ResourceId, units_of};
+use crate::capacity::node::{Names, ResourceId, units_of};
 use crate::capacity::requests::{pod_name, pod_requests_borrowed, runtime_class_overhead};
 use crate::capacity::{CPU, ClusterState, MEMORY, PODS, is_extended_resource};
 use crate::podgroup::PodGroup;
@@ -35,12 +35,10 @@ pub(crate) struct Entry<'a> {
     pub(in crate::capacity) dra_mapped: Vec<ResourceId>,
     /// The static filters' feasible nodes less those whose devices can never serve it
     /// (one request, too few candidates whatever is held), built on its first scan.
-    pub(in crate::capacity) dra_feasible: std::cell::RefCell<Option<Rc<[ScanNode]>>>,
+    pub(in crate::capacity) dra_feasible: std::cell::RefCell<Option<Arc<[ScanNode]>>>,
 }
 
-/// A node of a scan, with the pod's one request there when it is one count of some
-/// candidates (the allocator takes the first free ones: it finds them when enough are free).
-pub(super) type ScanNode = (NodeId, Option<(u32, Arc<[usize]>)>);
+pub(super) use crate::capacity::dra::view::ScanNode;
 
 fn pod_key(pod: &Pod) -> String {
     match pod.metadata.namespace.as_deref().filter(|n| !n.is_empty()) {

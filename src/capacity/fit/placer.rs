@@ -302,19 +302,27 @@ impl<'c, 'a> Placer<'c, 'a> {
     /// with its one-count request when that is all it asks there ([`DraRun::shortcut`]).
     /// Kept in the order given, so the first node whose devices raygate cannot decide
     /// is still the first met.
-    fn scan_list(&mut self, e: &Entry<'_>, feasible: &[NodeId]) -> Option<Rc<[ScanNode]>> {
+    /// Kept across decisions with the usable nodes' device views ([`DraRun::scan`]).
+    fn scan_list(&mut self, e: &Entry<'_>, feasible: &[NodeId]) -> Option<Arc<[ScanNode]>> {
         let (run, ask) = self.dra_ask(e)?;
         if let Some(l) = e.dra_feasible.borrow().as_ref() {
             return Some(l.clone());
         }
-        let list: Rc<[ScanNode]> = feasible
-            .iter()
-            .copied()
-            .filter(|&n| !run.never(&ask, n))
-            .collect::<Vec<NodeId>>()
-            .into_iter()
-            .map(|n| (n, run.shortcut(&ask, n)))
-            .collect();
+        let list = match run.scan(ask.demand, feasible) {
+            Some(l) => l,
+            None => {
+                let list: Arc<[ScanNode]> = feasible
+                    .iter()
+                    .copied()
+                    .filter(|&n| !run.never(&ask, n))
+                    .collect::<Vec<NodeId>>()
+                    .into_iter()
+                    .map(|n| (n, run.shortcut(&ask, n)))
+                    .collect();
+                run.keep_scan(ask.demand, feasible, list.clone());
+                list
+            }
+        };
         *e.dra_feasible.borrow_mut() = Some(list.clone());
         Some(list)
     }
