@@ -106,6 +106,11 @@ struct Args {
     /// are raygate's own (its process under the wrapper) and include heaptrack's library.
     #[arg(long, default_value = "")]
     heap_profile: String,
+    /// The raygate binary to run instead of the release build beside the driver: `e2e/scale
+    /// --musl` gives the image's static build (x86_64-unknown-linux-musl, musl's allocator),
+    /// so memory and latency are those of raygate as the chart runs it. Kept in the JSON.
+    #[arg(long, default_value = "")]
+    raygate_bin: String,
 }
 
 /// Whether GPU node `i` publishes its GPUs as a ResourceSlice (under `--dra`).
@@ -559,6 +564,37 @@ fn loadavg() -> String {
         .unwrap_or_default()
 }
 
+/// The apiserver's own share of a start: every pod streamed as raygate's initial list asks
+/// for it (a watch with `sendInitialEvents=true`), to a reader that only splits lines and
+/// counts bytes, up to the bookmark that ends the initial events. Returns (seconds, events,
+/// bytes).
+async fn bare_streaming_list(client: &Client, path: &str) -> Result<(f64, u64, u64)> {
+    use futures::io::AsyncBufReadExt;
+    let uri = format!(
+        "{path}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=900"
+    );
+    let req = hyper::Request::get(uri).body(Vec::new())?;
+    let t = Instant::now();
+    let body = client.request_stream(req).await?;
+    futures::pin_mut!(body);
+    let (mut events, mut bytes, mut line) = (0u64, 0u64, Vec::with_capacity(1 << 16));
+    loop {
+        line.clear();
+        let n = body.read_until(b'\n', &mut line).await?;
+        if n == 0 {
+            bail!("{path}: the stream ended before its initial-events-end bookmark");
+        }
+        bytes += n as u64;
+        events += 1;
+        // The bookmark's annotation; an object's own text cannot hold it unescaped.
+        let mark = br#""k8s.io/initial-events-end""#;
+        if line.starts_with(br#"{"type":"BOOKMARK""#) && line.windows(mark.len()).any(|w| w == mark)
+        {
+            return Ok((t.elapsed().as_secs_f64(), events - 1, bytes));
+        }
+    }
+}
+
 /// The release profile raygate was built with: Cargo.toml's, or what the environment
 /// `e2e/scale` ran in overrode (it builds with the same environment).
 fn release_profile() -> String {
@@ -644,8 +680,13 @@ async fn main() -> Result<()> {
         .collect();
     let cp = ControlPlane::start_audited(Options::from_env()?)?;
     let kubeconfig = raygate_identity(&cp, &added_names)?;
+    let binary = (!a.raygate_bin.is_empty()).then(|| std::path::Path::new(&a.raygate_bin));
     let spawn = Spawn {
         kubeconfig: Some(&kubeconfig),
+        binary,
+        // What the harness gives this checkout's binary by default, and withholds from an
+        // older one named by `binary`: the chart's values, for whichever build runs here.
+        args: &["--max-priority=0", "--kueue=false"],
         ..Spawn::default()
     };
     cp.install_crd_file(&repo_root().join("crds/raygate.io_upgradeplans.yaml"))?;
@@ -888,6 +929,15 @@ async fn main() -> Result<()> {
     } else {
         None
     };
+    // The apiserver's own share of the restart's ready time, on the same cluster: every pod
+    // streamed as raygate's initial list asks for it, to a reader that decodes nothing.
+    let (bare_s, bare_pods, bare_bytes) = bare_streaming_list(&client, "/api/v1/pods")
+        .await
+        .context("the bare streaming list of pods")?;
+    eprintln!(
+        "scale: {bare_pods} pods ({:.0} MB) streamed to a bare reader in {bare_s:.1} s",
+        bare_bytes as f64 / 1e6
+    );
     let q = |name: &str, p| {
         histogram_quantile(&metrics, name, p)
             .map(|s| format!("{:.0} ms", s * 1000.0))
@@ -1044,6 +1094,10 @@ async fn main() -> Result<()> {
     );
     println!("| raygate restarted on the full cluster: ready (initial lists) | {ready_s:.1} s |");
     println!(
+        "| the apiserver alone: every pod streamed as that list asks (`sendInitialEvents=true`) to a reader that decodes nothing | {bare_s:.1} s ({bare_pods} pods, {:.0} MB) |",
+        bare_bytes as f64 / 1e6
+    );
+    println!(
         "| raygate resident memory (now / peak; peak right after the initial lists) | {rss:.0} MiB / {peak:.0} MiB; {peak_after_lists:.0} MiB |"
     );
     println!(
@@ -1194,7 +1248,11 @@ async fn main() -> Result<()> {
             "kuberay": cp.kuberay_version().unwrap_or("none"),
             "kuberay_args": std::env::var("RAYGATE_KUBERAY_ARGS").unwrap_or_default(),
             "kwok_parallelism": std::env::var("RAYGATE_KWOK_PARALLELISM").unwrap_or_default(),
-            "release_profile": release_profile(),
+            "release_profile": if a.raygate_bin.is_empty() {
+                release_profile()
+            } else {
+                "--raygate-bin's (e2e/scale --musl: Cargo.toml [profile.release])".to_string()
+            },
         });
         // Set apart from the macro above, which is at the recursion limit.
         figures["dra"] = json!(a.dra);
@@ -1204,6 +1262,14 @@ async fn main() -> Result<()> {
         figures["dra_driver"] = json!(a.dra.then_some(dra::DRIVER));
         figures["dra_resourceclaims_at_end"] = json!(dra_claims.map(|(n, _)| n));
         figures["dra_resourceclaims_allocated_at_end"] = json!(dra_claims.map(|(_, n)| n));
+        figures["bare_pod_stream_s"] = json!(bare_s);
+        figures["bare_pod_stream_pods"] = json!(bare_pods);
+        figures["bare_pod_stream_bytes"] = json!(bare_bytes);
+        figures["raygate_bin"] = json!(if a.raygate_bin.is_empty() {
+            "release build of this checkout (host target)"
+        } else {
+            a.raygate_bin.as_str()
+        });
         figures["heap_profile"] = json!((!a.heap_profile.is_empty()).then_some(&a.heap_profile));
         let dir = repo_root().join(&a.out);
         std::fs::create_dir_all(&dir)?;
