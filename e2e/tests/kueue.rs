@@ -1607,20 +1607,32 @@ async fn the_admission_policy_refuses_the_outage_edit_and_kueue_still_works() {
     let kept = rec.samples().last().cloned().unwrap_or_default();
 
     // "Suspend alone, change while suspended": Kueue undoes the suspension at once (its
-    // Workload is still admitted) but KubeRay has applied it to the serving cluster; the
-    // change that follows is refused, the service not being suspended any more.
+    // Workload is still admitted). Usually KubeRay has applied it to the serving cluster by
+    // then (its pods deleted and made again: an outage); when Kueue's restart beats
+    // KubeRay's RayCluster reconcile (seen once, in CI under load), the pods are kept. A race,
+    // not a way out. The change that follows is refused, the service not being suspended any
+    // more.
     rec.mark("suspend alone");
+    let suspended_at = rec.since();
     let s1 = set_suspend(&e, "llm", true).await;
     rec.mark(&format!("suspend: {s1:?}"));
-    let back = wait_sample(&rec, "the serving cluster's pods back", T, |s| {
-        !s.rs_suspend
-            && s.pods
+    let back = wait_sample(
+        &rec,
+        "the service started again, its serving cluster's pods running (made again, or kept for 20 s)",
+        T,
+        |s| {
+            let running = s
+                .pods
                 .values()
                 .filter(|p| p.cluster == old && p.phase == "Running")
                 .count()
-                == 2
-            && !s.pods.keys().any(|n| kept.pods.contains_key(n))
-    })
+                == 2;
+            let made_again = !s.pods.keys().any(|n| kept.pods.contains_key(n));
+            !s.rs_suspend
+                && running
+                && (made_again || s.at >= suspended_at + Duration::from_secs(20))
+        },
+    )
     .await;
     let s2 = image_patch(&e, "llm", NEW_IMAGE, false).await;
     rec.mark(&format!("change after the suspend: {s2:?}"));
@@ -1651,9 +1663,15 @@ async fn the_admission_policy_refuses_the_outage_edit_and_kueue_still_works() {
     );
     s1.expect("suspend alone is allowed");
     or_panic(back.map(|_| ()));
-    assert!(
-        !cluster_pods_lost(&samples, &old).is_empty(),
-        "the suspension reached the serving cluster"
+    let lost = cluster_pods_lost(&samples, &old);
+    eprintln!(
+        "suspend alone: {}",
+        if lost.is_empty() {
+            "Kueue started the service again before KubeRay's RayCluster reconcile: pods kept"
+                .to_string()
+        } else {
+            format!("the suspension reached the serving cluster: pods lost {lost:?}")
+        }
     );
     let events = or_panic(service_events(&e, "llm").await);
     assert!(
