@@ -165,7 +165,7 @@ impl<'a> DraRun<'a> {
     /// claims seen ([`dra::assume`]).
     fn hold_unseen(&mut self, unseen: &dra::assume::Unseen) {
         for (&n, held) in unseen {
-            let devs = self.usable.nodes.get(n.index()).cloned().flatten();
+            let devs = self.devices(n);
             for (class, count) in held {
                 let x = one_of(class.clone());
                 // A class raygate cannot evaluate here holds nothing more: its pods are
@@ -193,6 +193,12 @@ impl<'a> DraRun<'a> {
             }
         }
         self.unseen_nodes.sort_unstable();
+    }
+
+    /// Node `n`'s device view, as the index keeps it for the usable nodes (an `Arc`: the
+    /// caller holds it while it borrows `self` mutably).
+    fn devices(&self, n: NodeId) -> Option<Arc<super::view::NodeDevices>> {
+        self.usable.nodes.get(n.index()).cloned().flatten()
     }
 
     fn node(&self, n: NodeId) -> Option<&DraNode<'a>> {
@@ -338,7 +344,7 @@ impl<'a> DraRun<'a> {
         rows: &Rows,
         names: &Names,
     ) -> Result<Vec<NodeRequest>, Undecided> {
-        let devs = self.usable.nodes.get(n.index()).cloned().flatten();
+        let devs = self.devices(n);
         let devs = devs.as_ref();
         let mut reqs = Vec::with_capacity(d.claims.len() + d.mapped.len());
         for r in &d.claims {
